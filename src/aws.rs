@@ -1,0 +1,72 @@
+//! AWS wiring: SDK configuration, clients and the production worker, built once per cold start.
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use lambda_runtime::LambdaEvent;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::batch::{self, BatchLimits, ProcessRecord};
+use crate::config::Config;
+use crate::contract::Outcome;
+use crate::result_store::{ResultStore, S3ResultStore};
+use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
+use crate::task_store::{DynamoTaskStore, TaskStore};
+use crate::worker::Worker;
+
+/// The worker as deployed: DynamoDB, S3 and reqwest.
+pub type AwsWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher>;
+
+/// Loads region, credentials and endpoint the standard way (`AWS_ENDPOINT_URL` included).
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest()).load().await
+}
+
+/// S3 settings from the shared config; path-style addressing when the endpoint is overridden
+/// (local emulators do not serve bucket subdomains).
+pub fn s3_config(sdk: &SdkConfig) -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::config::Builder::from(sdk).force_path_style(sdk.endpoint_url().is_some())
+}
+
+/// Why the worker could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("could not build the HTTP client: {0}")]
+pub struct BuildError(#[from] reqwest::Error);
+
+impl AwsWorker {
+    /// Builds every client once, from the configuration and the SDK config.
+    pub fn from_config(config: &Config, sdk: &SdkConfig) -> Result<Self, BuildError> {
+        if config.allow_private_networks {
+            tracing::warn!(
+                "ALLOW_PRIVATE_NETWORKS=true: pages on private and loopback addresses will be fetched"
+            );
+        }
+        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let s3 = aws_sdk_s3::Client::from_conf(s3_config(sdk).build());
+        Ok(Worker {
+            tasks: DynamoTaskStore::new(dynamodb, &config.table_name),
+            results: S3ResultStore::new(s3, &config.results_bucket),
+            fetcher: HttpFetcher::new(&FetchSettings::from(config))?,
+            settings: config.into(),
+        })
+    }
+}
+
+impl<T: TaskStore, R: ResultStore, F: Fetcher> ProcessRecord for Worker<T, R, F> {
+    async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
+        Worker::process(self, record, cutoff).await
+    }
+}
+
+/// The Lambda handler: one SQS batch in, the partial batch response out.
+pub async fn handle<P: ProcessRecord>(
+    processor: &P,
+    limits: BatchLimits,
+    event: LambdaEvent<SqsEvent>,
+) -> SqsBatchResponse {
+    let deadline = event.context.deadline();
+    let span = tracing::info_span!("invocation", request_id = %event.context.request_id);
+    batch::process_batch(processor, &event.payload.records, deadline, limits)
+        .instrument(span)
+        .await
+}

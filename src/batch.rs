@@ -1,0 +1,155 @@
+//! The batch: records run concurrently within a limit and a deadline, each isolated from the
+//! others' panics, and the reply lists exactly the records to redeliver.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
+use futures_util::{FutureExt, StreamExt, stream};
+use tokio::time::Instant;
+use tracing::{Instrument, field};
+
+use crate::config::Config;
+use crate::contract::{Outcome, Reply};
+
+/// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
+pub trait ProcessRecord: Sync {
+    fn process(&self, record: &SqsMessage, cutoff: Instant)
+    -> impl Future<Output = Outcome> + Send;
+}
+
+/// How much of a batch runs at once, and how early before the deadline it stops.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    pub max_concurrency: usize,
+    pub deadline_margin: Duration,
+}
+
+impl From<&Config> for BatchLimits {
+    fn from(config: &Config) -> Self {
+        Self {
+            max_concurrency: config.max_concurrency,
+            deadline_margin: config.deadline_margin,
+        }
+    }
+}
+
+/// The budget used when the invocation's deadline had already passed when it started: real
+/// Lambda never does that, `cargo lambda watch` always does. Lambda's longest timeout.
+pub const PAST_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
+
+/// Runs every record and builds the partial batch response.
+pub async fn process_batch<P: ProcessRecord>(
+    processor: &P,
+    records: &[SqsMessage],
+    deadline: SystemTime,
+    limits: BatchLimits,
+) -> SqsBatchResponse {
+    let cutoff = cutoff(deadline, limits.deadline_margin);
+    let mut outcomes: Vec<Option<Outcome>> = records.iter().map(|_| None).collect();
+    let runs = stream::iter(records.iter().enumerate())
+        .map(|(index, record)| async move { (index, run_one(processor, record, cutoff).await) })
+        .buffer_unordered(limits.max_concurrency);
+    let collect = runs.for_each(|(index, outcome)| {
+        outcomes[index] = Some(outcome);
+        std::future::ready(())
+    });
+    if tokio::time::timeout_at(cutoff, collect).await.is_err() {
+        tracing::warn!("the invocation deadline is near: unfinished records go back to the queue");
+    }
+    reply(records, outcomes)
+}
+
+/// When to stop: `margin` before the deadline, or [`PAST_DEADLINE_BUDGET`] from now when the
+/// deadline has already passed.
+fn cutoff(deadline: SystemTime, margin: Duration) -> Instant {
+    match deadline.duration_since(SystemTime::now()) {
+        Ok(left) => Instant::now() + left.saturating_sub(margin),
+        Err(_) => {
+            tracing::warn!(
+                budget_secs = PAST_DEADLINE_BUDGET.as_secs(),
+                "the deadline had passed before the invocation started (cargo lambda watch?); \
+                 using a fixed budget"
+            );
+            Instant::now() + PAST_DEADLINE_BUDGET
+        }
+    }
+}
+
+/// One record in its own span, with its panics caught, logged with its outcome.
+async fn run_one<P: ProcessRecord>(processor: &P, record: &SqsMessage, cutoff: Instant) -> Outcome {
+    let span = tracing::info_span!(
+        "record",
+        message_id = record.message_id.as_deref().unwrap_or(""),
+        job_id = field::Empty,
+        run_id = field::Empty,
+        task_id = field::Empty,
+    );
+    async {
+        let started = Instant::now();
+        let outcome = AssertUnwindSafe(processor.process(record, cutoff))
+            .catch_unwind()
+            .await
+            .unwrap_or(Outcome::Panicked);
+        log(&outcome, started.elapsed());
+        outcome
+    }
+    .instrument(span)
+    .await
+}
+
+fn log(outcome: &Outcome, elapsed: Duration) {
+    let (label, reply, ms) = (outcome.label(), outcome.reply(), elapsed.as_millis() as u64);
+    match outcome {
+        Outcome::Poison(why) => {
+            tracing::warn!(outcome = label, ?reply, duration_ms = ms, reason = %why, "poison message acknowledged")
+        }
+        Outcome::Store(err) => {
+            tracing::error!(outcome = label, ?reply, duration_ms = ms, error = ?err, "store failed")
+        }
+        Outcome::Panicked => {
+            tracing::error!(outcome = label, ?reply, duration_ms = ms, "record panicked")
+        }
+        Outcome::FailedPermanently { reason }
+        | Outcome::GaveUp { reason }
+        | Outcome::ScrapeTransient { reason } => {
+            tracing::info!(outcome = label, ?reply, duration_ms = ms, reason = %reason, "record done")
+        }
+        Outcome::NotWanted(why) => {
+            tracing::info!(outcome = label, ?reply, duration_ms = ms, why = ?why, "record done")
+        }
+        _ => tracing::info!(outcome = label, ?reply, duration_ms = ms, "record done"),
+    }
+}
+
+/// The partial batch response: every record without an ack, each message id once, never an
+/// empty id.
+fn reply(records: &[SqsMessage], outcomes: Vec<Option<Outcome>>) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    let mut listed = HashSet::new();
+    for (record, outcome) in records.iter().zip(outcomes) {
+        let outcome = outcome.unwrap_or_else(|| {
+            let message_id = record.message_id.as_deref().unwrap_or("");
+            tracing::warn!(
+                message_id,
+                outcome = "out_of_time",
+                "record not finished before the deadline"
+            );
+            Outcome::OutOfTime
+        });
+        if outcome.reply() == Reply::Ack {
+            continue;
+        }
+        match record.message_id.as_deref() {
+            Some(id) if !id.is_empty() => {
+                if listed.insert(id) {
+                    response.add_failure(id);
+                }
+            }
+            _ => tracing::error!("a record to retry has no message id; it cannot be reported"),
+        }
+    }
+    response
+}

@@ -1,0 +1,164 @@
+//! Configuration: every setting the worker reads from its environment, with its default.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Why the cold start cannot go on.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} is required but not set")]
+    Missing { name: &'static str },
+    #[error("{name}={value:?} is not valid: expected {expected}")]
+    Invalid {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+/// Settings for one cold start. `README.md` documents each one.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    pub results_bucket: String,
+    pub results_prefix: String,
+    pub max_concurrency: usize,
+    pub max_attempts: u32,
+    pub scrape_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub max_redirects: usize,
+    pub max_body_bytes: u64,
+    pub user_agent: String,
+    pub allow_private_networks: bool,
+    pub deadline_margin: Duration,
+}
+
+impl Config {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds the settings from any name -> value lookup (the environment, or a test's map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env(&get);
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+            results_bucket: env.required("RESULTS_BUCKET")?,
+            results_prefix: env
+                .get("RESULTS_PREFIX")
+                .unwrap_or_else(|| "results/".into()),
+            max_concurrency: env.positive("MAX_CONCURRENCY", 16)?,
+            max_attempts: env.positive("MAX_ATTEMPTS", 5)?,
+            scrape_timeout: env.millis("SCRAPE_TIMEOUT_MS", 30_000)?,
+            connect_timeout: env.millis("CONNECT_TIMEOUT_MS", 5_000)?,
+            max_redirects: env.parsed("MAX_REDIRECTS", 10, "a whole number")?,
+            max_body_bytes: env.positive("MAX_BODY_BYTES", 10 * 1024 * 1024)?,
+            user_agent: env
+                .get("USER_AGENT")
+                .unwrap_or_else(|| concat!("conveyor-worker/", env!("CARGO_PKG_VERSION")).into()),
+            allow_private_networks: env.parsed("ALLOW_PRIVATE_NETWORKS", false, "true or false")?,
+            deadline_margin: env.millis("DEADLINE_MARGIN_MS", 2_000)?,
+        })
+    }
+}
+
+struct Env<'a, F>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    /// A set but empty variable counts as unset, as it does for most AWS tooling.
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.is_empty())
+    }
+
+    fn required(&self, name: &'static str) -> Result<String, ConfigError> {
+        self.get(name).ok_or(ConfigError::Missing { name })
+    }
+
+    fn parsed<T: FromStr>(
+        &self,
+        name: &'static str,
+        default: T,
+        expected: &'static str,
+    ) -> Result<T, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(value) => value.trim().parse().map_err(|_| ConfigError::Invalid {
+                name,
+                value,
+                expected,
+            }),
+        }
+    }
+
+    fn positive<T: FromStr + PartialOrd + Default>(
+        &self,
+        name: &'static str,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        const EXPECTED: &str = "a whole number above 0";
+        let value = self.parsed(name, default, EXPECTED)?;
+        if value > T::default() {
+            Ok(value)
+        } else {
+            Err(ConfigError::Invalid {
+                name,
+                value: self.get(name).unwrap_or_default(),
+                expected: EXPECTED,
+            })
+        }
+    }
+
+    fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+        self.positive(name, default).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    const REQUIRED: [(&str, &str); 2] = [("TABLE_NAME", "tasks"), ("RESULTS_BUCKET", "results")];
+
+    #[test]
+    fn defaults_apply_when_only_the_required_settings_are_given() {
+        let config = config(&REQUIRED).unwrap();
+        assert_eq!(config.results_prefix, "results/");
+        assert_eq!(config.max_concurrency, 16);
+        assert_eq!(config.max_attempts, 5);
+        assert_eq!(config.scrape_timeout, Duration::from_secs(30));
+        assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
+        assert!(!config.allow_private_networks);
+    }
+
+    #[test]
+    fn a_missing_required_setting_is_named() {
+        let err = config(&[("TABLE_NAME", "tasks")]).unwrap_err();
+        assert_eq!(err.to_string(), "RESULTS_BUCKET is required but not set");
+        let err = config(&[("TABLE_NAME", ""), ("RESULTS_BUCKET", "b")]).unwrap_err();
+        assert_eq!(err, ConfigError::Missing { name: "TABLE_NAME" });
+    }
+
+    #[test]
+    fn an_invalid_setting_is_named_with_its_value() {
+        for (name, value) in [
+            ("MAX_CONCURRENCY", "0"),
+            ("MAX_CONCURRENCY", "many"),
+            ("SCRAPE_TIMEOUT_MS", "-1"),
+            ("ALLOW_PRIVATE_NETWORKS", "yes"),
+        ] {
+            let mut vars = REQUIRED.to_vec();
+            vars.push((name, value));
+            let err = config(&vars).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{name}={value:?}")), "{err}");
+        }
+    }
+}

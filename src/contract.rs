@@ -1,0 +1,141 @@
+//! The ack contract: every way a delivery can end, and whether SQS may delete the message.
+
+use crate::error::StoreError;
+use crate::message::Poison;
+
+/// What SQS is told about one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Delete it: the task reached its end state, or never will by retrying.
+    Ack,
+    /// Redeliver it after the visibility timeout: listed in `batchItemFailures`.
+    Retry,
+}
+
+/// Why work on a task is not wanted (any more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotWanted {
+    TaskMissing,
+    JobMissing,
+    RunMissing,
+    JobNotActive,
+    RunNotRunning,
+}
+
+/// How one delivery ended. Expected situations are values here, not errors.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Claimed, scraped, stored and finished as successful. `adopted` when another delivery
+    /// had stored the object first and this one wrote the task to describe that object.
+    Succeeded { redelivery: bool, adopted: bool },
+    /// The page can never be had (4xx, bad URL, too big, too many redirects): task failed.
+    FailedPermanently { reason: String },
+    /// A transient failure on the last allowed attempt: task failed with that reason.
+    GaveUp { reason: String },
+    /// The guard found the task successful or failed already: no work done.
+    AlreadyTerminal,
+    /// Another delivery made the terminal write first.
+    LostRace,
+    /// The body can never name a task.
+    Poison(Poison),
+    /// The task, its job or its run is gone, or no longer wants work.
+    NotWanted(NotWanted),
+    /// The page failed in a way worth another try (408, 425, 429, 5xx, timeout, reset).
+    ScrapeTransient { reason: String },
+    /// DynamoDB or S3 failed, or held data we cannot read.
+    Store(StoreError),
+    /// Processing panicked; the panic was contained to this record.
+    Panicked,
+    /// The invocation ran out of time before this record finished.
+    OutOfTime,
+}
+
+impl Outcome {
+    /// The ack contract, one row per outcome.
+    pub fn reply(&self) -> Reply {
+        match self {
+            Outcome::Succeeded { .. } => Reply::Ack,
+            Outcome::FailedPermanently { .. } => Reply::Ack,
+            Outcome::GaveUp { .. } => Reply::Ack,
+            Outcome::AlreadyTerminal => Reply::Ack,
+            Outcome::LostRace => Reply::Ack,
+            Outcome::Poison(_) => Reply::Ack,
+            Outcome::NotWanted(_) => Reply::Ack,
+            Outcome::ScrapeTransient { .. } => Reply::Retry,
+            Outcome::Store(_) => Reply::Retry,
+            Outcome::Panicked => Reply::Retry,
+            Outcome::OutOfTime => Reply::Retry,
+        }
+    }
+
+    /// A short, stable name for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded { adopted: true, .. } => "succeeded_adopted",
+            Outcome::Succeeded { .. } => "succeeded",
+            Outcome::FailedPermanently { .. } => "failed_permanently",
+            Outcome::GaveUp { .. } => "gave_up",
+            Outcome::AlreadyTerminal => "already_terminal",
+            Outcome::LostRace => "lost_race",
+            Outcome::Poison(_) => "poison",
+            Outcome::NotWanted(_) => "not_wanted",
+            Outcome::ScrapeTransient { .. } => "scrape_transient",
+            Outcome::Store(_) => "store_error",
+            Outcome::Panicked => "panicked",
+            Outcome::OutOfTime => "out_of_time",
+        }
+    }
+}
+
+impl From<StoreError> for Outcome {
+    fn from(err: StoreError) -> Self {
+        Outcome::Store(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_outcomes_are_retried() {
+        let corrupt = || StoreError::Corrupt {
+            what: "task",
+            detail: "status 7".into(),
+        };
+        let retried = [
+            Outcome::ScrapeTransient {
+                reason: "HTTP 503".into(),
+            },
+            Outcome::Store(corrupt()),
+            Outcome::Panicked,
+            Outcome::OutOfTime,
+        ];
+        let acked = [
+            Outcome::Succeeded {
+                redelivery: false,
+                adopted: false,
+            },
+            Outcome::Succeeded {
+                redelivery: true,
+                adopted: true,
+            },
+            Outcome::FailedPermanently {
+                reason: "HTTP 404".into(),
+            },
+            Outcome::GaveUp {
+                reason: "HTTP 503".into(),
+            },
+            Outcome::AlreadyTerminal,
+            Outcome::LostRace,
+            Outcome::Poison(Poison("not JSON".into())),
+            Outcome::NotWanted(NotWanted::RunNotRunning),
+        ];
+        for outcome in retried {
+            assert_eq!(outcome.reply(), Reply::Retry, "{outcome:?}");
+        }
+        for outcome in acked {
+            assert_eq!(outcome.reply(), Reply::Ack, "{outcome:?}");
+        }
+    }
+}

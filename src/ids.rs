@@ -1,0 +1,123 @@
+//! Validated identifiers: the three ids a message names, and the S3 key derived only from them.
+
+use std::fmt;
+
+/// Longest id the data contract allows.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a string is not an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("is empty")]
+    Empty,
+    #[error("is longer than {MAX_ID_LEN} characters")]
+    TooLong,
+    #[error("has a character outside [A-Za-z0-9._-]")]
+    BadCharacter,
+}
+
+/// A job, run or task id: 1 to 128 characters of `[A-Za-z0-9._-]`.
+///
+/// The alphabet keeps ids safe inside DynamoDB keys (no `#`) and S3 keys (no `/`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Id(String);
+
+impl Id {
+    pub fn parse(raw: &str) -> Result<Self, IdError> {
+        if raw.is_empty() {
+            return Err(IdError::Empty);
+        }
+        if raw.len() > MAX_ID_LEN {
+            return Err(IdError::TooLong);
+        }
+        let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+        if !raw.bytes().all(allowed) {
+            return Err(IdError::BadCharacter);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The task a message points at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskRef {
+    pub job_id: Id,
+    pub run_id: Id,
+    pub task_id: Id,
+}
+
+/// Where a task's result lives in S3: `<prefix><job_id>/<run_id>/<task_id>`.
+///
+/// Derived from the ids alone, so every delivery of a task computes the same key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResultKey(String);
+
+impl ResultKey {
+    pub fn for_task(prefix: &str, task: &TaskRef) -> Self {
+        Self(format!(
+            "{prefix}{}/{}/{}",
+            task.job_id, task.run_id, task.task_id
+        ))
+    }
+
+    /// A key read back from storage; trusted because only [`ResultKey::for_task`] writes them.
+    pub fn from_stored(key: String) -> Self {
+        Self(key)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ResultKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_accept_the_whole_alphabet_up_to_128_characters() {
+        assert!(Id::parse("Az09._-").is_ok());
+        assert!(Id::parse(&"a".repeat(MAX_ID_LEN)).is_ok());
+    }
+
+    #[test]
+    fn ids_refuse_empty_long_and_foreign_characters() {
+        assert_eq!(Id::parse(""), Err(IdError::Empty));
+        assert_eq!(
+            Id::parse(&"a".repeat(MAX_ID_LEN + 1)),
+            Err(IdError::TooLong)
+        );
+        for bad in ["a#b", "a/b", "a b", "é", "a\0", "a:b"] {
+            assert_eq!(Id::parse(bad), Err(IdError::BadCharacter), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn result_key_depends_only_on_prefix_and_ids() {
+        let task = TaskRef {
+            job_id: Id::parse("j1").unwrap(),
+            run_id: Id::parse("r1").unwrap(),
+            task_id: Id::parse("t1").unwrap(),
+        };
+        assert_eq!(
+            ResultKey::for_task("results/", &task).as_str(),
+            "results/j1/r1/t1"
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Message parsing: an SQS body becomes the task it names, or poison with the reason why not.
+
+use serde_json::{Map, Value};
+
+use crate::ids::{Id, TaskRef};
+
+/// A body that can never name a task; redelivering it would only burn receives.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Poison(pub String);
+
+/// Reads `{"job_id": "...", "run_id": "...", "task_id": "..."}`; unknown fields are ignored.
+pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
+    let body = body.ok_or_else(|| Poison("the message has no body".into()))?;
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| Poison(format!("the body is not JSON: {e}")))?;
+    let Value::Object(fields) = value else {
+        return Err(Poison("the body is not a JSON object".into()));
+    };
+    Ok(TaskRef {
+        job_id: id_field(&fields, "job_id")?,
+        run_id: id_field(&fields, "run_id")?,
+        task_id: id_field(&fields, "task_id")?,
+    })
+}
+
+fn id_field(fields: &Map<String, Value>, name: &str) -> Result<Id, Poison> {
+    match fields.get(name) {
+        None => Err(Poison(format!("{name} is missing"))),
+        Some(Value::String(raw)) => Id::parse(raw).map_err(|e| Poison(format!("{name} {e}"))),
+        Some(_) => Err(Poison(format!("{name} is not a string"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_well_formed_body_names_its_task_and_ignores_unknown_fields() {
+        let task = parse_body(Some(
+            r#"{"job_id":"j","run_id":"r","task_id":"t","priority":3}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                task.job_id.as_str(),
+                task.run_id.as_str(),
+                task.task_id.as_str()
+            ),
+            ("j", "r", "t")
+        );
+    }
+
+    #[test]
+    fn every_malformed_body_is_poison_with_a_reason() {
+        let long = "x".repeat(129);
+        let cases = [
+            (None, "no body"),
+            (Some("not json"), "not JSON"),
+            (Some(""), "not JSON"),
+            (Some("[1,2]"), "not a JSON object"),
+            (Some("\"j\""), "not a JSON object"),
+            (Some(r#"{"run_id":"r","task_id":"t"}"#), "job_id is missing"),
+            (
+                Some(r#"{"job_id":"","run_id":"r","task_id":"t"}"#),
+                "job_id is empty",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":7,"task_id":"t"}"#),
+                "run_id is not a string",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":"r","task_id":null}"#),
+                "task_id is not a string",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":"r","task_id":"a/b"}"#),
+                "task_id has a character",
+            ),
+        ];
+        for (body, expected) in cases {
+            let poison = parse_body(body).unwrap_err();
+            assert!(poison.0.contains(expected), "{body:?}: {poison}");
+        }
+        let too_long = format!(r#"{{"job_id":"{long}","run_id":"r","task_id":"t"}}"#);
+        assert!(
+            parse_body(Some(&too_long))
+                .unwrap_err()
+                .0
+                .contains("longer than 128")
+        );
+    }
+}

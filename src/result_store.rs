@@ -1,0 +1,147 @@
+//! The result store: the first object stored under a task's key wins, in S3.
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::primitives::ByteStream;
+
+use crate::error::{StoreError, service_code};
+use crate::ids::ResultKey;
+use crate::model::{Page, StoredResult};
+use crate::task_store::rfc3339;
+
+/// User metadata names on every result object.
+pub mod meta {
+    pub const SOURCE_URL: &str = "source-url";
+    pub const FINAL_URL: &str = "final-url";
+    pub const HTTP_STATUS: &str = "http-status";
+    pub const SHA256: &str = "sha256";
+    pub const FETCHED_AT: &str = "fetched-at";
+}
+
+/// A page on its way into the store.
+#[derive(Debug, Clone, Copy)]
+pub struct NewResult<'a> {
+    pub key: &'a ResultKey,
+    pub page: &'a Page,
+    pub sha256: &'a str,
+    pub fetched_at: SystemTime,
+}
+
+/// The result of a conditional put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    Stored,
+    /// An object was already under the key; it stays, and the caller adopts it.
+    AlreadyThere,
+}
+
+/// Where result objects live.
+pub trait ResultStore: Send + Sync {
+    /// Stores the page only if nothing is stored under the key yet.
+    fn put_if_absent(
+        &self,
+        new: NewResult<'_>,
+    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
+
+    /// Describes the object under the key from its metadata, or `None` when there is none.
+    fn describe(
+        &self,
+        key: &ResultKey,
+    ) -> impl Future<Output = Result<Option<StoredResult>, StoreError>> + Send;
+}
+
+/// [`ResultStore`] on one S3 bucket.
+#[derive(Debug, Clone)]
+pub struct S3ResultStore {
+    client: Client,
+    bucket: String,
+}
+
+/// S3 caps user metadata at 2 KB in all; URLs beyond this are cut in metadata only
+/// (the task item keeps the whole final URL).
+const MAX_METADATA_URL: usize = 800;
+
+impl S3ResultStore {
+    pub fn new(client: Client, bucket: impl Into<String>) -> Self {
+        Self {
+            client,
+            bucket: bucket.into(),
+        }
+    }
+}
+
+impl ResultStore for S3ResultStore {
+    #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+        let result = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(new.key.as_str())
+            .if_none_match("*")
+            .body(ByteStream::from(new.page.body.clone()))
+            .content_type(&new.page.content_type)
+            .metadata(meta::SOURCE_URL, metadata_url(&new.page.url))
+            .metadata(meta::FINAL_URL, metadata_url(&new.page.final_url))
+            .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
+            .metadata(meta::SHA256, new.sha256)
+            .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Put::Stored),
+            Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(Put::AlreadyThere),
+            Err(err) => Err(StoreError::from_sdk("PutObject", err)),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(%key))]
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+        let head = match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key.as_str())
+            .send()
+            .await
+        {
+            Ok(head) => head,
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => {
+                return Ok(None);
+            }
+            Err(err) => return Err(StoreError::from_sdk("HeadObject", err)),
+        };
+        let corrupt = |detail: String| StoreError::Corrupt {
+            what: "result object",
+            detail: format!("{key}: {detail}"),
+        };
+        let metadata = head.metadata.unwrap_or_default();
+        let field = |name: &str| {
+            metadata
+                .get(name)
+                .cloned()
+                .ok_or_else(|| corrupt(format!("no {name} metadata")))
+        };
+        let http_status = field(meta::HTTP_STATUS)?;
+        Ok(Some(StoredResult {
+            key: key.clone(),
+            sha256: field(meta::SHA256)?,
+            size: head
+                .content_length
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| corrupt("no content length".into()))?,
+            http_status: http_status
+                .parse()
+                .map_err(|_| corrupt(format!("http-status {http_status:?}")))?,
+            content_type: head.content_type.unwrap_or_default(),
+            final_url: field(meta::FINAL_URL)?,
+        }))
+    }
+}
+
+fn metadata_url(url: &str) -> &str {
+    // URLs are ASCII once parsed, so any byte index is a char boundary; `get` keeps it safe anyway.
+    url.get(..MAX_METADATA_URL).unwrap_or(url)
+}

@@ -1,0 +1,123 @@
+//! One record, start to end: parse, guard, scrape, converge; the answer is an [`Outcome`].
+
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::contract::Outcome;
+use crate::converge::{self, Converged};
+use crate::error::StoreError;
+use crate::guard::{self, Admission};
+use crate::ids::{ResultKey, TaskRef};
+use crate::message;
+use crate::model::Failure;
+use crate::result_store::ResultStore;
+use crate::scraper::{FetchError, Fetcher, Retry};
+use crate::task_store::TaskStore;
+
+/// The settings one record needs, from [`Config`].
+#[derive(Debug, Clone)]
+pub struct RecordSettings {
+    pub results_prefix: String,
+    pub max_attempts: u32,
+    pub scrape_timeout: Duration,
+}
+
+impl From<&Config> for RecordSettings {
+    fn from(config: &Config) -> Self {
+        Self {
+            results_prefix: config.results_prefix.clone(),
+            max_attempts: config.max_attempts,
+            scrape_timeout: config.scrape_timeout,
+        }
+    }
+}
+
+/// The worker's ports and settings, built once per cold start.
+#[derive(Debug, Clone)]
+pub struct Worker<T, R, F> {
+    pub tasks: T,
+    pub results: R,
+    pub fetcher: F,
+    pub settings: RecordSettings,
+}
+
+impl<T: TaskStore, R: ResultStore, F: Fetcher> Worker<T, R, F> {
+    /// Processes one record; stops scraping at `cutoff`. Never fails: every end is an outcome.
+    pub async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
+        let task = match message::parse_body(record.body.as_deref()) {
+            Ok(task) => task,
+            Err(poison) => return Outcome::Poison(poison),
+        };
+        let span = tracing::Span::current();
+        span.record("job_id", task.job_id.as_str());
+        span.record("run_id", task.run_id.as_str());
+        span.record("task_id", task.task_id.as_str());
+        let final_attempt = receive_count(record) >= self.settings.max_attempts;
+        self.process_task(&task, final_attempt, cutoff)
+            .await
+            .unwrap_or_else(Outcome::Store)
+    }
+
+    async fn process_task(
+        &self,
+        task: &TaskRef,
+        final_attempt: bool,
+        cutoff: Instant,
+    ) -> Result<Outcome, StoreError> {
+        let (url, redelivery) = match guard::admit(&self.tasks, task, SystemTime::now()).await? {
+            Admission::Admitted { url, redelivery } => (url, redelivery),
+            Admission::Skipped(outcome) => return Ok(outcome),
+        };
+        let key = ResultKey::for_task(&self.settings.results_prefix, task);
+        let budget = self
+            .settings
+            .scrape_timeout
+            .min(cutoff.saturating_duration_since(Instant::now()));
+        let fetched = match url {
+            Some(url) => self.fetcher.fetch(&url, budget).await,
+            None => Err(FetchError {
+                retry: Retry::Permanent,
+                reason: "task has no url".into(),
+                http_status: None,
+            }),
+        };
+        let (converged, gave_up) = match fetched {
+            Ok(page) => {
+                let converged = converge::succeed(&self.tasks, &self.results, task, &key, &page);
+                (converged.await?, false)
+            }
+            Err(err) if err.retry == Retry::Transient && !final_attempt => {
+                return Ok(Outcome::ScrapeTransient { reason: err.reason });
+            }
+            Err(err) => {
+                let failure = Failure {
+                    reason: err.reason,
+                    http_status: err.http_status,
+                };
+                let converged = converge::fail(&self.tasks, &self.results, task, &key, failure);
+                (converged.await?, err.retry == Retry::Transient)
+            }
+        };
+        Ok(match converged {
+            Converged::Succeeded { adopted } => Outcome::Succeeded {
+                redelivery,
+                adopted,
+            },
+            Converged::LostRace => Outcome::LostRace,
+            Converged::Failed { reason } if gave_up => Outcome::GaveUp { reason },
+            Converged::Failed { reason } => Outcome::FailedPermanently { reason },
+        })
+    }
+}
+
+/// SQS's `ApproximateReceiveCount`: 1 on the first delivery. Missing or odd values count as 1.
+fn receive_count(record: &SqsMessage) -> u32 {
+    record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
