@@ -171,7 +171,7 @@ impl TaskStore for DynamoTaskStore {
             .expression_attribute_values(":processing", s(TaskStatus::Processing.as_str()))
             .expression_attribute_values(":now", s(&rfc3339(now)))
             .expression_attribute_values(":one", AttributeValue::N("1".into()))
-            .return_values(ReturnValue::UpdatedOld)
+            .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;

@@ -1,0 +1,441 @@
+//! Shared test support: a fresh table and bucket in the local AWS emulator (moto), clients
+//! that log every request they send, seeding helpers, SQS event builders and the local site.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+pub mod site;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use conveyor_worker::Worker;
+use conveyor_worker::aws::s3_config;
+use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
+use conveyor_worker::result_store::S3ResultStore;
+use conveyor_worker::scraper::{FetchSettings, HttpFetcher};
+use conveyor_worker::task_store::DynamoTaskStore;
+use conveyor_worker::worker::RecordSettings;
+use serde_json::json;
+
+pub use site::Site;
+
+pub type TestWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher>;
+
+pub const JOB: &str = "job-1";
+pub const RUN: &str = "run-1";
+pub const PREFIX: &str = "results/";
+/// Tests cap bodies below [`site::BIG_BODY`].
+pub const MAX_BODY_BYTES: u64 = 16 * 1024;
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// Every request (attempt) a client sent, by operation name.
+#[derive(Debug, Clone, Default)]
+pub struct CallLog(Arc<Mutex<Vec<String>>>);
+
+impl CallLog {
+    pub fn calls(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn count(&self, operation: &str) -> usize {
+        self.calls().iter().filter(|c| *c == operation).count()
+    }
+
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+impl Intercept for CallLog {
+    fn name(&self) -> &'static str {
+        "CallLog"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let name = cfg.load::<Metadata>().map_or("?", |m| m.name()).to_owned();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+        Ok(())
+    }
+}
+
+/// The emulator's endpoint, set by `scripts/with-moto` (through `make test`).
+pub fn endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL")
+        .expect("AWS_ENDPOINT_URL is not set: run the tests with `make test`")
+}
+
+/// SDK config for the emulator, with fake credentials: nothing leaves 127.0.0.1.
+pub async fn sdk_config(endpoint: &str) -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .load()
+        .await
+}
+
+/// A name no other test of this run uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh table and bucket, an uncounted admin client pair, and the worker's counted clients.
+pub struct Stack {
+    pub table: String,
+    pub bucket: String,
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub s3: aws_sdk_s3::Client,
+    pub calls: CallLog,
+    sdk: SdkConfig,
+}
+
+impl Stack {
+    pub async fn new() -> Self {
+        Self::at(&endpoint()).await
+    }
+
+    /// A stack whose worker talks to `endpoint`, while seeding goes to the emulator.
+    pub async fn at(worker_endpoint: &str) -> Self {
+        let admin = sdk_config(&endpoint()).await;
+        let stack = Self {
+            table: unique("tasks"),
+            bucket: unique("results"),
+            dynamodb: aws_sdk_dynamodb::Client::new(&admin),
+            s3: aws_sdk_s3::Client::from_conf(s3_config(&admin).build()),
+            calls: CallLog::default(),
+            sdk: sdk_config(worker_endpoint).await,
+        };
+        stack.create_table().await;
+        stack
+            .s3
+            .create_bucket()
+            .bucket(&stack.bucket)
+            .send()
+            .await
+            .expect("create bucket");
+        stack
+    }
+
+    async fn create_table(&self) {
+        let attribute = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .expect("name and type are set")
+        };
+        let key = |name: &str, kind| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(kind)
+                .build()
+                .expect("name and type are set")
+        };
+        self.dynamodb
+            .create_table()
+            .table_name(&self.table)
+            .attribute_definitions(attribute("pk"))
+            .attribute_definitions(attribute("sk"))
+            .key_schema(key("pk", KeyType::Hash))
+            .key_schema(key("sk", KeyType::Range))
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await
+            .expect("create table");
+    }
+
+    /// The worker under test, with its requests logged in [`Stack::calls`].
+    pub fn worker(&self) -> TestWorker {
+        self.worker_with(|_| {})
+    }
+
+    pub fn worker_with(&self, tune: impl FnOnce(&mut WorkerTuning)) -> TestWorker {
+        let mut tuning = WorkerTuning::default();
+        tune(&mut tuning);
+        let dynamodb_config = aws_sdk_dynamodb::config::Builder::from(&self.sdk)
+            .interceptor(self.calls.clone())
+            .build();
+        let s3_config = s3_config(&self.sdk).interceptor(self.calls.clone()).build();
+        let bucket = tuning.bucket.clone().unwrap_or_else(|| self.bucket.clone());
+        Worker {
+            tasks: DynamoTaskStore::new(
+                aws_sdk_dynamodb::Client::from_conf(dynamodb_config),
+                &self.table,
+            ),
+            results: S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
+            fetcher: HttpFetcher::new(&FetchSettings {
+                connect_timeout: Duration::from_secs(2),
+                max_redirects: 3,
+                max_body_bytes: MAX_BODY_BYTES,
+                user_agent: "conveyor-worker-tests".into(),
+                allow_private_networks: true,
+            })
+            .expect("build the HTTP client"),
+            settings: RecordSettings {
+                results_prefix: PREFIX.into(),
+                max_attempts: MAX_ATTEMPTS,
+                scrape_timeout: tuning.scrape_timeout,
+            },
+        }
+    }
+
+    pub async fn put_job(&self, job: &str, status: &str) {
+        self.put(json_item(&[
+            ("pk", &format!("JOB#{job}")),
+            ("sk", "JOB"),
+            ("status", status),
+        ]))
+        .await;
+    }
+
+    pub async fn put_run(&self, job: &str, run: &str, status: &str) {
+        self.put(json_item(&[
+            ("pk", &format!("JOB#{job}")),
+            ("sk", &format!("RUN#{run}")),
+            ("status", status),
+        ]))
+        .await;
+    }
+
+    /// An active job with a running run: [`JOB`] / [`RUN`].
+    pub async fn put_active_run(&self) {
+        self.put_job(JOB, "active").await;
+        self.put_run(JOB, RUN, "running").await;
+    }
+
+    pub async fn put_task(&self, task: &str, url: &str, status: &str) {
+        self.put_task_in(JOB, RUN, task, url, status).await;
+    }
+
+    pub async fn put_task_in(&self, job: &str, run: &str, task: &str, url: &str, status: &str) {
+        self.put(json_item(&[
+            ("pk", &format!("RUN#{job}#{run}")),
+            ("sk", &format!("TASK#{task}")),
+            ("url", url),
+            ("status", status),
+        ]))
+        .await;
+    }
+
+    async fn put(&self, item: HashMap<String, AttributeValue>) {
+        self.dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("seed an item");
+    }
+
+    /// The task item as stored, or an empty map when it is gone.
+    pub async fn task(&self, task: &str) -> TaskItem {
+        let item = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
+            .key("sk", AttributeValue::S(format!("TASK#{task}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read a task")
+            .item
+            .unwrap_or_default();
+        TaskItem(item)
+    }
+
+    /// Body, metadata and content type of the object under `key`, if any.
+    pub async fn object(&self, key: &str) -> Option<StoredObject> {
+        let out = match self
+            .s3
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => return None,
+            Err(err) => panic!("read {key}: {err:?}"),
+        };
+        Some(StoredObject {
+            content_type: out.content_type.clone().unwrap_or_default(),
+            metadata: out.metadata.clone().unwrap_or_default(),
+            body: out.body.collect().await.expect("read the body").to_vec(),
+        })
+    }
+
+    /// Puts an object as an earlier delivery would have stored it.
+    pub async fn put_object(&self, key: &str, body: &[u8], http_status: u16) {
+        use sha2::Digest;
+        self.s3
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(body.to_vec().into())
+            .content_type("text/plain")
+            .metadata("sha256", hex::encode(sha2::Sha256::digest(body)))
+            .metadata("http-status", http_status.to_string())
+            .metadata("final-url", "http://earlier.example/")
+            .metadata("source-url", "http://earlier.example/")
+            .metadata("fetched-at", "2026-01-01T00:00:00Z")
+            .send()
+            .await
+            .expect("put an object");
+    }
+
+    pub fn key(task: &str) -> String {
+        format!("{PREFIX}{JOB}/{RUN}/{task}")
+    }
+}
+
+/// What a test may change about the worker.
+pub struct WorkerTuning {
+    pub scrape_timeout: Duration,
+    pub bucket: Option<String>,
+}
+
+impl Default for WorkerTuning {
+    fn default() -> Self {
+        Self {
+            scrape_timeout: Duration::from_secs(10),
+            bucket: None,
+        }
+    }
+}
+
+fn json_item(fields: &[(&str, &str)]) -> HashMap<String, AttributeValue> {
+    fields
+        .iter()
+        .map(|(k, v)| (k.to_string(), AttributeValue::S(v.to_string())))
+        .collect()
+}
+
+/// A task item as read back.
+#[derive(Debug)]
+pub struct TaskItem(pub HashMap<String, AttributeValue>);
+
+impl TaskItem {
+    pub fn s(&self, name: &str) -> Option<&str> {
+        self.0.get(name)?.as_s().ok().map(String::as_str)
+    }
+
+    pub fn n(&self, name: &str) -> Option<u64> {
+        self.0.get(name)?.as_n().ok()?.parse().ok()
+    }
+
+    pub fn status(&self) -> Option<&str> {
+        self.s("status")
+    }
+}
+
+pub struct StoredObject {
+    pub body: Vec<u8>,
+    pub metadata: HashMap<String, String>,
+    pub content_type: String,
+}
+
+impl StoredObject {
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&self.body))
+    }
+}
+
+/// An SQS record as Lambda delivers it.
+pub fn record(message_id: &str, body: &str, receive_count: u32) -> SqsMessage {
+    serde_json::from_value(json!({
+        "messageId": message_id,
+        "receiptHandle": format!("handle-{message_id}"),
+        "body": body,
+        "attributes": {
+            "ApproximateReceiveCount": receive_count.to_string(),
+            "SentTimestamp": "1764482400000",
+        },
+        "messageAttributes": {},
+        "md5OfBody": "",
+        "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:conveyor-tasks",
+        "awsRegion": "us-east-1",
+    }))
+    .expect("a well-formed SQS record")
+}
+
+/// The body naming `task` in [`JOB`] / [`RUN`].
+pub fn body(task: &str) -> String {
+    json!({"job_id": JOB, "run_id": RUN, "task_id": task}).to_string()
+}
+
+/// A first delivery of `task`, with the task id as message id.
+pub fn delivery(task: &str) -> SqsMessage {
+    record(task, &body(task), 1)
+}
+
+pub fn event(records: Vec<SqsMessage>) -> SqsEvent {
+    let mut event = SqsEvent::default();
+    event.records = records;
+    event
+}
+
+pub const LIMITS: BatchLimits = BatchLimits {
+    max_concurrency: 16,
+    deadline_margin: Duration::from_millis(500),
+};
+
+/// Sends the worker's logs to the test's output (shown for failing tests); RUST_LOG filters.
+pub fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "conveyor_worker=debug".into());
+    let _already_set = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Runs a batch with a minute to go, as Lambda would.
+pub async fn run_batch<P: ProcessRecord>(
+    processor: &P,
+    records: Vec<SqsMessage>,
+) -> SqsBatchResponse {
+    init_logs();
+    let deadline = SystemTime::now() + Duration::from_secs(60);
+    process_batch(processor, &event(records).records, deadline, LIMITS).await
+}
+
+/// The message ids the reply asks SQS to redeliver.
+pub fn retried(reply: &SqsBatchResponse) -> Vec<String> {
+    reply
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect()
+}
