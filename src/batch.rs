@@ -153,3 +153,150 @@ fn reply(records: &[SqsMessage], outcomes: Vec<Option<Outcome>>) -> SqsBatchResp
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Does what each record's body says: `ack`, `retry`, `panic` or `sleep <ms>`.
+    #[derive(Default)]
+    struct Scripted {
+        running: AtomicUsize,
+        most_at_once: AtomicUsize,
+    }
+
+    impl ProcessRecord for Scripted {
+        async fn process(&self, record: &SqsMessage, _cutoff: Instant) -> Outcome {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_at_once.fetch_max(now, Ordering::SeqCst);
+            let body = record.body.as_deref().unwrap_or_default();
+            let outcome = match body.split_once(' ') {
+                Some(("sleep", ms)) => {
+                    let ms = ms.parse().expect("sleep takes milliseconds");
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Outcome::AlreadyTerminal
+                }
+                _ if body == "retry" => Outcome::ScrapeTransient {
+                    reason: "HTTP 503".into(),
+                },
+                _ if body == "panic" => panic!("a bug in one record"),
+                _ => Outcome::AlreadyTerminal,
+            };
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            outcome
+        }
+    }
+
+    fn record(id: Option<&str>, body: &str) -> SqsMessage {
+        let mut json = serde_json::json!({ "body": body });
+        if let Some(id) = id {
+            json["messageId"] = id.into();
+        }
+        serde_json::from_value(json).expect("a well-formed record")
+    }
+
+    fn limits(max_concurrency: usize) -> BatchLimits {
+        BatchLimits {
+            max_concurrency,
+            deadline_margin: Duration::from_millis(200),
+        }
+    }
+
+    fn in_a_minute() -> SystemTime {
+        SystemTime::now() + Duration::from_secs(60)
+    }
+
+    fn ids(reply: &SqsBatchResponse) -> Vec<&str> {
+        reply
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_record_is_retried_and_the_others_are_answered() {
+        let records = [
+            record(Some("a"), "ack"),
+            record(Some("p"), "panic"),
+            record(Some("r"), "retry"),
+        ];
+
+        let reply = process_batch(&Scripted::default(), &records, in_a_minute(), limits(4)).await;
+
+        assert_eq!(ids(&reply), ["p", "r"]);
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_concurrency_records_run_at_once() {
+        let records: Vec<_> = (0..12)
+            .map(|i| record(Some(&format!("m{i}")), "sleep 30"))
+            .collect();
+        let processor = Scripted::default();
+
+        let reply = process_batch(&processor, &records, in_a_minute(), limits(3)).await;
+
+        assert!(ids(&reply).is_empty());
+        assert_eq!(processor.most_at_once.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn records_unfinished_near_the_deadline_are_retried_and_the_reply_is_in_time() {
+        let records = [
+            record(Some("fast"), "ack"),
+            record(Some("slow"), "sleep 10000"),
+            record(Some("queued"), "ack"),
+        ];
+        let started = Instant::now();
+        let deadline = SystemTime::now() + Duration::from_millis(700);
+
+        let reply = process_batch(&Scripted::default(), &records, deadline, limits(2)).await;
+
+        assert_eq!(ids(&reply), ["slow"]);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(700),
+            "replied {took:?} after start"
+        );
+    }
+
+    #[tokio::test]
+    async fn records_never_started_before_the_deadline_are_retried() {
+        let records = [
+            record(Some("slow"), "sleep 10000"),
+            record(Some("waiting"), "ack"),
+        ];
+        let deadline = SystemTime::now() + Duration::from_millis(500);
+
+        let reply = process_batch(&Scripted::default(), &records, deadline, limits(1)).await;
+
+        assert_eq!(ids(&reply), ["slow", "waiting"]);
+    }
+
+    #[tokio::test]
+    async fn a_deadline_already_past_at_the_start_still_processes_the_batch() {
+        // `cargo lambda watch` sends a deadline in the past.
+        let records = [record(Some("a"), "sleep 50"), record(Some("r"), "retry")];
+        let past = SystemTime::now() - Duration::from_secs(5);
+
+        let reply = process_batch(&Scripted::default(), &records, past, limits(4)).await;
+
+        assert_eq!(ids(&reply), ["r"]);
+    }
+
+    #[tokio::test]
+    async fn the_reply_lists_each_message_id_once_and_never_an_empty_one() {
+        let records = [
+            record(Some("dup"), "retry"),
+            record(Some("dup"), "retry"),
+            record(Some(""), "retry"),
+            record(None, "retry"),
+            record(Some("ok"), "ack"),
+        ];
+
+        let reply = process_batch(&Scripted::default(), &records, in_a_minute(), limits(4)).await;
+
+        assert_eq!(ids(&reply), ["dup"]);
+    }
+}

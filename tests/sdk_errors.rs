@@ -1,0 +1,188 @@
+//! The stores' reading of AWS error shapes that the emulator cannot produce on demand
+//! (throttling, 5xx, conditional check failures), through aws-smithy-mocks.
+
+use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemOutput;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use aws_smithy_mocks::{mock, mock_client};
+use aws_smithy_runtime_api::http::{Response, StatusCode};
+use aws_smithy_types::body::SdkBody;
+use conveyor_worker::error::{AwsFault, StoreError};
+use conveyor_worker::ids::{Id, ResultKey, TaskRef};
+use conveyor_worker::model::{Failure, Page, Terminal};
+use conveyor_worker::result_store::{NewResult, ResultStore, S3ResultStore};
+use conveyor_worker::task_store::{Claim, DynamoTaskStore, Finish, TaskStore};
+use std::time::SystemTime;
+
+fn task() -> TaskRef {
+    let id = |s: &str| Id::parse(s).expect("a valid id");
+    TaskRef {
+        job_id: id("j"),
+        run_id: id("r"),
+        task_id: id("t"),
+    }
+}
+
+fn http(status: u16, body: &'static str) -> Response {
+    let status = StatusCode::try_from(status).expect("a valid status");
+    Response::new(status, SdkBody::from(body))
+}
+
+fn fault(result: Result<impl std::fmt::Debug, StoreError>) -> AwsFault {
+    let err = result.expect_err("the call fails");
+    err.aws_fault()
+        .cloned()
+        .unwrap_or_else(|| panic!("not an AWS fault: {err:?}"))
+}
+
+#[tokio::test]
+async fn throttled_reads_are_classified_as_throttled() {
+    for body in [
+        r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"slow down"}"#,
+        r#"{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow down"}"#,
+        r#"{"__type":"com.amazonaws.dynamodb.v20120810#RequestLimitExceeded","message":"slow down"}"#,
+    ] {
+        let rule =
+            mock!(aws_sdk_dynamodb::Client::get_item).then_http_response(move || http(400, body));
+        let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+
+        assert_eq!(
+            fault(store.load_task(&task()).await),
+            AwsFault::Throttled,
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn server_errors_are_classified_as_service_failures() {
+    let rule = mock!(aws_sdk_dynamodb::Client::get_item)
+        .then_http_response(|| http(500, r#"{"__type":"InternalServerError","message":"boom"}"#));
+    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+
+    assert_eq!(
+        fault(store.load_task(&task()).await),
+        AwsFault::ServiceFailed
+    );
+}
+
+#[tokio::test]
+async fn a_claim_refused_for_a_terminal_task_is_an_outcome_not_an_error() {
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
+        UpdateItemError::ConditionalCheckFailedException(
+            ConditionalCheckFailedException::builder()
+                .item("status", AttributeValue::S("successful".into()))
+                .build(),
+        )
+    });
+    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+
+    let claim = store
+        .claim(&task(), SystemTime::now())
+        .await
+        .expect("an outcome");
+
+    assert_eq!(claim, Claim::AlreadyTerminal);
+}
+
+#[tokio::test]
+async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
+        UpdateItemError::ConditionalCheckFailedException(
+            ConditionalCheckFailedException::builder().build(),
+        )
+    });
+    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+
+    let claim = store
+        .claim(&task(), SystemTime::now())
+        .await
+        .expect("an outcome");
+
+    assert_eq!(claim, Claim::Missing);
+}
+
+#[tokio::test]
+async fn a_terminal_write_refused_by_its_condition_lost_the_race() {
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
+        UpdateItemError::ConditionalCheckFailedException(
+            ConditionalCheckFailedException::builder().build(),
+        )
+    });
+    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let failed = Terminal::Failed(Failure {
+        reason: "HTTP 404".into(),
+        http_status: Some(404),
+    });
+
+    let finish = store
+        .finish(&task(), &failed, SystemTime::now())
+        .await
+        .expect("an outcome");
+
+    assert_eq!(finish, Finish::LostRace);
+}
+
+#[tokio::test]
+async fn unprocessed_keys_count_as_throttling() {
+    let rule = mock!(aws_sdk_dynamodb::Client::batch_get_item).then_output(|| {
+        let key = KeysAndAttributes::builder()
+            .keys([("pk".to_owned(), AttributeValue::S("JOB#j".into()))].into())
+            .build()
+            .expect("keys are set");
+        BatchGetItemOutput::builder()
+            .unprocessed_keys("tasks", key)
+            .build()
+    });
+    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+
+    assert_eq!(
+        fault(store.load_parents(&task()).await),
+        AwsFault::Throttled
+    );
+}
+
+#[tokio::test]
+async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_refusal() {
+    let slow = mock!(aws_sdk_s3::Client::put_object).then_http_response(|| {
+        http(
+            503,
+            "<Error><Code>SlowDown</Code><Message>reduce your rate</Message></Error>",
+        )
+    });
+    let bare = mock!(aws_sdk_s3::Client::head_object).then_http_response(|| http(503, ""));
+    let denied = mock!(aws_sdk_s3::Client::head_object).then_http_response(|| {
+        http(
+            403,
+            "<Error><Code>AccessDenied</Code><Message>no</Message></Error>",
+        )
+    });
+    let key = ResultKey::for_task("results/", &task());
+
+    let page = Page {
+        url: "http://example.com/".into(),
+        http_status: 200,
+        final_url: "http://example.com/".into(),
+        content_type: "text/html".into(),
+        body: "hello".into(),
+    };
+    let new = NewResult {
+        key: &key,
+        page: &page,
+        sha256: "00",
+        fetched_at: SystemTime::now(),
+    };
+
+    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&slow]), "results");
+    assert_eq!(fault(store.put_if_absent(new).await), AwsFault::Throttled);
+
+    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&bare]), "results");
+    assert_eq!(fault(store.describe(&key).await), AwsFault::ServiceFailed);
+
+    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&denied]), "results");
+    assert!(matches!(
+        fault(store.describe(&key).await),
+        AwsFault::Refused { .. }
+    ));
+}
