@@ -4,7 +4,6 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::LambdaEvent;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::batch::{self, BatchLimits, ProcessRecord};
 use crate::config::Config;
@@ -64,9 +63,7 @@ pub async fn handle<P: ProcessRecord>(
     limits: BatchLimits,
     event: LambdaEvent<SqsEvent>,
 ) -> SqsBatchResponse {
+    // The runtime's own span already carries the request id.
     let deadline = event.context.deadline();
-    let span = tracing::info_span!("invocation", request_id = %event.context.request_id);
-    batch::process_batch(processor, &event.payload.records, deadline, limits)
-        .instrument(span)
-        .await
+    batch::process_batch(processor, &event.payload.records, deadline, limits).await
 }

@@ -255,13 +255,17 @@ impl Stack {
             .expect("seed an item");
     }
 
-    /// The task item as stored, or an empty map when it is gone.
+    /// The task item in [`JOB`] / [`RUN`] as stored, or an empty map when it is gone.
     pub async fn task(&self, task: &str) -> TaskItem {
+        self.task_in(JOB, RUN, task).await
+    }
+
+    pub async fn task_in(&self, job: &str, run: &str, task: &str) -> TaskItem {
         let item = self
             .dynamodb
             .get_item()
             .table_name(&self.table)
-            .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
+            .key("pk", AttributeValue::S(format!("RUN#{job}#{run}")))
             .key("sk", AttributeValue::S(format!("TASK#{task}")))
             .consistent_read(true)
             .send()

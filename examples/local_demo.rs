@@ -1,0 +1,357 @@
+//! `make run`: the whole ack contract on the local stack. Serves a local site, creates and
+//! seeds a table and bucket in the emulator, runs the function under `cargo lambda watch`,
+//! invokes it with every sample event in `events/`, and prints what happened to each
+//! message and task. Exits non-zero if any reply differs from the contract.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use support::{Site, Stack};
+use tokio::process::{Child, Command};
+
+const JOB: &str = "demo-job";
+const RUN: &str = "demo-run";
+const INVOKE_ADDRESS: &str = "127.0.0.1";
+const INVOKE_PORT: &str = "9123";
+
+/// A seeded task: where it lives, its page (a site path or a whole URL), its status, and the
+/// contract row it shows.
+struct Seed {
+    job: &'static str,
+    run: &'static str,
+    task: &'static str,
+    url: &'static str,
+    status: &'static str,
+    row: &'static str,
+}
+
+const fn task(
+    task: &'static str,
+    url: &'static str,
+    status: &'static str,
+    row: &'static str,
+) -> Seed {
+    Seed {
+        job: JOB,
+        run: RUN,
+        task,
+        url,
+        status,
+        row,
+    }
+}
+
+const TASKS: &[Seed] = &[
+    task(
+        "pending-page",
+        "/page/hello",
+        "pending",
+        "pending: claimed, scraped, stored, finished",
+    ),
+    task(
+        "processing-page",
+        "/page/again",
+        "processing",
+        "redelivery: scraped again, converged",
+    ),
+    task(
+        "already-successful",
+        "/page/done",
+        "successful",
+        "terminal: one read, no work",
+    ),
+    task(
+        "already-failed",
+        "/page/broken",
+        "failed",
+        "terminal: one read, no work",
+    ),
+    task(
+        "not-found",
+        "/status/404",
+        "pending",
+        "HTTP 404: failed for good",
+    ),
+    task(
+        "bad-scheme",
+        "ftp://example.com/file",
+        "pending",
+        "not http(s): failed for good",
+    ),
+    task(
+        "unavailable",
+        "/status/503",
+        "pending",
+        "HTTP 503: no terminal write, retried",
+    ),
+    task(
+        "final-attempt",
+        "/status/503",
+        "processing",
+        "HTTP 503 on the last attempt: failed",
+    ),
+    task(
+        "mixed-ok",
+        "/page/mixed",
+        "pending",
+        "pending: claimed, scraped, stored, finished",
+    ),
+    task(
+        "mixed-redelivery",
+        "/page/mixed-again",
+        "processing",
+        "redelivery: scraped again, converged",
+    ),
+    task(
+        "mixed-done",
+        "/page/mixed-done",
+        "successful",
+        "terminal: one read, no work",
+    ),
+    task(
+        "mixed-404",
+        "/status/404",
+        "pending",
+        "HTTP 404: failed for good",
+    ),
+    task(
+        "mixed-503",
+        "/status/503",
+        "pending",
+        "HTTP 503: no terminal write, retried",
+    ),
+    task(
+        "mixed-429-final",
+        "/status/429",
+        "processing",
+        "HTTP 429 on the last attempt: failed",
+    ),
+    Seed {
+        job: "cancelled-job",
+        ..task(
+            "cancelled-task",
+            "/page/cancelled",
+            "pending",
+            "job cancelled: no writes",
+        )
+    },
+    Seed {
+        run: "completed-run",
+        ..task(
+            "late-task",
+            "/page/late",
+            "pending",
+            "run completed: no writes",
+        )
+    },
+];
+
+/// The only messages the contract redelivers in the sample events.
+const RETRIED: &[&str] = &["msg-unavailable", "mix-transient"];
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let site = Site::start().await;
+    let stack = Stack::new().await;
+    seed_stack(&stack, &site).await;
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/local-run.log");
+    let function = watch(&stack, &log)?;
+    wait_until_listening().await?;
+
+    println!("\nconveyor-worker on the local stack");
+    println!("  emulator  {}", support::endpoint());
+    println!("  site      http://{}", site.addr);
+    println!("  table     {}   bucket {}\n", stack.table, stack.bucket);
+    println!(
+        "{:<28} {:<20} {:<6} {}",
+        "event", "message", "reply", "contract"
+    );
+    let mut mismatches = 0;
+    for file in event_files()? {
+        let event: SqsEvent = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
+        let reply = invoke(&file).await?;
+        let retried: Vec<_> = reply
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for record in &event.records {
+            let id = record.message_id.as_deref().unwrap_or("");
+            let got = if retried.contains(&id) {
+                "retry"
+            } else {
+                "ack"
+            };
+            let want = if RETRIED.contains(&id) {
+                "retry"
+            } else {
+                "ack"
+            };
+            mismatches += usize::from(got != want);
+            let verdict = if got == want {
+                "as the contract says"
+            } else {
+                "WRONG: expected the other"
+            };
+            println!("{name:<28} {id:<20} {got:<6} {verdict}");
+        }
+    }
+
+    println!(
+        "\n{:<38} {:<44} {:<11} {:<6} {}",
+        "task", "contract row", "status", "tries", "stored object or error"
+    );
+    for Seed {
+        job,
+        run,
+        task,
+        row,
+        ..
+    } in TASKS
+    {
+        let item = stack.task_in(job, run, task).await;
+        let detail = match (item.s("result_key"), item.s("error")) {
+            (Some(key), _) => format!(
+                "{key} ({} B, sha256 {}…)",
+                item.n("result_size").unwrap_or(0),
+                item.s("result_sha256")
+                    .unwrap_or("")
+                    .get(..12)
+                    .unwrap_or("")
+            ),
+            (None, Some(error)) => format!("error: {error}"),
+            (None, None) => String::from("-"),
+        };
+        let attempts = item.n("attempts").map_or("-".into(), |n| n.to_string());
+        let status = item.status().unwrap_or("missing");
+        let name = match (*job, *run) {
+            (JOB, RUN) => task.to_string(),
+            _ => format!("{job}/{run}/{task}"),
+        };
+        println!("{name:<38} {row:<44} {status:<11} {attempts:<6} {detail}");
+    }
+
+    stop(function).await;
+    println!("\nthe function's logs: {}", log.display());
+    if mismatches > 0 {
+        return Err(format!("{mismatches} replies differ from the ack contract").into());
+    }
+    println!("\nevery reply matches the ack contract");
+    Ok(())
+}
+
+async fn seed_stack(stack: &Stack, site: &Site) {
+    stack.put_job(JOB, "active").await;
+    stack.put_run(JOB, RUN, "running").await;
+    stack.put_run(JOB, "completed-run", "completed").await;
+    stack.put_job("cancelled-job", "cancelled").await;
+    stack.put_run("cancelled-job", RUN, "running").await;
+    for Seed {
+        job,
+        run,
+        task,
+        url,
+        status,
+        ..
+    } in TASKS
+    {
+        let url = if url.starts_with('/') {
+            site.url(url)
+        } else {
+            url.to_string()
+        };
+        stack.put_task_in(job, run, task, &url, status).await;
+    }
+}
+
+/// The function under `cargo lambda watch`, pointed at this stack, logging to `log`.
+fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {
+    let log = std::fs::File::create(log)?;
+    Command::new("cargo")
+        .args([
+            "lambda",
+            "watch",
+            "--quiet",
+            "--ignore-changes",
+            "--invoke-port",
+            INVOKE_PORT,
+        ])
+        .env("TABLE_NAME", &stack.table)
+        .env("RESULTS_BUCKET", &stack.bucket)
+        .env("ALLOW_PRIVATE_NETWORKS", "true")
+        .env("MAX_ATTEMPTS", "5")
+        .env("SCRAPE_TIMEOUT_MS", "5000")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Stops `cargo lambda watch` and the function it runs: the whole process group.
+async fn stop(mut function: Child) {
+    if let Some(pid) = function.id() {
+        let group = format!("-{pid}");
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &group])
+            .status()
+            .await;
+    }
+    let _ = function.wait().await;
+}
+
+/// `cargo lambda watch` takes a moment to bind; the first invoke then builds the function.
+async fn wait_until_listening() -> Result<(), Box<dyn std::error::Error>> {
+    let address = format!("{INVOKE_ADDRESS}:{INVOKE_PORT}");
+    for _ in 0..600 {
+        if tokio::net::TcpStream::connect(&address).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Err(format!("cargo lambda watch did not listen on {address} within a minute").into())
+}
+
+async fn invoke(file: &Path) -> Result<SqsBatchResponse, Box<dyn std::error::Error>> {
+    let out = Command::new("cargo")
+        .args([
+            "lambda",
+            "invoke",
+            "conveyor-worker",
+            "--invoke-port",
+            INVOKE_PORT,
+        ])
+        .args(["--output-format", "json", "--data-file"])
+        .arg(file)
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("invoking with {}: {stderr}", file.display()).into());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn event_files() -> std::io::Result<Vec<PathBuf>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("events");
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|f| f.extension().is_some_and(|e| e == "json"));
+    files.sort();
+    Ok(files)
+}
