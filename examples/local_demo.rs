@@ -6,158 +6,22 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use support::demo::{self, JOB, RETRIED, RUN, Seed, TASKS};
 use support::{Site, Stack};
 use tokio::process::{Child, Command};
 
-const JOB: &str = "demo-job";
-const RUN: &str = "demo-run";
 const INVOKE_ADDRESS: &str = "127.0.0.1";
 const INVOKE_PORT: &str = "9123";
-
-/// A seeded task: where it lives, its page (a site path or a whole URL), its status, and the
-/// contract row it shows.
-struct Seed {
-    job: &'static str,
-    run: &'static str,
-    task: &'static str,
-    url: &'static str,
-    status: &'static str,
-    row: &'static str,
-}
-
-const fn task(
-    task: &'static str,
-    url: &'static str,
-    status: &'static str,
-    row: &'static str,
-) -> Seed {
-    Seed {
-        job: JOB,
-        run: RUN,
-        task,
-        url,
-        status,
-        row,
-    }
-}
-
-const TASKS: &[Seed] = &[
-    task(
-        "pending-page",
-        "/page/hello",
-        "pending",
-        "pending: claimed, scraped, stored, finished",
-    ),
-    task(
-        "processing-page",
-        "/page/again",
-        "processing",
-        "redelivery: scraped again, converged",
-    ),
-    task(
-        "already-successful",
-        "/page/done",
-        "successful",
-        "terminal: one read, no work",
-    ),
-    task(
-        "already-failed",
-        "/page/broken",
-        "failed",
-        "terminal: one read, no work",
-    ),
-    task(
-        "not-found",
-        "/status/404",
-        "pending",
-        "HTTP 404: failed for good",
-    ),
-    task(
-        "bad-scheme",
-        "ftp://example.com/file",
-        "pending",
-        "not http(s): failed for good",
-    ),
-    task(
-        "unavailable",
-        "/status/503",
-        "pending",
-        "HTTP 503: no terminal write, retried",
-    ),
-    task(
-        "final-attempt",
-        "/status/503",
-        "processing",
-        "HTTP 503 on the last attempt: failed",
-    ),
-    task(
-        "mixed-ok",
-        "/page/mixed",
-        "pending",
-        "pending: claimed, scraped, stored, finished",
-    ),
-    task(
-        "mixed-redelivery",
-        "/page/mixed-again",
-        "processing",
-        "redelivery: scraped again, converged",
-    ),
-    task(
-        "mixed-done",
-        "/page/mixed-done",
-        "successful",
-        "terminal: one read, no work",
-    ),
-    task(
-        "mixed-404",
-        "/status/404",
-        "pending",
-        "HTTP 404: failed for good",
-    ),
-    task(
-        "mixed-503",
-        "/status/503",
-        "pending",
-        "HTTP 503: no terminal write, retried",
-    ),
-    task(
-        "mixed-429-final",
-        "/status/429",
-        "processing",
-        "HTTP 429 on the last attempt: failed",
-    ),
-    Seed {
-        job: "cancelled-job",
-        ..task(
-            "cancelled-task",
-            "/page/cancelled",
-            "pending",
-            "job cancelled: no writes",
-        )
-    },
-    Seed {
-        run: "completed-run",
-        ..task(
-            "late-task",
-            "/page/late",
-            "pending",
-            "run completed: no writes",
-        )
-    },
-];
-
-/// The only messages the contract redelivers in the sample events.
-const RETRIED: &[&str] = &["msg-unavailable", "mix-transient"];
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let site = Site::start().await;
     let stack = Stack::new().await;
-    seed_stack(&stack, &site).await;
+    demo::seed(&stack, &site).await;
     let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/local-run.log");
     let function = watch(&stack, &log)?;
     wait_until_listening().await?;
@@ -171,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "event", "message", "reply", "contract"
     );
     let mut mismatches = 0;
-    for file in event_files()? {
+    for file in demo::event_files()? {
         let event: SqsEvent = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
         let reply = invoke(&file).await?;
         let retried: Vec<_> = reply
@@ -236,40 +100,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (JOB, RUN) => task.to_string(),
             _ => format!("{job}/{run}/{task}"),
         };
-        println!("{name:<38} {row:<44} {status:<11} {attempts:<6} {detail}");
+        let wrong = if status == *ends {
+            String::new()
+        } else {
+            mismatches += 1;
+            format!("   WRONG: expected {ends}")
+        };
+        println!("{name:<38} {row:<44} {status:<11} {attempts:<6} {detail}{wrong}");
     }
 
     stop(function).await;
     println!("\nthe function's logs: {}", log.display());
     if mismatches > 0 {
-        return Err(format!("{mismatches} replies differ from the ack contract").into());
+        return Err(format!("{mismatches} replies or task states differ from the contract").into());
     }
-    println!("\nevery reply matches the ack contract");
+    println!("\nevery reply and every task state match the ack contract");
     Ok(())
-}
-
-async fn seed_stack(stack: &Stack, site: &Site) {
-    stack.put_job(JOB, "active").await;
-    stack.put_run(JOB, RUN, "running").await;
-    stack.put_run(JOB, "completed-run", "completed").await;
-    stack.put_job("cancelled-job", "cancelled").await;
-    stack.put_run("cancelled-job", RUN, "running").await;
-    for Seed {
-        job,
-        run,
-        task,
-        url,
-        status,
-        ..
-    } in TASKS
-    {
-        let url = if url.starts_with('/') {
-            site.url(url)
-        } else {
-            url.to_string()
-        };
-        stack.put_task_in(job, run, task, &url, status).await;
-    }
 }
 
 /// The function under `cargo lambda watch`, pointed at this stack, logging to `log`.
@@ -344,14 +190,4 @@ async fn invoke(file: &Path) -> Result<SqsBatchResponse, Box<dyn std::error::Err
         return Err(format!("invoking with {}: {stderr}", file.display()).into());
     }
     Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-fn event_files() -> std::io::Result<Vec<PathBuf>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("events");
-    let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    files.retain(|f| f.extension().is_some_and(|e| e == "json"));
-    files.sort();
-    Ok(files)
 }

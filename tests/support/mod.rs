@@ -2,6 +2,7 @@
 //! that log every request they send, seeding helpers, SQS event builders and the local site.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod demo;
 pub mod site;
 
 use std::collections::HashMap;

@@ -1,0 +1,46 @@
+//! The sample events in `events/` (the ones `cargo lambda invoke --data-file` takes) get the
+//! replies the ack contract promises, on the same seeded data as `make run`.
+
+mod support;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use support::demo;
+use support::*;
+
+#[tokio::test]
+async fn every_sample_event_gets_the_reply_the_contract_promises() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    demo::seed(&stack, &site).await;
+    let worker = stack.worker();
+    let files = demo::event_files().expect("events/ is readable");
+    assert!(
+        files.len() >= 9,
+        "one event per contract row plus a mixed batch"
+    );
+
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let event: SqsEvent = serde_json::from_str(&text).expect("an SQS event");
+        assert!(!event.records.is_empty(), "{}", file.display());
+
+        let reply = run_batch(&worker, event.records.clone()).await;
+
+        let expected: Vec<_> = event
+            .records
+            .iter()
+            .filter_map(|r| r.message_id.clone())
+            .filter(|id| demo::RETRIED.contains(&id.as_str()))
+            .collect();
+        assert_eq!(retried(&reply), expected, "{}", file.display());
+    }
+    for seed in demo::TASKS {
+        let task = stack.task_in(seed.job, seed.run, seed.task).await;
+        assert_eq!(
+            task.status(),
+            Some(seed.ends),
+            "{}: {}",
+            seed.task,
+            seed.row
+        );
+    }
+}
