@@ -78,6 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         run,
         task,
         row,
+        ends,
         ..
     } in TASKS
     {
