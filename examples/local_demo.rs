@@ -30,10 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  emulator  {}", support::endpoint());
     println!("  site      http://{}", site.addr);
     println!("  table     {}   bucket {}\n", stack.table, stack.bucket);
-    println!(
-        "{:<28} {:<20} {:<6} {}",
-        "event", "message", "reply", "contract"
-    );
+    println!("{:<28} {:<20} {:<6} contract", "event", "message", "reply");
     let mut mismatches = 0;
     for file in demo::event_files()? {
         let event: SqsEvent = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
@@ -70,8 +67,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
-        "\n{:<38} {:<44} {:<11} {:<6} {}",
-        "task", "contract row", "status", "tries", "stored object or error"
+        "\n{:<38} {:<44} {:<11} {:<6} stored object or error",
+        "task", "contract row", "status", "tries"
     );
     for Seed {
         job,
