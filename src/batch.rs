@@ -59,7 +59,13 @@ pub async fn process_batch<P: ProcessRecord>(
     if tokio::time::timeout_at(cutoff, collect).await.is_err() {
         tracing::warn!("the invocation deadline is near: unfinished records go back to the queue");
     }
-    reply(records, outcomes)
+    let response = reply(records, outcomes);
+    tracing::info!(
+        records = records.len(),
+        retried = response.batch_item_failures.len(),
+        "batch done"
+    );
+    response
 }
 
 /// When to stop: `margin` before the deadline, or [`PAST_DEADLINE_BUDGET`] from now when the

@@ -41,10 +41,13 @@ pub async fn admit<S: TaskStore>(
         return Ok(Admission::Skipped(Outcome::NotWanted(why)));
     }
     Ok(match store.claim(task, now).await? {
-        Claim::Claimed { was, .. } => Admission::Admitted {
-            url: current.url,
-            redelivery: was == TaskStatus::Processing,
-        },
+        Claim::Claimed { attempts, was } => {
+            tracing::debug!(attempts, was = was.as_str(), "claimed");
+            Admission::Admitted {
+                url: current.url,
+                redelivery: was == TaskStatus::Processing,
+            }
+        }
         Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
         Claim::Missing => Admission::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)),
     })

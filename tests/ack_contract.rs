@@ -37,6 +37,17 @@ async fn pending_task_is_claimed_scraped_stored_finished_and_acked() {
     assert_eq!(object.metadata["http-status"], "200");
     assert!(object.metadata.contains_key("fetched-at"));
     assert_eq!(site.hits("/page/a"), 1);
+    assert_eq!(
+        stack.calls.calls(),
+        [
+            "GetItem",
+            "BatchGetItem",
+            "UpdateItem",
+            "PutObject",
+            "UpdateItem"
+        ],
+        "five AWS requests for a successful task"
+    );
 }
 
 #[tokio::test]
@@ -235,6 +246,41 @@ async fn permanent_scrape_failures_fail_the_task_and_ack() {
         assert!(item.s("result_key").is_none(), "{task}");
         assert!(stack.object(&Stack::key(task)).await.is_none(), "{task}");
     }
+}
+
+#[tokio::test]
+async fn private_addresses_are_refused_for_good() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    let port = site.addr.port();
+    let cases = [
+        ("literal", format!("http://127.0.0.1:{port}/page/a")),
+        ("short-form", format!("http://127.1:{port}/page/a")),
+        ("name", format!("http://localhost:{port}/page/a")),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+        ),
+    ];
+    for (task, url) in &cases {
+        stack.put_task(task, url, "pending").await;
+    }
+    let records = cases.iter().map(|(task, _)| delivery(task)).collect();
+    let worker = stack.worker_with(|t| t.allow_private_networks = false);
+
+    let reply = run_batch(&worker, records).await;
+
+    assert!(retried(&reply).is_empty());
+    for (task, _) in cases {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("is not on the public internet"),
+            "{task}: {error}"
+        );
+    }
+    assert_eq!(site.hits("/page/a"), 0, "nothing reached the site");
 }
 
 #[tokio::test]

@@ -197,7 +197,7 @@ impl Stack {
                 max_redirects: 3,
                 max_body_bytes: MAX_BODY_BYTES,
                 user_agent: "conveyor-worker-tests".into(),
-                allow_private_networks: true,
+                allow_private_networks: tuning.allow_private_networks,
             })
             .expect("build the HTTP client"),
             settings: RecordSettings {
@@ -326,6 +326,8 @@ impl Stack {
 pub struct WorkerTuning {
     pub scrape_timeout: Duration,
     pub bucket: Option<String>,
+    /// On by default: the local site is on 127.0.0.1.
+    pub allow_private_networks: bool,
 }
 
 impl Default for WorkerTuning {
@@ -333,6 +335,7 @@ impl Default for WorkerTuning {
         Self {
             scrape_timeout: Duration::from_secs(10),
             bucket: None,
+            allow_private_networks: true,
         }
     }
 }
