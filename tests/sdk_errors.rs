@@ -29,6 +29,19 @@ fn http(status: u16, body: &'static str) -> Response {
     Response::new(status, SdkBody::from(body))
 }
 
+/// A task store whose every UpdateItem fails its condition, returning the old item with
+/// `old_status` (as `ReturnValuesOnConditionCheckFailure` does), or none for a missing item.
+fn store_failing_conditions(old_status: Option<&'static str>) -> DynamoTaskStore {
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(move || {
+        let mut failure = ConditionalCheckFailedException::builder();
+        if let Some(status) = old_status {
+            failure = failure.item("status", AttributeValue::S(status.into()));
+        }
+        UpdateItemError::ConditionalCheckFailedException(failure.build())
+    });
+    DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks")
+}
+
 fn fault(result: Result<impl std::fmt::Debug, StoreError>) -> AwsFault {
     let err = result.expect_err("the call fails");
     err.aws_fault()
@@ -69,14 +82,7 @@ async fn server_errors_are_classified_as_service_failures() {
 
 #[tokio::test]
 async fn a_claim_refused_for_a_terminal_task_is_an_outcome_not_an_error() {
-    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
-        UpdateItemError::ConditionalCheckFailedException(
-            ConditionalCheckFailedException::builder()
-                .item("status", AttributeValue::S("successful".into()))
-                .build(),
-        )
-    });
-    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let store = store_failing_conditions(Some("successful"));
 
     let claim = store
         .claim(&task(), SystemTime::now())
@@ -88,12 +94,7 @@ async fn a_claim_refused_for_a_terminal_task_is_an_outcome_not_an_error() {
 
 #[tokio::test]
 async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
-    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
-        UpdateItemError::ConditionalCheckFailedException(
-            ConditionalCheckFailedException::builder().build(),
-        )
-    });
-    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let store = store_failing_conditions(None);
 
     let claim = store
         .claim(&task(), SystemTime::now())
@@ -105,12 +106,7 @@ async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
 
 #[tokio::test]
 async fn a_terminal_write_refused_by_its_condition_lost_the_race() {
-    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_error(|| {
-        UpdateItemError::ConditionalCheckFailedException(
-            ConditionalCheckFailedException::builder().build(),
-        )
-    });
-    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let store = store_failing_conditions(None);
     let failed = Terminal::Failed(Failure {
         reason: "HTTP 404".into(),
         http_status: Some(404),
