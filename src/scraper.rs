@@ -32,7 +32,7 @@ pub struct FetchError {
 }
 
 impl FetchError {
-    fn permanent(reason: impl Into<String>) -> Self {
+    pub fn permanent(reason: impl Into<String>) -> Self {
         Self {
             retry: Retry::Permanent,
             reason: reason.into(),
@@ -40,7 +40,7 @@ impl FetchError {
         }
     }
 
-    fn transient(reason: impl Into<String>) -> Self {
+    pub fn transient(reason: impl Into<String>) -> Self {
         Self {
             retry: Retry::Transient,
             reason: reason.into(),

@@ -78,11 +78,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher> Worker<T, R, F> {
             .min(cutoff.saturating_duration_since(Instant::now()));
         let fetched = match url {
             Some(url) => self.fetcher.fetch(&url, budget).await,
-            None => Err(FetchError {
-                retry: Retry::Permanent,
-                reason: "task has no url".into(),
-                http_status: None,
-            }),
+            None => Err(FetchError::permanent("task has no url")),
         };
         let (converged, gave_up) = match fetched {
             Ok(page) => {
