@@ -120,11 +120,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {
     let log = std::fs::File::create(log)?;
     Command::new("cargo")
+        .args(["lambda", "watch", "--quiet", "--ignore-changes"])
         .args([
-            "lambda",
-            "watch",
-            "--quiet",
-            "--ignore-changes",
+            "--invoke-address",
+            INVOKE_ADDRESS,
             "--invoke-port",
             INVOKE_PORT,
         ])
@@ -171,10 +170,10 @@ async fn wait_until_listening() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn invoke(file: &Path) -> Result<SqsBatchResponse, Box<dyn std::error::Error>> {
     let out = Command::new("cargo")
+        .args(["lambda", "invoke", "conveyor-worker"])
         .args([
-            "lambda",
-            "invoke",
-            "conveyor-worker",
+            "--invoke-address",
+            INVOKE_ADDRESS,
             "--invoke-port",
             INVOKE_PORT,
         ])

@@ -1,11 +1,14 @@
 //! The stores' reading of AWS error shapes that the emulator cannot produce on demand
 //! (throttling, 5xx, conditional check failures), through aws-smithy-mocks.
 
+use aws_config::retry::RetryConfig;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemOutput;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
-use aws_smithy_mocks::{mock, mock_client};
+use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::error::{AwsFault, StoreError};
@@ -14,6 +17,38 @@ use conveyor_worker::model::{Failure, Page, Terminal};
 use conveyor_worker::result_store::{NewResult, ResultStore, S3ResultStore};
 use conveyor_worker::task_store::{Claim, DynamoTaskStore, Finish, TaskStore};
 use std::time::SystemTime;
+
+/// Clients answered by one mock rule, built without the SDKs' `test-util` feature (so tests
+/// share the SDK build with the binary) and without retries.
+fn mocked(rule: &Rule) -> (SdkConfig, MockResponseInterceptor) {
+    let sdk = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(
+            aws_credential_types::provider::SharedCredentialsProvider::new(Credentials::new(
+                "test", "test", None, None, "mocks",
+            )),
+        )
+        .http_client(create_mock_http_client())
+        .retry_config(RetryConfig::disabled())
+        .build();
+    let interceptor = MockResponseInterceptor::new()
+        .rule_mode(RuleMode::Sequential)
+        .with_rule(rule);
+    (sdk, interceptor)
+}
+
+fn tasks(rule: &Rule) -> DynamoTaskStore {
+    let (sdk, interceptor) = mocked(rule);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(interceptor);
+    DynamoTaskStore::new(aws_sdk_dynamodb::Client::from_conf(config.build()), "tasks")
+}
+
+fn results(rule: &Rule) -> S3ResultStore {
+    let (sdk, interceptor) = mocked(rule);
+    let config = aws_sdk_s3::config::Builder::from(&sdk).interceptor(interceptor);
+    S3ResultStore::new(aws_sdk_s3::Client::from_conf(config.build()), "results")
+}
 
 fn task() -> TaskRef {
     let id = |s: &str| Id::parse(s).expect("a valid id");
@@ -39,7 +74,7 @@ fn store_failing_conditions(old_status: Option<&'static str>) -> DynamoTaskStore
         }
         UpdateItemError::ConditionalCheckFailedException(failure.build())
     });
-    DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks")
+    tasks(&rule)
 }
 
 fn fault(result: Result<impl std::fmt::Debug, StoreError>) -> AwsFault {
@@ -58,7 +93,7 @@ async fn throttled_reads_are_classified_as_throttled() {
     ] {
         let rule =
             mock!(aws_sdk_dynamodb::Client::get_item).then_http_response(move || http(400, body));
-        let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+        let store = tasks(&rule);
 
         assert_eq!(
             fault(store.load_task(&task()).await),
@@ -72,7 +107,7 @@ async fn throttled_reads_are_classified_as_throttled() {
 async fn server_errors_are_classified_as_service_failures() {
     let rule = mock!(aws_sdk_dynamodb::Client::get_item)
         .then_http_response(|| http(500, r#"{"__type":"InternalServerError","message":"boom"}"#));
-    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let store = tasks(&rule);
 
     assert_eq!(
         fault(store.load_task(&task()).await),
@@ -131,7 +166,7 @@ async fn unprocessed_keys_count_as_throttling() {
             .unprocessed_keys("tasks", key)
             .build()
     });
-    let store = DynamoTaskStore::new(mock_client!(aws_sdk_dynamodb, [&rule]), "tasks");
+    let store = tasks(&rule);
 
     assert_eq!(
         fault(store.load_parents(&task()).await),
@@ -170,13 +205,13 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         fetched_at: SystemTime::now(),
     };
 
-    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&slow]), "results");
+    let store = results(&slow);
     assert_eq!(fault(store.put_if_absent(new).await), AwsFault::Throttled);
 
-    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&bare]), "results");
+    let store = results(&bare);
     assert_eq!(fault(store.describe(&key).await), AwsFault::ServiceFailed);
 
-    let store = S3ResultStore::new(mock_client!(aws_sdk_s3, [&denied]), "results");
+    let store = results(&denied);
     assert!(matches!(
         fault(store.describe(&key).await),
         AwsFault::Refused { .. }
