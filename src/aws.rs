@@ -1,5 +1,6 @@
 //! AWS wiring: SDK configuration, clients and the production worker, built once per cold start.
 
+use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::LambdaEvent;
@@ -11,14 +12,20 @@ use crate::contract::Outcome;
 use crate::result_store::{ResultStore, S3ResultStore};
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
 use crate::task_store::{DynamoTaskStore, TaskStore};
+use crate::visibility::{SqsVisibility, Visibility};
 use crate::worker::Worker;
 
 /// The worker as deployed: DynamoDB, S3 and reqwest.
-pub type AwsWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher>;
+pub type AwsWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher, SqsVisibility>;
 
-/// Loads region, credentials and endpoint the standard way (`AWS_ENDPOINT_URL` included).
+/// Loads region, credentials and endpoint the standard way (`AWS_ENDPOINT_URL` included),
+/// with the standard retry mode: our own AWS errors are retried within the invocation
+/// before the record is reported for redelivery.
 pub async fn sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest()).load().await
+    aws_config::defaults(BehaviorVersion::latest())
+        .retry_config(RetryConfig::standard().with_max_attempts(3))
+        .load()
+        .await
 }
 
 /// S3 settings from the shared config; path-style addressing when the endpoint is overridden
@@ -42,16 +49,18 @@ impl AwsWorker {
         }
         let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
         let s3 = aws_sdk_s3::Client::from_conf(s3_config(sdk).build());
+        let sqs = aws_sdk_sqs::Client::new(sdk);
         Ok(Worker {
             tasks: DynamoTaskStore::new(dynamodb, &config.table_name),
             results: S3ResultStore::new(s3, &config.results_bucket),
             fetcher: HttpFetcher::new(&FetchSettings::from(config))?,
+            visibility: SqsVisibility::new(sqs, sdk.endpoint_url().map(str::to_owned)),
             settings: config.into(),
         })
     }
 }
 
-impl<T: TaskStore, R: ResultStore, F: Fetcher> ProcessRecord for Worker<T, R, F> {
+impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord for Worker<T, R, F, V> {
     async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
         Worker::process(self, record, cutoff).await
     }

@@ -120,7 +120,7 @@ fn log(outcome: &Outcome, elapsed: Duration) {
         }
         Outcome::FailedPermanently { reason }
         | Outcome::GaveUp { reason }
-        | Outcome::ScrapeTransient { reason } => {
+        | Outcome::ScrapeTransient { reason, .. } => {
             tracing::info!(outcome = label, ?reply, duration_ms = ms, reason = %reason, "record done")
         }
         Outcome::NotWanted(why) => {
@@ -185,6 +185,7 @@ mod tests {
                 }
                 _ if body == "retry" => Outcome::ScrapeTransient {
                     reason: "HTTP 503".into(),
+                    retry_after: None,
                 },
                 _ if body == "panic" => panic!("a bug in one record"),
                 _ => Outcome::AlreadyTerminal,

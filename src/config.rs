@@ -30,7 +30,11 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub user_agent: String,
     pub allow_private_networks: bool,
+    /// Destination ports a fetch may use; `None` for any.
+    pub allowed_ports: Option<Vec<u16>>,
     pub deadline_margin: Duration,
+    pub retry_backoff_base: Duration,
+    pub retry_backoff_max: Duration,
 }
 
 impl Config {
@@ -57,7 +61,10 @@ impl Config {
                 .get("USER_AGENT")
                 .unwrap_or_else(|| concat!("conveyor-worker/", env!("CARGO_PKG_VERSION")).into()),
             allow_private_networks: env.parsed("ALLOW_PRIVATE_NETWORKS", false, "true or false")?,
+            allowed_ports: env.ports("ALLOWED_PORTS")?,
             deadline_margin: env.millis("DEADLINE_MARGIN_MS", 2_000)?,
+            retry_backoff_base: env.millis("RETRY_BACKOFF_BASE_MS", 5_000)?,
+            retry_backoff_max: env.millis("RETRY_BACKOFF_MAX_MS", 900_000)?,
         })
     }
 }
@@ -111,6 +118,22 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
     fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
         self.positive(name, default).map(Duration::from_millis)
     }
+
+    /// A comma-separated list of ports; unset means any port.
+    fn ports(&self, name: &'static str) -> Result<Option<Vec<u16>>, ConfigError> {
+        let Some(value) = self.get(name) else {
+            return Ok(None);
+        };
+        let ports: Result<Vec<u16>, _> = value.split(',').map(|p| p.trim().parse()).collect();
+        match ports {
+            Ok(ports) if !ports.is_empty() && !ports.contains(&0) => Ok(Some(ports)),
+            _ => Err(ConfigError::Invalid {
+                name,
+                value,
+                expected: "a comma-separated list of ports, e.g. 80,443",
+            }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +160,22 @@ mod tests {
         assert_eq!(config.scrape_timeout, Duration::from_secs(30));
         assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
         assert!(!config.allow_private_networks);
+        assert_eq!(config.allowed_ports, None);
+    }
+
+    #[test]
+    fn allowed_ports_are_a_list() {
+        let mut vars = REQUIRED.to_vec();
+        vars.push(("ALLOWED_PORTS", "80, 443,8080"));
+        assert_eq!(
+            config(&vars).unwrap().allowed_ports,
+            Some(vec![80, 443, 8080])
+        );
+        for bad in ["80;443", "http", "0", "70000", ","] {
+            let mut vars = REQUIRED.to_vec();
+            vars.push(("ALLOWED_PORTS", bad));
+            assert!(config(&vars).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The ack contract: every way a delivery can end, and whether SQS may delete the message.
 
+use std::time::Duration;
+
 use crate::error::StoreError;
 use crate::message::Poison;
 
@@ -40,8 +42,12 @@ pub enum Outcome {
     Poison(Poison),
     /// The task, its job or its run is gone, or no longer wants work.
     NotWanted(NotWanted),
-    /// The page failed in a way worth another try (408, 425, 429, 5xx, timeout, reset).
-    ScrapeTransient { reason: String },
+    /// The page failed in a way worth another try (408, 425, 429, 5xx, timeout, reset); the
+    /// message is held back until the retry is due (`Retry-After` or backoff).
+    ScrapeTransient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
     /// DynamoDB or S3 failed, or held data we cannot read.
     Store(StoreError),
     /// Processing panicked; the panic was contained to this record.
@@ -106,6 +112,7 @@ mod tests {
         let retried = [
             Outcome::ScrapeTransient {
                 reason: "HTTP 503".into(),
+                retry_after: None,
             },
             Outcome::Store(corrupt()),
             Outcome::Panicked,

@@ -5,7 +5,7 @@
 //! [`converge`] (store under a deterministic key, make the one terminal write), with the stores
 //! behind the ports [`task_store::TaskStore`] and [`result_store::ResultStore`]. [`batch`] runs
 //! a batch concurrently and builds the partial batch response from the ack contract in
-//! [`contract`].
+//! [`contract`]; [`visibility`] holds transiently failed messages back until their retry.
 
 pub mod aws;
 pub mod batch;
@@ -20,6 +20,7 @@ pub mod model;
 pub mod result_store;
 pub mod scraper;
 pub mod task_store;
+pub mod visibility;
 pub mod worker;
 
 pub use config::Config;

@@ -16,6 +16,7 @@ use crate::model::Failure;
 use crate::result_store::ResultStore;
 use crate::scraper::{FetchError, Fetcher, Retry};
 use crate::task_store::TaskStore;
+use crate::visibility::{Backoff, QueueRef, Visibility};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]
@@ -23,6 +24,7 @@ pub struct RecordSettings {
     pub results_prefix: String,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
+    pub backoff: Backoff,
 }
 
 impl From<&Config> for RecordSettings {
@@ -31,20 +33,22 @@ impl From<&Config> for RecordSettings {
             results_prefix: config.results_prefix.clone(),
             max_attempts: config.max_attempts,
             scrape_timeout: config.scrape_timeout,
+            backoff: config.into(),
         }
     }
 }
 
 /// The worker's ports and settings, built once per cold start.
 #[derive(Debug, Clone)]
-pub struct Worker<T, R, F> {
+pub struct Worker<T, R, F, V> {
     pub tasks: T,
     pub results: R,
     pub fetcher: F,
+    pub visibility: V,
     pub settings: RecordSettings,
 }
 
-impl<T: TaskStore, R: ResultStore, F: Fetcher> Worker<T, R, F> {
+impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
     /// Processes one record; stops scraping at `cutoff`. Never fails: every end is an outcome.
     pub async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
         let task = match message::parse_body(record.body.as_deref()) {
@@ -55,10 +59,36 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher> Worker<T, R, F> {
         span.record("job_id", task.job_id.as_str());
         span.record("run_id", task.run_id.as_str());
         span.record("task_id", task.task_id.as_str());
-        let final_attempt = receive_count(record) >= self.settings.max_attempts;
-        self.process_task(&task, final_attempt, cutoff)
+        let receives = receive_count(record);
+        let final_attempt = receives >= self.settings.max_attempts;
+        let outcome = self
+            .process_task(&task, final_attempt, cutoff)
             .await
-            .unwrap_or_else(Outcome::Store)
+            .unwrap_or_else(Outcome::Store);
+        if let Outcome::ScrapeTransient { retry_after, .. } = &outcome {
+            self.hold_back(record, *retry_after, receives).await;
+        }
+        outcome
+    }
+
+    /// Keeps a transiently failed message invisible until its retry is due. If that fails,
+    /// the message still comes back, after the queue's own visibility timeout.
+    async fn hold_back(&self, record: &SqsMessage, retry_after: Option<Duration>, receives: u32) {
+        let delay = self.settings.backoff.delay(retry_after, receives);
+        let queue = record
+            .event_source_arn
+            .as_deref()
+            .and_then(QueueRef::from_arn);
+        let (Some(queue), Some(handle)) = (queue, record.receipt_handle.as_deref()) else {
+            tracing::warn!("no queue ARN or receipt handle: redelivery after the queue's timeout");
+            return;
+        };
+        match self.visibility.hold(&queue, handle, delay).await {
+            Ok(()) => tracing::info!(delay_ms = delay.as_millis() as u64, "held back for retry"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hold back; redelivery after the queue's timeout")
+            }
+        }
     }
 
     async fn process_task(
@@ -86,7 +116,10 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher> Worker<T, R, F> {
                 (converged.await?, false)
             }
             Err(err) if err.retry == Retry::Transient && !final_attempt => {
-                return Ok(Outcome::ScrapeTransient { reason: err.reason });
+                return Ok(Outcome::ScrapeTransient {
+                    reason: err.reason,
+                    retry_after: err.retry_after,
+                });
             }
             Err(err) => {
                 let failure = Failure {

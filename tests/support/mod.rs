@@ -27,14 +27,15 @@ use conveyor_worker::Worker;
 use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::result_store::S3ResultStore;
-use conveyor_worker::scraper::{FetchSettings, HttpFetcher};
+use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::task_store::DynamoTaskStore;
+use conveyor_worker::visibility::{Backoff, SqsVisibility};
 use conveyor_worker::worker::RecordSettings;
 use serde_json::json;
 
 pub use site::Site;
 
-pub type TestWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher>;
+pub type TestWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher, SqsVisibility>;
 
 pub const JOB: &str = "job-1";
 pub const RUN: &str = "run-1";
@@ -114,8 +115,10 @@ pub struct Stack {
     pub bucket: String,
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub s3: aws_sdk_s3::Client,
+    pub sqs: aws_sdk_sqs::Client,
     pub calls: CallLog,
     sdk: SdkConfig,
+    worker_endpoint: String,
 }
 
 impl Stack {
@@ -131,8 +134,10 @@ impl Stack {
             bucket: unique("results"),
             dynamodb: aws_sdk_dynamodb::Client::new(&admin),
             s3: aws_sdk_s3::Client::from_conf(s3_config(&admin).build()),
+            sqs: aws_sdk_sqs::Client::new(&admin),
             calls: CallLog::default(),
             sdk: sdk_config(worker_endpoint).await,
+            worker_endpoint: worker_endpoint.to_owned(),
         };
         stack.create_table().await;
         stack
@@ -185,25 +190,41 @@ impl Stack {
             .interceptor(self.calls.clone())
             .build();
         let s3_config = s3_config(&self.sdk).interceptor(self.calls.clone()).build();
+        let sqs_config = aws_sdk_sqs::config::Builder::from(&self.sdk)
+            .interceptor(self.calls.clone())
+            .build();
         let bucket = tuning.bucket.clone().unwrap_or_else(|| self.bucket.clone());
+        let settings = FetchSettings {
+            connect_timeout: Duration::from_secs(2),
+            max_redirects: 3,
+            max_body_bytes: MAX_BODY_BYTES,
+            user_agent: "conveyor-worker-tests".into(),
+            allow_private_networks: tuning.allow_private_networks,
+            allowed_ports: None,
+        };
+        let policy = AddressPolicy::new(tuning.allow_private_networks, None)
+            .trusting(tuning.trusted.iter().copied());
+        let lookup = tuning
+            .lookup
+            .clone()
+            .unwrap_or_else(|| Arc::new(SystemLookup));
         Worker {
             tasks: DynamoTaskStore::new(
                 aws_sdk_dynamodb::Client::from_conf(dynamodb_config),
                 &self.table,
             ),
             results: S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
-            fetcher: HttpFetcher::new(&FetchSettings {
-                connect_timeout: Duration::from_secs(2),
-                max_redirects: 3,
-                max_body_bytes: MAX_BODY_BYTES,
-                user_agent: "conveyor-worker-tests".into(),
-                allow_private_networks: tuning.allow_private_networks,
-            })
-            .expect("build the HTTP client"),
+            fetcher: HttpFetcher::with_policy(&settings, policy, lookup)
+                .expect("build the HTTP client"),
+            visibility: SqsVisibility::new(
+                aws_sdk_sqs::Client::from_conf(sqs_config),
+                Some(self.worker_endpoint.clone()),
+            ),
             settings: RecordSettings {
                 results_prefix: PREFIX.into(),
                 max_attempts: MAX_ATTEMPTS,
                 scrape_timeout: tuning.scrape_timeout,
+                backoff: tuning.backoff,
             },
         }
     }
@@ -328,6 +349,11 @@ pub struct WorkerTuning {
     pub bucket: Option<String>,
     /// On by default: the local site is on 127.0.0.1.
     pub allow_private_networks: bool,
+    /// Addresses the fetcher trusts although they are not public (a site on 127.0.0.2).
+    pub trusted: Vec<std::net::IpAddr>,
+    /// The resolver; the system's unless a test gives a table.
+    pub lookup: Option<Arc<dyn Lookup>>,
+    pub backoff: Backoff,
 }
 
 impl Default for WorkerTuning {
@@ -336,6 +362,14 @@ impl Default for WorkerTuning {
             scrape_timeout: Duration::from_secs(10),
             bucket: None,
             allow_private_networks: true,
+            trusted: Vec::new(),
+            lookup: None,
+            // Deterministic: always the ceiling, one second doubling.
+            backoff: Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+                jitter: || 1.0,
+            },
         }
     }
 }

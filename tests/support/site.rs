@@ -1,12 +1,13 @@
 //! A real local HTTP site on 127.0.0.1 whose pages exercise every way a fetch can end.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -41,7 +42,14 @@ pub struct Site {
 }
 
 impl Site {
+    /// A site on 127.0.0.1.
     pub async fn start() -> Self {
+        Self::start_on([127, 0, 0, 1].into()).await
+    }
+
+    /// A site on another loopback address (127.0.0.0/8 all routes to this machine), which a
+    /// test can trust as "public" while 127.0.0.1 stays private.
+    pub async fn start_on(ip: IpAddr) -> Self {
         let hits = Hits::default();
         let app = Router::new()
             .route("/page/{name}", get(page))
@@ -50,11 +58,15 @@ impl Site {
             .route("/big", get(big))
             .route("/redirect/{n}", get(redirect))
             .route("/varying/{name}", get(varying))
+            .route("/retry-after/{secs}", get(retry_after_seconds))
+            .route("/retry-after-date/{secs}", get(retry_after_date))
+            .route("/redirect-to", get(redirect_to))
+            .route("/encoded/{encoding}/{size}", get(encoded))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .with_state(hits.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
-            .expect("bind the local site on 127.0.0.1");
+            .expect("bind the local site on a loopback address");
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
@@ -114,4 +126,86 @@ async fn varying(State(hits): State<Hits>, Path(name): Path<String>) -> impl Int
         [(header::CONTENT_TYPE, "text/plain")],
         format!("{name}: version {n}"),
     )
+}
+
+/// 429 with `Retry-After: <secs>`.
+async fn retry_after_seconds(Path(secs): Path<u64>) -> impl IntoResponse {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs.to_string())],
+        "slow down",
+    )
+}
+
+/// 503 with `Retry-After` as an HTTP date `<secs>` from now.
+async fn retry_after_date(Path(secs): Path<u64>) -> impl IntoResponse {
+    let at = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(secs));
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, at)],
+        "down",
+    )
+}
+
+/// A redirect to wherever `?url=` says: the way a public page sends a fetcher inwards.
+async fn redirect_to(Query(query): Query<HashMap<String, String>>) -> Response {
+    match query.get("url") {
+        Some(url) => Redirect::to(url).into_response(),
+        None => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
+/// `size` bytes of `a`, encoded with `gzip`, `deflate` or `br`.
+async fn encoded(Path((encoding, size)): Path<(String, usize)>) -> Response {
+    let plain = vec![b'a'; size];
+    let body = match encoding.as_str() {
+        "gzip" => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            e.write_all(&plain).and_then(|()| e.finish())
+        }
+        "deflate" => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            e.write_all(&plain).and_then(|()| e.finish())
+        }
+        "br" => {
+            let mut out = Vec::new();
+            let mut e = brotli::CompressorWriter::new(&mut out, 4096, 9, 22);
+            let written = e.write_all(&plain).and_then(|()| e.flush());
+            drop(e);
+            written.map(|()| out)
+        }
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    match body {
+        Ok(body) => (
+            [
+                (header::CONTENT_ENCODING, encoding),
+                (header::CONTENT_TYPE, "text/plain".to_owned()),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// A server that answers every connection with `reply` and then hangs up: a connection
+/// reset (empty reply) or a body cut short.
+pub async fn broken_server(reply: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a broken server on 127.0.0.1");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0_u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let _ = socket.write_all(reply).await;
+            // Dropping the socket closes it mid-exchange.
+        }
+    });
+    addr
 }
