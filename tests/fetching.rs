@@ -1,6 +1,9 @@
 //! The fetcher end to end: what it refuses to reach (redirect hops and resolved names
 //! included), how it decodes, and which failures it calls transient. The "public" site stands
 //! on 127.0.0.2, trusted by exact address; everything else on 127.0.0.0/8 stays private.
+//! Every target here is on loopback, so even a regression sends nothing off this machine;
+//! the other private and special ranges are proven by the policy's unit tests, which open
+//! no connection.
 
 mod support;
 
@@ -34,8 +37,7 @@ fn names() -> Arc<Names> {
         ("localhost", vec![ip("127.0.0.1"), ip("::1")]),
         ("public.test", vec![ip("127.0.0.2")]),
         ("internal.test", vec![ip("127.0.0.1")]),
-        ("rebind.test", vec![ip("127.0.0.2"), ip("10.0.0.1")]),
-        ("metadata.test", vec![ip("169.254.169.254")]),
+        ("rebind.test", vec![ip("127.0.0.2"), ip("127.0.0.1")]),
         ("mapped.test", vec![ip("::ffff:127.0.0.1")]),
     ])))
 }
@@ -80,15 +82,6 @@ async fn redirects_and_names_that_lead_inside_are_refused_and_nothing_inside_is_
             hop(&format!("http://[::ffff:127.0.0.1]:{port}/page/in")),
         ),
         (
-            "hop-metadata",
-            hop("http://169.254.169.254/latest/meta-data/"),
-        ),
-        (
-            "hop-ec2-v6",
-            hop("http://[fd00:ec2::254]/latest/meta-data/"),
-        ),
-        ("hop-private", hop("http://10.0.0.1/")),
-        (
             "hop-name",
             hop(&format!("http://internal.test:{port}/page/in")),
         ),
@@ -100,10 +93,6 @@ async fn redirects_and_names_that_lead_inside_are_refused_and_nothing_inside_is_
         (
             "name-rebind",
             format!("http://rebind.test:{}/page/x", public.addr.port()),
-        ),
-        (
-            "name-metadata",
-            "http://metadata.test/latest/meta-data/".to_owned(),
         ),
         ("name-mapped", format!("http://mapped.test:{port}/page/in")),
         (
