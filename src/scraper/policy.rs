@@ -144,6 +144,8 @@ impl Resolve for GuardedResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::net::Ipv4Addr;
 
     fn refused(policy: &AddressPolicy, url: &str) -> Option<Refused> {
         let url = Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -316,5 +318,49 @@ mod tests {
             ips,
             ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"]
         );
+    }
+
+    proptest! {
+        #[test]
+        fn url_checks_never_panic_on_arbitrary_input(raw in any::<String>()) {
+            let policy = AddressPolicy::new(false, Some(vec![80, 443]));
+            if let Ok(url) = Url::parse(&raw) {
+                let _ = policy.check_url(&url);
+            }
+        }
+
+        #[test]
+        fn url_checks_never_panic_on_url_shaped_input(
+            scheme in "(https?|HTTPS?|ftp|file|gopher)",
+            userinfo in "([a-z]{1,5}(:[a-z]{0,5})?@)?",
+            host in "[0-9a-fA-Fx.:%\\[\\]]{0,45}",
+            port in proptest::option::of(0_u32..70_000),
+            path in "[/a-z?#=&%.]{0,20}",
+        ) {
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            let raw = format!("{scheme}://{userinfo}{host}{port}{path}");
+            let policy = AddressPolicy::new(false, Some(vec![80, 443, 8080]));
+            if let Ok(url) = Url::parse(&raw) {
+                let _ = policy.check_url(&url);
+            }
+        }
+
+        #[test]
+        fn every_spelling_of_an_ipv4_address_is_judged_alike(raw in any::<u32>()) {
+            let policy = AddressPolicy::new(false, None);
+            let v4 = Ipv4Addr::from(raw);
+            let verdict = |spelling: String| {
+                let url = Url::parse(&format!("http://{spelling}/")).expect("an IPv4 host");
+                policy.check_url(&url).is_ok()
+            };
+            let dotted = verdict(v4.to_string());
+            prop_assert_eq!(verdict(raw.to_string()), dotted);
+            prop_assert_eq!(verdict(format!("{raw:#x}")), dotted);
+            prop_assert_eq!(verdict(format!("0{raw:o}")), dotted);
+            prop_assert_eq!(dotted, policy.check_ip(IpAddr::V4(v4)).is_ok());
+            // IPv6 forms that embed it never pass, whatever it is.
+            prop_assert!(policy.check_ip(IpAddr::V6(v4.to_ipv6_mapped())).is_err());
+            prop_assert!(policy.check_ip(IpAddr::V6(v4.to_ipv6_compatible())).is_err());
+        }
     }
 }

@@ -1,0 +1,175 @@
+//! Retry timing against the emulator's SQS: a transiently failed message is held back for
+//! as long as the site asked, or for a backoff that grows with every receive; when holding
+//! it back fails, or the failure is our own AWS error, it is still retried.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use support::*;
+
+/// A queue whose own visibility timeout (30 s) is far longer than any hold in these tests,
+/// so a message that comes back early or on time came back because the worker said so.
+struct Queue {
+    url: String,
+    arn: String,
+}
+
+async fn queue(stack: &Stack) -> Queue {
+    let name = unique("tasks");
+    let url = stack
+        .sqs
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::VisibilityTimeout, "30")
+        .send()
+        .await
+        .expect("create a queue")
+        .queue_url
+        .expect("a queue URL");
+    let attributes = stack
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("read the queue ARN");
+    let arn = attributes
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .expect("the queue has an ARN");
+    Queue { url, arn }
+}
+
+impl Queue {
+    async fn send(&self, stack: &Stack, body: &str) {
+        stack
+            .sqs
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .send()
+            .await
+            .expect("send a message");
+    }
+
+    /// One short-polling receive, as the Lambda event source would deliver it.
+    async fn receive(&self, stack: &Stack) -> Option<SqsMessage> {
+        let out = stack
+            .sqs
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(1)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .expect("receive");
+        let message = out.messages?.into_iter().next()?;
+        let receives = message
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .cloned()
+            .unwrap_or_else(|| "1".into());
+        let json = serde_json::json!({
+            "messageId": message.message_id,
+            "receiptHandle": message.receipt_handle,
+            "body": message.body,
+            "attributes": { "ApproximateReceiveCount": receives },
+            "eventSource": "aws:sqs",
+            "eventSourceARN": self.arn,
+        });
+        Some(serde_json::from_value(json).expect("an SQS record"))
+    }
+
+    /// Polls until the message is delivered again; how long that took.
+    async fn wait_for_redelivery(&self, stack: &Stack, limit: Duration) -> (SqsMessage, Duration) {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(message) = self.receive(stack).await {
+                return (message, started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("not redelivered within {limit:?}");
+    }
+}
+
+fn receives(message: &SqsMessage) -> &str {
+    message.attributes["ApproximateReceiveCount"].as_str()
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_comes_back_after_the_wait_and_not_before() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/retry-after/2"), "pending").await;
+    let queue = queue(&stack).await;
+    queue.send(&stack, &body("t1")).await;
+    let first = queue.receive(&stack).await.expect("the first delivery");
+
+    let reply = run_batch(&stack.worker(), vec![first.clone()]).await;
+
+    assert_eq!(retried(&reply), [first.message_id.clone().unwrap_or_default()]);
+    assert_eq!(stack.calls.count("ChangeMessageVisibility"), 1);
+    let (again, after) = queue.wait_for_redelivery(&stack, Duration::from_secs(8)).await;
+    assert!(after >= Duration::from_millis(1500), "back after {after:?}, asked for 2 s");
+    assert!(after <= Duration::from_secs(4), "back after {after:?}, asked for 2 s");
+    assert_eq!(receives(&again), "2");
+}
+
+#[tokio::test]
+async fn a_503_backs_off_longer_on_every_receive() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/status/503"), "pending").await;
+    let queue = queue(&stack).await;
+    queue.send(&stack, &body("t1")).await;
+    let worker = stack.worker(); // backoff: 1 s doubling, jitter at its ceiling
+    let mut message = queue.receive(&stack).await.expect("the first delivery");
+    let mut waits = Vec::new();
+
+    for _ in 0..2 {
+        let reply = run_batch(&worker, vec![message.clone()]).await;
+        assert_eq!(retried(&reply).len(), 1);
+        let (again, after) = queue.wait_for_redelivery(&stack, Duration::from_secs(10)).await;
+        waits.push(after);
+        message = again;
+    }
+
+    let [first, second] = waits[..] else { unreachable!("two waits") };
+    assert!(first >= Duration::from_millis(700) && first <= Duration::from_secs(3), "{waits:?}");
+    assert!(second >= first + Duration::from_millis(600), "the second hold is longer: {waits:?}");
+    assert_eq!(receives(&message), "3");
+    assert_eq!(stack.task("t1").await.status(), Some("processing"));
+}
+
+#[tokio::test]
+async fn a_failed_hold_back_still_reports_the_record_for_retry() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/status/503"), "pending").await;
+    // The record names a queue that does not exist: ChangeMessageVisibility fails.
+    let record = record("m1", &body("t1"), 1);
+
+    let reply = run_batch(&stack.worker(), vec![record]).await;
+
+    assert_eq!(retried(&reply), ["m1"]);
+    assert_eq!(stack.calls.count("ChangeMessageVisibility"), 1);
+}
+
+#[tokio::test]
+async fn our_own_aws_errors_are_retried_without_holding_the_message_back() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker_with(|t| t.bucket = Some("no-such-bucket".into()));
+
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(stack.calls.count("ChangeMessageVisibility"), 0);
+}
