@@ -84,7 +84,7 @@ async fn finish<T: TaskStore>(
 ) -> Result<Converged, StoreError> {
     Ok(
         match tasks.finish(task, &terminal, SystemTime::now()).await? {
-            Finish::Written => written,
+            Finish::Written { .. } => written,
             Finish::LostRace => Converged::LostRace,
         },
     )

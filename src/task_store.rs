@@ -5,9 +5,12 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update,
 };
 
 use crate::error::StoreError;
@@ -28,7 +31,8 @@ pub enum Claim {
 /// The result of the terminal write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    Written,
+    /// The task is terminal and counted; `completed_run` when it was its run's last task.
+    Written { completed_run: bool },
     /// Another delivery made the terminal write first; the task is left as it made it.
     LostRace,
 }
@@ -191,6 +195,11 @@ impl TaskStore for DynamoTaskStore {
         }
     }
 
+    /// Counts the task into its run in the same transaction as the terminal write, so a
+    /// task is counted exactly once. While more than one task remains that is one
+    /// transaction; the last task's transaction also completes the run (only one can take
+    /// `tasks_remaining` from 1 to 0). A run that is not running, or has no counters, is
+    /// counted without completing, or not at all.
     #[tracing::instrument(skip_all, fields(status = terminal.status().as_str()))]
     async fn finish(
         &self,
@@ -199,49 +208,35 @@ impl TaskStore for DynamoTaskStore {
         now: SystemTime,
     ) -> Result<Finish, StoreError> {
         let now = rfc3339(now);
-        let request = self
-            .client
-            .update_item()
+        for step in [
+            RunStep::Count,
+            RunStep::CountAndComplete,
+            RunStep::CountOnly,
+        ] {
+            match self.finish_counted(task, terminal, &now, step).await? {
+                Counted::Written => {
+                    let completed_run = step == RunStep::CountAndComplete;
+                    if completed_run {
+                        tracing::info!("the run is complete");
+                    }
+                    return Ok(Finish::Written { completed_run });
+                }
+                Counted::LostRace => return Ok(Finish::LostRace),
+                Counted::RunRefused => continue,
+            }
+        }
+        tracing::warn!("the run is gone or has no counters: the task is finished uncounted");
+        let write = task_terminal(terminal, &now);
+        let result = write
+            .apply_to_update_item(self.client.update_item())
             .table_name(&self.table)
             .set_key(Some(Self::task_key(task)))
-            .condition_expression(OPEN)
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":pending", s(TaskStatus::Pending.as_str()))
-            .expression_attribute_values(":processing", s(TaskStatus::Processing.as_str()))
-            .expression_attribute_values(":status", s(terminal.status().as_str()))
-            .expression_attribute_values(":now", s(&now));
-        const COMMON: &str = "SET #status = :status, updated_at = :now, finished_at = :now";
-        let request = match terminal {
-            Terminal::Succeeded(r) => request
-                .update_expression(format!(
-                    "{COMMON}, result_key = :key, result_sha256 = :sha, result_size = :size, \
-                     http_status = :http, content_type = :ctype, final_url = :final \
-                     REMOVE #error"
-                ))
-                .expression_attribute_names("#error", "error")
-                .expression_attribute_values(":key", s(r.key.as_str()))
-                .expression_attribute_values(":sha", s(&r.sha256))
-                .expression_attribute_values(":size", n(r.size))
-                .expression_attribute_values(":http", n(r.http_status))
-                .expression_attribute_values(":ctype", s(&r.content_type))
-                .expression_attribute_values(":final", s(&r.final_url)),
-            Terminal::Failed(f) => {
-                let request = request
-                    .expression_attribute_names("#error", "error")
-                    .expression_attribute_values(":error", s(&f.reason));
-                match f.http_status {
-                    Some(http) => request
-                        .update_expression(format!(
-                            "{COMMON}, #error = :error, http_status = :http"
-                        ))
-                        .expression_attribute_values(":http", n(http)),
-                    None => request
-                        .update_expression(format!("{COMMON}, #error = :error REMOVE http_status")),
-                }
-            }
-        };
-        match request.send().await {
-            Ok(_) => Ok(Finish::Written),
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Finish::Written {
+                completed_run: false,
+            }),
             Err(err)
                 if err
                     .as_service_error()
@@ -252,6 +247,188 @@ impl TaskStore for DynamoTaskStore {
             Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
         }
     }
+}
+
+/// How the terminal write's transaction treats the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunStep {
+    /// More than one task remains: count this one.
+    Count,
+    /// This is the last task of a running run: count it and complete the run.
+    CountAndComplete,
+    /// The run is not running (or its counters are off): count it, complete nothing.
+    CountOnly,
+}
+
+enum Counted {
+    Written,
+    LostRace,
+    /// The run's condition failed: try the next step.
+    RunRefused,
+}
+
+impl DynamoTaskStore {
+    async fn finish_counted(
+        &self,
+        task: &TaskRef,
+        terminal: &Terminal,
+        now: &str,
+        step: RunStep,
+    ) -> Result<Counted, StoreError> {
+        let task_update =
+            task_terminal(terminal, now).into_update(&self.table, Self::task_key(task));
+        let run_key = key(
+            format!("JOB#{}", task.job_id),
+            format!("RUN#{}", task.run_id),
+        );
+        let run_update = run_count(step, terminal, now).into_update(&self.table, run_key);
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(task_update).build())
+            .transact_items(TransactWriteItem::builder().update(run_update).build())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(Counted::Written),
+            Err(err) => err,
+        };
+        if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
+            err.as_service_error()
+        {
+            let code = |i: usize| {
+                cancelled
+                    .cancellation_reasons()
+                    .get(i)
+                    .and_then(|r| r.code())
+                    .unwrap_or("None")
+            };
+            match (code(0), code(1)) {
+                ("ConditionalCheckFailed", _) => return Ok(Counted::LostRace),
+                ("None", "ConditionalCheckFailed") => return Ok(Counted::RunRefused),
+                (task, run) if task == "TransactionConflict" || run == "TransactionConflict" => {
+                    return Err(StoreError::Conflict {
+                        detail: "another transaction held the task or its run".into(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Err(StoreError::from_sdk("TransactWriteItems(finish)", err))
+    }
+}
+
+/// An update expression with exactly the names and values it uses (DynamoDB refuses unused
+/// ones).
+struct Expression {
+    update: String,
+    condition: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expression {
+    fn new(update: String, condition: &str) -> Self {
+        Self {
+            update,
+            condition: condition.to_owned(),
+            names: HashMap::new(),
+            values: HashMap::new(),
+        }
+    }
+
+    fn name(mut self, placeholder: &str, name: &str) -> Self {
+        self.names.insert(placeholder.into(), name.into());
+        self
+    }
+
+    fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
+        self.values.insert(placeholder.into(), value);
+        self
+    }
+
+    fn into_update(self, table: &str, key: HashMap<String, AttributeValue>) -> Update {
+        Update::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(self.update)
+            .condition_expression(self.condition)
+            .set_expression_attribute_names(Some(self.names))
+            .set_expression_attribute_values(Some(self.values))
+            .build()
+            .expect("table, key and update expression, the required fields, are set")
+    }
+
+    fn apply_to_update_item(self, request: UpdateItemFluentBuilder) -> UpdateItemFluentBuilder {
+        request
+            .update_expression(self.update)
+            .condition_expression(self.condition)
+            .set_expression_attribute_names(Some(self.names))
+            .set_expression_attribute_values(Some(self.values))
+    }
+}
+
+/// The task's terminal write, conditional on the task still being open.
+fn task_terminal(terminal: &Terminal, now: &str) -> Expression {
+    const COMMON: &str = "SET #status = :status, updated_at = :now, finished_at = :now";
+    let expression = match terminal {
+        Terminal::Succeeded(r) => Expression::new(
+            format!(
+                "{COMMON}, result_key = :key, result_sha256 = :sha, result_size = :size, \
+                 http_status = :http, content_type = :ctype, final_url = :final REMOVE #error"
+            ),
+            OPEN,
+        )
+        .value(":key", s(r.key.as_str()))
+        .value(":sha", s(&r.sha256))
+        .value(":size", n(r.size))
+        .value(":http", n(r.http_status))
+        .value(":ctype", s(&r.content_type))
+        .value(":final", s(&r.final_url)),
+        Terminal::Failed(f) => match f.http_status {
+            Some(http) => Expression::new(
+                format!("{COMMON}, #error = :error, http_status = :http"),
+                OPEN,
+            )
+            .value(":http", n(http)),
+            None => Expression::new(
+                format!("{COMMON}, #error = :error REMOVE http_status"),
+                OPEN,
+            ),
+        }
+        .value(":error", s(&f.reason)),
+    };
+    expression
+        .name("#status", "status")
+        .name("#error", "error")
+        .value(":pending", s(TaskStatus::Pending.as_str()))
+        .value(":processing", s(TaskStatus::Processing.as_str()))
+        .value(":status", s(terminal.status().as_str()))
+        .value(":now", s(now))
+}
+
+/// The run's side of the terminal write.
+fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
+    let counter = match terminal {
+        Terminal::Succeeded(_) => "tasks_succeeded",
+        Terminal::Failed(_) => "tasks_failed",
+    };
+    let count = format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now");
+    let expression = match step {
+        RunStep::Count => Expression::new(count, "tasks_remaining > :one"),
+        RunStep::CountAndComplete => Expression::new(
+            format!("{count}, #status = :completed, completed_at = :now"),
+            "tasks_remaining = :one AND #status = :running",
+        )
+        .name("#status", "status")
+        .value(":completed", s("completed"))
+        .value(":running", s("running")),
+        RunStep::CountOnly => Expression::new(count, "attribute_exists(tasks_remaining)"),
+    };
+    expression
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":now", s(now))
 }
 
 fn key(pk: String, sk: String) -> HashMap<String, AttributeValue> {

@@ -44,7 +44,7 @@ async fn pending_task_is_claimed_scraped_stored_finished_and_acked() {
             "BatchGetItem",
             "UpdateItem",
             "PutObject",
-            "UpdateItem"
+            "TransactWriteItems"
         ],
         "five AWS requests for a successful task"
     );

@@ -38,10 +38,11 @@ async fn concurrent_duplicates_with_different_bytes_converge_on_the_first_stored
     assert_eq!(task.n("result_size"), Some(object.body.len() as u64));
     assert_eq!(object.metadata["sha256"], object.sha256());
     assert_eq!(stack.calls.count("PutObject"), 4);
+    assert_eq!(stack.calls.count("UpdateItem"), 4, "four claims");
     assert_eq!(
-        stack.calls.count("UpdateItem"),
-        8,
-        "4 claims and 4 terminal writes, 1 won"
+        stack.calls.count("TransactWriteItems"),
+        4,
+        "four terminal writes, one won"
     );
 }
 

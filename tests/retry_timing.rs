@@ -106,18 +106,31 @@ fn receives(message: &SqsMessage) -> &str {
 async fn a_429_with_retry_after_comes_back_after_the_wait_and_not_before() {
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_active_run().await;
-    stack.put_task("t1", &site.url("/retry-after/2"), "pending").await;
+    stack
+        .put_task("t1", &site.url("/retry-after/2"), "pending")
+        .await;
     let queue = queue(&stack).await;
     queue.send(&stack, &body("t1")).await;
     let first = queue.receive(&stack).await.expect("the first delivery");
 
     let reply = run_batch(&stack.worker(), vec![first.clone()]).await;
 
-    assert_eq!(retried(&reply), [first.message_id.clone().unwrap_or_default()]);
+    assert_eq!(
+        retried(&reply),
+        [first.message_id.clone().unwrap_or_default()]
+    );
     assert_eq!(stack.calls.count("ChangeMessageVisibility"), 1);
-    let (again, after) = queue.wait_for_redelivery(&stack, Duration::from_secs(8)).await;
-    assert!(after >= Duration::from_millis(1500), "back after {after:?}, asked for 2 s");
-    assert!(after <= Duration::from_secs(4), "back after {after:?}, asked for 2 s");
+    let (again, after) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(8))
+        .await;
+    assert!(
+        after >= Duration::from_millis(1500),
+        "back after {after:?}, asked for 2 s"
+    );
+    assert!(
+        after <= Duration::from_secs(4),
+        "back after {after:?}, asked for 2 s"
+    );
     assert_eq!(receives(&again), "2");
 }
 
@@ -125,7 +138,9 @@ async fn a_429_with_retry_after_comes_back_after_the_wait_and_not_before() {
 async fn a_503_backs_off_longer_on_every_receive() {
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_active_run().await;
-    stack.put_task("t1", &site.url("/status/503"), "pending").await;
+    stack
+        .put_task("t1", &site.url("/status/503"), "pending")
+        .await;
     let queue = queue(&stack).await;
     queue.send(&stack, &body("t1")).await;
     let worker = stack.worker(); // backoff: 1 s doubling, jitter at its ceiling
@@ -135,14 +150,24 @@ async fn a_503_backs_off_longer_on_every_receive() {
     for _ in 0..2 {
         let reply = run_batch(&worker, vec![message.clone()]).await;
         assert_eq!(retried(&reply).len(), 1);
-        let (again, after) = queue.wait_for_redelivery(&stack, Duration::from_secs(10)).await;
+        let (again, after) = queue
+            .wait_for_redelivery(&stack, Duration::from_secs(10))
+            .await;
         waits.push(after);
         message = again;
     }
 
-    let [first, second] = waits[..] else { unreachable!("two waits") };
-    assert!(first >= Duration::from_millis(700) && first <= Duration::from_secs(3), "{waits:?}");
-    assert!(second >= first + Duration::from_millis(600), "the second hold is longer: {waits:?}");
+    let [first, second] = waits[..] else {
+        unreachable!("two waits")
+    };
+    assert!(
+        first >= Duration::from_millis(700) && first <= Duration::from_secs(3),
+        "{waits:?}"
+    );
+    assert!(
+        second >= first + Duration::from_millis(600),
+        "the second hold is longer: {waits:?}"
+    );
     assert_eq!(receives(&message), "3");
     assert_eq!(stack.task("t1").await.status(), Some("processing"));
 }
@@ -151,7 +176,9 @@ async fn a_503_backs_off_longer_on_every_receive() {
 async fn a_failed_hold_back_still_reports_the_record_for_retry() {
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_active_run().await;
-    stack.put_task("t1", &site.url("/status/503"), "pending").await;
+    stack
+        .put_task("t1", &site.url("/status/503"), "pending")
+        .await;
     // The record names a queue that does not exist: ChangeMessageVisibility fails.
     let record = record("m1", &body("t1"), 1);
 

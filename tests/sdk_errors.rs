@@ -5,9 +5,12 @@ use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemOutput;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
-use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use aws_sdk_dynamodb::types::error::{
+    ConditionalCheckFailedException, TransactionCanceledException,
+};
+use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, KeysAndAttributes};
 use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
@@ -139,20 +142,49 @@ async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
     assert_eq!(claim, Claim::Missing);
 }
 
-#[tokio::test]
-async fn a_terminal_write_refused_by_its_condition_lost_the_race() {
-    let store = store_failing_conditions(None);
-    let failed = Terminal::Failed(Failure {
+fn cancelled(codes: &'static [&'static str]) -> Rule {
+    mock!(aws_sdk_dynamodb::Client::transact_write_items).then_error(move || {
+        let reasons = codes
+            .iter()
+            .map(|code| CancellationReason::builder().code(*code).build())
+            .collect();
+        TransactWriteItemsError::TransactionCanceledException(
+            TransactionCanceledException::builder()
+                .set_cancellation_reasons(Some(reasons))
+                .build(),
+        )
+    })
+}
+
+fn failed() -> Terminal {
+    Terminal::Failed(Failure {
         reason: "HTTP 404".into(),
         http_status: Some(404),
-    });
+    })
+}
+
+#[tokio::test]
+async fn a_terminal_write_refused_by_the_task_condition_lost_the_race() {
+    let store = tasks(&cancelled(&["ConditionalCheckFailed", "None"]));
 
     let finish = store
-        .finish(&task(), &failed, SystemTime::now())
+        .finish(&task(), &failed(), SystemTime::now())
         .await
         .expect("an outcome");
 
     assert_eq!(finish, Finish::LostRace);
+}
+
+#[tokio::test]
+async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
+    let store = tasks(&cancelled(&["None", "TransactionConflict"]));
+
+    let err = store
+        .finish(&task(), &failed(), SystemTime::now())
+        .await
+        .expect_err("a conflict");
+
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
 }
 
 #[tokio::test]

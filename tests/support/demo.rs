@@ -166,7 +166,11 @@ pub const RETRIED: &[&str] = &["msg-unavailable", "mix-transient"];
 /// Seeds the jobs, runs and tasks the sample events name.
 pub async fn seed(stack: &Stack, site: &Site) {
     stack.put_job(JOB, "active").await;
-    stack.put_run(JOB, RUN, "running").await;
+    let in_run = TASKS
+        .iter()
+        .filter(|t| (t.job, t.run) == (JOB, RUN))
+        .count();
+    stack.put_counted_run(JOB, RUN, in_run as u32).await;
     stack.put_run(JOB, "completed-run", "completed").await;
     stack.put_job("cancelled-job", "cancelled").await;
     stack.put_run("cancelled-job", RUN, "running").await;

@@ -247,10 +247,45 @@ impl Stack {
         .await;
     }
 
-    /// An active job with a running run: [`JOB`] / [`RUN`].
+    /// A running run with its counters at the start: `total` tasks, all remaining.
+    pub async fn put_counted_run(&self, job: &str, run: &str, total: u32) {
+        let mut item = json_item(&[
+            ("pk", &format!("JOB#{job}")),
+            ("sk", &format!("RUN#{run}")),
+            ("status", "running"),
+        ]);
+        for (counter, value) in [
+            ("tasks_total", total),
+            ("tasks_remaining", total),
+            ("tasks_succeeded", 0),
+            ("tasks_failed", 0),
+        ] {
+            item.insert(counter.into(), AttributeValue::N(value.to_string()));
+        }
+        self.put(item).await;
+    }
+
+    /// The run item as stored.
+    pub async fn run_item(&self, job: &str, run: &str) -> TaskItem {
+        let item = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(format!("JOB#{job}")))
+            .key("sk", AttributeValue::S(format!("RUN#{run}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read a run")
+            .item
+            .unwrap_or_default();
+        TaskItem(item)
+    }
+
+    /// An active job with a running run of 1000 tasks: [`JOB`] / [`RUN`].
     pub async fn put_active_run(&self) {
         self.put_job(JOB, "active").await;
-        self.put_run(JOB, RUN, "running").await;
+        self.put_counted_run(JOB, RUN, 1000).await;
     }
 
     pub async fn put_task(&self, task: &str, url: &str, status: &str) {
