@@ -22,6 +22,7 @@ pub struct Config {
     pub table_name: String,
     pub results_bucket: String,
     pub results_prefix: String,
+    pub quarantine_prefix: String,
     pub max_concurrency: usize,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
@@ -51,6 +52,9 @@ impl Config {
             results_prefix: env
                 .get("RESULTS_PREFIX")
                 .unwrap_or_else(|| "results/".into()),
+            quarantine_prefix: env
+                .get("QUARANTINE_PREFIX")
+                .unwrap_or_else(|| "quarantine/".into()),
             max_concurrency: env.positive("MAX_CONCURRENCY", 16)?,
             max_attempts: env.positive("MAX_ATTEMPTS", 5)?,
             scrape_timeout: env.millis("SCRAPE_TIMEOUT_MS", 30_000)?,

@@ -86,6 +86,35 @@ impl fmt::Display for ResultKey {
     }
 }
 
+/// Where a poison message is kept: `<prefix><message id>.json`. A message id outside the id
+/// alphabet has the other characters replaced by `_`, so the key stays one plain path
+/// segment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QuarantineKey(String);
+
+impl QuarantineKey {
+    pub fn for_message(prefix: &str, message_id: &str) -> Self {
+        let safe: String = message_id
+            .chars()
+            .take(MAX_ID_LEN)
+            .map(|c| match c {
+                'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+                _ => '_',
+            })
+            .collect();
+        let safe = if safe.is_empty() {
+            "no-message-id".into()
+        } else {
+            safe
+        };
+        Self(format!("{prefix}{safe}.json"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +135,18 @@ mod tests {
         for bad in ["a#b", "a/b", "a b", "é", "a\0", "a:b"] {
             assert_eq!(Id::parse(bad), Err(IdError::BadCharacter), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn quarantine_keys_stay_one_plain_segment() {
+        let key = |id| {
+            QuarantineKey::for_message("quarantine/", id)
+                .as_str()
+                .to_owned()
+        };
+        assert_eq!(key("0b1c-9f"), "quarantine/0b1c-9f.json");
+        assert_eq!(key("../../etc"), "quarantine/.._.._etc.json");
+        assert_eq!(key(""), "quarantine/no-message-id.json");
     }
 
     #[test]

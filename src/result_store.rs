@@ -7,7 +7,7 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::error::{StoreError, service_code};
-use crate::ids::ResultKey;
+use crate::ids::{QuarantineKey, ResultKey};
 use crate::model::{Page, StoredResult};
 use crate::task_store::rfc3339;
 
@@ -50,6 +50,13 @@ pub trait ResultStore: Send + Sync {
         &self,
         key: &ResultKey,
     ) -> impl Future<Output = Result<Option<StoredResult>, StoreError>> + Send;
+
+    /// Keeps a poison message (a JSON document) for a person to inspect and replay.
+    fn quarantine(
+        &self,
+        key: &QuarantineKey,
+        document: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// [`ResultStore`] on one S3 bucket.
@@ -138,6 +145,20 @@ impl ResultStore for S3ResultStore {
             content_type: head.content_type.unwrap_or_default(),
             final_url: field(meta::FINAL_URL)?,
         }))
+    }
+
+    #[tracing::instrument(skip_all, fields(key = key.as_str()))]
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key.as_str())
+            .content_type("application/json")
+            .body(ByteStream::from(document))
+            .send()
+            .await
+            .map_err(|e| StoreError::from_sdk("PutObject(quarantine)", e))?;
+        Ok(())
     }
 }
 

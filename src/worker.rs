@@ -10,18 +10,19 @@ use crate::contract::Outcome;
 use crate::converge::{self, Converged};
 use crate::error::StoreError;
 use crate::guard::{self, Admission};
-use crate::ids::{ResultKey, TaskRef};
-use crate::message;
+use crate::ids::{QuarantineKey, ResultKey, TaskRef};
+use crate::message::{self, Poison};
 use crate::model::Failure;
 use crate::result_store::ResultStore;
 use crate::scraper::{FetchError, Fetcher, Retry};
-use crate::task_store::TaskStore;
+use crate::task_store::{TaskStore, rfc3339};
 use crate::visibility::{Backoff, QueueRef, Visibility};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]
 pub struct RecordSettings {
     pub results_prefix: String,
+    pub quarantine_prefix: String,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
     pub backoff: Backoff,
@@ -31,6 +32,7 @@ impl From<&Config> for RecordSettings {
     fn from(config: &Config) -> Self {
         Self {
             results_prefix: config.results_prefix.clone(),
+            quarantine_prefix: config.quarantine_prefix.clone(),
             max_attempts: config.max_attempts,
             scrape_timeout: config.scrape_timeout,
             backoff: config.into(),
@@ -53,7 +55,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
     pub async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
         let task = match message::parse_body(record.body.as_deref()) {
             Ok(task) => task,
-            Err(poison) => return Outcome::Poison(poison),
+            Err(poison) => return self.quarantine(record, poison).await,
         };
         let span = tracing::Span::current();
         span.record("job_id", task.job_id.as_str());
@@ -69,6 +71,24 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
             self.hold_back(record, *retry_after, receives).await;
         }
         outcome
+    }
+
+    /// Keeps a poison message in S3 before it is acknowledged; if that fails, it is retried
+    /// rather than lost.
+    async fn quarantine(&self, record: &SqsMessage, poison: Poison) -> Outcome {
+        let message_id = record.message_id.as_deref().unwrap_or_default();
+        let key = QuarantineKey::for_message(&self.settings.quarantine_prefix, message_id);
+        let document = serde_json::json!({
+            "reason": poison.0,
+            "quarantined_at": rfc3339(SystemTime::now()),
+            "record": record,
+        });
+        // Serialising a JSON value into a Vec cannot fail.
+        let document = serde_json::to_vec_pretty(&document).unwrap_or_default();
+        match self.results.quarantine(&key, document).await {
+            Ok(()) => Outcome::Poison(poison),
+            Err(err) => Outcome::Store(err),
+        }
     }
 
     /// Keeps a transiently failed message invisible until its retry is due. If that fails,

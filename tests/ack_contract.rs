@@ -124,7 +124,7 @@ async fn terminal_task_costs_one_read() {
 }
 
 #[tokio::test]
-async fn poison_bodies_are_acked_without_any_request() {
+async fn poison_is_quarantined_then_acked_without_touching_tasks() {
     let stack = Stack::new().await;
     let bodies = [
         "not json",
@@ -143,7 +143,33 @@ async fn poison_bodies_are_acked_without_any_request() {
     let reply = run_batch(&stack.worker(), records).await;
 
     assert!(retried(&reply).is_empty());
-    assert!(stack.calls.calls().is_empty(), "{:?}", stack.calls.calls());
+    assert_eq!(
+        stack.calls.calls(),
+        vec!["PutObject"; bodies.len()],
+        "no DynamoDB call"
+    );
+    for (i, body) in bodies.iter().enumerate() {
+        let kept = stack
+            .object(&format!("quarantine/poison-{i}.json"))
+            .await
+            .expect("quarantined");
+        let kept: serde_json::Value = serde_json::from_slice(&kept.body).expect("JSON");
+        assert_eq!(kept["record"]["body"], *body);
+        assert_eq!(kept["record"]["messageId"], format!("poison-{i}"));
+        assert_eq!(kept["record"]["attributes"]["ApproximateReceiveCount"], "1");
+        assert!(!kept["reason"].as_str().unwrap_or_default().is_empty());
+        assert!(kept["quarantined_at"].is_string());
+    }
+}
+
+#[tokio::test]
+async fn poison_that_cannot_be_quarantined_is_retried_not_lost() {
+    let stack = Stack::new().await;
+    let worker = stack.worker_with(|t| t.bucket = Some("no-such-bucket".into()));
+
+    let reply = run_batch(&worker, vec![record("poison", "not json", 1)]).await;
+
+    assert_eq!(retried(&reply), ["poison"]);
 }
 
 #[tokio::test]

@@ -222,6 +222,7 @@ impl Stack {
             ),
             settings: RecordSettings {
                 results_prefix: PREFIX.into(),
+                quarantine_prefix: "quarantine/".into(),
                 max_attempts: MAX_ATTEMPTS,
                 scrape_timeout: tuning.scrape_timeout,
                 backoff: tuning.backoff,
