@@ -1,9 +1,10 @@
 //! The batch: records run concurrently within a limit and a deadline, each isolated from the
 //! others' panics, and the reply lists exactly the records to redeliver.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
@@ -41,6 +42,11 @@ impl From<&Config> for BatchLimits {
 pub const PAST_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
 
 /// Runs every record and builds the partial batch response.
+///
+/// Records of a FIFO message group (`MessageGroupId`) run one after another in order; once
+/// one of them is to be retried, the rest of its group is retried without being processed,
+/// so the group keeps its order. Groups, and records without a group, run concurrently, at
+/// most `max_concurrency` at once.
 pub async fn process_batch<P: ProcessRecord>(
     processor: &P,
     records: &[SqsMessage],
@@ -48,17 +54,28 @@ pub async fn process_batch<P: ProcessRecord>(
     limits: BatchLimits,
 ) -> SqsBatchResponse {
     let cutoff = cutoff(deadline, limits.deadline_margin);
-    let mut outcomes: Vec<Option<Outcome>> = records.iter().map(|_| None).collect();
-    let runs = stream::iter(records.iter().enumerate())
-        .map(|(index, record)| async move { (index, run_one(processor, record, cutoff).await) })
-        .buffer_unordered(limits.max_concurrency);
-    let collect = runs.for_each(|(index, outcome)| {
-        outcomes[index] = Some(outcome);
-        std::future::ready(())
+    let outcomes: Mutex<Vec<Option<Outcome>>> = Mutex::new(records.iter().map(|_| None).collect());
+    let run = stream::iter(groups(records)).for_each_concurrent(limits.max_concurrency, |group| {
+        let outcomes = &outcomes;
+        async move {
+            let mut held = false;
+            for index in group {
+                let outcome = if held {
+                    Outcome::GroupHeld
+                } else {
+                    run_one(processor, &records[index], cutoff).await
+                };
+                held |= outcome.reply() == Reply::Retry;
+                lock(outcomes)[index] = Some(outcome);
+            }
+        }
     });
-    if tokio::time::timeout_at(cutoff, collect).await.is_err() {
+    if tokio::time::timeout_at(cutoff, run).await.is_err() {
         tracing::warn!("the invocation deadline is near: unfinished records go back to the queue");
     }
+    let outcomes = outcomes
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
     let response = reply(records, outcomes);
     tracing::info!(
         records = records.len(),
@@ -66,6 +83,31 @@ pub async fn process_batch<P: ProcessRecord>(
         "batch done"
     );
     response
+}
+
+/// Record indexes by FIFO message group, in order of first appearance; a record without a
+/// group is a group of its own.
+fn groups(records: &[SqsMessage]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_id: HashMap<&str, usize> = HashMap::new();
+    for (index, record) in records.iter().enumerate() {
+        match record.attributes.get("MessageGroupId") {
+            Some(group) => match by_id.get(group.as_str()) {
+                Some(&g) => groups[g].push(index),
+                None => {
+                    by_id.insert(group, groups.len());
+                    groups.push(vec![index]);
+                }
+            },
+            None => groups.push(vec![index]),
+        }
+    }
+    groups
+}
+
+/// The lock is only ever held to store one outcome, never across an await or a panic.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// When to stop: `margin` before the deadline, or [`PAST_DEADLINE_BUDGET`] from now when the
@@ -170,10 +212,14 @@ mod tests {
     struct Scripted {
         running: AtomicUsize,
         most_at_once: AtomicUsize,
+        /// Message ids in the order their processing started.
+        seen: Mutex<Vec<String>>,
     }
 
     impl ProcessRecord for Scripted {
         async fn process(&self, record: &SqsMessage, _cutoff: Instant) -> Outcome {
+            let id = record.message_id.clone().unwrap_or_default();
+            lock(&self.seen).push(id);
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_at_once.fetch_max(now, Ordering::SeqCst);
             let body = record.body.as_deref().unwrap_or_default();
@@ -290,6 +336,71 @@ mod tests {
         let reply = process_batch(&Scripted::default(), &records, past, limits(4)).await;
 
         assert_eq!(ids(&reply), ["r"]);
+    }
+
+    fn in_group(id: &str, group: &str, body: &str) -> SqsMessage {
+        let mut message = record(Some(id), body);
+        message
+            .attributes
+            .insert("MessageGroupId".into(), group.into());
+        message
+    }
+
+    #[tokio::test]
+    async fn a_fifo_group_stops_at_its_first_retry_and_other_groups_go_on() {
+        let records = [
+            in_group("a1", "A", "ack"),
+            in_group("b1", "B", "ack"),
+            in_group("a2", "A", "retry"),
+            in_group("b2", "B", "ack"),
+            in_group("a3", "A", "ack"),
+            in_group("a4", "A", "panic"),
+            in_group("b3", "B", "retry"),
+            record(Some("loose"), "ack"),
+        ];
+        let processor = Scripted::default();
+
+        let reply = process_batch(&processor, &records, in_a_minute(), limits(4)).await;
+
+        assert_eq!(ids(&reply), ["a2", "a3", "a4", "b3"]);
+        let seen = lock(&processor.seen).clone();
+        assert!(
+            !seen.contains(&"a3".to_owned()) && !seen.contains(&"a4".to_owned()),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn records_of_a_group_run_in_order_and_groups_run_side_by_side() {
+        let records = [
+            in_group("a1", "A", "sleep 60"),
+            in_group("a2", "A", "sleep 10"),
+            in_group("b1", "B", "sleep 60"),
+            in_group("b2", "B", "sleep 10"),
+            in_group("a3", "A", "ack"),
+        ];
+        let processor = Scripted::default();
+        let started = Instant::now();
+
+        let reply = process_batch(&processor, &records, in_a_minute(), limits(4)).await;
+
+        assert!(ids(&reply).is_empty());
+        let seen = lock(&processor.seen).clone();
+        let position = |id: &str| seen.iter().position(|s| s == id).expect("processed");
+        assert!(
+            position("a1") < position("a2") && position("a2") < position("a3"),
+            "{seen:?}"
+        );
+        assert!(position("b1") < position("b2"), "{seen:?}");
+        assert_eq!(
+            processor.most_at_once.load(Ordering::SeqCst),
+            2,
+            "A and B at once"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(140),
+            "groups overlapped"
+        );
     }
 
     #[tokio::test]

@@ -50,6 +50,9 @@ pub enum Outcome {
     },
     /// DynamoDB or S3 failed, or held data we cannot read.
     Store(StoreError),
+    /// An earlier record of its FIFO message group is to be retried; this one was not
+    /// processed and waits its turn.
+    GroupHeld,
     /// Processing panicked; the panic was contained to this record.
     Panicked,
     /// The invocation ran out of time before this record finished.
@@ -69,6 +72,7 @@ impl Outcome {
             Outcome::NotWanted(_) => Reply::Ack,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
+            Outcome::GroupHeld => Reply::Retry,
             Outcome::Panicked => Reply::Retry,
             Outcome::OutOfTime => Reply::Retry,
         }
@@ -87,6 +91,7 @@ impl Outcome {
             Outcome::NotWanted(_) => "not_wanted",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
+            Outcome::GroupHeld => "group_held",
             Outcome::Panicked => "panicked",
             Outcome::OutOfTime => "out_of_time",
         }
@@ -115,6 +120,7 @@ mod tests {
                 retry_after: None,
             },
             Outcome::Store(corrupt()),
+            Outcome::GroupHeld,
             Outcome::Panicked,
             Outcome::OutOfTime,
         ];
