@@ -4,9 +4,8 @@ use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use lambda_runtime::LambdaEvent;
-use tokio::time::Instant;
 
-use crate::batch::{self, BatchLimits, ProcessRecord};
+use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
 use crate::config::Config;
 use crate::contract::Outcome;
 use crate::result_store::{ResultStore, S3ResultStore};
@@ -61,8 +60,8 @@ impl AwsWorker {
 }
 
 impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord for Worker<T, R, F, V> {
-    async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
-        Worker::process(self, record, cutoff).await
+    async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
+        Worker::process(self, record, invocation).await
     }
 }
 
@@ -74,5 +73,13 @@ pub async fn handle<P: ProcessRecord>(
 ) -> SqsBatchResponse {
     // The runtime's own span already carries the request id.
     let deadline = event.context.deadline();
-    batch::process_batch(processor, &event.payload.records, deadline, limits).await
+    let request_id = &event.context.request_id;
+    batch::process_batch(
+        processor,
+        &event.payload.records,
+        request_id,
+        deadline,
+        limits,
+    )
+    .await
 }

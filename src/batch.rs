@@ -17,8 +17,45 @@ use crate::contract::{Outcome, Reply};
 
 /// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
 pub trait ProcessRecord: Sync {
-    fn process(&self, record: &SqsMessage, cutoff: Instant)
-    -> impl Future<Output = Outcome> + Send;
+    fn process(
+        &self,
+        record: &SqsMessage,
+        invocation: &Invocation,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+/// What every record of one invocation shares.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The Lambda request id (the lease owner under `DUPLICATE_POLICY=lease`).
+    pub request_id: String,
+    /// The deadline in force: Lambda's, or [`PAST_DEADLINE_BUDGET`] from the start when
+    /// Lambda's had already passed.
+    pub deadline: SystemTime,
+    /// When the batch stops: `deadline_margin` before the deadline.
+    pub cutoff: Instant,
+}
+
+impl Invocation {
+    pub fn new(request_id: &str, deadline: SystemTime, margin: Duration) -> Self {
+        let now = SystemTime::now();
+        let deadline = if deadline > now {
+            deadline
+        } else {
+            tracing::warn!(
+                budget_secs = PAST_DEADLINE_BUDGET.as_secs(),
+                "the deadline had passed before the invocation started (cargo lambda watch?); \
+                 using a fixed budget"
+            );
+            now + PAST_DEADLINE_BUDGET
+        };
+        let left = deadline.duration_since(now).unwrap_or_default();
+        Self {
+            request_id: request_id.to_owned(),
+            deadline,
+            cutoff: Instant::now() + left.saturating_sub(margin),
+        }
+    }
 }
 
 /// How much of a batch runs at once, and how early before the deadline it stops.
@@ -50,10 +87,12 @@ pub const PAST_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
 pub async fn process_batch<P: ProcessRecord>(
     processor: &P,
     records: &[SqsMessage],
+    request_id: &str,
     deadline: SystemTime,
     limits: BatchLimits,
 ) -> SqsBatchResponse {
-    let cutoff = cutoff(deadline, limits.deadline_margin);
+    let invocation = Invocation::new(request_id, deadline, limits.deadline_margin);
+    let invocation = &invocation;
     let outcomes: Mutex<Vec<Option<Outcome>>> = Mutex::new(records.iter().map(|_| None).collect());
     let run = stream::iter(groups(records)).for_each_concurrent(limits.max_concurrency, |group| {
         let outcomes = &outcomes;
@@ -63,14 +102,17 @@ pub async fn process_batch<P: ProcessRecord>(
                 let outcome = if held {
                     Outcome::GroupHeld
                 } else {
-                    run_one(processor, &records[index], cutoff).await
+                    run_one(processor, &records[index], invocation).await
                 };
                 held |= outcome.reply() == Reply::Retry;
                 lock(outcomes)[index] = Some(outcome);
             }
         }
     });
-    if tokio::time::timeout_at(cutoff, run).await.is_err() {
+    if tokio::time::timeout_at(invocation.cutoff, run)
+        .await
+        .is_err()
+    {
         tracing::warn!("the invocation deadline is near: unfinished records go back to the queue");
     }
     let outcomes = outcomes
@@ -110,24 +152,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// When to stop: `margin` before the deadline, or [`PAST_DEADLINE_BUDGET`] from now when the
-/// deadline has already passed.
-fn cutoff(deadline: SystemTime, margin: Duration) -> Instant {
-    match deadline.duration_since(SystemTime::now()) {
-        Ok(left) => Instant::now() + left.saturating_sub(margin),
-        Err(_) => {
-            tracing::warn!(
-                budget_secs = PAST_DEADLINE_BUDGET.as_secs(),
-                "the deadline had passed before the invocation started (cargo lambda watch?); \
-                 using a fixed budget"
-            );
-            Instant::now() + PAST_DEADLINE_BUDGET
-        }
-    }
-}
-
 /// One record in its own span, with its panics caught, logged with its outcome.
-async fn run_one<P: ProcessRecord>(processor: &P, record: &SqsMessage, cutoff: Instant) -> Outcome {
+async fn run_one<P: ProcessRecord>(
+    processor: &P,
+    record: &SqsMessage,
+    invocation: &Invocation,
+) -> Outcome {
     let span = tracing::info_span!(
         "record",
         message_id = record.message_id.as_deref().unwrap_or(""),
@@ -137,7 +167,7 @@ async fn run_one<P: ProcessRecord>(processor: &P, record: &SqsMessage, cutoff: I
     );
     async {
         let started = Instant::now();
-        let outcome = AssertUnwindSafe(processor.process(record, cutoff))
+        let outcome = AssertUnwindSafe(processor.process(record, invocation))
             .catch_unwind()
             .await
             .unwrap_or(Outcome::Panicked);
@@ -217,7 +247,7 @@ mod tests {
     }
 
     impl ProcessRecord for Scripted {
-        async fn process(&self, record: &SqsMessage, _cutoff: Instant) -> Outcome {
+        async fn process(&self, record: &SqsMessage, _invocation: &Invocation) -> Outcome {
             let id = record.message_id.clone().unwrap_or_default();
             lock(&self.seen).push(id);
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -276,7 +306,14 @@ mod tests {
             record(Some("r"), "retry"),
         ];
 
-        let reply = process_batch(&Scripted::default(), &records, in_a_minute(), limits(4)).await;
+        let reply = process_batch(
+            &Scripted::default(),
+            &records,
+            "req",
+            in_a_minute(),
+            limits(4),
+        )
+        .await;
 
         assert_eq!(ids(&reply), ["p", "r"]);
     }
@@ -288,7 +325,7 @@ mod tests {
             .collect();
         let processor = Scripted::default();
 
-        let reply = process_batch(&processor, &records, in_a_minute(), limits(3)).await;
+        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(3)).await;
 
         assert!(ids(&reply).is_empty());
         assert_eq!(processor.most_at_once.load(Ordering::SeqCst), 3);
@@ -304,7 +341,7 @@ mod tests {
         let started = Instant::now();
         let deadline = SystemTime::now() + Duration::from_millis(700);
 
-        let reply = process_batch(&Scripted::default(), &records, deadline, limits(2)).await;
+        let reply = process_batch(&Scripted::default(), &records, "req", deadline, limits(2)).await;
 
         assert_eq!(ids(&reply), ["slow"]);
         let took = started.elapsed();
@@ -322,7 +359,7 @@ mod tests {
         ];
         let deadline = SystemTime::now() + Duration::from_millis(500);
 
-        let reply = process_batch(&Scripted::default(), &records, deadline, limits(1)).await;
+        let reply = process_batch(&Scripted::default(), &records, "req", deadline, limits(1)).await;
 
         assert_eq!(ids(&reply), ["slow", "waiting"]);
     }
@@ -333,7 +370,7 @@ mod tests {
         let records = [record(Some("a"), "sleep 50"), record(Some("r"), "retry")];
         let past = SystemTime::now() - Duration::from_secs(5);
 
-        let reply = process_batch(&Scripted::default(), &records, past, limits(4)).await;
+        let reply = process_batch(&Scripted::default(), &records, "req", past, limits(4)).await;
 
         assert_eq!(ids(&reply), ["r"]);
     }
@@ -360,7 +397,7 @@ mod tests {
         ];
         let processor = Scripted::default();
 
-        let reply = process_batch(&processor, &records, in_a_minute(), limits(4)).await;
+        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(4)).await;
 
         assert_eq!(ids(&reply), ["a2", "a3", "a4", "b3"]);
         let seen = lock(&processor.seen).clone();
@@ -382,7 +419,7 @@ mod tests {
         let processor = Scripted::default();
         let started = Instant::now();
 
-        let reply = process_batch(&processor, &records, in_a_minute(), limits(4)).await;
+        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(4)).await;
 
         assert!(ids(&reply).is_empty());
         let seen = lock(&processor.seen).clone();
@@ -413,7 +450,14 @@ mod tests {
             record(Some("ok"), "ack"),
         ];
 
-        let reply = process_batch(&Scripted::default(), &records, in_a_minute(), limits(4)).await;
+        let reply = process_batch(
+            &Scripted::default(),
+            &records,
+            "req",
+            in_a_minute(),
+            limits(4),
+        )
+        .await;
 
         assert_eq!(ids(&reply), ["dup"]);
     }

@@ -16,6 +16,28 @@ pub enum ConfigError {
     },
 }
 
+/// What a delivery does when another one holds the same task at the same moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DuplicatePolicy {
+    /// Both scrape; the first stored object wins and the other converges on it.
+    Converge,
+    /// The claim takes a lease until the invocation's deadline; a delivery that finds
+    /// another invocation's live lease is retried after it, without scraping.
+    Lease,
+}
+
+impl std::str::FromStr for DuplicatePolicy {
+    type Err = ();
+
+    fn from_str(value: &str) -> Result<Self, ()> {
+        match value {
+            "converge" => Ok(Self::Converge),
+            "lease" => Ok(Self::Lease),
+            _ => Err(()),
+        }
+    }
+}
+
 /// Settings for one cold start. `README.md` documents each one.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -36,6 +58,7 @@ pub struct Config {
     pub deadline_margin: Duration,
     pub retry_backoff_base: Duration,
     pub retry_backoff_max: Duration,
+    pub duplicate_policy: DuplicatePolicy,
 }
 
 impl Config {
@@ -69,6 +92,11 @@ impl Config {
             deadline_margin: env.millis("DEADLINE_MARGIN_MS", 2_000)?,
             retry_backoff_base: env.millis("RETRY_BACKOFF_BASE_MS", 5_000)?,
             retry_backoff_max: env.millis("RETRY_BACKOFF_MAX_MS", 900_000)?,
+            duplicate_policy: env.parsed(
+                "DUPLICATE_POLICY",
+                DuplicatePolicy::Converge,
+                "converge or lease",
+            )?,
         })
     }
 }

@@ -50,6 +50,9 @@ pub enum Outcome {
     },
     /// DynamoDB or S3 failed, or held data we cannot read.
     Store(StoreError),
+    /// `DUPLICATE_POLICY=lease`: another invocation holds the task's lease until `until`;
+    /// retried after it, without scraping.
+    LeaseHeld { until: std::time::SystemTime },
     /// An earlier record of its FIFO message group is to be retried; this one was not
     /// processed and waits its turn.
     GroupHeld,
@@ -72,6 +75,7 @@ impl Outcome {
             Outcome::NotWanted(_) => Reply::Ack,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
+            Outcome::LeaseHeld { .. } => Reply::Retry,
             Outcome::GroupHeld => Reply::Retry,
             Outcome::Panicked => Reply::Retry,
             Outcome::OutOfTime => Reply::Retry,
@@ -91,6 +95,7 @@ impl Outcome {
             Outcome::NotWanted(_) => "not_wanted",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
+            Outcome::LeaseHeld { .. } => "lease_held",
             Outcome::GroupHeld => "group_held",
             Outcome::Panicked => "panicked",
             Outcome::OutOfTime => "out_of_time",
@@ -121,6 +126,9 @@ mod tests {
             },
             Outcome::Store(corrupt()),
             Outcome::GroupHeld,
+            Outcome::LeaseHeld {
+                until: std::time::SystemTime::now(),
+            },
             Outcome::Panicked,
             Outcome::OutOfTime,
         ];

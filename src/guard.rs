@@ -7,7 +7,7 @@ use crate::contract::{NotWanted, Outcome};
 use crate::error::StoreError;
 use crate::ids::TaskRef;
 use crate::model::{Parents, TaskStatus};
-use crate::task_store::{Claim, TaskStore};
+use crate::task_store::{Claim, Lease, TaskStore};
 
 /// What the guard lets through.
 #[derive(Debug)]
@@ -28,6 +28,7 @@ pub async fn admit<S: TaskStore>(
     store: &S,
     task: &TaskRef,
     now: SystemTime,
+    lease: Option<Lease<'_>>,
 ) -> Result<Admission, StoreError> {
     let Some(current) = store.load_task(task).await? else {
         return Ok(Admission::Skipped(Outcome::NotWanted(
@@ -40,7 +41,7 @@ pub async fn admit<S: TaskStore>(
     if let Some(why) = unwanted(&store.load_parents(task).await?) {
         return Ok(Admission::Skipped(Outcome::NotWanted(why)));
     }
-    Ok(match store.claim(task, now).await? {
+    Ok(match store.claim(task, now, lease).await? {
         Claim::Claimed { attempts, was } => {
             tracing::debug!(attempts, was = was.as_str(), "claimed");
             Admission::Admitted {
@@ -50,6 +51,7 @@ pub async fn admit<S: TaskStore>(
         }
         Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
         Claim::Missing => Admission::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)),
+        Claim::Leased { until } => Admission::Skipped(Outcome::LeaseHeld { until }),
     })
 }
 

@@ -17,6 +17,13 @@ use crate::error::StoreError;
 use crate::ids::TaskRef;
 use crate::model::{Parents, Task, TaskStatus, Terminal};
 
+/// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease<'a> {
+    pub owner: &'a str,
+    pub until: SystemTime,
+}
+
 /// The result of trying to move a task to `processing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
@@ -26,6 +33,8 @@ pub enum Claim {
     AlreadyTerminal,
     /// The task item is gone.
     Missing,
+    /// Another invocation holds a live lease on the task until then.
+    Leased { until: SystemTime },
 }
 
 /// The result of the terminal write.
@@ -51,11 +60,13 @@ pub trait TaskStore: Send + Sync {
         task: &TaskRef,
     ) -> impl Future<Output = Result<Parents, StoreError>> + Send;
 
-    /// Moves a pending or processing task to processing, counting the attempt.
+    /// Moves a pending or processing task to processing, counting the attempt; with a
+    /// lease, only if no other invocation holds a live one, and takes it.
     fn claim(
         &self,
         task: &TaskRef,
         now: SystemTime,
+        lease: Option<Lease<'_>>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// The one terminal write: only a task still pending or processing can take it.
@@ -158,20 +169,34 @@ impl TaskStore for DynamoTaskStore {
         Ok(parents)
     }
 
-    #[tracing::instrument(skip_all)]
-    async fn claim(&self, task: &TaskRef, now: SystemTime) -> Result<Claim, StoreError> {
-        let result = self
-            .client
-            .update_item()
+    #[tracing::instrument(skip_all, fields(lease = lease.is_some()))]
+    async fn claim(
+        &self,
+        task: &TaskRef,
+        now: SystemTime,
+        lease: Option<Lease<'_>>,
+    ) -> Result<Claim, StoreError> {
+        const CLAIM: &str = "SET #status = :processing, updated_at = :now";
+        let expression = match lease {
+            None => Expression::new(format!("{CLAIM} ADD attempts :one"), OPEN),
+            Some(lease) => Expression::new(
+                format!("{CLAIM}, lease_owner = :owner, lease_until = :until ADD attempts :one"),
+                "#status IN (:pending, :processing) AND (attribute_not_exists(lease_until) \
+                 OR lease_until < :now_ms OR lease_owner = :owner)",
+            )
+            .value(":owner", s(lease.owner))
+            .value(":until", n(epoch_millis(lease.until)))
+            .value(":now_ms", n(epoch_millis(now))),
+        }
+        .name("#status", "status")
+        .value(":pending", s(TaskStatus::Pending.as_str()))
+        .value(":processing", s(TaskStatus::Processing.as_str()))
+        .value(":now", s(&rfc3339(now)))
+        .value(":one", n(1));
+        let result = expression
+            .apply_to_update_item(self.client.update_item())
             .table_name(&self.table)
             .set_key(Some(Self::task_key(task)))
-            .update_expression("SET #status = :processing, updated_at = :now ADD attempts :one")
-            .condition_expression(OPEN)
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":pending", s(TaskStatus::Pending.as_str()))
-            .expression_attribute_values(":processing", s(TaskStatus::Processing.as_str()))
-            .expression_attribute_values(":now", s(&rfc3339(now)))
-            .expression_attribute_values(":one", AttributeValue::N("1".into()))
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -186,10 +211,18 @@ impl TaskStore for DynamoTaskStore {
                 })
             }
             Err(err) => match err.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(e)) => Ok(match e.item() {
-                    Some(item) if !item.is_empty() => Claim::AlreadyTerminal,
-                    _ => Claim::Missing,
-                }),
+                Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
+                    let Some(item) = e.item().filter(|item| !item.is_empty()) else {
+                        return Ok(Claim::Missing);
+                    };
+                    if status_of(item)?.is_terminal() {
+                        return Ok(Claim::AlreadyTerminal);
+                    }
+                    let until = number::<u64>(item, "lease_until").unwrap_or_default();
+                    Ok(Claim::Leased {
+                        until: SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(until),
+                    })
+                }
                 _ => Err(StoreError::from_sdk("UpdateItem(claim)", err)),
             },
         }
@@ -371,11 +404,13 @@ impl Expression {
 /// The task's terminal write, conditional on the task still being open.
 fn task_terminal(terminal: &Terminal, now: &str) -> Expression {
     const COMMON: &str = "SET #status = :status, updated_at = :now, finished_at = :now";
+    const UNLEASE: &str = "lease_owner, lease_until";
     let expression = match terminal {
         Terminal::Succeeded(r) => Expression::new(
             format!(
                 "{COMMON}, result_key = :key, result_sha256 = :sha, result_size = :size, \
-                 http_status = :http, content_type = :ctype, final_url = :final REMOVE #error"
+                 http_status = :http, content_type = :ctype, final_url = :final \
+                 REMOVE #error, {UNLEASE}"
             ),
             OPEN,
         )
@@ -450,8 +485,14 @@ fn string<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&
     item.get(name)?.as_s().ok().map(String::as_str)
 }
 
-fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Option<u32> {
+fn number<T: std::str::FromStr>(item: &HashMap<String, AttributeValue>, name: &str) -> Option<T> {
     item.get(name)?.as_n().ok()?.parse().ok()
+}
+
+fn epoch_millis(at: SystemTime) -> u128 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis()
 }
 
 fn status_of(item: &HashMap<String, AttributeValue>) -> Result<TaskStatus, StoreError> {

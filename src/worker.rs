@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::batch::Invocation;
+use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
 use crate::converge::{self, Converged};
 use crate::error::StoreError;
@@ -15,7 +16,7 @@ use crate::message::{self, Poison};
 use crate::model::Failure;
 use crate::result_store::ResultStore;
 use crate::scraper::{FetchError, Fetcher, Retry};
-use crate::task_store::{TaskStore, rfc3339};
+use crate::task_store::{Lease, TaskStore, rfc3339};
 use crate::visibility::{Backoff, QueueRef, Visibility};
 
 /// The settings one record needs, from [`Config`].
@@ -26,6 +27,7 @@ pub struct RecordSettings {
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
     pub backoff: Backoff,
+    pub duplicate_policy: DuplicatePolicy,
 }
 
 impl From<&Config> for RecordSettings {
@@ -36,6 +38,7 @@ impl From<&Config> for RecordSettings {
             max_attempts: config.max_attempts,
             scrape_timeout: config.scrape_timeout,
             backoff: config.into(),
+            duplicate_policy: config.duplicate_policy,
         }
     }
 }
@@ -51,8 +54,8 @@ pub struct Worker<T, R, F, V> {
 }
 
 impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
-    /// Processes one record; stops scraping at `cutoff`. Never fails: every end is an outcome.
-    pub async fn process(&self, record: &SqsMessage, cutoff: Instant) -> Outcome {
+    /// Processes one record within the invocation. Never fails: every end is an outcome.
+    pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
         let task = match message::parse_body(record.body.as_deref()) {
             Ok(task) => task,
             Err(poison) => return self.quarantine(record, poison).await,
@@ -64,11 +67,18 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         let receives = receive_count(record);
         let final_attempt = receives >= self.settings.max_attempts;
         let outcome = self
-            .process_task(&task, final_attempt, cutoff)
+            .process_task(&task, final_attempt, invocation)
             .await
             .unwrap_or_else(Outcome::Store);
-        if let Outcome::ScrapeTransient { retry_after, .. } = &outcome {
-            self.hold_back(record, *retry_after, receives).await;
+        match &outcome {
+            Outcome::ScrapeTransient { retry_after, .. } => {
+                self.hold_back(record, *retry_after, receives).await;
+            }
+            Outcome::LeaseHeld { until } => {
+                let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                self.hold_back(record, Some(left), receives).await;
+            }
+            _ => {}
         }
         outcome
     }
@@ -115,9 +125,17 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         &self,
         task: &TaskRef,
         final_attempt: bool,
-        cutoff: Instant,
+        invocation: &Invocation,
     ) -> Result<Outcome, StoreError> {
-        let (url, redelivery) = match guard::admit(&self.tasks, task, SystemTime::now()).await? {
+        let lease = match self.settings.duplicate_policy {
+            DuplicatePolicy::Converge => None,
+            DuplicatePolicy::Lease => Some(Lease {
+                owner: &invocation.request_id,
+                until: invocation.deadline,
+            }),
+        };
+        let admitted = guard::admit(&self.tasks, task, SystemTime::now(), lease).await?;
+        let (url, redelivery) = match admitted {
             Admission::Admitted { url, redelivery } => (url, redelivery),
             Admission::Skipped(outcome) => return Ok(outcome),
         };
@@ -125,7 +143,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         let budget = self
             .settings
             .scrape_timeout
-            .min(cutoff.saturating_duration_since(Instant::now()));
+            .min(invocation.cutoff.saturating_duration_since(Instant::now()));
         let fetched = match url {
             Some(url) => self.fetcher.fetch(&url, budget).await,
             None => Err(FetchError::permanent("task has no url")),

@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use conveyor_worker::config::DuplicatePolicy;
 use futures_util::future::join_all;
 use support::*;
 
@@ -137,4 +138,88 @@ async fn a_redelivery_after_success_is_guarded_and_leaves_the_result_alone() {
     let again = stack.task("t1").await;
     assert_eq!(again.s("result_sha256"), first.s("result_sha256"));
     assert_eq!(again.s("finished_at"), first.s("finished_at"));
+}
+
+fn lease_worker(stack: &Stack) -> TestWorker {
+    stack.worker_with(|t| t.duplicate_policy = DuplicatePolicy::Lease)
+}
+
+async fn set_lease(stack: &Stack, task: &str, owner: &str, until: std::time::SystemTime) {
+    let millis = until
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
+        .key("sk", AttributeValue::S(format!("TASK#{task}")))
+        .update_expression("SET lease_owner = :o, lease_until = :u")
+        .expression_attribute_values(":o", AttributeValue::S(owner.into()))
+        .expression_attribute_values(":u", AttributeValue::N(millis.to_string()))
+        .send()
+        .await
+        .expect("set a lease");
+}
+
+#[tokio::test]
+async fn with_leases_a_concurrent_duplicate_waits_instead_of_scraping() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/varying/t1"), "pending")
+        .await;
+    let (a, b) = (lease_worker(&stack), lease_worker(&stack));
+
+    let (first, second) = tokio::join!(
+        run_batch(&a, vec![delivery("t1")]),
+        run_batch(&b, vec![delivery("t1")])
+    );
+
+    let retried_count = retried(&first).len() + retried(&second).len();
+    assert_eq!(retried_count, 1, "the duplicate waits for the lease");
+    assert_eq!(site.hits("/varying/t1"), 1, "one fetch");
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"));
+    assert!(task.s("lease_owner").is_none() && task.n("lease_until").is_none());
+}
+
+#[tokio::test]
+async fn a_live_lease_of_another_invocation_is_waited_for() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/page/a"), "processing")
+        .await;
+    let later = std::time::SystemTime::now() + Duration::from_secs(60);
+    set_lease(&stack, "t1", "another-invocation", later).await;
+
+    let reply = run_batch(&lease_worker(&stack), vec![record("m1", &body("t1"), 2)]).await;
+
+    assert_eq!(retried(&reply), ["m1"]);
+    assert_eq!(site.hits("/page/a"), 0);
+    assert_eq!(
+        stack.calls.count("ChangeMessageVisibility"),
+        1,
+        "held until the lease ends"
+    );
+    assert_eq!(stack.task("t1").await.status(), Some("processing"));
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/page/a"), "processing")
+        .await;
+    let earlier = std::time::SystemTime::now() - Duration::from_secs(1);
+    set_lease(&stack, "t1", "a-crashed-invocation", earlier).await;
+
+    let reply = run_batch(&lease_worker(&stack), vec![record("m1", &body("t1"), 2)]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(site.hits("/page/a"), 1);
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
 }

@@ -123,7 +123,7 @@ async fn a_claim_refused_for_a_terminal_task_is_an_outcome_not_an_error() {
     let store = store_failing_conditions(Some("successful"));
 
     let claim = store
-        .claim(&task(), SystemTime::now())
+        .claim(&task(), SystemTime::now(), None)
         .await
         .expect("an outcome");
 
@@ -135,7 +135,7 @@ async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
     let store = store_failing_conditions(None);
 
     let claim = store
-        .claim(&task(), SystemTime::now())
+        .claim(&task(), SystemTime::now(), None)
         .await
         .expect("an outcome");
 

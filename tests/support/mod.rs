@@ -26,6 +26,7 @@ use aws_smithy_types::config_bag::ConfigBag;
 use conveyor_worker::Worker;
 use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
+use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::result_store::S3ResultStore;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::task_store::DynamoTaskStore;
@@ -226,6 +227,7 @@ impl Stack {
                 max_attempts: MAX_ATTEMPTS,
                 scrape_timeout: tuning.scrape_timeout,
                 backoff: tuning.backoff,
+                duplicate_policy: tuning.duplicate_policy,
             },
         }
     }
@@ -390,6 +392,7 @@ pub struct WorkerTuning {
     /// The resolver; the system's unless a test gives a table.
     pub lookup: Option<Arc<dyn Lookup>>,
     pub backoff: Backoff,
+    pub duplicate_policy: DuplicatePolicy,
 }
 
 impl Default for WorkerTuning {
@@ -406,6 +409,7 @@ impl Default for WorkerTuning {
                 max: Duration::from_secs(60),
                 jitter: || 1.0,
             },
+            duplicate_policy: DuplicatePolicy::Converge,
         }
     }
 }
@@ -506,7 +510,15 @@ pub async fn run_batch<P: ProcessRecord>(
 ) -> SqsBatchResponse {
     init_logs();
     let deadline = SystemTime::now() + Duration::from_secs(60);
-    process_batch(processor, &event(records).records, deadline, LIMITS).await
+    let request_id = unique("request");
+    process_batch(
+        processor,
+        &event(records).records,
+        &request_id,
+        deadline,
+        LIMITS,
+    )
+    .await
 }
 
 /// The message ids the reply asks SQS to redeliver.
