@@ -1,8 +1,10 @@
-"""Runs the moto AWS emulator on 127.0.0.1, one request at a time.
+"""Runs the moto AWS emulator on 127.0.0.1, one DynamoDB or S3 request at a time.
 
 moto's own server is threaded, and its conditional writes (DynamoDB conditions, S3
-If-None-Match) are not atomic under concurrent requests. Serialising requests makes each one
-atomic, so race tests exercise the worker's conditions rather than moto's races.
+If-None-Match) are not atomic under concurrent requests. Serialising those requests makes
+each one atomic, so race tests exercise the worker's conditions rather than moto's races.
+SQS requests are left concurrent: a long poll (WaitTimeSeconds) would otherwise hold every
+other request up, and SQS promises no more than at-least-once delivery anyway.
 
 Usage: moto_server.py [PORT]   (0 or none: any free port). Prints the port on stdout.
 """
@@ -23,6 +25,8 @@ def one_at_a_time(app):
     lock = threading.Lock()
 
     def serialised(environ, start_response):
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AmazonSQS."):
+            return list(app(environ, start_response))
         with lock:
             return list(app(environ, start_response))
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod contract;
 pub mod converge;
 pub mod error;
+pub mod esm;
 pub mod guard;
 pub mod ids;
 pub mod message;

@@ -448,11 +448,16 @@ fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
         Terminal::Succeeded(_) => "tasks_succeeded",
         Terminal::Failed(_) => "tasks_failed",
     };
-    let count = format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now");
+    let add = format!("ADD tasks_remaining :minus_one, {counter} :one");
+    let count = format!("{add} SET updated_at = :now");
     let expression = match step {
         RunStep::Count => Expression::new(count, "tasks_remaining > :one"),
         RunStep::CountAndComplete => Expression::new(
-            format!("{count}, #status = :completed, completed_at = :now"),
+            // `times_completed` lets anyone check that the run completed exactly once.
+            format!(
+                "{add}, times_completed :one \
+                 SET updated_at = :now, #status = :completed, completed_at = :now"
+            ),
             "tasks_remaining = :one AND #status = :running",
         )
         .name("#status", "status")

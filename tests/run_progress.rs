@@ -40,6 +40,7 @@ async fn every_task_is_counted_once_and_the_last_one_completes_the_run() {
     assert_eq!(run.n("tasks_failed"), Some(1));
     assert_eq!(run.n("tasks_total"), Some(4));
     assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
     assert!(run.s("completed_at").is_some_and(|t| t.ends_with('Z')));
 }
 

@@ -1,0 +1,183 @@
+//! A local event source mapping: what Lambda's SQS integration does, against a queue in a
+//! local emulator. Pollers long-poll batches, run them through the handler, delete exactly
+//! the acknowledged messages and leave the rest to come back after their visibility timeout;
+//! the queue's own redrive policy moves repeat failures to its dead-letter queue.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName};
+
+use crate::batch::{BatchLimits, ProcessRecord, process_batch};
+use crate::error::StoreError;
+
+/// How the mapping polls and invokes.
+#[derive(Debug, Clone)]
+pub struct EsmSettings {
+    pub queue_url: String,
+    pub queue_arn: String,
+    /// Concurrent pollers, like concurrent Lambda instances.
+    pub pollers: usize,
+    /// Messages per batch (SQS allows at most 10 per receive).
+    pub batch_size: i32,
+    /// Long-poll wait per receive, in seconds (0 to 20).
+    pub wait_seconds: i32,
+    /// The invocation timeout each batch gets.
+    pub timeout: Duration,
+    pub limits: BatchLimits,
+}
+
+/// What the mapping did, counted as it goes.
+#[derive(Debug, Default)]
+pub struct EsmStats {
+    pub batches: AtomicU64,
+    pub received: AtomicU64,
+    pub deleted: AtomicU64,
+    pub retried: AtomicU64,
+    /// Message ids deleted after an ack.
+    pub acked: Mutex<HashSet<String>>,
+}
+
+impl EsmStats {
+    pub fn summary(&self) -> String {
+        format!(
+            "{} batches, {} messages received, {} acknowledged and deleted, {} left for retry",
+            self.batches.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+            self.deleted.load(Ordering::Relaxed),
+            self.retried.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Runs `pollers` poll loops until `done` says stop (checked between batches).
+pub async fn run<P: ProcessRecord>(
+    sqs: &Client,
+    processor: &P,
+    settings: &EsmSettings,
+    stats: &Arc<EsmStats>,
+    done: &(dyn Fn() -> bool + Sync),
+) -> Result<(), StoreError> {
+    let pollers = (0..settings.pollers).map(|n| poll(sqs, processor, settings, stats, done, n));
+    futures_util::future::try_join_all(pollers).await?;
+    Ok(())
+}
+
+async fn poll<P: ProcessRecord>(
+    sqs: &Client,
+    processor: &P,
+    settings: &EsmSettings,
+    stats: &EsmStats,
+    done: &(dyn Fn() -> bool + Sync),
+    poller: usize,
+) -> Result<(), StoreError> {
+    let mut invocation = 0_u64;
+    while !done() {
+        let messages = receive(sqs, settings).await?;
+        if messages.is_empty() {
+            continue;
+        }
+        invocation += 1;
+        let records: Vec<SqsMessage> = messages
+            .iter()
+            .map(|m| to_record(m, &settings.queue_arn))
+            .collect();
+        let request_id = format!("local-{poller}-{invocation}");
+        let deadline = SystemTime::now() + settings.timeout;
+        let reply =
+            process_batch(processor, &records, &request_id, deadline, settings.limits).await;
+        let retry: HashSet<&str> = reply
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        let acked: Vec<&Message> = messages
+            .iter()
+            .filter(|m| !retry.contains(m.message_id().unwrap_or_default()))
+            .collect();
+        delete(sqs, settings, &acked).await?;
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats
+            .received
+            .fetch_add(messages.len() as u64, Ordering::Relaxed);
+        stats
+            .deleted
+            .fetch_add(acked.len() as u64, Ordering::Relaxed);
+        stats
+            .retried
+            .fetch_add(retry.len() as u64, Ordering::Relaxed);
+        let mut ids = stats.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        ids.extend(
+            acked
+                .iter()
+                .filter_map(|m| m.message_id().map(str::to_owned)),
+        );
+    }
+    Ok(())
+}
+
+async fn receive(sqs: &Client, settings: &EsmSettings) -> Result<Vec<Message>, StoreError> {
+    let out = sqs
+        .receive_message()
+        .queue_url(&settings.queue_url)
+        .max_number_of_messages(settings.batch_size)
+        .wait_time_seconds(settings.wait_seconds)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("ReceiveMessage", e))?;
+    Ok(out.messages.unwrap_or_default())
+}
+
+async fn delete(
+    sqs: &Client,
+    settings: &EsmSettings,
+    acked: &[&Message],
+) -> Result<(), StoreError> {
+    if acked.is_empty() {
+        return Ok(());
+    }
+    let entries = acked.iter().enumerate().map(|(i, m)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(m.receipt_handle().unwrap_or_default())
+            .build()
+            .expect("id and receipt handle, the required fields, are set")
+    });
+    sqs.delete_message_batch()
+        .queue_url(&settings.queue_url)
+        .set_entries(Some(entries.collect()))
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("DeleteMessageBatch", e))?;
+    Ok(())
+}
+
+/// An SQS message as Lambda's event source mapping hands it to the function.
+pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
+    let attributes: serde_json::Map<String, serde_json::Value> = message
+        .attributes()
+        .into_iter()
+        .flatten()
+        .map(|(name, value)| (name.as_str().to_owned(), value.clone().into()))
+        .collect();
+    let region = queue_arn.split(':').nth(3).unwrap_or_default();
+    let json = serde_json::json!({
+        "messageId": message.message_id(),
+        "receiptHandle": message.receipt_handle(),
+        "body": message.body(),
+        "md5OfBody": message.md5_of_body(),
+        "attributes": attributes,
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": region,
+    });
+    // Every field is a string or a map of strings, as SqsMessage expects.
+    serde_json::from_value(json).unwrap_or_default()
+}
