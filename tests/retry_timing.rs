@@ -4,98 +4,16 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use support::queue::Queue;
 use support::*;
 
 /// A queue whose own visibility timeout (30 s) is far longer than any hold in these tests,
 /// so a message that comes back early or on time came back because the worker said so.
-struct Queue {
-    url: String,
-    arn: String,
-}
-
 async fn queue(stack: &Stack) -> Queue {
-    let name = unique("tasks");
-    let url = stack
-        .sqs
-        .create_queue()
-        .queue_name(&name)
-        .attributes(QueueAttributeName::VisibilityTimeout, "30")
-        .send()
-        .await
-        .expect("create a queue")
-        .queue_url
-        .expect("a queue URL");
-    let attributes = stack
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .expect("read the queue ARN");
-    let arn = attributes
-        .attributes
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .expect("the queue has an ARN");
-    Queue { url, arn }
-}
-
-impl Queue {
-    async fn send(&self, stack: &Stack, body: &str) {
-        stack
-            .sqs
-            .send_message()
-            .queue_url(&self.url)
-            .message_body(body)
-            .send()
-            .await
-            .expect("send a message");
-    }
-
-    /// One short-polling receive, as the Lambda event source would deliver it.
-    async fn receive(&self, stack: &Stack) -> Option<SqsMessage> {
-        let out = stack
-            .sqs
-            .receive_message()
-            .queue_url(&self.url)
-            .max_number_of_messages(1)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .send()
-            .await
-            .expect("receive");
-        let message = out.messages?.into_iter().next()?;
-        let receives = message
-            .attributes
-            .as_ref()
-            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
-            .cloned()
-            .unwrap_or_else(|| "1".into());
-        let json = serde_json::json!({
-            "messageId": message.message_id,
-            "receiptHandle": message.receipt_handle,
-            "body": message.body,
-            "attributes": { "ApproximateReceiveCount": receives },
-            "eventSource": "aws:sqs",
-            "eventSourceARN": self.arn,
-        });
-        Some(serde_json::from_value(json).expect("an SQS record"))
-    }
-
-    /// Polls until the message is delivered again; how long that took.
-    async fn wait_for_redelivery(&self, stack: &Stack, limit: Duration) -> (SqsMessage, Duration) {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(message) = self.receive(stack).await {
-                return (message, started.elapsed());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("not redelivered within {limit:?}");
-    }
+    Queue::create(stack, 30).await
 }
 
 fn receives(message: &SqsMessage) -> &str {

@@ -2,7 +2,9 @@
 //! that log every request they send, seeding helpers, SQS event builders and the local site.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod chaos;
 pub mod demo;
+pub mod queue;
 pub mod site;
 
 use std::collections::HashMap;
@@ -187,11 +189,19 @@ impl Stack {
     pub fn worker_with(&self, tune: impl FnOnce(&mut WorkerTuning)) -> TestWorker {
         let mut tuning = WorkerTuning::default();
         tune(&mut tuning);
-        let dynamodb_config = aws_sdk_dynamodb::config::Builder::from(&self.sdk)
+        let sdk = match (tuning.faults, self.sdk.http_client()) {
+            (Some(faults), Some(inner)) => self
+                .sdk
+                .to_builder()
+                .http_client(chaos::ChaosHttp { inner, faults })
+                .build(),
+            _ => self.sdk.clone(),
+        };
+        let dynamodb_config = aws_sdk_dynamodb::config::Builder::from(&sdk)
             .interceptor(self.calls.clone())
             .build();
-        let s3_config = s3_config(&self.sdk).interceptor(self.calls.clone()).build();
-        let sqs_config = aws_sdk_sqs::config::Builder::from(&self.sdk)
+        let s3_config = s3_config(&sdk).interceptor(self.calls.clone()).build();
+        let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk)
             .interceptor(self.calls.clone())
             .build();
         let bucket = tuning.bucket.clone().unwrap_or_else(|| self.bucket.clone());
@@ -393,6 +403,8 @@ pub struct WorkerTuning {
     pub lookup: Option<Arc<dyn Lookup>>,
     pub backoff: Backoff,
     pub duplicate_policy: DuplicatePolicy,
+    /// AWS faults injected into the worker's DynamoDB, S3 and SQS clients.
+    pub faults: Option<chaos::Faults>,
 }
 
 impl Default for WorkerTuning {
@@ -410,6 +422,7 @@ impl Default for WorkerTuning {
                 jitter: || 1.0,
             },
             duplicate_policy: DuplicatePolicy::Converge,
+            faults: None,
         }
     }
 }

@@ -1,0 +1,95 @@
+//! Fault injection for the chaos run: an HTTP client for the AWS SDKs that fails or delays a
+//! share of requests, and a result store that "crashes" after the S3 write, before the
+//! terminal write.
+
+use std::time::Duration;
+
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use conveyor_worker::error::StoreError;
+use conveyor_worker::ids::{QuarantineKey, ResultKey};
+use conveyor_worker::model::StoredResult;
+use conveyor_worker::result_store::{NewResult, Put, ResultStore};
+
+/// How often, and how, AWS misbehaves.
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    /// Share of requests answered with a 500 instead of reaching the emulator.
+    pub error_rate: f64,
+    /// Share of requests delayed by `delay` first.
+    pub slow_rate: f64,
+    pub delay: Duration,
+}
+
+/// Wraps the SDK's HTTP client.
+#[derive(Debug, Clone)]
+pub struct ChaosHttp {
+    pub inner: SharedHttpClient,
+    pub faults: Faults,
+}
+
+impl HttpClient for ChaosHttp {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(ChaosConnector {
+            inner: self.inner.http_connector(settings, components),
+            faults: self.faults,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct ChaosConnector {
+    inner: SharedHttpConnector,
+    faults: Faults,
+}
+
+impl HttpConnector for ChaosConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let (inner, faults) = (self.inner.clone(), self.faults);
+        HttpConnectorFuture::new(async move {
+            if fastrand::f64() < faults.slow_rate {
+                tokio::time::sleep(faults.delay).await;
+            }
+            if fastrand::f64() < faults.error_rate {
+                // A 5xx both DynamoDB (JSON) and S3 (XML) clients read as a server error.
+                let status = StatusCode::try_from(500).expect("500 is a status");
+                return Ok(HttpResponse::new(status, SdkBody::from("InternalError")));
+            }
+            inner.call(request).await
+        })
+    }
+}
+
+/// A result store whose process "dies" (panics) right after a share of its S3 writes.
+pub struct Crashing<R> {
+    pub inner: R,
+    pub crash_rate: f64,
+}
+
+impl<R: ResultStore> ResultStore for Crashing<R> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+        let put = self.inner.put_if_absent(new).await?;
+        if fastrand::f64() < self.crash_rate {
+            panic!("injected crash after the S3 write, before the terminal write");
+        }
+        Ok(put)
+    }
+
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+        self.inner.describe(key).await
+    }
+
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+        self.inner.quarantine(key, document).await
+    }
+}

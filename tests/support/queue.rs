@@ -1,0 +1,178 @@
+//! Queues in the emulator's SQS: create (with a dead-letter queue), send, receive as Lambda
+//! would deliver, drain.
+
+use std::time::{Duration, Instant};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use aws_sdk_sqs::types::{
+    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use conveyor_worker::esm::to_record;
+
+use super::{Stack, unique};
+
+pub struct Queue {
+    pub url: String,
+    pub arn: String,
+}
+
+impl Queue {
+    /// A standard queue with this visibility timeout (seconds).
+    pub async fn create(stack: &Stack, visibility: u32) -> Self {
+        Self::create_with(stack, visibility, None).await
+    }
+
+    /// A queue that moves a message to `dlq` after `max_receives` receives.
+    pub async fn create_with_dlq(
+        stack: &Stack,
+        visibility: u32,
+        dlq: &Queue,
+        max_receives: u32,
+    ) -> Self {
+        let redrive = serde_json::json!({
+            "deadLetterTargetArn": dlq.arn,
+            "maxReceiveCount": max_receives.to_string(),
+        });
+        Self::create_with(stack, visibility, Some(redrive.to_string())).await
+    }
+
+    async fn create_with(stack: &Stack, visibility: u32, redrive: Option<String>) -> Self {
+        let mut request = stack
+            .sqs
+            .create_queue()
+            .queue_name(unique("tasks"))
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility.to_string(),
+            );
+        if let Some(redrive) = redrive {
+            request = request.attributes(QueueAttributeName::RedrivePolicy, redrive);
+        }
+        let url = request
+            .send()
+            .await
+            .expect("create a queue")
+            .queue_url
+            .expect("a queue URL");
+        let attributes = stack
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("read the queue ARN");
+        let arn = attributes
+            .attributes
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .expect("the queue has an ARN");
+        Self { url, arn }
+    }
+
+    pub async fn send(&self, stack: &Stack, body: &str) -> String {
+        stack
+            .sqs
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .send()
+            .await
+            .expect("send a message")
+            .message_id
+            .expect("a message id")
+    }
+
+    /// Sends up to ten bodies in one request; their message ids.
+    pub async fn send_batch(&self, stack: &Stack, bodies: &[String]) -> Vec<String> {
+        let entries = bodies.iter().enumerate().map(|(i, body)| {
+            SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(body)
+                .build()
+                .expect("id and body are set")
+        });
+        let out = stack
+            .sqs
+            .send_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .expect("send a batch");
+        assert!(out.failed.is_empty(), "every message is sent");
+        out.successful.into_iter().map(|s| s.message_id).collect()
+    }
+
+    /// One short-polling receive, as the Lambda event source would deliver it.
+    pub async fn receive(&self, stack: &Stack) -> Option<SqsMessage> {
+        let out = stack
+            .sqs
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(1)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .expect("receive");
+        let message = out.messages?.into_iter().next()?;
+        Some(to_record(&message, &self.arn))
+    }
+
+    /// Polls until a message is delivered; it and how long that took.
+    pub async fn wait_for_redelivery(
+        &self,
+        stack: &Stack,
+        limit: Duration,
+    ) -> (SqsMessage, Duration) {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(message) = self.receive(stack).await {
+                return (message, started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("not redelivered within {limit:?}");
+    }
+
+    /// Messages visible or in flight, by the queue's own count.
+    pub async fn depth(&self, stack: &Stack) -> u64 {
+        let out = stack
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .expect("read the queue depth");
+        let attributes = out.attributes.unwrap_or_default();
+        [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        ]
+        .iter()
+        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
+        .sum()
+    }
+
+    /// Receives everything visible, deleting nothing.
+    pub async fn drain(&self, stack: &Stack) -> Vec<SqsMessage> {
+        let mut all = Vec::new();
+        loop {
+            let out = stack
+                .sqs
+                .receive_message()
+                .queue_url(&self.url)
+                .max_number_of_messages(10)
+                .visibility_timeout(600)
+                .send()
+                .await
+                .expect("receive");
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return all;
+            }
+            all.extend(messages.iter().map(|m| to_record(m, &self.arn)));
+        }
+    }
+}
