@@ -79,6 +79,10 @@ async fn poll<P: ProcessRecord>(
     while !done() {
         let messages = receive(sqs, settings).await?;
         if messages.is_empty() {
+            if settings.wait_seconds == 0 {
+                // Short polling: pause rather than spin on an empty queue.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             continue;
         }
         invocation += 1;

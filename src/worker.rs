@@ -67,7 +67,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         let receives = receive_count(record);
         let final_attempt = receives >= self.settings.max_attempts;
         let outcome = self
-            .process_task(&task, final_attempt, invocation)
+            .process_task(&task, final_attempt, invocation, record)
             .await
             .unwrap_or_else(Outcome::Store);
         match &outcome {
@@ -75,8 +75,10 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
                 self.hold_back(record, *retry_after, receives).await;
             }
             Outcome::LeaseHeld { until } => {
+                // Back exactly when the lease ends (not capped by the backoff's maximum:
+                // coming back earlier would only find the lease again and burn a receive).
                 let left = until.duration_since(SystemTime::now()).unwrap_or_default();
-                self.hold_back(record, Some(left), receives).await;
+                self.hold(record, left + Duration::from_secs(1)).await;
             }
             _ => {}
         }
@@ -105,6 +107,10 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
     /// the message still comes back, after the queue's own visibility timeout.
     async fn hold_back(&self, record: &SqsMessage, retry_after: Option<Duration>, receives: u32) {
         let delay = self.settings.backoff.delay(retry_after, receives);
+        self.hold(record, delay).await;
+    }
+
+    async fn hold(&self, record: &SqsMessage, delay: Duration) {
         let queue = record
             .event_source_arn
             .as_deref()
@@ -126,11 +132,19 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         task: &TaskRef,
         final_attempt: bool,
         invocation: &Invocation,
+        record: &SqsMessage,
     ) -> Result<Outcome, StoreError> {
+        // The owner is this delivery: the invocation's request id and the message id, so two
+        // copies of a task in one batch do not share a lease either.
+        let owner = format!(
+            "{}/{}",
+            invocation.request_id,
+            record.message_id.as_deref().unwrap_or_default()
+        );
         let lease = match self.settings.duplicate_policy {
             DuplicatePolicy::Converge => None,
             DuplicatePolicy::Lease => Some(Lease {
-                owner: &invocation.request_id,
+                owner: &owner,
                 until: invocation.deadline,
             }),
         };

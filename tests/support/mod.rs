@@ -278,6 +278,38 @@ impl Stack {
         self.put(item).await;
     }
 
+    /// Every task of a run: (task id, item), through the run's partition.
+    pub async fn tasks_in_run(&self, job: &str, run: &str) -> Vec<(String, TaskItem)> {
+        let mut tasks = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk")
+                .expression_attribute_values(":pk", AttributeValue::S(format!("RUN#{job}#{run}")))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .expect("query a run's tasks");
+            for item in out.items.unwrap_or_default() {
+                let item = TaskItem(item);
+                let id = item
+                    .s("sk")
+                    .unwrap_or_default()
+                    .trim_start_matches("TASK#")
+                    .to_owned();
+                tasks.push((id, item));
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return tasks;
+            }
+        }
+    }
+
     /// The run item as stored.
     pub async fn run_item(&self, job: &str, run: &str) -> TaskItem {
         let item = self

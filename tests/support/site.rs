@@ -62,6 +62,10 @@ impl Site {
             .route("/retry-after-date/{secs}", get(retry_after_date))
             .route("/redirect-to", get(redirect_to))
             .route("/encoded/{encoding}/{size}", get(encoded))
+            .route("/flaky/{name}", get(flaky))
+            .route("/down/{name}", get(down))
+            .route("/gone/{name}", get(gone))
+            .route("/slowpage/{name}", get(slow_page))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .with_state(hits.clone());
         let listener = tokio::net::TcpListener::bind((ip, 0))
@@ -208,4 +212,29 @@ pub async fn broken_server(reply: &'static [u8]) -> SocketAddr {
         }
     });
     addr
+}
+
+/// 503 on the first two hits, then the page.
+async fn flaky(State(hits): State<Hits>, Path(name): Path<String>) -> Response {
+    if hits.get(&format!("/flaky/{name}")) <= 2 {
+        (StatusCode::SERVICE_UNAVAILABLE, "not yet").into_response()
+    } else {
+        format!("flaky {name}, at last").into_response()
+    }
+}
+
+/// Always 503.
+async fn down(Path(name): Path<String>) -> impl IntoResponse {
+    (StatusCode::SERVICE_UNAVAILABLE, format!("{name} is down"))
+}
+
+/// Always 404.
+async fn gone(Path(name): Path<String>) -> impl IntoResponse {
+    (StatusCode::NOT_FOUND, format!("{name} is gone"))
+}
+
+/// The page after 300 ms.
+async fn slow_page(Path(name): Path<String>) -> impl IntoResponse {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    format!("slow {name}")
 }
