@@ -5,6 +5,7 @@
 pub mod chaos;
 pub mod demo;
 pub mod queue;
+pub mod scenario;
 pub mod site;
 
 use std::collections::HashMap;
