@@ -38,6 +38,8 @@ pub struct EsmStats {
     pub received: AtomicU64,
     pub deleted: AtomicU64,
     pub retried: AtomicU64,
+    /// SQS calls of the mapping itself that failed (it carries on, as Lambda's does).
+    pub sqs_errors: AtomicU64,
     /// Message ids deleted after an ack.
     pub acked: Mutex<HashSet<String>>,
 }
@@ -45,26 +47,29 @@ pub struct EsmStats {
 impl EsmStats {
     pub fn summary(&self) -> String {
         format!(
-            "{} batches, {} messages received, {} acknowledged and deleted, {} left for retry",
+            "{} batches, {} messages received, {} acknowledged and deleted, {} left for retry, \
+             {} failed SQS calls of the mapping",
             self.batches.load(Ordering::Relaxed),
             self.received.load(Ordering::Relaxed),
             self.deleted.load(Ordering::Relaxed),
             self.retried.load(Ordering::Relaxed),
+            self.sqs_errors.load(Ordering::Relaxed),
         )
     }
 }
 
-/// Runs `pollers` poll loops until `done` says stop (checked between batches).
+/// Runs `pollers` poll loops until `done` says stop (checked between batches). A failed SQS
+/// call of the mapping is logged and counted and polling goes on, as with Lambda: a message
+/// whose delete failed simply comes back.
 pub async fn run<P: ProcessRecord>(
     sqs: &Client,
     processor: &P,
     settings: &EsmSettings,
     stats: &Arc<EsmStats>,
     done: &(dyn Fn() -> bool + Sync),
-) -> Result<(), StoreError> {
+) {
     let pollers = (0..settings.pollers).map(|n| poll(sqs, processor, settings, stats, done, n));
-    futures_util::future::try_join_all(pollers).await?;
-    Ok(())
+    futures_util::future::join_all(pollers).await;
 }
 
 async fn poll<P: ProcessRecord>(
@@ -74,10 +79,16 @@ async fn poll<P: ProcessRecord>(
     stats: &EsmStats,
     done: &(dyn Fn() -> bool + Sync),
     poller: usize,
-) -> Result<(), StoreError> {
+) {
     let mut invocation = 0_u64;
     while !done() {
-        let messages = receive(sqs, settings).await?;
+        let messages = match receive(sqs, settings).await {
+            Ok(messages) => messages,
+            Err(err) => {
+                failed(stats, &err).await;
+                continue;
+            }
+        };
         if messages.is_empty() {
             if settings.wait_seconds == 0 {
                 // Short polling: pause rather than spin on an empty queue.
@@ -103,7 +114,10 @@ async fn poll<P: ProcessRecord>(
             .iter()
             .filter(|m| !retry.contains(m.message_id().unwrap_or_default()))
             .collect();
-        delete(sqs, settings, &acked).await?;
+        if let Err(err) = delete(sqs, settings, &acked).await {
+            failed(stats, &err).await;
+            continue;
+        }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats
             .received
@@ -121,7 +135,12 @@ async fn poll<P: ProcessRecord>(
                 .filter_map(|m| m.message_id().map(str::to_owned)),
         );
     }
-    Ok(())
+}
+
+async fn failed(stats: &EsmStats, err: &StoreError) {
+    tracing::warn!(error = %err, "an SQS call of the event source mapping failed; polling on");
+    stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
 async fn receive(sqs: &Client, settings: &EsmSettings) -> Result<Vec<Message>, StoreError> {
