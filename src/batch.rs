@@ -290,6 +290,15 @@ mod tests {
         SystemTime::now() + Duration::from_secs(60)
     }
 
+    async fn run(
+        processor: &Scripted,
+        records: &[SqsMessage],
+        deadline: SystemTime,
+        max_concurrency: usize,
+    ) -> SqsBatchResponse {
+        process_batch(processor, records, "req", deadline, limits(max_concurrency)).await
+    }
+
     fn ids(reply: &SqsBatchResponse) -> Vec<&str> {
         reply
             .batch_item_failures
@@ -306,14 +315,7 @@ mod tests {
             record(Some("r"), "retry"),
         ];
 
-        let reply = process_batch(
-            &Scripted::default(),
-            &records,
-            "req",
-            in_a_minute(),
-            limits(4),
-        )
-        .await;
+        let reply = run(&Scripted::default(), &records, in_a_minute(), 4).await;
 
         assert_eq!(ids(&reply), ["p", "r"]);
     }
@@ -325,7 +327,7 @@ mod tests {
             .collect();
         let processor = Scripted::default();
 
-        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(3)).await;
+        let reply = run(&processor, &records, in_a_minute(), 3).await;
 
         assert!(ids(&reply).is_empty());
         assert_eq!(processor.most_at_once.load(Ordering::SeqCst), 3);
@@ -341,7 +343,7 @@ mod tests {
         let started = Instant::now();
         let deadline = SystemTime::now() + Duration::from_millis(700);
 
-        let reply = process_batch(&Scripted::default(), &records, "req", deadline, limits(2)).await;
+        let reply = run(&Scripted::default(), &records, deadline, 2).await;
 
         assert_eq!(ids(&reply), ["slow"]);
         let took = started.elapsed();
@@ -359,7 +361,7 @@ mod tests {
         ];
         let deadline = SystemTime::now() + Duration::from_millis(500);
 
-        let reply = process_batch(&Scripted::default(), &records, "req", deadline, limits(1)).await;
+        let reply = run(&Scripted::default(), &records, deadline, 1).await;
 
         assert_eq!(ids(&reply), ["slow", "waiting"]);
     }
@@ -370,7 +372,7 @@ mod tests {
         let records = [record(Some("a"), "sleep 50"), record(Some("r"), "retry")];
         let past = SystemTime::now() - Duration::from_secs(5);
 
-        let reply = process_batch(&Scripted::default(), &records, "req", past, limits(4)).await;
+        let reply = run(&Scripted::default(), &records, past, 4).await;
 
         assert_eq!(ids(&reply), ["r"]);
     }
@@ -397,7 +399,7 @@ mod tests {
         ];
         let processor = Scripted::default();
 
-        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(4)).await;
+        let reply = run(&processor, &records, in_a_minute(), 4).await;
 
         assert_eq!(ids(&reply), ["a2", "a3", "a4", "b3"]);
         let seen = lock(&processor.seen).clone();
@@ -419,7 +421,7 @@ mod tests {
         let processor = Scripted::default();
         let started = Instant::now();
 
-        let reply = process_batch(&processor, &records, "req", in_a_minute(), limits(4)).await;
+        let reply = run(&processor, &records, in_a_minute(), 4).await;
 
         assert!(ids(&reply).is_empty());
         let seen = lock(&processor.seen).clone();
@@ -450,14 +452,7 @@ mod tests {
             record(Some("ok"), "ack"),
         ];
 
-        let reply = process_batch(
-            &Scripted::default(),
-            &records,
-            "req",
-            in_a_minute(),
-            limits(4),
-        )
-        .await;
+        let reply = run(&Scripted::default(), &records, in_a_minute(), 4).await;
 
         assert_eq!(ids(&reply), ["dup"]);
     }

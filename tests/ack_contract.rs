@@ -385,6 +385,11 @@ async fn aws_errors_are_retried_without_a_terminal_write() {
 
     assert_eq!(retried(&reply), ["t1"]);
     assert_eq!(stack.task("t1").await.status(), Some("processing"));
+    assert_eq!(
+        stack.calls.count("ChangeMessageVisibility"),
+        0,
+        "redelivered after the queue's own timeout, not held back"
+    );
 }
 
 #[tokio::test]

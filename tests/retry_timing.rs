@@ -1,6 +1,7 @@
 //! Retry timing against the emulator's SQS: a transiently failed message is held back for
 //! as long as the site asked, or for a backoff that grows with every receive; when holding
-//! it back fails, or the failure is our own AWS error, it is still retried.
+//! it back fails, it is still retried. (Our own AWS errors are retried without a hold-back:
+//! `tests/ack_contract.rs`.)
 
 mod support;
 
@@ -104,17 +105,4 @@ async fn a_failed_hold_back_still_reports_the_record_for_retry() {
 
     assert_eq!(retried(&reply), ["m1"]);
     assert_eq!(stack.calls.count("ChangeMessageVisibility"), 1);
-}
-
-#[tokio::test]
-async fn our_own_aws_errors_are_retried_without_holding_the_message_back() {
-    let (stack, site) = (Stack::new().await, Site::start().await);
-    stack.put_active_run().await;
-    stack.put_task("t1", &site.url("/page/a"), "pending").await;
-    let worker = stack.worker_with(|t| t.bucket = Some("no-such-bucket".into()));
-
-    let reply = run_batch(&worker, vec![delivery("t1")]).await;
-
-    assert_eq!(retried(&reply), ["t1"]);
-    assert_eq!(stack.calls.count("ChangeMessageVisibility"), 0);
 }
