@@ -138,7 +138,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-const RUN_TASKS: usize = 200;
+const RUN_TASKS: usize = 100;
 
 /// The function under `cargo lambda watch`, pointed at this stack, logging to `log`.
 fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {

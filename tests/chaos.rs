@@ -1,11 +1,12 @@
-//! The chaos run: hundreds of tasks through the local event source mapping, with messages
+//! The chaos run: a hundred tasks per duplicate policy through the local event source
+//! mapping (more stalls the emulator: see the README), with messages
 //! sent more than once, AWS faults and latency on a share of DynamoDB, S3 and SQS calls,
 //! crashes between the S3 write and the terminal write, and flaky, slow and failing pages.
 //! It asserts, and prints as figures, that every task ends exactly once (or its message is in
 //! the dead-letter queue), that the run's counters equal the task states and the run completed
 //! exactly once, that every stored result matches its task, and that no message was lost;
 //! under both duplicate policies, with fetches per task compared.
-//! `CHAOS_TASKS=60 make test` shrinks it for a quick look.
+//! `CHAOS_TASKS=N` changes the number of tasks per policy.
 
 mod support;
 
@@ -20,7 +21,7 @@ fn scenario(policy: DuplicatePolicy) -> Scenario {
         tasks: std::env::var("CHAOS_TASKS")
             .ok()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(500),
+            .unwrap_or(100),
         policy,
         faults: Some(Faults {
             error_rate: 0.03,
