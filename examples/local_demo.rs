@@ -133,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{}", report.line());
     println!(
         "every message was acknowledged and deleted or sits in the dead-letter queue; the \
-         run's counters equal its task states, and it completed once"
+         run's counters equal its task states; a run whose tasks all ended completed exactly once"
     );
     Ok(())
 }
