@@ -313,16 +313,21 @@ impl Stack {
 
     /// The run item as stored.
     pub async fn run_item(&self, job: &str, run: &str) -> TaskItem {
+        self.item(format!("JOB#{job}"), format!("RUN#{run}")).await
+    }
+
+    /// An item read consistently, or an empty map when it is gone.
+    async fn item(&self, pk: String, sk: String) -> TaskItem {
         let item = self
             .dynamodb
             .get_item()
             .table_name(&self.table)
-            .key("pk", AttributeValue::S(format!("JOB#{job}")))
-            .key("sk", AttributeValue::S(format!("RUN#{run}")))
+            .key("pk", AttributeValue::S(pk))
+            .key("sk", AttributeValue::S(sk))
             .consistent_read(true)
             .send()
             .await
-            .expect("read a run")
+            .expect("read an item")
             .item
             .unwrap_or_default();
         TaskItem(item)
@@ -364,19 +369,8 @@ impl Stack {
     }
 
     pub async fn task_in(&self, job: &str, run: &str, task: &str) -> TaskItem {
-        let item = self
-            .dynamodb
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(format!("RUN#{job}#{run}")))
-            .key("sk", AttributeValue::S(format!("TASK#{task}")))
-            .consistent_read(true)
-            .send()
+        self.item(format!("RUN#{job}#{run}"), format!("TASK#{task}"))
             .await
-            .expect("read a task")
-            .item
-            .unwrap_or_default();
-        TaskItem(item)
     }
 
     /// Body, metadata and content type of the object under `key`, if any.
