@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
@@ -65,7 +65,7 @@ pub async fn run<P: ProcessRecord>(
     sqs: &Client,
     processor: &P,
     settings: &EsmSettings,
-    stats: &Arc<EsmStats>,
+    stats: &EsmStats,
     done: &(dyn Fn() -> bool + Sync),
 ) {
     let pollers = (0..settings.pollers).map(|n| poll(sqs, processor, settings, stats, done, n));

@@ -102,6 +102,14 @@ impl DynamoTaskStore {
             format!("TASK#{}", task.task_id),
         )
     }
+
+    /// The job and the run share the job's partition: (pk, the run's sk).
+    fn run_key_parts(task: &TaskRef) -> (String, String) {
+        (
+            format!("JOB#{}", task.job_id),
+            format!("RUN#{}", task.run_id),
+        )
+    }
 }
 
 impl TaskStore for DynamoTaskStore {
@@ -129,8 +137,7 @@ impl TaskStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all)]
     async fn load_parents(&self, task: &TaskRef) -> Result<Parents, StoreError> {
-        let pk = format!("JOB#{}", task.job_id);
-        let run_sk = format!("RUN#{}", task.run_id);
+        let (pk, run_sk) = Self::run_key_parts(task);
         let keys = KeysAndAttributes::builder()
             .keys(key(pk.clone(), "JOB".into()))
             .keys(key(pk, run_sk.clone()))
@@ -310,11 +317,8 @@ impl DynamoTaskStore {
     ) -> Result<Counted, StoreError> {
         let task_update =
             task_terminal(terminal, now).into_update(&self.table, Self::task_key(task));
-        let run_key = key(
-            format!("JOB#{}", task.job_id),
-            format!("RUN#{}", task.run_id),
-        );
-        let run_update = run_count(step, terminal, now).into_update(&self.table, run_key);
+        let (pk, sk) = Self::run_key_parts(task);
+        let run_update = run_count(step, terminal, now).into_update(&self.table, key(pk, sk));
         let result = self
             .client
             .transact_write_items()

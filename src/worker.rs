@@ -136,18 +136,18 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
     ) -> Result<Outcome, StoreError> {
         // The owner is this delivery: the invocation's request id and the message id, so two
         // copies of a task in one batch do not share a lease either.
-        let owner = format!(
-            "{}/{}",
-            invocation.request_id,
-            record.message_id.as_deref().unwrap_or_default()
-        );
-        let lease = match self.settings.duplicate_policy {
+        let owner = match self.settings.duplicate_policy {
             DuplicatePolicy::Converge => None,
-            DuplicatePolicy::Lease => Some(Lease {
-                owner: &owner,
-                until: invocation.deadline,
-            }),
+            DuplicatePolicy::Lease => Some(format!(
+                "{}/{}",
+                invocation.request_id,
+                record.message_id.as_deref().unwrap_or_default()
+            )),
         };
+        let lease = owner.as_deref().map(|owner| Lease {
+            owner,
+            until: invocation.deadline,
+        });
         let admitted = guard::admit(&self.tasks, task, SystemTime::now(), lease).await?;
         let (url, redelivery) = match admitted {
             Admission::Admitted { url, redelivery } => (url, redelivery),

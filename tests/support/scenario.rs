@@ -4,7 +4,6 @@
 //! the figures reported.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -130,7 +129,7 @@ pub async fn run(scenario: Scenario) -> Report {
 
     let started = Instant::now();
     let done = AtomicBool::new(false);
-    let stats = Arc::new(EsmStats::default());
+    let stats = EsmStats::default();
     let watch = async {
         let mut empty_checks = 0;
         let mut last_report = Instant::now();
