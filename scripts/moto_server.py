@@ -6,12 +6,30 @@ each one atomic, so race tests exercise the worker's conditions rather than moto
 SQS requests are left concurrent: a long poll (WaitTimeSeconds) would otherwise hold every
 other request up, and SQS promises no more than at-least-once delivery anyway.
 
+Two costs in moto 5.2 grow with the data and stall a run of hundreds of tasks; both are
+patched here without changing what any request returns:
+- TransactWriteItems deep-copies every table it touches, to roll back on failure.
+  `copy_touched_items_only` keeps the rollback but snapshots just the items the
+  transaction names (requests are serialised: nothing else can change them meanwhile).
+- SQS computes every queue attribute, each approximate count a scan of the queue, three
+  times per attribute asked for in GetQueueAttributes, and again for each message that
+  ReceiveMessage returns (to check its retention period). `compute_queue_attributes_once`
+  computes them once per GetQueueAttributes and reads the retention period directly.
+
 Usage: moto_server.py [PORT]   (0 or none: any free port). Prints the port on stdout.
 """
 
+import copy
 import os
 import sys
 import threading
+import types
+
+import moto.dynamodb.models as dynamodb_models
+from moto.core.utils import unix_time
+from moto.dynamodb.models.table import Table
+from moto.sqs.exceptions import InvalidAttributeName
+from moto.sqs.models import SQSBackend
 
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -33,7 +51,81 @@ def one_at_a_time(app):
     return serialised
 
 
+def copy_touched_items_only():
+    backend = dynamodb_models.DynamoDBBackend
+    transact = backend.transact_write_items
+
+    def deepcopy_except_tables(obj, memo=None):
+        # The original's table snapshot becomes the live table, so its own rollback is
+        # a no-op; the items it touched are restored below instead.
+        return obj if isinstance(obj, Table) else copy.deepcopy(obj, memo)
+
+    dynamodb_models.copy = types.SimpleNamespace(deepcopy=deepcopy_except_tables)
+
+    def touched(self, transact_items):
+        for entry in transact_items:
+            for op in entry.values():
+                table = self.tables.get(op.get("TableName"))
+                attrs = op.get("Key") or op.get("Item") or {}
+                if table is None:
+                    continue
+                try:
+                    hash_key, range_key = self.get_keys_value(table, attrs)
+                except Exception:
+                    continue  # moto itself rejects the request before changing anything
+                yield table, hash_key, range_key
+
+    def restore(table, hash_key, range_key, item):
+        if item is None:
+            if table.get_item(hash_key, range_key) is not None:
+                table.delete_item(hash_key, range_key)
+        elif range_key is None:
+            table.items[hash_key] = item
+        else:
+            table.items[hash_key][range_key] = item
+
+    def transact_write_items(self, transact_items):
+        saved = [
+            (table, hash_key, range_key, copy.deepcopy(table.get_item(hash_key, range_key)))
+            for table, hash_key, range_key in touched(self, transact_items)
+        ]
+        try:
+            transact(self, transact_items)
+        except Exception:
+            for entry in reversed(saved):
+                restore(*entry)
+            raise
+
+    backend.transact_write_items = transact_write_items
+
+
+def compute_queue_attributes_once():
+    def get_queue_attributes(self, queue_name, attribute_names):
+        queue = self.get_queue(queue_name)
+        if not attribute_names:
+            return {}
+        valid = ["All"] + queue.BASE_ATTRIBUTES + queue.FIFO_ATTRIBUTES + queue.KMS_ATTRIBUTES
+        invalid = next((name for name in attribute_names if name not in valid), None)
+        if invalid is not None:
+            raise InvalidAttributeName(invalid)
+        every = queue.attributes
+        if "All" in attribute_names:
+            return every
+        return {name: every[name] for name in attribute_names if every.get(name) is not None}
+
+    def is_message_valid_based_on_retention_period(self, queue_name, message):
+        retention = self.get_queue(queue_name).message_retention_period
+        return int(retention) + message.sent_timestamp / 1000 > unix_time()
+
+    SQSBackend.get_queue_attributes = get_queue_attributes
+    SQSBackend.is_message_valid_based_on_retention_period = (
+        is_message_valid_based_on_retention_period
+    )
+
+
 def main():
+    copy_touched_items_only()
+    compute_queue_attributes_once()
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     app = DomainDispatcherApplication(create_backend_app)
     server = make_server(

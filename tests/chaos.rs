@@ -1,7 +1,6 @@
-//! The chaos run: a hundred tasks per duplicate policy through the local event source
-//! mapping (more stalls the emulator: see the README), with messages
-//! sent more than once, AWS faults and latency on a share of DynamoDB, S3 and SQS calls,
-//! crashes between the S3 write and the terminal write, and flaky, slow and failing pages.
+//! The chaos run: 500 tasks per duplicate policy through the local event source mapping,
+//! with messages sent more than once, AWS faults and latency on a share of DynamoDB, S3 and
+//! SQS calls, crashes between the S3 write and the terminal write, and flaky, slow and failing pages.
 //! It asserts, and prints as figures, that every task ends exactly once (or its message is in
 //! the dead-letter queue), that the run's counters equal the task states and the run completed
 //! exactly once, that every stored result matches its task, and that no message was lost;
@@ -21,7 +20,7 @@ fn scenario(policy: DuplicatePolicy) -> Scenario {
         tasks: std::env::var("CHAOS_TASKS")
             .ok()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(100),
+            .unwrap_or(500),
         policy,
         faults: Some(Faults {
             error_rate: 0.03,

@@ -31,14 +31,6 @@ pub struct Scenario {
     pub crash_rate: f64,
 }
 
-const TASKS: usize = 500;
-
-fn tasks_count() -> usize {
-    std::env::var("CHAOS_TASKS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(TASKS)
-}
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
 /// gone (404), slow (300 ms) or down for good (503: fails on the last attempt).
 const KINDS: [&str; 10] = [
