@@ -2,7 +2,7 @@
 //! serves a local site, creates and seeds a table and bucket in the emulator, runs the
 //! function under `cargo lambda watch`, invokes it with every sample event in `events/`, and
 //! prints what happened to each message and task. Then a whole run of a few hundred tasks
-//! through the local event source mapping until it completes, with its counters and where
+//! through `conveyor-ops poll` until it completes, with its counters and where
 //! every message went. Exits non-zero if anything differs from the contract.
 
 #[path = "../tests/support/mod.rs"]
@@ -10,11 +10,12 @@ mod support;
 
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Instant;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use conveyor_worker::config::DuplicatePolicy;
 use support::demo::{self, JOB, RETRIED, RUN, Seed, TASKS};
-use support::scenario::{self, Scenario};
+use support::scenario::{self, Prepared};
 use support::{Site, Stack};
 use tokio::process::{Child, Command};
 
@@ -119,18 +120,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\nevery reply and every task state match the ack contract");
 
     println!(
-        "\nA whole run through the local event source mapping: {RUN_TASKS} tasks over fine, \
-         flaky, gone, slow and dead pages, a fifth of the messages sent three times, 4 pollers \
-         of batches of 10 against the emulator's SQS with a dead-letter queue."
+        "\nA whole run through `conveyor-ops poll`, the local event source mapping: {RUN_TASKS} \
+         tasks over fine, flaky, gone, slow and dead pages, a fifth of the messages sent three \
+         times, 4 pollers of batches of 10 against the emulator's SQS with a dead-letter queue.\n"
     );
-    let report = scenario::run(Scenario {
-        tasks: RUN_TASKS,
-        policy: DuplicatePolicy::Converge,
-        faults: None,
-        crash_rate: 0.0,
-    })
-    .await;
-    println!("\n{}", report.line());
+    let prepared = scenario::prepare(RUN_TASKS, DuplicatePolicy::Converge).await;
+    let started = Instant::now();
+    let polled = poll_until_drained(&prepared).await?;
+    if !polled.success() {
+        return Err(format!("conveyor-ops poll failed: {polled}").into());
+    }
+    let report = prepared
+        .check(None, started.elapsed().as_secs_f64(), "")
+        .await;
+    println!("\n{}\n{}", report.line(), report.counters);
     println!(
         "every message was acknowledged and deleted or sits in the dead-letter queue; the \
          run's counters equal its task states; a run whose tasks all ended completed exactly once"
@@ -138,7 +141,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-const RUN_TASKS: usize = 100;
+/// Drains the scenario's queue with `conveyor-ops poll`, its progress on this terminal.
+async fn poll_until_drained(
+    prepared: &Prepared,
+) -> Result<std::process::ExitStatus, Box<dyn std::error::Error>> {
+    let timeout = humantime::format_duration(scenario::INVOCATION_TIMEOUT).to_string();
+    let status = Command::new("cargo")
+        .args(["run", "--quiet", "--bin", "conveyor-ops", "--", "poll"])
+        .args(["--queue-url", &prepared.queue.url])
+        .args(["--until-drained", "--limit", "10m", "--timeout", &timeout])
+        .args(["--pollers", "4", "--wait-seconds", "1"])
+        .envs(scenario::worker_env(&prepared.stack))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .status()
+        .await?;
+    Ok(status)
+}
+
+const RUN_TASKS: usize = 300;
 
 /// The function under `cargo lambda watch`, pointed at this stack, logging to `log`.
 fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {
@@ -151,11 +172,7 @@ fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {
             "--invoke-port",
             INVOKE_PORT,
         ])
-        .env("TABLE_NAME", &stack.table)
-        .env("RESULTS_BUCKET", &stack.bucket)
-        .env("ALLOW_PRIVATE_NETWORKS", "true")
-        .env("MAX_ATTEMPTS", "5")
-        .env("SCRAPE_TIMEOUT_MS", "5000")
+        .envs(scenario::worker_env(stack))
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),

@@ -4,13 +4,16 @@
 //! the queue's own redrive policy moves repeat failures to its dead-letter queue.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
+};
 
 use crate::batch::{BatchLimits, ProcessRecord, process_batch};
 use crate::error::StoreError;
@@ -70,6 +73,138 @@ pub async fn run<P: ProcessRecord>(
 ) {
     let pollers = (0..settings.pollers).map(|n| poll(sqs, processor, settings, stats, done, n));
     futures_util::future::join_all(pollers).await;
+}
+
+/// How a watched run checks the queue, reports and ends.
+pub struct Watch<'a> {
+    /// How often the queue's depth is read.
+    pub check_every: Duration,
+    /// How often `report` is called (at most once per check).
+    pub report_every: Duration,
+    /// End once the queue has been empty (nothing visible, nothing in flight) for three
+    /// checks in a row.
+    pub until_drained: bool,
+    /// End after this long in any case.
+    pub limit: Option<Duration>,
+    pub report: &'a (dyn Fn(&Progress<'_>) + Sync),
+}
+
+/// Where a watched run stands.
+pub struct Progress<'a> {
+    pub elapsed: Duration,
+    /// Messages visible or in flight, if the queue answered.
+    pub depth: Option<u64>,
+    pub stats: &'a EsmStats,
+}
+
+/// Why a watched run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Drained,
+    TimedOut,
+    Stopped,
+}
+
+/// Runs the mapping while watching the queue: reports progress, and ends when the queue
+/// has drained (if asked), the time limit passes, or `stop` completes (Ctrl-C, say).
+/// Pollers finish the batch in hand before they stop.
+pub async fn run_watched<P: ProcessRecord>(
+    sqs: &Client,
+    processor: &P,
+    settings: &EsmSettings,
+    stats: &EsmStats,
+    watch: &Watch<'_>,
+    stop: impl Future<Output = ()>,
+) -> Ended {
+    let done = AtomicBool::new(false);
+    let is_done = || done.load(Ordering::Relaxed);
+    let watching = async {
+        let ended = self::watch(sqs, settings, stats, watch, stop).await;
+        done.store(true, Ordering::Relaxed);
+        ended
+    };
+    let ((), ended) = tokio::join!(run(sqs, processor, settings, stats, &is_done), watching);
+    ended
+}
+
+async fn watch(
+    sqs: &Client,
+    settings: &EsmSettings,
+    stats: &EsmStats,
+    watch: &Watch<'_>,
+    stop: impl Future<Output = ()>,
+) -> Ended {
+    let started = Instant::now();
+    let mut last_report = started;
+    let mut empty_checks = 0;
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return Ended::Stopped,
+            () = tokio::time::sleep(watch.check_every) => {}
+        }
+        let depth = match queue_depth(sqs, &settings.queue_url).await {
+            Ok(depth) => Some(depth),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read the queue's depth");
+                None
+            }
+        };
+        empty_checks = if depth == Some(0) {
+            empty_checks + 1
+        } else {
+            0
+        };
+        let elapsed = started.elapsed();
+        if last_report.elapsed() >= watch.report_every {
+            last_report = Instant::now();
+            (watch.report)(&Progress {
+                elapsed,
+                depth,
+                stats,
+            });
+        }
+        if watch.until_drained && empty_checks >= 3 {
+            return Ended::Drained;
+        }
+        if watch.limit.is_some_and(|limit| elapsed >= limit) {
+            return Ended::TimedOut;
+        }
+    }
+}
+
+/// Messages visible or in flight, by the queue's own approximate counts.
+pub async fn queue_depth(sqs: &Client, queue_url: &str) -> Result<u64, StoreError> {
+    let counts = [
+        QueueAttributeName::ApproximateNumberOfMessages,
+        QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+    ];
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .set_attribute_names(Some(counts.to_vec()))
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
+    let attributes = out.attributes.unwrap_or_default();
+    Ok(counts
+        .iter()
+        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
+        .sum())
+}
+
+/// The queue's ARN, which Lambda puts in every record as `eventSourceARN`.
+pub async fn queue_arn(sqs: &Client, queue_url: &str) -> Result<Option<String>, StoreError> {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
+    Ok(out
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn)))
 }
 
 async fn poll<P: ProcessRecord>(

@@ -51,7 +51,7 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
     );
 
     for report in [&converge, &lease] {
-        println!("chaos {}", report.line());
+        println!("chaos {}\n  {}", report.line(), report.counters);
         // Most tasks end: the injected faults are rare enough for five receives.
         assert!(
             report.successful + report.failed >= report.total * 9 / 10,

@@ -7,7 +7,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use conveyor_worker::esm::to_record;
+use conveyor_worker::esm::{queue_arn, queue_depth, to_record};
 
 use super::{Stack, unique};
 
@@ -54,17 +54,9 @@ impl Queue {
             .expect("create a queue")
             .queue_url
             .expect("a queue URL");
-        let attributes = stack
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
+        let arn = queue_arn(&stack.sqs, &url)
             .await
-            .expect("read the queue ARN");
-        let arn = attributes
-            .attributes
-            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .expect("read the queue ARN")
             .expect("the queue has an ARN");
         Self { url, arn }
     }
@@ -136,23 +128,9 @@ impl Queue {
 
     /// Messages visible or in flight, by the queue's own count.
     pub async fn depth(&self, stack: &Stack) -> u64 {
-        let out = stack
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .send()
+        queue_depth(&stack.sqs, &self.url)
             .await
-            .expect("read the queue depth");
-        let attributes = out.attributes.unwrap_or_default();
-        [
-            QueueAttributeName::ApproximateNumberOfMessages,
-            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-        ]
-        .iter()
-        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
-        .sum()
+            .expect("read the queue depth")
     }
 
     /// Receives everything visible, deleting nothing.

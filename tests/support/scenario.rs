@@ -1,16 +1,15 @@
 //! The scenario behind the chaos test and `make run`: a run of many tasks over a local site
 //! with fine, flaky, gone, slow and dead pages, messages sent more than once, through the
-//! local event source mapping until the queue drains; then every invariant is checked and
-//! the figures reported.
+//! local event source mapping until the queue drains (in process, with faults, or by the
+//! `conveyor-ops poll` binary); then every invariant is checked and the figures reported.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use conveyor_worker::Worker;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::esm::{self, EsmSettings, EsmStats};
+use conveyor_worker::esm::{self, Ended, EsmSettings, EsmStats, Progress, Watch};
 use conveyor_worker::visibility::Backoff;
 
 use super::chaos::{Crashing, Faults};
@@ -48,17 +47,60 @@ pub struct Report {
     pub fetches: usize,
     pub seconds: f64,
     pub esm: String,
+    /// The run item's status and counters, as stored.
+    pub counters: String,
 }
 
-/// Runs the scenario, checks every invariant (panicking on the first broken one) and
-/// reports the figures.
+/// A seeded run and its queue, ready to be drained.
+pub struct Prepared {
+    pub stack: Stack,
+    pub site: Site,
+    pub queue: Queue,
+    dlq: Queue,
+    policy: DuplicatePolicy,
+    /// Task ids and their page paths.
+    tasks: Vec<(String, String)>,
+    /// Message ids sent.
+    sent: Vec<String>,
+}
+
+/// The visibility timeout of the scenario's queue. As deployed, it outlasts the invocation
+/// timeout (in production by six times; here by less, to keep crash recovery quick).
+pub const VISIBILITY: Duration = Duration::from_secs(12);
+/// The invocation timeout each batch gets.
+pub const INVOCATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The worker's settings for this stack, as the function and `conveyor-ops` read them from
+/// the environment.
+pub fn worker_env(stack: &Stack) -> [(&'static str, String); 7] {
+    [
+        ("TABLE_NAME", stack.table.clone()),
+        ("RESULTS_BUCKET", stack.bucket.clone()),
+        // The local site is on loopback.
+        ("ALLOW_PRIVATE_NETWORKS", "true".into()),
+        ("MAX_ATTEMPTS", MAX_ATTEMPTS.to_string()),
+        ("SCRAPE_TIMEOUT_MS", "5000".into()),
+        // Flaky pages come back within seconds rather than minutes.
+        ("RETRY_BACKOFF_BASE_MS", "200".into()),
+        ("RETRY_BACKOFF_MAX_MS", "2000".into()),
+    ]
+}
+
+/// Runs the scenario in process, checks every invariant (panicking on the first broken one)
+/// and reports the figures.
 pub async fn run(scenario: Scenario) -> Report {
-    let Scenario {
-        tasks: total,
-        policy,
-        faults,
-        crash_rate,
-    } = scenario;
+    let prepared = prepare(scenario.tasks, scenario.policy).await;
+    let (stats, seconds) = prepared.drain(scenario).await;
+    let acked = stats.acked.lock().expect("no poller panicked").clone();
+    prepared
+        .check(Some(&acked), seconds, &stats.summary())
+        .await
+}
+
+/// Seeds a job, a counted run of `total` tasks over the site's page kinds, and a queue with
+/// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
+/// three times more, shuffled.
+pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_job(JOB, "active").await;
     stack.put_counted_run(JOB, RUN, total as u32).await;
@@ -70,7 +112,6 @@ pub async fn run(scenario: Scenario) -> Report {
         tasks.push((id, path));
     }
 
-    // Every task once, every fifth twice more, every twentieth three times more, shuffled.
     let mut bodies = Vec::new();
     for (i, (id, _)) in tasks.iter().enumerate() {
         let copies = 1 + 2 * usize::from(i % 5 == 0) + usize::from(i % 20 == 0);
@@ -78,163 +119,212 @@ pub async fn run(scenario: Scenario) -> Report {
     }
     fastrand::shuffle(&mut bodies);
     let dlq = Queue::create(&stack, 30).await;
-    // As deployed, the visibility timeout outlasts the invocation timeout below (in
-    // production by six times; here by less, to keep crash recovery quick).
-    let queue = Queue::create_with_dlq(&stack, 12, &dlq, MAX_ATTEMPTS).await;
+    let visibility = VISIBILITY.as_secs() as u32;
+    let queue = Queue::create_with_dlq(&stack, visibility, &dlq, MAX_ATTEMPTS).await;
     let mut sent = Vec::new();
     for chunk in bodies.chunks(10) {
         sent.extend(queue.send_batch(&stack, chunk).await);
     }
-
-    let base = stack.worker_with(|t| {
-        t.duplicate_policy = policy;
-        t.scrape_timeout = Duration::from_secs(5);
-        t.backoff = Backoff {
-            base: Duration::from_millis(200),
-            max: Duration::from_secs(2),
-            jitter: fastrand::f64,
-        };
-        t.faults = faults;
-    });
-    let worker = Worker {
-        tasks: base.tasks,
-        results: Crashing {
-            inner: base.results,
-            crash_rate,
-        },
-        fetcher: base.fetcher,
-        visibility: base.visibility,
-        settings: base.settings,
-    };
-    let settings = EsmSettings {
-        queue_url: queue.url.clone(),
-        queue_arn: queue.arn.clone(),
-        pollers: 4,
-        batch_size: 10,
-        wait_seconds: 0,
-        timeout: Duration::from_secs(10),
-        limits: BatchLimits {
-            max_concurrency: 16,
-            deadline_margin: Duration::from_millis(500),
-        },
-    };
-
-    let started = Instant::now();
-    let done = AtomicBool::new(false);
-    let stats = EsmStats::default();
-    let watch = async {
-        let mut empty_checks = 0;
-        let mut last_report = Instant::now();
-        while started.elapsed() < LIMIT {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let depth = queue.depth(&stack).await;
-            empty_checks = if depth == 0 { empty_checks + 1 } else { 0 };
-            if last_report.elapsed() >= Duration::from_secs(10) {
-                last_report = Instant::now();
-                let elapsed = started.elapsed().as_secs();
-                println!(
-                    "  {policy:?} at {elapsed} s: {depth} queued; {}",
-                    stats.summary()
-                );
-            }
-            if empty_checks >= 3 {
-                break;
-            }
-        }
-        done.store(true, Ordering::Relaxed);
-    };
-    let is_done = || done.load(Ordering::Relaxed);
-    tokio::join!(
-        esm::run(&stack.sqs, &worker, &settings, &stats, &is_done),
-        watch
-    );
-    let seconds = started.elapsed().as_secs_f64();
-    assert!(
-        seconds < LIMIT.as_secs_f64(),
-        "{policy:?}: the queue never drained"
-    );
-    assert_eq!(
-        queue.depth(&stack).await,
-        0,
-        "{policy:?}: nothing left behind"
-    );
-
-    // Where every message went: deleted after an ack, or in the dead-letter queue.
-    let dead: Vec<_> = dlq.drain(&stack).await;
-    let dead_ids: HashSet<String> = dead.iter().filter_map(|m| m.message_id.clone()).collect();
-    let dead_tasks: HashSet<String> = dead
-        .iter()
-        .filter_map(|m| serde_json::from_str::<serde_json::Value>(m.body.as_deref()?).ok())
-        .filter_map(|b| b["task_id"].as_str().map(str::to_owned))
-        .collect();
-    let acked = stats.acked.lock().expect("no poller panicked").clone();
-    let lost: Vec<_> = sent
-        .iter()
-        .filter(|id| !acked.contains(*id) && !dead_ids.contains(*id))
-        .collect();
-    assert!(lost.is_empty(), "{policy:?}: messages lost: {lost:?}");
-
-    // Every task ended exactly once, or its message waits in the dead-letter queue.
-    let stored = stack.tasks_in_run(JOB, RUN).await;
-    assert_eq!(stored.len(), total);
-    let (mut successful, mut failed) = (0, 0);
-    for (id, task) in &stored {
-        match task.status() {
-            Some("successful") => {
-                successful += 1;
-                let key = task.s("result_key").expect("a successful task has a key");
-                let object = stack.object(key).await.expect("its object is stored");
-                assert_eq!(
-                    task.s("result_sha256"),
-                    Some(object.sha256().as_str()),
-                    "{id}"
-                );
-            }
-            Some("failed") => failed += 1,
-            other => assert!(
-                dead_tasks.contains(id),
-                "{policy:?}: {id} is {other:?}, not in the DLQ"
-            ),
-        }
-    }
-
-    // The run's counters are the task states, and it completed exactly once if it could.
-    let run = stack.run_item(JOB, RUN).await;
-    let unfinished = (total - successful - failed) as u64;
-    assert_eq!(
-        run.n("tasks_succeeded"),
-        Some(successful as u64),
-        "{policy:?}"
-    );
-    assert_eq!(run.n("tasks_failed"), Some(failed as u64), "{policy:?}");
-    assert_eq!(run.n("tasks_remaining"), Some(unfinished), "{policy:?}");
-    if unfinished == 0 {
-        assert_eq!(run.status(), Some("completed"), "{policy:?}");
-        assert_eq!(run.n("times_completed"), Some(1), "{policy:?}");
-    } else {
-        assert_eq!(run.status(), Some("running"), "{policy:?}");
-        assert_eq!(run.n("times_completed"), None, "{policy:?}");
-    }
-
-    let fetches = tasks.iter().map(|(_, path)| site.hits(path)).sum();
-    Report {
+    Prepared {
+        stack,
+        site,
+        queue,
+        dlq,
         policy,
-        total,
-        sent: sent.len(),
-        successful,
-        failed,
-        dead_lettered: dead.len(),
-        fetches,
-        seconds,
-        esm: stats.summary(),
+        tasks,
+        sent,
+    }
+}
+
+impl Prepared {
+    /// Drains the queue through the local event source mapping in process, with the
+    /// scenario's faults and crashes; returns what the mapping did and how long it took.
+    pub async fn drain(&self, scenario: Scenario) -> (EsmStats, f64) {
+        let Self {
+            stack,
+            queue,
+            policy,
+            ..
+        } = self;
+        let Scenario {
+            faults, crash_rate, ..
+        } = scenario;
+        let base = stack.worker_with(|t| {
+            t.duplicate_policy = *policy;
+            t.scrape_timeout = Duration::from_secs(5);
+            t.backoff = Backoff {
+                base: Duration::from_millis(200),
+                max: Duration::from_secs(2),
+                jitter: fastrand::f64,
+            };
+            t.faults = faults;
+        });
+        let worker = Worker {
+            tasks: base.tasks,
+            results: Crashing {
+                inner: base.results,
+                crash_rate,
+            },
+            fetcher: base.fetcher,
+            visibility: base.visibility,
+            settings: base.settings,
+        };
+        let settings = EsmSettings {
+            queue_url: queue.url.clone(),
+            queue_arn: queue.arn.clone(),
+            pollers: 4,
+            batch_size: 10,
+            wait_seconds: 0,
+            timeout: INVOCATION_TIMEOUT,
+            limits: BatchLimits {
+                max_concurrency: 16,
+                deadline_margin: Duration::from_millis(500),
+            },
+        };
+
+        let stats = EsmStats::default();
+        let report = |p: &Progress<'_>| {
+            println!(
+                "  {policy:?} at {} s: {} queued; {}",
+                p.elapsed.as_secs(),
+                p.depth.map_or("?".into(), |d| d.to_string()),
+                p.stats.summary()
+            );
+        };
+        let watch = Watch {
+            check_every: Duration::from_millis(500),
+            report_every: Duration::from_secs(10),
+            until_drained: true,
+            limit: Some(LIMIT),
+            report: &report,
+        };
+        let started = Instant::now();
+        let ended = esm::run_watched(
+            &stack.sqs,
+            &worker,
+            &settings,
+            &stats,
+            &watch,
+            std::future::pending(),
+        )
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        assert_eq!(ended, Ended::Drained, "{policy:?}: the queue never drained");
+        (stats, seconds)
+    }
+
+    /// Checks every invariant once the queue has drained, panicking on the first broken
+    /// one, and reports the figures. `acked` (the message ids the mapping deleted after an
+    /// ack), when known, proves no message vanished: each was acked or is dead-lettered.
+    pub async fn check(&self, acked: Option<&HashSet<String>>, seconds: f64, esm: &str) -> Report {
+        let Self {
+            stack,
+            site,
+            queue,
+            dlq,
+            policy,
+            tasks,
+            sent,
+        } = self;
+        let total = tasks.len();
+        assert_eq!(
+            queue.depth(stack).await,
+            0,
+            "{policy:?}: nothing left behind"
+        );
+
+        // Where every message went: deleted after an ack, or in the dead-letter queue.
+        let dead: Vec<_> = dlq.drain(stack).await;
+        let dead_ids: HashSet<String> = dead.iter().filter_map(|m| m.message_id.clone()).collect();
+        let dead_tasks: HashSet<String> = dead
+            .iter()
+            .filter_map(|m| serde_json::from_str::<serde_json::Value>(m.body.as_deref()?).ok())
+            .filter_map(|b| b["task_id"].as_str().map(str::to_owned))
+            .collect();
+        if let Some(acked) = acked {
+            let lost: Vec<_> = sent
+                .iter()
+                .filter(|id| !acked.contains(*id) && !dead_ids.contains(*id))
+                .collect();
+            assert!(lost.is_empty(), "{policy:?}: messages lost: {lost:?}");
+        }
+
+        // Every task ended exactly once, or its message waits in the dead-letter queue.
+        let stored = stack.tasks_in_run(JOB, RUN).await;
+        assert_eq!(stored.len(), total);
+        let (mut successful, mut failed) = (0, 0);
+        for (id, task) in &stored {
+            match task.status() {
+                Some("successful") => {
+                    successful += 1;
+                    let key = task.s("result_key").expect("a successful task has a key");
+                    let object = stack.object(key).await.expect("its object is stored");
+                    assert_eq!(
+                        task.s("result_sha256"),
+                        Some(object.sha256().as_str()),
+                        "{id}"
+                    );
+                }
+                Some("failed") => failed += 1,
+                other => assert!(
+                    dead_tasks.contains(id),
+                    "{policy:?}: {id} is {other:?}, not in the DLQ"
+                ),
+            }
+        }
+
+        // The run's counters are the task states, and it completed exactly once if it could.
+        let run = stack.run_item(JOB, RUN).await;
+        let unfinished = (total - successful - failed) as u64;
+        assert_eq!(
+            run.n("tasks_succeeded"),
+            Some(successful as u64),
+            "{policy:?}"
+        );
+        assert_eq!(run.n("tasks_failed"), Some(failed as u64), "{policy:?}");
+        assert_eq!(run.n("tasks_remaining"), Some(unfinished), "{policy:?}");
+        if unfinished == 0 {
+            assert_eq!(run.status(), Some("completed"), "{policy:?}");
+            assert_eq!(run.n("times_completed"), Some(1), "{policy:?}");
+        } else {
+            assert_eq!(run.status(), Some("running"), "{policy:?}");
+            assert_eq!(run.n("times_completed"), None, "{policy:?}");
+        }
+
+        let fetches = tasks.iter().map(|(_, path)| site.hits(path)).sum();
+        let counters = format!(
+            "run {}: {} succeeded, {} failed, {} remaining, completed {} time(s)",
+            run.status().unwrap_or("?"),
+            run.n("tasks_succeeded").unwrap_or(0),
+            run.n("tasks_failed").unwrap_or(0),
+            run.n("tasks_remaining").unwrap_or(0),
+            run.n("times_completed").unwrap_or(0),
+        );
+        Report {
+            counters,
+            policy: *policy,
+            total,
+            sent: sent.len(),
+            successful,
+            failed,
+            dead_lettered: dead.len(),
+            fetches,
+            seconds,
+            esm: esm.to_owned(),
+        }
     }
 }
 
 impl Report {
     pub fn line(&self) -> String {
+        let esm = if self.esm.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", self.esm)
+        };
         format!(
             "{:?}: {} tasks, {} messages sent, {} successful, {} failed, {} dead-lettered, \
-             {:.2} fetches per task, {:.1} s; {}",
+             {:.2} fetches per task, {:.1} s{esm}",
             self.policy,
             self.total,
             self.sent,
@@ -243,7 +333,6 @@ impl Report {
             self.dead_lettered,
             self.fetches as f64 / self.total as f64,
             self.seconds,
-            self.esm,
         )
     }
 }
