@@ -1,5 +1,7 @@
 //! AWS wiring: SDK configuration, clients and the production worker, built once per cold start.
 
+use std::time::SystemTime;
+
 use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -8,6 +10,7 @@ use lambda_runtime::LambdaEvent;
 use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
 use crate::config::Config;
 use crate::contract::Outcome;
+use crate::metrics::{self, MetricsSettings};
 use crate::result_store::{ResultStore, S3ResultStore};
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
 use crate::task_store::{DynamoTaskStore, TaskStore};
@@ -65,21 +68,21 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord for 
     }
 }
 
-/// The Lambda handler: one SQS batch in, the partial batch response out.
+/// The Lambda handler: one SQS batch in, the partial batch response out, and the
+/// invocation's metrics (EMF) on stdout.
 pub async fn handle<P: ProcessRecord>(
     processor: &P,
     limits: BatchLimits,
+    metrics: &MetricsSettings,
     event: LambdaEvent<SqsEvent>,
 ) -> SqsBatchResponse {
-    // The runtime's own span already carries the request id.
     let deadline = event.context.deadline();
     let request_id = &event.context.request_id;
-    batch::process_batch(
-        processor,
-        &event.payload.records,
-        request_id,
-        deadline,
-        limits,
-    )
-    .await
+    let records = &event.payload.records;
+    let run = batch::run_batch(processor, records, request_id, deadline, limits).await;
+    let documents = run.tally.documents(metrics, request_id, SystemTime::now());
+    if let Err(err) = metrics::emit(&mut std::io::stdout().lock(), &documents) {
+        tracing::warn!(error = %err, "could not write the invocation's metrics");
+    }
+    run.response
 }

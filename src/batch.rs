@@ -14,6 +14,7 @@ use tracing::{Instrument, field};
 
 use crate::config::Config;
 use crate::contract::{Outcome, Reply};
+use crate::metrics::{Measures, Tally};
 
 /// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
 pub trait ProcessRecord: Sync {
@@ -25,7 +26,7 @@ pub trait ProcessRecord: Sync {
 }
 
 /// What every record of one invocation shares.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Invocation {
     /// The Lambda request id (the lease owner under `DUPLICATE_POLICY=lease`).
     pub request_id: String,
@@ -34,6 +35,8 @@ pub struct Invocation {
     pub deadline: SystemTime,
     /// When the batch stops: `deadline_margin` before the deadline.
     pub cutoff: Instant,
+    /// Fetch latencies and bytes stored, for the invocation's metrics.
+    pub measures: Measures,
 }
 
 impl Invocation {
@@ -54,6 +57,7 @@ impl Invocation {
             request_id: request_id.to_owned(),
             deadline,
             cutoff: Instant::now() + left.saturating_sub(margin),
+            measures: Measures::default(),
         }
     }
 }
@@ -79,11 +83,6 @@ impl From<&Config> for BatchLimits {
 pub const PAST_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
 
 /// Runs every record and builds the partial batch response.
-///
-/// Records of a FIFO message group (`MessageGroupId`) run one after another in order; once
-/// one of them is to be retried, the rest of its group is retried without being processed,
-/// so the group keeps its order. Groups, and records without a group, run concurrently, at
-/// most `max_concurrency` at once.
 pub async fn process_batch<P: ProcessRecord>(
     processor: &P,
     records: &[SqsMessage],
@@ -91,8 +90,57 @@ pub async fn process_batch<P: ProcessRecord>(
     deadline: SystemTime,
     limits: BatchLimits,
 ) -> SqsBatchResponse {
-    let invocation = Invocation::new(request_id, deadline, limits.deadline_margin);
-    let invocation = &invocation;
+    run_batch(processor, records, request_id, deadline, limits)
+        .await
+        .response
+}
+
+/// A batch's reply, and its tally for the metrics.
+#[derive(Debug)]
+pub struct BatchRun {
+    pub response: SqsBatchResponse,
+    pub tally: Tally,
+}
+
+/// Runs every record; returns the partial batch response and what the batch did.
+///
+/// Records of a FIFO message group (`MessageGroupId`) run one after another in order; once
+/// one of them is to be retried, the rest of its group is retried without being processed,
+/// so the group keeps its order. Groups, and records without a group, run concurrently, at
+/// most `max_concurrency` at once.
+pub async fn run_batch<P: ProcessRecord>(
+    processor: &P,
+    records: &[SqsMessage],
+    request_id: &str,
+    deadline: SystemTime,
+    limits: BatchLimits,
+) -> BatchRun {
+    let span = tracing::info_span!("batch", request_id);
+    let invocation =
+        span.in_scope(|| Invocation::new(request_id, deadline, limits.deadline_margin));
+    let outcomes = run_records(processor, records, &invocation, limits)
+        .instrument(span.clone())
+        .await;
+    let response = span.in_scope(|| {
+        let response = reply(records, &outcomes);
+        tracing::info!(
+            records = records.len(),
+            retried = response.batch_item_failures.len(),
+            "batch done"
+        );
+        response
+    });
+    let tally = Tally::of(&outcomes, invocation.measures);
+    BatchRun { response, tally }
+}
+
+/// Every record's outcome, in record order; `OutOfTime` for those the cutoff stopped.
+async fn run_records<P: ProcessRecord>(
+    processor: &P,
+    records: &[SqsMessage],
+    invocation: &Invocation,
+    limits: BatchLimits,
+) -> Vec<Outcome> {
     let outcomes: Mutex<Vec<Option<Outcome>>> = Mutex::new(records.iter().map(|_| None).collect());
     let run = stream::iter(groups(records)).for_each_concurrent(limits.max_concurrency, |group| {
         let outcomes = &outcomes;
@@ -118,13 +166,21 @@ pub async fn process_batch<P: ProcessRecord>(
     let outcomes = outcomes
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
-    let response = reply(records, outcomes);
-    tracing::info!(
-        records = records.len(),
-        retried = response.batch_item_failures.len(),
-        "batch done"
-    );
-    response
+    records
+        .iter()
+        .zip(outcomes)
+        .map(|(record, outcome)| {
+            outcome.unwrap_or_else(|| {
+                let message_id = record.message_id.as_deref().unwrap_or("");
+                tracing::warn!(
+                    message_id,
+                    outcome = "out_of_time",
+                    "record not finished before the deadline"
+                );
+                Outcome::OutOfTime
+            })
+        })
+        .collect()
 }
 
 /// Record indexes by FIFO message group, in order of first appearance; a record without a
@@ -204,19 +260,10 @@ fn log(outcome: &Outcome, elapsed: Duration) {
 
 /// The partial batch response: every record without an ack, each message id once, never an
 /// empty id.
-fn reply(records: &[SqsMessage], outcomes: Vec<Option<Outcome>>) -> SqsBatchResponse {
+fn reply(records: &[SqsMessage], outcomes: &[Outcome]) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     let mut listed = HashSet::new();
     for (record, outcome) in records.iter().zip(outcomes) {
-        let outcome = outcome.unwrap_or_else(|| {
-            let message_id = record.message_id.as_deref().unwrap_or("");
-            tracing::warn!(
-                message_id,
-                outcome = "out_of_time",
-                "record not finished before the deadline"
-            );
-            Outcome::OutOfTime
-        });
         if outcome.reply() == Reply::Ack {
             continue;
         }

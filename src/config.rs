@@ -59,6 +59,10 @@ pub struct Config {
     pub retry_backoff_base: Duration,
     pub retry_backoff_max: Duration,
     pub duplicate_policy: DuplicatePolicy,
+    /// The CloudWatch namespace of the worker's metrics.
+    pub metrics_namespace: String,
+    /// The `Service` dimension of the worker's metrics.
+    pub metrics_service: String,
 }
 
 impl Config {
@@ -97,6 +101,12 @@ impl Config {
                 DuplicatePolicy::Converge,
                 "converge or lease",
             )?,
+            metrics_namespace: env
+                .get("METRICS_NAMESPACE")
+                .unwrap_or_else(|| "conveyor".into()),
+            metrics_service: env
+                .get("METRICS_SERVICE")
+                .unwrap_or_else(|| "conveyor-worker".into()),
         })
     }
 }

@@ -5,7 +5,8 @@
 //! [`converge`] (store under a deterministic key, make the one terminal write), with the stores
 //! behind the ports [`task_store::TaskStore`] and [`result_store::ResultStore`]. [`batch`] runs
 //! a batch concurrently and builds the partial batch response from the ack contract in
-//! [`contract`]; [`visibility`] holds transiently failed messages back until their retry.
+//! [`contract`]; [`visibility`] holds transiently failed messages back until their retry;
+//! [`metrics`] reports each invocation in CloudWatch Embedded Metric Format.
 
 pub mod aws;
 pub mod batch;
@@ -17,6 +18,7 @@ pub mod esm;
 pub mod guard;
 pub mod ids;
 pub mod message;
+pub mod metrics;
 pub mod model;
 pub mod result_store;
 pub mod scraper;

@@ -3,6 +3,7 @@
 use conveyor_worker::Config;
 use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
+use conveyor_worker::metrics::MetricsSettings;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 
 #[tokio::main]
@@ -11,9 +12,10 @@ async fn main() -> Result<(), Error> {
     let config = Config::from_env().inspect_err(|e| tracing::error!("cold start failed: {e}"))?;
     let worker = AwsWorker::from_config(&config, &aws::sdk_config().await)?;
     let limits = BatchLimits::from(&config);
+    let metrics = &MetricsSettings::from(&config);
     let worker = &worker;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
-        Ok::<_, Error>(aws::handle(worker, limits, event).await)
+        Ok::<_, Error>(aws::handle(worker, limits, metrics, event).await)
     }))
     .await
 }

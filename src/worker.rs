@@ -159,13 +159,22 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
             .scrape_timeout
             .min(invocation.cutoff.saturating_duration_since(Instant::now()));
         let fetched = match url {
-            Some(url) => self.fetcher.fetch(&url, budget).await,
+            Some(url) => {
+                let started = Instant::now();
+                let fetched = self.fetcher.fetch(&url, budget).await;
+                invocation.measures.fetched(started.elapsed());
+                fetched
+            }
             None => Err(FetchError::permanent("task has no url")),
         };
         let (converged, gave_up) = match fetched {
             Ok(page) => {
                 let converged = converge::succeed(&self.tasks, &self.results, task, &key, &page);
-                (converged.await?, false)
+                let converged = converged.await?;
+                if converged == (Converged::Succeeded { adopted: false }) {
+                    invocation.measures.stored(page.body.len() as u64);
+                }
+                (converged, false)
             }
             Err(err) if err.retry == Retry::Transient && !final_attempt => {
                 return Ok(Outcome::ScrapeTransient {

@@ -1,0 +1,389 @@
+//! Metrics in CloudWatch Embedded Metric Format (EMF): what one invocation did, as one JSON
+//! document on stdout, which CloudWatch Logs turns into metrics.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+use crate::config::Config;
+use crate::contract::{Outcome, Reply};
+
+/// EMF caps the values of one metric in one document.
+pub const MAX_VALUES_PER_METRIC: usize = 100;
+
+/// Where the metrics go: namespace, and the `Service` dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSettings {
+    pub namespace: String,
+    pub service: String,
+}
+
+impl From<&Config> for MetricsSettings {
+    fn from(config: &Config) -> Self {
+        Self {
+            namespace: config.metrics_namespace.clone(),
+            service: config.metrics_service.clone(),
+        }
+    }
+}
+
+/// Measures taken while records run, shared by the records of one invocation.
+#[derive(Debug, Default)]
+pub struct Measures {
+    fetch_ms: Mutex<Vec<f64>>,
+    bytes_stored: AtomicU64,
+}
+
+impl Measures {
+    /// One fetch, whatever its result, took this long.
+    pub fn fetched(&self, took: Duration) {
+        let mut all = self.fetch_ms.lock().unwrap_or_else(PoisonError::into_inner);
+        all.push(took.as_secs_f64() * 1000.0);
+    }
+
+    /// A result object of this size was stored.
+    pub fn stored(&self, bytes: u64) {
+        self.bytes_stored.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// What one invocation did, by the ack contract.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Tally {
+    pub records: u64,
+    /// Acknowledged: this delivery made the task's successful terminal write.
+    pub succeeded: u64,
+    /// Acknowledged without work: the task was already terminal, or another delivery won.
+    pub duplicate_guarded: u64,
+    /// Acknowledged: the body can never name a task (kept in the quarantine).
+    pub poison: u64,
+    /// Acknowledged: the task, its job or its run no longer wants work.
+    pub not_wanted: u64,
+    /// Acknowledged: the task failed for good (permanent failure, or out of attempts).
+    pub failed: u64,
+    /// Reported in `batchItemFailures`, to come back.
+    pub retried: u64,
+    pub fetch_ms: Vec<f64>,
+    pub bytes_stored: u64,
+}
+
+impl Tally {
+    /// The tally of these outcomes and measures.
+    pub fn of(outcomes: &[Outcome], measures: Measures) -> Self {
+        let mut tally = Tally {
+            records: outcomes.len() as u64,
+            fetch_ms: measures
+                .fetch_ms
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner),
+            bytes_stored: measures.bytes_stored.into_inner(),
+            ..Tally::default()
+        };
+        for outcome in outcomes {
+            *tally.counter(outcome) += 1;
+        }
+        tally
+    }
+
+    /// The one counter an outcome adds to.
+    fn counter(&mut self, outcome: &Outcome) -> &mut u64 {
+        if outcome.reply() == Reply::Retry {
+            return &mut self.retried;
+        }
+        match outcome {
+            Outcome::Succeeded { .. } => &mut self.succeeded,
+            Outcome::AlreadyTerminal | Outcome::LostRace => &mut self.duplicate_guarded,
+            Outcome::Poison(_) => &mut self.poison,
+            Outcome::NotWanted(_) => &mut self.not_wanted,
+            _ => &mut self.failed,
+        }
+    }
+
+    /// The EMF documents: one, unless more fetches were timed than EMF takes in one metric;
+    /// the rest of the latencies then follow in documents of their own.
+    pub fn documents(
+        &self,
+        settings: &MetricsSettings,
+        request_id: &str,
+        at: SystemTime,
+    ) -> Vec<Value> {
+        let counts = [
+            ("Records", self.records),
+            ("Succeeded", self.succeeded),
+            ("DuplicateGuarded", self.duplicate_guarded),
+            ("Poison", self.poison),
+            ("NotWanted", self.not_wanted),
+            ("FailedPermanently", self.failed),
+            ("Retried", self.retried),
+        ];
+        let mut first = vec![("BytesStored", "Bytes", json!(self.bytes_stored))];
+        first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
+        let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
+        if let Some(chunk) = latencies.next() {
+            first.push(("FetchLatency", "Milliseconds", json!(chunk)));
+        }
+        let mut documents = vec![document(settings, request_id, at, &first)];
+        for chunk in latencies {
+            let rest = [("FetchLatency", "Milliseconds", json!(chunk))];
+            documents.push(document(settings, request_id, at, &rest));
+        }
+        documents
+    }
+}
+
+/// One EMF document: the metrics, the `Service` dimension, and the request id as a
+/// property (searchable in Logs Insights, not a dimension).
+fn document(
+    settings: &MetricsSettings,
+    request_id: &str,
+    at: SystemTime,
+    metrics: &[(&str, &str, Value)],
+) -> Value {
+    let timestamp = at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let definitions: Vec<Value> = metrics
+        .iter()
+        .map(|(name, unit, _)| json!({ "Name": name, "Unit": unit }))
+        .collect();
+    let mut root = Map::new();
+    root.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp,
+            "CloudWatchMetrics": [{
+                "Namespace": settings.namespace,
+                "Dimensions": [["Service"]],
+                "Metrics": definitions,
+            }],
+        }),
+    );
+    root.insert("Service".into(), json!(settings.service));
+    root.insert("requestId".into(), json!(request_id));
+    for (name, _, value) in metrics {
+        root.insert((*name).into(), value.clone());
+    }
+    Value::Object(root)
+}
+
+/// Writes the documents, one line each, in one write so no log line lands inside one.
+pub fn emit(out: &mut impl Write, documents: &[Value]) -> std::io::Result<()> {
+    let mut lines = Vec::new();
+    for document in documents {
+        serde_json::to_writer(&mut lines, document)?;
+        lines.push(b'\n');
+    }
+    out.write_all(&lines)?;
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::NotWanted;
+    use crate::message::Poison;
+
+    fn settings() -> MetricsSettings {
+        MetricsSettings {
+            namespace: "conveyor".into(),
+            service: "conveyor-worker".into(),
+        }
+    }
+
+    /// The EMF specification's rules for a document, as problems found.
+    fn emf_problems(doc: &Value) -> Vec<String> {
+        let mut problems = Vec::new();
+        let Some(aws) = doc.get("_aws") else {
+            return vec!["no _aws member".into()];
+        };
+        if !aws["Timestamp"].is_u64() {
+            problems.push("Timestamp is not a whole number of milliseconds".into());
+        }
+        let Some(directives) = aws["CloudWatchMetrics"].as_array() else {
+            return vec!["CloudWatchMetrics is not an array".into()];
+        };
+        for directive in directives {
+            let namespace = directive["Namespace"].as_str().unwrap_or_default();
+            if namespace.is_empty() || namespace.len() > 255 {
+                problems.push(format!("namespace {namespace:?}"));
+            }
+            for set in directive["Dimensions"].as_array().into_iter().flatten() {
+                let names = set.as_array().cloned().unwrap_or_default();
+                if names.len() > 30 {
+                    problems.push("a dimension set of more than 30".into());
+                }
+                for name in names {
+                    let value = name.as_str().and_then(|n| doc.get(n));
+                    if !value.is_some_and(Value::is_string) {
+                        problems.push(format!("dimension {name} has no string value"));
+                    }
+                }
+            }
+            let metrics = directive["Metrics"].as_array().cloned().unwrap_or_default();
+            if metrics.len() > 100 {
+                problems.push("more than 100 metrics".into());
+            }
+            for metric in metrics {
+                let name = metric["Name"].as_str().unwrap_or_default();
+                let units = ["Count", "Milliseconds", "Bytes"];
+                if !units.contains(&metric["Unit"].as_str().unwrap_or_default()) {
+                    problems.push(format!("{name}: unit {}", metric["Unit"]));
+                }
+                match doc.get(name) {
+                    Some(Value::Number(_)) => {}
+                    Some(Value::Array(values))
+                        if !values.is_empty()
+                            && values.len() <= MAX_VALUES_PER_METRIC
+                            && values.iter().all(Value::is_number) => {}
+                    other => problems.push(format!("{name}: value {other:?}")),
+                }
+            }
+        }
+        problems
+    }
+
+    #[test]
+    fn outcomes_are_counted_by_how_they_were_acknowledged() {
+        let outcomes = [
+            Outcome::Succeeded {
+                redelivery: false,
+                adopted: false,
+            },
+            Outcome::Succeeded {
+                redelivery: true,
+                adopted: true,
+            },
+            Outcome::AlreadyTerminal,
+            Outcome::LostRace,
+            Outcome::Poison(Poison("not JSON".into())),
+            Outcome::NotWanted(NotWanted::JobNotActive),
+            Outcome::FailedPermanently {
+                reason: "HTTP 404".into(),
+            },
+            Outcome::GaveUp {
+                reason: "HTTP 503".into(),
+            },
+            Outcome::GroupHeld,
+            Outcome::OutOfTime,
+        ];
+        let measures = Measures::default();
+        measures.fetched(Duration::from_millis(120));
+        measures.stored(36);
+
+        let tally = Tally::of(&outcomes, measures);
+
+        let expected = Tally {
+            records: 10,
+            succeeded: 2,
+            duplicate_guarded: 2,
+            poison: 1,
+            not_wanted: 1,
+            failed: 2,
+            retried: 2,
+            fetch_ms: vec![120.0],
+            bytes_stored: 36,
+        };
+        assert_eq!(tally, expected);
+    }
+
+    #[test]
+    fn one_invocation_is_one_valid_emf_document() {
+        let tally = Tally {
+            records: 3,
+            succeeded: 1,
+            retried: 2,
+            fetch_ms: vec![12.5, 80.0],
+            bytes_stored: 4096,
+            ..Tally::default()
+        };
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+
+        let documents = tally.documents(&settings(), "req-1", at);
+
+        assert_eq!(documents.len(), 1);
+        let doc = &documents[0];
+        assert_eq!(emf_problems(doc), Vec::<String>::new());
+        assert_eq!(doc["_aws"]["Timestamp"], 1_700_000_000_123_u64);
+        assert_eq!(doc["_aws"]["CloudWatchMetrics"][0]["Namespace"], "conveyor");
+        assert_eq!(doc["Service"], "conveyor-worker");
+        assert_eq!(doc["requestId"], "req-1");
+        assert_eq!(doc["Records"], 3);
+        assert_eq!(doc["Retried"], 2);
+        assert_eq!(doc["FetchLatency"], json!([12.5, 80.0]));
+        assert_eq!(doc["BytesStored"], 4096);
+    }
+
+    #[test]
+    fn a_batch_without_fetches_has_no_latency_metric() {
+        let tally = Tally {
+            records: 1,
+            duplicate_guarded: 1,
+            ..Tally::default()
+        };
+
+        let documents = tally.documents(&settings(), "req-1", SystemTime::now());
+
+        assert_eq!(emf_problems(&documents[0]), Vec::<String>::new());
+        assert!(documents[0].get("FetchLatency").is_none());
+    }
+
+    #[test]
+    fn latencies_beyond_the_emf_cap_follow_in_further_documents() {
+        let tally = Tally {
+            records: 250,
+            fetch_ms: (0..250).map(f64::from).collect(),
+            ..Tally::default()
+        };
+
+        let documents = tally.documents(&settings(), "req-1", SystemTime::now());
+
+        assert_eq!(documents.len(), 3);
+        for doc in &documents {
+            assert_eq!(emf_problems(doc), Vec::<String>::new());
+        }
+        let sizes: Vec<usize> = documents
+            .iter()
+            .map(|d| d["FetchLatency"].as_array().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(sizes, [100, 100, 50]);
+        assert_eq!(
+            documents[1].get("Records"),
+            None,
+            "counts are in the first only"
+        );
+    }
+
+    #[test]
+    fn the_checker_rejects_what_the_specification_forbids() {
+        let bad = json!({
+            "_aws": {
+                "Timestamp": "now",
+                "CloudWatchMetrics": [{
+                    "Namespace": "",
+                    "Dimensions": [["Service"]],
+                    "Metrics": [{"Name": "Records", "Unit": "Things"}, {"Name": "Gone"}],
+                }],
+            },
+            "Records": "three",
+        });
+
+        assert_eq!(emf_problems(&bad).len(), 7, "{:?}", emf_problems(&bad));
+    }
+
+    #[test]
+    fn emit_writes_one_line_per_document() {
+        let docs = Tally::default().documents(&settings(), "r", SystemTime::now());
+        let mut out = Vec::new();
+
+        emit(&mut out, &docs).expect("write to a Vec");
+
+        let text = String::from_utf8(out).expect("JSON is UTF-8");
+        assert_eq!(text.lines().count(), 1);
+        let parsed: Value = serde_json::from_str(text.trim_end()).expect("one JSON line");
+        assert_eq!(parsed, docs[0]);
+    }
+}
