@@ -20,6 +20,7 @@ pub mod ids;
 pub mod message;
 pub mod metrics;
 pub mod model;
+pub mod ops;
 pub mod result_store;
 pub mod scraper;
 pub mod task_store;

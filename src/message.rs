@@ -9,6 +9,16 @@ use crate::ids::{Id, TaskRef};
 #[error("{0}")]
 pub struct Poison(pub String);
 
+/// The body a producer sends for `task`: what [`parse_body`] reads.
+pub fn body(task: &TaskRef) -> String {
+    serde_json::json!({
+        "job_id": task.job_id.as_str(),
+        "run_id": task.run_id.as_str(),
+        "task_id": task.task_id.as_str(),
+    })
+    .to_string()
+}
+
 /// Reads `{"job_id": "...", "run_id": "...", "task_id": "..."}`; unknown fields are ignored.
 pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
     let body = body.ok_or_else(|| Poison("the message has no body".into()))?;

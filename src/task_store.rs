@@ -98,17 +98,42 @@ impl DynamoTaskStore {
 
     fn task_key(task: &TaskRef) -> HashMap<String, AttributeValue> {
         key(
-            format!("RUN#{}#{}", task.job_id, task.run_id),
-            format!("TASK#{}", task.task_id),
+            keys::tasks_partition(&task.job_id, &task.run_id),
+            keys::task_sort(&task.task_id),
         )
     }
 
     /// The job and the run share the job's partition: (pk, the run's sk).
     fn run_key_parts(task: &TaskRef) -> (String, String) {
         (
-            format!("JOB#{}", task.job_id),
-            format!("RUN#{}", task.run_id),
+            keys::job_partition(&task.job_id),
+            keys::run_sort(&task.run_id),
         )
+    }
+}
+
+/// The table's key scheme, in one place: a run's tasks share a partition; a job and its
+/// runs share the job's.
+pub mod keys {
+    use crate::ids::Id;
+
+    pub fn tasks_partition(job: &Id, run: &Id) -> String {
+        format!("RUN#{job}#{run}")
+    }
+
+    pub fn task_sort(task: &Id) -> String {
+        format!("TASK#{task}")
+    }
+
+    /// The job item's sort key, in its own partition.
+    pub const JOB_SORT: &str = "JOB";
+
+    pub fn job_partition(job: &Id) -> String {
+        format!("JOB#{job}")
+    }
+
+    pub fn run_sort(run: &Id) -> String {
+        format!("RUN#{run}")
     }
 }
 
@@ -139,7 +164,7 @@ impl TaskStore for DynamoTaskStore {
     async fn load_parents(&self, task: &TaskRef) -> Result<Parents, StoreError> {
         let (pk, run_sk) = Self::run_key_parts(task);
         let keys = KeysAndAttributes::builder()
-            .keys(key(pk.clone(), "JOB".into()))
+            .keys(key(pk.clone(), keys::JOB_SORT.into()))
             .keys(key(pk, run_sk.clone()))
             .projection_expression("sk, #status")
             .expression_attribute_names("#status", "status")
@@ -168,7 +193,7 @@ impl TaskStore for DynamoTaskStore {
         {
             let status = string(&item, "status").map(str::to_owned);
             match string(&item, "sk") {
-                Some("JOB") => parents.job_status = status,
+                Some(keys::JOB_SORT) => parents.job_status = status,
                 Some(sk) if sk == run_sk => parents.run_status = status,
                 _ => {}
             }
@@ -475,7 +500,7 @@ fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
         .value(":now", s(now))
 }
 
-fn key(pk: String, sk: String) -> HashMap<String, AttributeValue> {
+pub(crate) fn key(pk: String, sk: String) -> HashMap<String, AttributeValue> {
     HashMap::from([
         ("pk".to_owned(), AttributeValue::S(pk)),
         ("sk".to_owned(), AttributeValue::S(sk)),

@@ -1,13 +1,51 @@
 //! The operator's tool against the emulator: `conveyor-ops poll` drains a queue the way
-//! Lambda's event source mapping would, with the worker configured from the environment.
+//! Lambda's event source mapping would, with the worker configured from the environment;
+//! `progress`, `requeue-failed` and `replay-quarantine` do the runbook's routines.
 
 mod support;
 
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 
 use conveyor_worker::config::DuplicatePolicy;
-use support::scenario;
+use support::queue::Queue;
+use support::*;
 use tokio::process::Command;
+
+/// Runs `conveyor-ops` with these arguments and the worker's settings for `stack`.
+async fn ops(stack: &Stack, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+        .args(args)
+        .envs(scenario::worker_env(stack))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run conveyor-ops")
+}
+
+/// Its standard output, after checking it succeeded.
+fn succeeded(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    stdout
+}
+
+/// A counted run of a fine page and a page that fails for good (404), both delivered once.
+async fn run_with_one_failure(stack: &Stack, site: &Site, failing_path: &str, receives: u32) {
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, 2).await;
+    stack
+        .put_task("fine", &site.url("/page/fine"), "pending")
+        .await;
+    stack
+        .put_task("bad", &site.url(failing_path), "pending")
+        .await;
+    let records = vec![delivery("fine"), record("bad", &body("bad"), receives)];
+    let reply = run_batch(&stack.worker(), records).await;
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("bad").await.status(), Some("failed"));
+}
 
 const TASKS: usize = 30;
 
@@ -81,4 +119,161 @@ async fn poll_refuses_to_start_without_the_worker_settings() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("TABLE_NAME"), "{stderr}");
+}
+
+#[tokio::test]
+async fn progress_shows_counters_tasks_by_status_and_why_tasks_failed() {
+    // Arrange
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    run_with_one_failure(&stack, &site, "/status/404", 1).await;
+
+    // Act
+    let out = ops(&stack, &["progress", "--job", JOB, "--run", RUN]).await;
+
+    // Assert
+    let stdout = succeeded(&out);
+    for line in [
+        "  status           completed",
+        "  tasks_succeeded  1",
+        "  tasks_failed     1",
+        "  tasks_remaining  0",
+        "tasks (2):",
+        "  successful       1",
+        "  failed           1",
+        "failed tasks:",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in\n{stdout}");
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("  bad ") && l.ends_with("HTTP 404")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn requeue_failed_reopens_the_run_and_draining_completes_it_again() {
+    // Arrange: "bad" failed on its last attempt while its site was down (503, a flaky page
+    // that now recovers); the run completed with one failure.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    run_with_one_failure(&stack, &site, "/flaky/bad", MAX_ATTEMPTS).await;
+    let queue = Queue::create(&stack, 12).await;
+    let requeue = [
+        "requeue-failed",
+        "--job",
+        JOB,
+        "--run",
+        RUN,
+        "--queue-url",
+        &queue.url,
+    ];
+
+    // Act
+    let first = succeeded(&ops(&stack, &requeue).await);
+    let again = succeeded(&ops(&stack, &requeue).await);
+
+    // Assert: the task and the run's counters moved back together, once; one message sent.
+    assert!(
+        first.contains("1 failed tasks set back to pending, 1 messages sent"),
+        "{first}"
+    );
+    assert!(
+        again.contains("0 failed tasks set back to pending, 0 messages sent"),
+        "{again}"
+    );
+    let task = stack.task("bad").await;
+    assert_eq!(task.status(), Some("pending"));
+    assert_eq!(task.s("error"), None);
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("running"));
+    assert_eq!(
+        (run.n("tasks_failed"), run.n("tasks_remaining")),
+        (Some(0), Some(1))
+    );
+    assert_eq!(queue.depth(&stack).await, 1);
+
+    // Act: drain the queue with the worker.
+    let drain = [
+        "poll",
+        "--queue-url",
+        &queue.url,
+        "--until-drained",
+        "--limit",
+        "1m",
+    ];
+    succeeded(&ops(&stack, &drain).await);
+
+    // Assert: the task succeeded this time, and the run completed a second time.
+    assert_eq!(stack.task("bad").await.status(), Some("successful"));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("tasks_succeeded"), Some(2));
+    assert_eq!(
+        (run.n("tasks_failed"), run.n("tasks_remaining")),
+        (Some(0), Some(0))
+    );
+    assert_eq!(run.n("times_completed"), Some(2));
+}
+
+#[tokio::test]
+async fn requeue_leaves_a_cancelled_run_alone() {
+    // Arrange
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    run_with_one_failure(&stack, &site, "/status/404", 1).await;
+    stack.put_run(JOB, RUN, "cancelled").await;
+    let queue = Queue::create(&stack, 12).await;
+
+    // Act
+    let args = [
+        "requeue-failed",
+        "--job",
+        JOB,
+        "--run",
+        RUN,
+        "--queue-url",
+        &queue.url,
+    ];
+    let out = ops(&stack, &args).await;
+
+    // Assert
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cancelled"));
+    assert_eq!(stack.task("bad").await.status(), Some("failed"));
+    assert_eq!(queue.depth(&stack).await, 0);
+}
+
+#[tokio::test]
+async fn replay_quarantine_sends_each_poison_body_back_and_deletes_it() {
+    // Arrange: two poison messages quarantined by the worker.
+    let stack = Stack::new().await;
+    let bodies = [r#"{"job_id": "j1"}"#, "not json"];
+    let records = vec![record("p1", bodies[0], 1), record("p2", bodies[1], 1)];
+    assert!(retried(&run_batch(&stack.worker(), records).await).is_empty());
+    let queue = Queue::create(&stack, 30).await;
+
+    // Act
+    let args = ["replay-quarantine", "--queue-url", &queue.url, "--delete"];
+    let stdout = succeeded(&ops(&stack, &args).await);
+
+    // Assert: each original body is back on the queue, and the quarantine is empty.
+    assert!(
+        stdout.contains("2 replayed, 2 deleted, 0 skipped"),
+        "{stdout}"
+    );
+    let mut replayed = Vec::new();
+    while let Some(message) = queue.receive(&stack).await {
+        replayed.push(message.body.expect("a body"));
+    }
+    replayed.sort();
+    assert_eq!(replayed, ["not json", r#"{"job_id": "j1"}"#]);
+    let left = stack
+        .s3
+        .list_objects_v2()
+        .bucket(&stack.bucket)
+        .prefix("quarantine/")
+        .send()
+        .await
+        .expect("list the quarantine");
+    assert_eq!(left.key_count(), Some(0));
 }

@@ -1,6 +1,6 @@
 //! The operator's tool: runs the worker against a queue the way Lambda's event source
-//! mapping would (locally, against an emulator or a real queue), with the worker's own
-//! configuration from the environment.
+//! mapping would, shows a run's progress, re-queues a run's failed tasks and replays the
+//! poison quarantine. Settings come from the environment as the worker's do.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,10 +10,15 @@ use conveyor_worker::Config;
 use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::esm::{self, Ended, EsmSettings, EsmStats, Progress, Watch};
+use conveyor_worker::ids::Id;
+use conveyor_worker::ops::Ops;
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 
 #[derive(Parser)]
-#[command(version, about = "Operate conveyor-worker: run it against a queue")]
+#[command(
+    version,
+    about = "Operate conveyor-worker: run it, watch runs, re-queue, replay"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,6 +34,60 @@ enum Command {
     /// settings (TABLE_NAME, RESULTS_BUCKET, ...) from the environment, as in Lambda, and
     /// AWS ones the standard way (AWS_ENDPOINT_URL for a local emulator).
     Poll(PollArgs),
+    /// Show a run's status, counters and tasks by status, and its failed tasks with why.
+    Progress(RunArgs),
+    /// Set a run's failed tasks back to pending (counters too, reopening a completed run)
+    /// and send one message per task.
+    RequeueFailed(RequeueArgs),
+    /// Send each quarantined poison message's body back to the queue (once the producer or
+    /// the worker is fixed).
+    ReplayQuarantine(ReplayArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The table (the stack's TableName output).
+    #[arg(long, env = "TABLE_NAME")]
+    table: String,
+    #[arg(long, value_parser = parse_id)]
+    job: Id,
+    #[arg(long, value_parser = parse_id)]
+    run: Id,
+    /// How many failed tasks to list.
+    #[arg(long, default_value_t = 20)]
+    failures: usize,
+}
+
+#[derive(Args)]
+struct RequeueArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The task queue (the stack's TasksQueueUrl output).
+    #[arg(long, env = "QUEUE_URL")]
+    queue_url: String,
+    /// Send pending tasks again too (after a re-queue whose sends failed; duplicates are
+    /// harmless).
+    #[arg(long)]
+    resend_pending: bool,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// The results bucket (the stack's BucketName output).
+    #[arg(long, env = "RESULTS_BUCKET")]
+    bucket: String,
+    #[arg(long, env = "QUARANTINE_PREFIX", default_value = "quarantine/")]
+    prefix: String,
+    /// The task queue (the stack's TasksQueueUrl output).
+    #[arg(long, env = "QUEUE_URL")]
+    queue_url: String,
+    /// Delete each object once its message is sent.
+    #[arg(long)]
+    delete: bool,
+}
+
+fn parse_id(raw: &str) -> Result<Id, String> {
+    Id::parse(raw).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -68,6 +127,9 @@ async fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Poll(args) => poll(args).await,
+        Command::Progress(args) => progress(args).await,
+        Command::RequeueFailed(args) => requeue_failed(args).await,
+        Command::ReplayQuarantine(args) => replay_quarantine(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -142,4 +204,81 @@ fn describe(ended: Ended) -> &'static str {
         Ended::TimedOut => "time limit reached",
         Ended::Stopped => "stopped",
     }
+}
+
+/// The clients the routines use, from the standard AWS settings.
+async fn ops(table: String) -> Ops {
+    let sdk = aws::sdk_config().await;
+    Ops {
+        dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+        s3: aws_sdk_s3::Client::from_conf(aws::s3_config(&sdk).build()),
+        sqs: aws_sdk_sqs::Client::new(&sdk),
+        table,
+    }
+}
+
+async fn progress(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let ops = ops(args.table).await;
+    let progress = ops.progress(&args.job, &args.run).await?;
+    println!("run {}/{}", args.job, args.run);
+    for (field, value) in &progress.run {
+        println!("  {field:<16} {value}");
+    }
+    let total: u64 = progress.by_status.values().sum();
+    println!("tasks ({total}):");
+    for (status, count) in &progress.by_status {
+        println!("  {status:<16} {count}");
+    }
+    if !progress.failures.is_empty() {
+        println!("failed tasks:");
+        for (task, error) in progress.failures.iter().take(args.failures) {
+            println!("  {task:<32} {error}");
+        }
+        let more = progress.failures.len().saturating_sub(args.failures);
+        if more > 0 {
+            println!("  ... and {more} more (--failures N lists more)");
+        }
+    }
+    Ok(())
+}
+
+async fn requeue_failed(args: RequeueArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let RunArgs {
+        table, job, run, ..
+    } = args.run;
+    let ops = ops(table).await;
+    let requeued = ops
+        .requeue_failed(&job, &run, &args.queue_url, args.resend_pending)
+        .await?;
+    println!(
+        "run {job}/{run}: {} failed tasks set back to pending, {} messages sent",
+        requeued.reset.len(),
+        requeued.sent.len()
+    );
+    if !requeued.unsent.is_empty() {
+        println!("not sent: {}", requeued.unsent.join(" "));
+        return Err("some messages were not sent: run again with --resend-pending".into());
+    }
+    Ok(())
+}
+
+async fn replay_quarantine(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // The table is not used by a replay.
+    let ops = ops(String::new()).await;
+    let replayed = ops
+        .replay_quarantine(&args.bucket, &args.prefix, &args.queue_url, args.delete)
+        .await?;
+    for key in &replayed.sent {
+        println!("sent     {key}");
+    }
+    for (key, why) in &replayed.skipped {
+        println!("skipped  {key}: {why}");
+    }
+    println!(
+        "{} replayed, {} deleted, {} skipped",
+        replayed.sent.len(),
+        replayed.deleted.len(),
+        replayed.skipped.len()
+    );
+    Ok(())
 }
