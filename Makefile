@@ -10,24 +10,32 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Tests and local runs never look for real credentials or instance metadata.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: test run lint clean
+.PHONY: test run build lint clean
 
 ## test: fmt, clippy, template lint, and all tests against a fresh local emulator
 test: $(VENV)/.test
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
 	cfn-lint template.yaml
+	python tests/template_rules.py template.yaml README.md src/config.rs
 	scripts/with-moto cargo test --locked
 
 ## run: the sample events through the function under cargo lambda watch, on the local stack
 run: $(VENV)/.run
 	scripts/with-moto cargo run --locked --quiet --example local_demo
 
+## build: the arm64 Lambda package (cargo lambda with zig, both from PyPI), for sam deploy
+build: $(VENV)/.build
+	rustup target add aarch64-unknown-linux-gnu
+	cargo lambda build --locked --release --arm64 --bin conveyor-worker --output-format zip
+	@ls -l target/lambda/conveyor-worker/bootstrap.zip
+
 ## lint: the quick checks alone
 lint: $(VENV)/.test
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
 	cfn-lint template.yaml
+	python tests/template_rules.py template.yaml README.md src/config.rs
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +46,10 @@ $(VENV)/.test: requirements-test.txt $(VENV)/.created
 	touch $@
 
 $(VENV)/.run: requirements-run.txt $(VENV)/.test
+	$(PIP) -r $<
+	touch $@
+
+$(VENV)/.build: requirements-build.txt $(VENV)/.created
 	$(PIP) -r $<
 	touch $@
 

@@ -31,6 +31,19 @@ fn succeeded(out: &Output) -> String {
     stdout
 }
 
+/// `requeue-failed` of the test run onto this queue.
+fn requeue_failed(queue_url: &str) -> [&str; 7] {
+    [
+        "requeue-failed",
+        "--job",
+        JOB,
+        "--run",
+        RUN,
+        "--queue-url",
+        queue_url,
+    ]
+}
+
 /// A counted run of a fine page and a page that fails for good (404), both delivered once.
 async fn run_with_one_failure(stack: &Stack, site: &Site, failing_path: &str, receives: u32) {
     stack.put_job(JOB, "active").await;
@@ -159,15 +172,7 @@ async fn requeue_failed_reopens_the_run_and_draining_completes_it_again() {
     let (stack, site) = (Stack::new().await, Site::start().await);
     run_with_one_failure(&stack, &site, "/flaky/bad", MAX_ATTEMPTS).await;
     let queue = Queue::create(&stack, 12).await;
-    let requeue = [
-        "requeue-failed",
-        "--job",
-        JOB,
-        "--run",
-        RUN,
-        "--queue-url",
-        &queue.url,
-    ];
+    let requeue = requeue_failed(&queue.url);
 
     // Act
     let first = succeeded(&ops(&stack, &requeue).await);
@@ -225,15 +230,7 @@ async fn requeue_leaves_a_cancelled_run_alone() {
     let queue = Queue::create(&stack, 12).await;
 
     // Act
-    let args = [
-        "requeue-failed",
-        "--job",
-        JOB,
-        "--run",
-        RUN,
-        "--queue-url",
-        &queue.url,
-    ];
+    let args = requeue_failed(&queue.url);
     let out = ops(&stack, &args).await;
 
     // Assert

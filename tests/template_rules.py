@@ -1,0 +1,260 @@
+"""The deployment rules of template.yaml that linters do not check (they do not look inside
+SAM event sources or weigh one resource against another). Run by `make test`:
+
+    python tests/template_rules.py template.yaml README.md src/config.rs
+
+Each rule returns the problems it finds. The template must have none, and each rule must
+find its problem in a copy of the template broken on purpose (so no rule passes vacuously).
+"""
+
+import copy
+import sys
+
+from cfnlint.decode import cfn_yaml
+
+MIN_RECEIVES = 5
+FOURTEEN_DAYS = 1_209_600
+OUTPUTS_THE_RUNBOOK_USES = ["TasksQueueUrl", "DeadLetterQueueUrl", "DeadLetterQueueArn",
+                            "TableName", "BucketName"]
+
+
+def of_type(template, kind):
+    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def props(resource):
+    return resource.get("Properties", {})
+
+
+def sqs_events(template):
+    for function in of_type(template, "AWS::Serverless::Function").values():
+        for event in props(function).get("Events", {}).values():
+            if event["Type"] == "SQS":
+                yield function, props(event)
+
+
+def allowed(template, parameter):
+    return [int(v) for v in template["Parameters"][parameter]["AllowedValues"]]
+
+
+def visibility_covers_six_timeouts_and_the_window(template, _):
+    problems = []
+    queue = props(template["Resources"]["TasksQueue"])
+    expected = {"Fn::FindInMap": ["VisibilityTimeout", {"Ref": "Timeout"},
+                                  {"Ref": "BatchingWindow"}]}
+    if queue.get("VisibilityTimeout") != expected:
+        problems.append(f"TasksQueue VisibilityTimeout is {queue.get('VisibilityTimeout')}")
+    for function, event in sqs_events(template):
+        if props(function).get("Timeout") != {"Ref": "Timeout"}:
+            problems.append("the function's Timeout is not the Timeout parameter")
+        if event.get("MaximumBatchingWindowInSeconds") != {"Ref": "BatchingWindow"}:
+            problems.append("the batching window is not the BatchingWindow parameter")
+    table = template["Mappings"]["VisibilityTimeout"]
+    for timeout in allowed(template, "Timeout"):
+        for window in allowed(template, "BatchingWindow"):
+            got = table.get(str(timeout), {}).get(str(window))
+            if got is None or int(got) < 6 * timeout + window:
+                problems.append(f"visibility {got} for timeout {timeout} s, window {window} s")
+    return problems
+
+
+def event_source_reports_batch_item_failures(template, _):
+    problems = []
+    events = list(sqs_events(template))
+    if not events:
+        problems.append("no SQS event source")
+    for _, event in events:
+        if "ReportBatchItemFailures" not in event.get("FunctionResponseTypes", []):
+            problems.append("an SQS event source without ReportBatchItemFailures")
+        if "MaximumConcurrency" not in event.get("ScalingConfig", {}):
+            problems.append("an SQS event source without ScalingConfig.MaximumConcurrency")
+        if "BatchSize" not in event:
+            problems.append("an SQS event source without BatchSize")
+    sizes = template["Parameters"]["BatchSize"]["AllowedValues"]
+    if any(int(s) > 10 for s in sizes) and "BatchesOverTenNeedAWindow" not in template.get(
+        "Rules", {}
+    ):
+        problems.append("batch sizes over 10 are allowed without a rule asking for a window")
+    return problems
+
+
+def dead_letter_queue_keeps_repeat_failures(template, _):
+    problems = []
+    queue = props(template["Resources"]["TasksQueue"])
+    redrive = queue.get("RedrivePolicy", {})
+    receives = int(redrive.get("maxReceiveCount", 0))
+    if receives < MIN_RECEIVES:
+        problems.append(f"maxReceiveCount {receives} < {MIN_RECEIVES}")
+    if redrive.get("deadLetterTargetArn") != {"Fn::GetAtt": ["TasksDeadLetterQueue", "Arn"]}:
+        problems.append("the task queue does not redrive to TasksDeadLetterQueue")
+    dlq = props(template["Resources"]["TasksDeadLetterQueue"])
+    if int(dlq.get("MessageRetentionPeriod", 0)) != FOURTEEN_DAYS:
+        problems.append("the dead-letter queue does not keep messages 14 days")
+    if int(template["Parameters"]["MaxAttempts"]["MaxValue"]) > receives:
+        problems.append("MaxAttempts may exceed maxReceiveCount: the last attempt would be lost")
+    return problems
+
+
+def everything_is_encrypted_and_private(template, _):
+    problems = []
+    for name, queue in of_type(template, "AWS::SQS::Queue").items():
+        if not (props(queue).get("SqsManagedSseEnabled") or props(queue).get("KmsMasterKeyId")):
+            problems.append(f"queue {name} is not encrypted")
+    for name, table in of_type(template, "AWS::DynamoDB::Table").items():
+        if not props(table).get("SSESpecification", {}).get("SSEEnabled"):
+            problems.append(f"table {name} does not say SSEEnabled")
+    for name, bucket in of_type(template, "AWS::S3::Bucket").items():
+        if not props(bucket).get("BucketEncryption"):
+            problems.append(f"bucket {name} has no default encryption")
+        block = props(bucket).get("PublicAccessBlockConfiguration", {})
+        for setting in ["BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls",
+                        "RestrictPublicBuckets"]:
+            if block.get(setting) is not True:
+                problems.append(f"bucket {name} does not set {setting}")
+    for name, topic in of_type(template, "AWS::SNS::Topic").items():
+        if not props(topic).get("KmsMasterKeyId"):
+            problems.append(f"topic {name} is not encrypted")
+    return problems
+
+
+def least_privilege(template, _):
+    problems = []
+    for name, function in of_type(template, "AWS::Serverless::Function").items():
+        if "Role" not in props(function) or "Policies" in props(function):
+            problems.append(f"function {name} does not use the explicit role alone")
+    for name, role in of_type(template, "AWS::IAM::Role").items():
+        if props(role).get("ManagedPolicyArns"):
+            problems.append(f"role {name} attaches managed policies")
+        for policy in props(role).get("Policies", []):
+            for statement in policy["PolicyDocument"]["Statement"]:
+                sid = statement.get("Sid", "?")
+                actions = statement.get("Action", [])
+                actions = actions if isinstance(actions, list) else [actions]
+                if "NotAction" in statement or "NotResource" in statement:
+                    problems.append(f"{name}/{sid} uses NotAction or NotResource")
+                if any("*" in a for a in actions):
+                    problems.append(f"{name}/{sid} has a wildcard action")
+                resources = statement.get("Resource")
+                resources = resources if isinstance(resources, list) else [resources]
+                if any(r == "*" or r == "arn:aws:*" for r in resources):
+                    problems.append(f"{name}/{sid} applies to every resource")
+    return problems
+
+
+def alarms_cover_what_an_operator_must_know(template, _):
+    problems = []
+    watched = {(props(a).get("Namespace"), props(a).get("MetricName")): a
+               for a in of_type(template, "AWS::CloudWatch::Alarm").values()}
+    needed = {
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible"): "TasksDeadLetterQueue",
+        ("AWS/SQS", "ApproximateAgeOfOldestMessage"): "TasksQueue",
+        ("AWS/Lambda", "Errors"): "WorkerFunction",
+        ("AWS/Lambda", "Throttles"): "WorkerFunction",
+    }
+    for (namespace, metric), target in needed.items():
+        alarm = watched.get((namespace, metric))
+        if alarm is None:
+            problems.append(f"no alarm on {namespace} {metric}")
+            continue
+        if target not in str(props(alarm).get("Dimensions")):
+            problems.append(f"the {metric} alarm does not watch {target}")
+        if not props(alarm).get("AlarmActions"):
+            problems.append(f"the {metric} alarm notifies nobody")
+    return problems
+
+
+def outputs_feed_the_runbook(template, readme):
+    outputs = template.get("Outputs", {})
+    return [f"output {name} is missing" if name not in outputs
+            else f"the README's runbook does not use output {name}"
+            for name in OUTPUTS_THE_RUNBOOK_USES
+            if name not in outputs or name not in readme]
+
+
+def function_settings_are_ones_the_worker_reads(template, config_rs):
+    problems = []
+    for name, function in of_type(template, "AWS::Serverless::Function").items():
+        for variable in props(function).get("Environment", {}).get("Variables", {}):
+            if f'"{variable}"' not in config_rs:
+                problems.append(f"function {name} sets {variable}, which config.rs never reads")
+    return problems
+
+
+RULES = [
+    visibility_covers_six_timeouts_and_the_window,
+    event_source_reports_batch_item_failures,
+    dead_letter_queue_keeps_repeat_failures,
+    everything_is_encrypted_and_private,
+    least_privilege,
+    alarms_cover_what_an_operator_must_know,
+    outputs_feed_the_runbook,
+    function_settings_are_ones_the_worker_reads,
+]
+
+
+def broken(template, change):
+    """A deep copy of the template with one thing broken."""
+    t = copy.deepcopy(template)
+    change(t)
+    return t
+
+
+def resource(t, name):
+    return t["Resources"][name]["Properties"]
+
+
+def first_event(t):
+    return next(iter(resource(t, "WorkerFunction")["Events"].values()))["Properties"]
+
+
+def first_statement(t):
+    return resource(t, "WorkerRole")["Policies"][0]["PolicyDocument"]["Statement"][1]
+
+
+# One breakage per rule, each of a kind the rule exists to catch.
+BREAKAGES = {
+    visibility_covers_six_timeouts_and_the_window:
+        lambda t: t["Mappings"]["VisibilityTimeout"]["900"].__setitem__("300", 5400),
+    event_source_reports_batch_item_failures:
+        lambda t: first_event(t).pop("FunctionResponseTypes"),
+    dead_letter_queue_keeps_repeat_failures:
+        lambda t: resource(t, "TasksQueue")["RedrivePolicy"].__setitem__("maxReceiveCount", 3),
+    everything_is_encrypted_and_private:
+        lambda t: resource(t, "TasksDeadLetterQueue").pop("SqsManagedSseEnabled"),
+    least_privilege:
+        lambda t: first_statement(t).__setitem__("Action", "sqs:*"),
+    alarms_cover_what_an_operator_must_know:
+        lambda t: t["Resources"].pop("OldestMessageAgeAlarm"),
+    outputs_feed_the_runbook:
+        lambda t: t["Outputs"].pop("DeadLetterQueueUrl"),
+    function_settings_are_ones_the_worker_reads:
+        lambda t: resource(t, "WorkerFunction")["Environment"]["Variables"].__setitem__(
+            "TABLE", "x"),
+}
+
+
+def main(template_path, readme_path, config_path):
+    template = cfn_yaml.load(template_path)
+    readme = open(readme_path, encoding="utf-8").read()
+    config_rs = open(config_path, encoding="utf-8").read()
+    context = {
+        outputs_feed_the_runbook: readme,
+        function_settings_are_ones_the_worker_reads: config_rs,
+    }
+    failures = 0
+    for rule in RULES:
+        problems = rule(template, context.get(rule))
+        caught = rule(broken(template, BREAKAGES[rule]), context.get(rule))
+        verdict = "ok" if not problems and caught else "FAILED"
+        failures += verdict != "ok"
+        print(f"template rule {rule.__name__} ... {verdict}")
+        for problem in problems:
+            print(f"  {problem}")
+        if not caught:
+            print("  did not catch its deliberate breakage")
+    print(f"template rules: {len(RULES) - failures} passed; {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
