@@ -130,7 +130,13 @@ impl HttpFetcher {
             policy: policy.clone(),
             lookup,
         };
+        // Mozilla's roots, compiled in: no reading and parsing of the system's certificate
+        // store at every cold start (10+ ms), and the same trust on every host.
+        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der).ok());
         let client = reqwest::Client::builder()
+            .tls_certs_only(roots)
             .user_agent(settings.user_agent.clone())
             .connect_timeout(settings.connect_timeout)
             .redirect(redirects)
