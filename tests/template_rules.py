@@ -14,6 +14,8 @@ from cfnlint.decode import cfn_yaml
 
 MIN_RECEIVES = 5
 FOURTEEN_DAYS = 1_209_600
+# Variables for the process rather than the worker's configuration.
+RUNTIME_VARIABLES = {"MALLOC_MMAP_THRESHOLD_"}
 OUTPUTS_THE_RUNBOOK_USES = ["TasksQueueUrl", "DeadLetterQueueUrl", "DeadLetterQueueArn",
                             "TableName", "BucketName"]
 
@@ -175,7 +177,7 @@ def function_settings_are_ones_the_worker_reads(template, config_rs):
     problems = []
     for name, function in of_type(template, "AWS::Serverless::Function").items():
         for variable in props(function).get("Environment", {}).get("Variables", {}):
-            if f'"{variable}"' not in config_rs:
+            if variable not in RUNTIME_VARIABLES and f'"{variable}"' not in config_rs:
                 problems.append(f"function {name} sets {variable}, which config.rs never reads")
     return problems
 
