@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Tests and local runs never look for real credentials or instance metadata.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: test run build lint clean
+.PHONY: test run build bench lint clean
 
 ## test: fmt, clippy, template lint, and all tests against a fresh local emulator
 test: $(VENV)/.test
@@ -29,6 +29,11 @@ build: $(VENV)/.build
 	rustup target add aarch64-unknown-linux-gnu
 	cargo lambda build --locked --release --arm64 --bin conveyor-worker --output-format zip
 	@ls -l target/lambda/conveyor-worker/bootstrap.zip
+
+## bench: the figures against their floors, into BENCHMARKS.md and docs/concurrency.svg
+bench: build $(VENV)/.test
+	cargo build --locked --release --bin conveyor-worker --example bench_floor --example bench
+	scripts/with-moto target/release/examples/bench
 
 ## lint: the quick checks alone
 lint: $(VENV)/.test

@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod demo;
+pub mod memory;
 pub mod queue;
 pub mod scenario;
 pub mod site;

@@ -56,6 +56,7 @@ impl Site {
             .route("/status/{code}", get(status))
             .route("/slow/{ms}", get(slow))
             .route("/big", get(big))
+            .route("/bytes/{n}", get(bytes))
             .route("/redirect/{n}", get(redirect))
             .route("/varying/{name}", get(varying))
             .route("/retry-after/{secs}", get(retry_after_seconds))
@@ -108,6 +109,10 @@ async fn status(Path(code): Path<u16>) -> impl IntoResponse {
 async fn slow(Path(ms): Path<u64>) -> impl IntoResponse {
     tokio::time::sleep(Duration::from_millis(ms)).await;
     "slow page"
+}
+
+async fn bytes(Path(n): Path<usize>) -> impl IntoResponse {
+    vec![b'x'; n]
 }
 
 async fn big() -> impl IntoResponse {

@@ -1,0 +1,604 @@
+//! `make bench`: how close the worker comes to its floors on this machine. Every figure is
+//! the median of several runs, beside its floor measured in the same run (absolute times on
+//! a shared machine drift; ratios hold). Writes BENCHMARKS.md and docs/concurrency.svg.
+//!
+//! Run by `make bench` against the local emulator; `bench --rss <n> <url>` is the child
+//! process of the memory figure.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use conveyor_worker::Worker;
+use conveyor_worker::batch::{BatchLimits, run_batch};
+use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::ids::{Id, TaskRef};
+use conveyor_worker::model::TaskStatus;
+use conveyor_worker::scraper::{AddressPolicy, FetchSettings, Fetcher, HttpFetcher, SystemLookup};
+use conveyor_worker::visibility::Backoff;
+use conveyor_worker::worker::RecordSettings;
+use support::memory::{MemoryPages, MemoryResults, MemoryTasks, NoHold};
+use support::{JOB, RUN, Site, Stack, body, record};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::process::Command;
+
+/// Runs per figure; the median is reported.
+const RUNS: usize = 5;
+const PAGE_MS: u64 = 100;
+const PAGE_TASKS: usize = 200;
+const PAGE_CONCURRENCY: usize = 32;
+const SWEEP: [usize; 6] = [4, 8, 16, 32, 64, 128];
+const MEGABYTE: usize = 1024 * 1024;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// One line of the results table.
+struct Figure {
+    what: String,
+    value: String,
+    floor: String,
+    ratio: Option<f64>,
+    target: String,
+    met: Option<bool>,
+}
+
+impl Figure {
+    fn row(&self) -> String {
+        let ratio = self.ratio.map_or("".into(), |r| format!("{r:.2}x"));
+        let met = match self.met {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "",
+        };
+        format!(
+            "| {} | {} | {} | {ratio} | {} | {met} |",
+            self.what, self.value, self.floor, self.target
+        )
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, n, url] = args.as_slice()
+        && flag == "--rss"
+    {
+        return rss_probe(n.parse()?, url).await;
+    }
+    let mut figures = Vec::new();
+    let site = Site::start().await;
+
+    println!("cold start ...");
+    figures.push(cold_start().await?);
+    println!("waiting on pages ...");
+    let (pages, sweep) = waiting_on_pages(&site).await?;
+    figures.extend(pages);
+    println!("guard path and requests per task (emulator) ...");
+    figures.extend(requests_per_task(&site).await);
+    figures.push(guard_path().await);
+    println!("CPU per record ...");
+    figures.extend(cpu_per_record().await);
+    println!("memory ...");
+    figures.extend(memory(&site).await?);
+    figures.push(package_size());
+
+    let chart = concurrency_chart(&sweep);
+    std::fs::write("docs/concurrency.svg", chart)?;
+    let report = report(&figures, &sweep);
+    std::fs::write("BENCHMARKS.md", &report)?;
+    println!("{report}");
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn task_ref(i: usize) -> TaskRef {
+    let id = |s: &str| Id::parse(s).expect("a valid id");
+    TaskRef {
+        job_id: id(JOB),
+        run_id: id(RUN),
+        task_id: id(&format!("t{i}")),
+    }
+}
+
+fn records(n: usize) -> Vec<SqsMessage> {
+    (0..n)
+        .map(|i| record(&format!("m{i}"), &body(&format!("t{i}")), 1))
+        .collect()
+}
+
+fn settings() -> RecordSettings {
+    RecordSettings {
+        results_prefix: "results/".into(),
+        quarantine_prefix: "quarantine/".into(),
+        max_attempts: 5,
+        scrape_timeout: Duration::from_secs(30),
+        backoff: Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            jitter: || 1.0,
+        },
+        duplicate_policy: DuplicatePolicy::Converge,
+    }
+}
+
+/// The real fetcher, allowed onto the loopback site.
+fn http_fetcher() -> HttpFetcher {
+    let fetch = FetchSettings {
+        connect_timeout: Duration::from_secs(5),
+        max_redirects: 10,
+        max_body_bytes: 10 * MEGABYTE as u64,
+        user_agent: "conveyor-worker-bench".into(),
+        allow_private_networks: true,
+        allowed_ports: None,
+    };
+    let policy = AddressPolicy::new(true, None);
+    HttpFetcher::with_policy(&fetch, policy, Arc::new(SystemLookup)).expect("an HTTP client")
+}
+
+type FakeWorker<F> = Worker<MemoryTasks, MemoryResults, F, NoHold>;
+
+/// The worker with in-process stores, `n` pending tasks at `url`.
+fn fake_worker<F: Fetcher>(fetcher: F, n: usize, url: &str) -> FakeWorker<F> {
+    let worker = Worker {
+        tasks: MemoryTasks::default(),
+        results: MemoryResults::default(),
+        fetcher,
+        visibility: NoHold::default(),
+        settings: settings(),
+    };
+    for i in 0..n {
+        worker.tasks.put(task_ref(i), url, TaskStatus::Pending);
+    }
+    worker
+}
+
+fn limits(max_concurrency: usize) -> BatchLimits {
+    BatchLimits {
+        max_concurrency,
+        deadline_margin: Duration::from_millis(500),
+    }
+}
+
+/// One batch, timed; every record must be acknowledged.
+async fn timed_batch<P: conveyor_worker::batch::ProcessRecord>(
+    worker: &P,
+    records: &[SqsMessage],
+    concurrency: usize,
+) -> Duration {
+    let deadline = SystemTime::now() + Duration::from_secs(900);
+    let started = Instant::now();
+    let run = run_batch(worker, records, "bench", deadline, limits(concurrency)).await;
+    let took = started.elapsed();
+    assert!(
+        run.response.batch_item_failures.is_empty(),
+        "every record acknowledged"
+    );
+    took
+}
+
+// 1. Cold start ---------------------------------------------------------------------------
+
+/// Process start to the first request for an event, worker against the do-nothing floor.
+async fn cold_start() -> Result<Figure> {
+    let release = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release");
+    let worker = release.join("conveyor-worker");
+    let floor = release.join("examples/bench_floor");
+    if !worker.exists() || !floor.exists() {
+        return Ok(Figure {
+            what: "1. Cold start (release binaries not built: `make bench` builds them)".into(),
+            value: String::new(),
+            floor: String::new(),
+            ratio: None,
+            target: "at most 1.5x".into(),
+            met: None,
+        });
+    }
+    let (mut ours, mut floors) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS * 2 {
+        floors.push(first_poll(&floor).await?.as_secs_f64() * 1000.0);
+        ours.push(first_poll(&worker).await?.as_secs_f64() * 1000.0);
+    }
+    let (ours, floor) = (median(ours), median(floors));
+    Ok(ratio_figure(
+        "1. Cold start: process start to first `next` request",
+        ours,
+        floor,
+        "ms",
+        1.5,
+    ))
+}
+
+/// Starts `binary` against a stand-in for the Lambda Runtime API and times its first poll.
+async fn first_poll(binary: &std::path::Path) -> Result<Duration> {
+    let api = TcpListener::bind("127.0.0.1:0").await?;
+    let address = api.local_addr()?.to_string();
+    let started = Instant::now();
+    let mut child = Command::new(binary)
+        .env("AWS_LAMBDA_RUNTIME_API", &address)
+        .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        .env("TABLE_NAME", "bench")
+        .env("RESULTS_BUCKET", "bench")
+        .env("AWS_REGION", "us-east-1")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let (mut connection, _) = tokio::time::timeout(Duration::from_secs(10), api.accept()).await??;
+    let mut first = [0_u8; 1];
+    connection.read_exact(&mut first).await?;
+    let took = started.elapsed();
+    child.kill().await?;
+    Ok(took)
+}
+
+// 2. Waiting on pages ---------------------------------------------------------------------
+
+/// 200 tasks of 100 ms pages at concurrency 32, with in-process stores, against the floor
+/// ceil(200 / 32) x 100 ms; the same batch against the emulator; and a sweep of concurrency.
+async fn waiting_on_pages(site: &Site) -> Result<(Vec<Figure>, Vec<(usize, f64, f64)>)> {
+    let url = site.url(&format!("/slow/{PAGE_MS}"));
+    let batch = records(PAGE_TASKS);
+    let fetcher = http_fetcher();
+    let floor_of = |c: usize| PAGE_TASKS.div_ceil(c) as f64 * PAGE_MS as f64;
+    let mut runs = Vec::new();
+    for _ in 0..RUNS {
+        let worker = fake_worker(fetcher.clone(), PAGE_TASKS, &url);
+        runs.push(
+            timed_batch(&worker, &batch, PAGE_CONCURRENCY)
+                .await
+                .as_secs_f64()
+                * 1000.0,
+        );
+    }
+    let ours = median(runs);
+    let mut figures = vec![ratio_figure(
+        "2. Waiting on pages: 200 x 100 ms pages, MAX_CONCURRENCY 32, in-process stores",
+        ours,
+        floor_of(PAGE_CONCURRENCY),
+        "ms",
+        1.25,
+    )];
+
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    for i in 0..PAGE_TASKS {
+        stack.put_task(&format!("t{i}"), &url, "pending").await;
+    }
+    let worker = stack.worker();
+    let emulated = timed_batch(&worker, &batch, PAGE_CONCURRENCY)
+        .await
+        .as_secs_f64()
+        * 1000.0;
+    figures.push(Figure {
+        what: "2b. The same batch against the emulator (bound by moto, one request at a time)"
+            .into(),
+        value: format!("{emulated:.0} ms"),
+        floor: format!("{:.0} ms", floor_of(PAGE_CONCURRENCY)),
+        ratio: Some(emulated / floor_of(PAGE_CONCURRENCY)),
+        target: "(emulator-bound)".into(),
+        met: None,
+    });
+
+    let mut sweep = Vec::new();
+    for concurrency in SWEEP {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let worker = fake_worker(fetcher.clone(), PAGE_TASKS, &url);
+            runs.push(
+                timed_batch(&worker, &batch, concurrency)
+                    .await
+                    .as_secs_f64()
+                    * 1000.0,
+            );
+        }
+        sweep.push((concurrency, median(runs), floor_of(concurrency)));
+    }
+    Ok((figures, sweep))
+}
+
+// 3 and 6. Requests against the emulator --------------------------------------------------
+
+/// AWS requests per successful task and per guarded duplicate, counted by the SDK.
+async fn requests_per_task(site: &Site) -> Vec<Figure> {
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack.put_task("t0", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker();
+    let batch = records(1);
+    stack.calls.clear();
+    timed_batch(&worker, &batch, 1).await;
+    let success = stack.calls.calls().len();
+    stack.calls.clear();
+    timed_batch(&worker, &batch, 1).await;
+    let duplicate = stack.calls.calls().len();
+    vec![
+        Figure {
+            what: "6. AWS requests per successful task".into(),
+            value: success.to_string(),
+            floor: String::new(),
+            ratio: None,
+            target: "at most 5".into(),
+            met: Some(success <= 5),
+        },
+        Figure {
+            what: "6b. AWS requests per guarded duplicate".into(),
+            value: duplicate.to_string(),
+            floor: String::new(),
+            ratio: None,
+            target: "exactly 1".into(),
+            met: Some(duplicate == 1),
+        },
+    ]
+}
+
+/// A batch of 1,000 already-terminal tasks against the emulator: wall time, and one
+/// DynamoDB request per record.
+async fn guard_path() -> Figure {
+    const N: usize = 1000;
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    for i in 0..N {
+        stack
+            .put_task(&format!("t{i}"), "http://127.0.0.1:9/", "successful")
+            .await;
+    }
+    let worker = stack.worker();
+    let batch = records(N);
+    stack.calls.clear();
+    let took = timed_batch(&worker, &batch, 16).await;
+    let calls = stack.calls.calls();
+    let reads = stack.calls.count("GetItem");
+    Figure {
+        what: "3. Guard path: 1,000 terminal tasks (emulator)".into(),
+        value: format!(
+            "{:.0} ms, {} requests ({reads} GetItem)",
+            took.as_secs_f64() * 1000.0,
+            calls.len()
+        ),
+        floor: format!("{N} requests"),
+        ratio: Some(calls.len() as f64 / N as f64),
+        target: "exactly 1 request per record".into(),
+        met: Some(calls.len() == N && reads == N),
+    }
+}
+
+// 4. CPU per record -----------------------------------------------------------------------
+
+/// Records per second through the whole pipeline with nothing to wait on (in-process
+/// stores, pages served from memory), for batches of 10 and 10,000.
+async fn cpu_per_record() -> Vec<Figure> {
+    let pages = MemoryPages {
+        body: bytes::Bytes::from(vec![b'x'; 16 * 1024]),
+        delay: Duration::ZERO,
+    };
+    let mut figures = Vec::new();
+    for (size, repeats) in [(10, 200), (10_000, 1)] {
+        let batch = records(size);
+        let mut rates = Vec::new();
+        for _ in 0..RUNS {
+            let mut took = Duration::ZERO;
+            for _ in 0..repeats {
+                let worker = fake_worker(pages.clone(), size, "http://example.test/page");
+                took += timed_batch(&worker, &batch, 16).await;
+            }
+            rates.push((size * repeats) as f64 / took.as_secs_f64());
+        }
+        let rate = median(rates);
+        figures.push(Figure {
+            what: format!("4. CPU: records per second, batches of {size}, 16 KiB pages, no I/O"),
+            value: format!("{rate:.0} records/s ({:.1} µs each)", 1e6 / rate),
+            floor: String::new(),
+            ratio: None,
+            target: String::new(),
+            met: None,
+        });
+    }
+    figures
+}
+
+// 5. Memory -------------------------------------------------------------------------------
+
+/// Peak RSS of a process running one batch of 1 MB pages at concurrency 16, for two batch
+/// sizes (it must not grow with the batch), and of the same process running no batch; with
+/// glibc's mmap threshold fixed as the stack deploys it, and once with glibc's default.
+async fn memory(site: &Site) -> Result<Vec<Figure>> {
+    let url = site.url(&format!("/bytes/{MEGABYTE}"));
+    let deployed = Some(("MALLOC_MMAP_THRESHOLD_", "131072"));
+    let idle = peak_rss(0, &url, deployed).await?;
+    let mut figures = Vec::new();
+    for (n, env, label) in [
+        (64, deployed, "as deployed"),
+        (512, deployed, "as deployed"),
+        (512, None, "glibc default"),
+    ] {
+        let mb = peak_rss(n, &url, env).await?;
+        figures.push(Figure {
+            what: format!("5. Peak RSS, {n} x 1 MB pages, MAX_CONCURRENCY 16, {label}"),
+            value: format!("{mb:.1} MB"),
+            floor: format!("{idle:.1} MB (same process, no batch)"),
+            ratio: Some(mb / idle),
+            target: "under 64 MB, flat in batch size".into(),
+            met: Some(mb < 64.0),
+        });
+    }
+    Ok(figures)
+}
+
+/// Peak RSS in MB of a child process running a batch of `n` pages from `url`.
+async fn peak_rss(n: usize, url: &str, env: Option<(&str, &str)>) -> Result<f64> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(["--rss", &n.to_string(), url])
+        .env_remove("MALLOC_MMAP_THRESHOLD_")
+        .stdin(Stdio::null());
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    let out = command.output().await?;
+    let kb: f64 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+    Ok(kb / 1024.0)
+}
+
+/// The child of [`memory`]: runs the batch, prints its peak RSS in kB.
+async fn rss_probe(n: usize, url: &str) -> Result<()> {
+    if n > 0 {
+        let worker = fake_worker(http_fetcher(), n, url);
+        timed_batch(&worker, &records(n), 16).await;
+    }
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no VmHWM in /proc/self/status")?;
+    println!("{peak}");
+    Ok(())
+}
+
+// 7. Package ------------------------------------------------------------------------------
+
+fn package_size() -> Figure {
+    let zip = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/lambda/conveyor-worker/bootstrap.zip");
+    let size = std::fs::metadata(&zip).map(|m| m.len() as f64 / MEGABYTE as f64);
+    Figure {
+        what: "7. Package: arm64 bootstrap.zip (`make build`)".into(),
+        value: size
+            .as_ref()
+            .map_or("not built".into(), |mb| format!("{mb:.2} MB")),
+        floor: String::new(),
+        ratio: None,
+        target: "under 8 MB".into(),
+        met: size.ok().map(|mb| mb < 8.0),
+    }
+}
+
+// Report ----------------------------------------------------------------------------------
+
+fn ratio_figure(what: &str, ours: f64, floor: f64, unit: &str, target: f64) -> Figure {
+    let ratio = ours / floor;
+    Figure {
+        what: what.into(),
+        value: format!("{ours:.1} {unit}"),
+        floor: format!("{floor:.1} {unit}"),
+        ratio: Some(ratio),
+        target: format!("at most {target}x"),
+        met: Some(ratio <= target),
+    }
+}
+
+fn report(figures: &[Figure], sweep: &[(usize, f64, f64)]) -> String {
+    let mut md = String::new();
+    let machine = machine();
+    let _ = writeln!(md, "# Benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Written by `make bench` (`scripts/with-moto target/release/examples/bench`, release \
+         profile) on {machine}, {}. Each figure is the median of {RUNS} runs (3 for the sweep), \
+         beside its floor measured in the same run.\n",
+        support_date()
+    );
+    let _ = writeln!(md, "| figure | measured | floor | ratio | target | |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for figure in figures {
+        let _ = writeln!(md, "{}", figure.row());
+    }
+    let _ = writeln!(
+        md,
+        "\n## Batch wall time against MAX_CONCURRENCY\n\n{PAGE_TASKS} tasks of {PAGE_MS} ms \
+         pages, in-process stores, real local HTTP site; floor = ceil({PAGE_TASKS} / c) x \
+         {PAGE_MS} ms.\n\n![batch wall time against MAX_CONCURRENCY](docs/concurrency.svg)\n"
+    );
+    let _ = writeln!(md, "| MAX_CONCURRENCY | wall time | floor | ratio |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    for (c, ms, floor) in sweep {
+        let _ = writeln!(
+            md,
+            "| {c} | {ms:.0} ms | {floor:.0} ms | {:.2}x |",
+            ms / floor
+        );
+    }
+    md
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores of {cpu}")
+}
+
+fn support_date() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// A line chart, measured against floor, as SVG.
+fn concurrency_chart(sweep: &[(usize, f64, f64)]) -> String {
+    let (width, height, margin) = (640.0, 360.0, 56.0);
+    let top = sweep
+        .iter()
+        .map(|(_, ms, floor)| ms.max(*floor))
+        .fold(1.0, f64::max);
+    let x = |i: usize| margin + i as f64 * (width - 2.0 * margin) / (sweep.len() - 1).max(1) as f64;
+    let y = |ms: f64| height - margin - ms / top * (height - 2.0 * margin);
+    let line = |pick: fn(&(usize, f64, f64)) -> f64| {
+        sweep
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{:.1},{:.1}", x(i), y(pick(p))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut svg = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{margin}" y="24" font-size="14">Batch of {PAGE_TASKS} x {PAGE_MS} ms pages: wall time against MAX_CONCURRENCY</text>
+<line x1="{margin}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/>
+<line x1="{margin}" y1="{margin}" x2="{margin}" y2="{b}" stroke="black"/>
+<polyline fill="none" stroke="#999" stroke-dasharray="4 3" stroke-width="2" points="{floor}"/>
+<polyline fill="none" stroke="#1f6feb" stroke-width="2" points="{measured}"/>
+<text x="{legend}" y="44" fill="#1f6feb">measured (median)</text>
+<text x="{legend}" y="60" fill="#999">floor: ceil({PAGE_TASKS}/c) x {PAGE_MS} ms</text>
+<text x="14" y="{mid}" transform="rotate(-90 14 {mid})">ms</text>
+<text x="{r}" y="{axis}" text-anchor="end">MAX_CONCURRENCY</text>
+"##,
+        b = height - margin,
+        r = width - margin,
+        floor = line(|p| p.2),
+        measured = line(|p| p.1),
+        legend = width - margin - 190.0,
+        mid = height / 2.0,
+        axis = height - 12.0,
+    );
+    for (i, (c, ms, _)) in sweep.iter().enumerate() {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{c}</text><text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#1f6feb">{ms:.0}</text>"##,
+            x(i),
+            height - margin + 16.0,
+            x(i),
+            y(*ms) - 8.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}

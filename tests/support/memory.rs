@@ -1,0 +1,217 @@
+//! In-process stand-ins for the ports, with the adapters' conditional semantics, for
+//! benchmarks and fast tests where the emulator would be the bottleneck: tasks, jobs and
+//! runs in a map (claims and terminal writes conditional on the status), result objects in a
+//! map (first write wins), hold-backs recorded, pages served from memory after a delay.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use conveyor_worker::error::StoreError;
+use conveyor_worker::ids::{QuarantineKey, ResultKey, TaskRef};
+use conveyor_worker::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
+use conveyor_worker::result_store::{NewResult, Put, ResultStore};
+use conveyor_worker::scraper::{FetchError, Fetcher};
+use conveyor_worker::task_store::{Claim, Finish, Lease, TaskStore};
+use conveyor_worker::visibility::{QueueRef, Visibility};
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug, Clone)]
+struct MemoryTask {
+    status: TaskStatus,
+    url: Option<String>,
+    attempts: u32,
+    lease: Option<(String, SystemTime)>,
+    terminal: Option<Terminal>,
+}
+
+/// Tasks of any job and run; every job is active and every run running.
+#[derive(Debug, Default)]
+pub struct MemoryTasks {
+    tasks: Mutex<HashMap<TaskRef, MemoryTask>>,
+    /// Requests served, like the adapter's one request per method.
+    pub requests: AtomicU64,
+}
+
+impl MemoryTasks {
+    pub fn put(&self, task: TaskRef, url: &str, status: TaskStatus) {
+        let entry = MemoryTask {
+            status,
+            url: Some(url.to_owned()),
+            attempts: 0,
+            lease: None,
+            terminal: None,
+        };
+        lock(&self.tasks).insert(task, entry);
+    }
+
+    pub fn status(&self, task: &TaskRef) -> Option<TaskStatus> {
+        lock(&self.tasks).get(task).map(|t| t.status)
+    }
+
+    fn served(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl TaskStore for MemoryTasks {
+    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, StoreError> {
+        self.served();
+        Ok(lock(&self.tasks).get(task).map(|t| Task {
+            status: t.status,
+            url: t.url.clone(),
+        }))
+    }
+
+    async fn load_parents(&self, _task: &TaskRef) -> Result<Parents, StoreError> {
+        self.served();
+        Ok(Parents {
+            job_status: Some("active".into()),
+            run_status: Some("running".into()),
+        })
+    }
+
+    async fn claim(
+        &self,
+        task: &TaskRef,
+        now: SystemTime,
+        lease: Option<Lease<'_>>,
+    ) -> Result<Claim, StoreError> {
+        self.served();
+        let mut tasks = lock(&self.tasks);
+        let Some(entry) = tasks.get_mut(task) else {
+            return Ok(Claim::Missing);
+        };
+        if entry.status.is_terminal() {
+            return Ok(Claim::AlreadyTerminal);
+        }
+        if let (Some(lease), Some((owner, until))) = (lease, &entry.lease)
+            && owner != lease.owner
+            && *until > now
+        {
+            return Ok(Claim::Leased { until: *until });
+        }
+        let was = entry.status;
+        entry.status = TaskStatus::Processing;
+        entry.attempts += 1;
+        entry.lease = lease.map(|l| (l.owner.to_owned(), l.until));
+        Ok(Claim::Claimed {
+            attempts: entry.attempts,
+            was,
+        })
+    }
+
+    async fn finish(
+        &self,
+        task: &TaskRef,
+        terminal: &Terminal,
+        _now: SystemTime,
+    ) -> Result<Finish, StoreError> {
+        self.served();
+        let mut tasks = lock(&self.tasks);
+        match tasks.get_mut(task) {
+            Some(entry) if !entry.status.is_terminal() => {
+                entry.status = terminal.status();
+                entry.terminal = Some(terminal.clone());
+                entry.lease = None;
+                Ok(Finish::Written {
+                    completed_run: false,
+                })
+            }
+            _ => Ok(Finish::LostRace),
+        }
+    }
+}
+
+/// Result objects (the first stored under a key wins) and the quarantine.
+#[derive(Debug, Default)]
+pub struct MemoryResults {
+    /// What each stored object is; the bytes are dropped, as an upload would free them.
+    objects: Mutex<HashMap<String, StoredResult>>,
+    quarantined: Mutex<HashMap<String, Vec<u8>>>,
+    pub requests: AtomicU64,
+}
+
+impl MemoryResults {
+    pub fn stored(&self) -> usize {
+        lock(&self.objects).len()
+    }
+}
+
+impl ResultStore for MemoryResults {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut objects = lock(&self.objects);
+        if objects.contains_key(new.key.as_str()) {
+            return Ok(Put::AlreadyThere);
+        }
+        let described = StoredResult {
+            key: new.key.clone(),
+            sha256: new.sha256.to_owned(),
+            size: new.page.body.len() as u64,
+            http_status: new.page.http_status,
+            content_type: new.page.content_type.clone(),
+            final_url: new.page.final_url.clone(),
+        };
+        objects.insert(new.key.as_str().to_owned(), described);
+        Ok(Put::Stored)
+    }
+
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(lock(&self.objects).get(key.as_str()).cloned())
+    }
+
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        lock(&self.quarantined).insert(key.as_str().to_owned(), document);
+        Ok(())
+    }
+}
+
+/// Hold-backs, counted and otherwise ignored.
+#[derive(Debug, Default)]
+pub struct NoHold {
+    pub holds: AtomicU64,
+}
+
+impl Visibility for NoHold {
+    async fn hold(
+        &self,
+        _queue: &QueueRef,
+        _receipt_handle: &str,
+        _delay: Duration,
+    ) -> Result<(), StoreError> {
+        self.holds.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Serves every URL with the same body after `delay` (none: at once), as a page would.
+#[derive(Debug, Clone)]
+pub struct MemoryPages {
+    pub body: Bytes,
+    pub delay: Duration,
+}
+
+impl Fetcher for MemoryPages {
+    async fn fetch(&self, url: &str, _budget: Duration) -> Result<Page, FetchError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(Page {
+            url: url.to_owned(),
+            http_status: 200,
+            final_url: url.to_owned(),
+            content_type: "text/html".into(),
+            body: self.body.clone(),
+        })
+    }
+}
