@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
 use crate::error::StoreError;
 use crate::ids::{Id, TaskRef};
 use crate::message;
-use crate::task_store::{key, keys, rfc3339};
+use crate::task_store::{Expression, key, keys, rfc3339};
 
 /// The clients and names the routines work on.
 pub struct Ops {
@@ -236,48 +236,39 @@ impl Ops {
         counted: bool,
     ) -> Result<bool, StoreError> {
         let now = AttributeValue::S(rfc3339(std::time::SystemTime::now()));
-        let task_update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(
-                keys::tasks_partition(job, run),
-                keys::task_sort(task),
-            )))
-            .update_expression(
-                "SET #status = :pending, updated_at = :now, requeued_at = :now \
-                 REMOVE #error, http_status, finished_at",
-            )
-            .condition_expression("#status = :failed")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_names("#error", "error")
-            .expression_attribute_values(":pending", AttributeValue::S("pending".into()))
-            .expression_attribute_values(":failed", AttributeValue::S("failed".into()))
-            .expression_attribute_values(":now", now.clone())
-            .build()
-            .map_err(|e| StoreError::Corrupt {
-                what: "request",
-                detail: e.to_string(),
-            })?;
+        let task_update = Expression::new(
+            "SET #status = :pending, updated_at = :now, requeued_at = :now \
+             REMOVE #error, http_status, finished_at"
+                .into(),
+            "#status = :failed",
+        )
+        .name("#status", "status")
+        .name("#error", "error")
+        .value(":pending", AttributeValue::S("pending".into()))
+        .value(":failed", AttributeValue::S("failed".into()))
+        .value(":now", now.clone())
+        .into_update(
+            &self.table,
+            key(keys::tasks_partition(job, run), keys::task_sort(task)),
+        );
         let mut items = vec![TransactWriteItem::builder().update(task_update).build()];
         if counted {
-            let run_update = Update::builder()
-                .table_name(&self.table)
-                .set_key(Some(key(keys::job_partition(job), keys::run_sort(run))))
-                .update_expression(
-                    "ADD tasks_failed :minus_one, tasks_remaining :one \
-                     SET #status = :running, updated_at = :now REMOVE completed_at",
-                )
-                .condition_expression("attribute_exists(tasks_remaining) AND #status <> :cancelled")
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":minus_one", AttributeValue::N("-1".into()))
-                .expression_attribute_values(":one", AttributeValue::N("1".into()))
-                .expression_attribute_values(":running", AttributeValue::S("running".into()))
-                .expression_attribute_values(":cancelled", AttributeValue::S("cancelled".into()))
-                .expression_attribute_values(":now", now)
-                .build()
-                .map_err(|e| StoreError::Corrupt {
-                    what: "request",
-                    detail: e.to_string(),
-                })?;
+            let run_update = Expression::new(
+                "ADD tasks_failed :minus_one, tasks_remaining :one \
+                 SET #status = :running, updated_at = :now REMOVE completed_at"
+                    .into(),
+                "attribute_exists(tasks_remaining) AND #status <> :cancelled",
+            )
+            .name("#status", "status")
+            .value(":minus_one", AttributeValue::N("-1".into()))
+            .value(":one", AttributeValue::N("1".into()))
+            .value(":running", AttributeValue::S("running".into()))
+            .value(":cancelled", AttributeValue::S("cancelled".into()))
+            .value(":now", now)
+            .into_update(
+                &self.table,
+                key(keys::job_partition(job), keys::run_sort(run)),
+            );
             items.push(TransactWriteItem::builder().update(run_update).build());
         }
         let result = self

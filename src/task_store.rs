@@ -382,7 +382,7 @@ impl DynamoTaskStore {
 
 /// An update expression with exactly the names and values it uses (DynamoDB refuses unused
 /// ones).
-struct Expression {
+pub(crate) struct Expression {
     update: String,
     condition: String,
     names: HashMap<String, String>,
@@ -390,7 +390,7 @@ struct Expression {
 }
 
 impl Expression {
-    fn new(update: String, condition: &str) -> Self {
+    pub(crate) fn new(update: String, condition: &str) -> Self {
         Self {
             update,
             condition: condition.to_owned(),
@@ -399,17 +399,17 @@ impl Expression {
         }
     }
 
-    fn name(mut self, placeholder: &str, name: &str) -> Self {
+    pub(crate) fn name(mut self, placeholder: &str, name: &str) -> Self {
         self.names.insert(placeholder.into(), name.into());
         self
     }
 
-    fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
+    pub(crate) fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
         self.values.insert(placeholder.into(), value);
         self
     }
 
-    fn into_update(self, table: &str, key: HashMap<String, AttributeValue>) -> Update {
+    pub(crate) fn into_update(self, table: &str, key: HashMap<String, AttributeValue>) -> Update {
         Update::builder()
             .table_name(table)
             .set_key(Some(key))
