@@ -90,9 +90,11 @@ pub fn endpoint() -> String {
         .expect("AWS_ENDPOINT_URL is not set: run the tests with `make test`")
 }
 
-/// SDK config for the emulator, with fake credentials: nothing leaves 127.0.0.1.
+/// SDK config for the emulator, with fake credentials: nothing leaves 127.0.0.1. The HTTP
+/// client is the worker's own.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
+        .http_client(conveyor_worker::aws::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
