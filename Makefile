@@ -33,6 +33,7 @@ build: $(VENV)/.build
 ## bench: the figures against their floors, into BENCHMARKS.md and docs/concurrency.svg
 bench: build $(VENV)/.test
 	cargo build --locked --release --bin conveyor-worker --example bench_floor --example bench
+	cargo bench --locked --bench pipeline
 	scripts/with-moto target/release/examples/bench
 
 ## lint: the quick checks alone

@@ -14,16 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use conveyor_worker::Worker;
 use conveyor_worker::batch::{BatchLimits, run_batch};
-use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::ids::{Id, TaskRef};
-use conveyor_worker::model::TaskStatus;
-use conveyor_worker::scraper::{AddressPolicy, FetchSettings, Fetcher, HttpFetcher, SystemLookup};
-use conveyor_worker::visibility::Backoff;
-use conveyor_worker::worker::RecordSettings;
-use support::memory::{MemoryPages, MemoryResults, MemoryTasks, NoHold};
-use support::{JOB, RUN, Site, Stack, body, record};
+use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, SystemLookup};
+use support::memory;
+use support::{Site, Stack, deliveries};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
@@ -83,7 +77,7 @@ async fn main() -> Result<()> {
     figures.extend(requests_per_task(&site).await);
     figures.push(guard_path().await);
     println!("CPU per record ...");
-    figures.extend(cpu_per_record().await);
+    figures.extend(cpu_per_record());
     println!("memory ...");
     figures.extend(memory(&site).await?);
     figures.push(package_size());
@@ -101,36 +95,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn task_ref(i: usize) -> TaskRef {
-    let id = |s: &str| Id::parse(s).expect("a valid id");
-    TaskRef {
-        job_id: id(JOB),
-        run_id: id(RUN),
-        task_id: id(&format!("t{i}")),
-    }
-}
-
-fn records(n: usize) -> Vec<SqsMessage> {
-    (0..n)
-        .map(|i| record(&format!("m{i}"), &body(&format!("t{i}")), 1))
-        .collect()
-}
-
-fn settings() -> RecordSettings {
-    RecordSettings {
-        results_prefix: "results/".into(),
-        quarantine_prefix: "quarantine/".into(),
-        max_attempts: 5,
-        scrape_timeout: Duration::from_secs(30),
-        backoff: Backoff {
-            base: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-            jitter: || 1.0,
-        },
-        duplicate_policy: DuplicatePolicy::Converge,
-    }
-}
-
 /// The real fetcher, allowed onto the loopback site.
 fn http_fetcher() -> HttpFetcher {
     let fetch = FetchSettings {
@@ -143,23 +107,6 @@ fn http_fetcher() -> HttpFetcher {
     };
     let policy = AddressPolicy::new(true, None);
     HttpFetcher::with_policy(&fetch, policy, Arc::new(SystemLookup)).expect("an HTTP client")
-}
-
-type FakeWorker<F> = Worker<MemoryTasks, MemoryResults, F, NoHold>;
-
-/// The worker with in-process stores, `n` pending tasks at `url`.
-fn fake_worker<F: Fetcher>(fetcher: F, n: usize, url: &str) -> FakeWorker<F> {
-    let worker = Worker {
-        tasks: MemoryTasks::default(),
-        results: MemoryResults::default(),
-        fetcher,
-        visibility: NoHold::default(),
-        settings: settings(),
-    };
-    for i in 0..n {
-        worker.tasks.put(task_ref(i), url, TaskStatus::Pending);
-    }
-    worker
 }
 
 fn limits(max_concurrency: usize) -> BatchLimits {
@@ -231,6 +178,10 @@ async fn first_poll(binary: &std::path::Path) -> Result<Duration> {
         .env("TABLE_NAME", "bench")
         .env("RESULTS_BUCKET", "bench")
         .env("AWS_REGION", "us-east-1")
+        // Lambda always hands the function its role's credentials in the environment.
+        .env("AWS_ACCESS_KEY_ID", "bench")
+        .env("AWS_SECRET_ACCESS_KEY", "bench")
+        .env("AWS_SESSION_TOKEN", "bench")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -250,12 +201,12 @@ async fn first_poll(binary: &std::path::Path) -> Result<Duration> {
 /// ceil(200 / 32) x 100 ms; the same batch against the emulator; and a sweep of concurrency.
 async fn waiting_on_pages(site: &Site) -> Result<(Vec<Figure>, Vec<(usize, f64, f64)>)> {
     let url = site.url(&format!("/slow/{PAGE_MS}"));
-    let batch = records(PAGE_TASKS);
+    let batch = deliveries(PAGE_TASKS);
     let fetcher = http_fetcher();
     let floor_of = |c: usize| PAGE_TASKS.div_ceil(c) as f64 * PAGE_MS as f64;
     let mut runs = Vec::new();
     for _ in 0..RUNS {
-        let worker = fake_worker(fetcher.clone(), PAGE_TASKS, &url);
+        let worker = memory::worker(fetcher.clone(), PAGE_TASKS, &url);
         runs.push(
             timed_batch(&worker, &batch, PAGE_CONCURRENCY)
                 .await
@@ -296,7 +247,7 @@ async fn waiting_on_pages(site: &Site) -> Result<(Vec<Figure>, Vec<(usize, f64, 
     for concurrency in SWEEP {
         let mut runs = Vec::new();
         for _ in 0..3 {
-            let worker = fake_worker(fetcher.clone(), PAGE_TASKS, &url);
+            let worker = memory::worker(fetcher.clone(), PAGE_TASKS, &url);
             runs.push(
                 timed_batch(&worker, &batch, concurrency)
                     .await
@@ -317,7 +268,7 @@ async fn requests_per_task(site: &Site) -> Vec<Figure> {
     stack.put_active_run().await;
     stack.put_task("t0", &site.url("/page/a"), "pending").await;
     let worker = stack.worker();
-    let batch = records(1);
+    let batch = deliveries(1);
     stack.calls.clear();
     timed_batch(&worker, &batch, 1).await;
     let success = stack.calls.calls().len();
@@ -356,7 +307,7 @@ async fn guard_path() -> Figure {
             .await;
     }
     let worker = stack.worker();
-    let batch = records(N);
+    let batch = deliveries(N);
     stack.calls.clear();
     let took = timed_batch(&worker, &batch, 16).await;
     let calls = stack.calls.calls();
@@ -377,36 +328,41 @@ async fn guard_path() -> Figure {
 
 // 4. CPU per record -----------------------------------------------------------------------
 
-/// Records per second through the whole pipeline with nothing to wait on (in-process
-/// stores, pages served from memory), for batches of 10 and 10,000.
-async fn cpu_per_record() -> Vec<Figure> {
-    let pages = MemoryPages {
-        body: bytes::Bytes::from(vec![b'x'; 16 * 1024]),
-        delay: Duration::ZERO,
-    };
-    let mut figures = Vec::new();
-    for (size, repeats) in [(10, 200), (10_000, 1)] {
-        let batch = records(size);
-        let mut rates = Vec::new();
-        for _ in 0..RUNS {
-            let mut took = Duration::ZERO;
-            for _ in 0..repeats {
-                let worker = fake_worker(pages.clone(), size, "http://example.test/page");
-                took += timed_batch(&worker, &batch, 16).await;
+/// Records per second through the whole pipeline with nothing to wait on, for batches of 10
+/// and 10,000: criterion's estimates from `cargo bench --bench pipeline` (benches/pipeline.rs,
+/// which `make bench` runs first).
+fn cpu_per_record() -> Vec<Figure> {
+    let estimates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+    [10, 10_000]
+        .into_iter()
+        .map(|size| {
+            let file = estimates.join(format!("pipeline/batch/{size}/new/estimates.json"));
+            let what = format!(
+                "4. CPU: records per second, batches of {size}, 16 KiB pages, no I/O (criterion)"
+            );
+            let value = match criterion_median_ns(&file) {
+                Some(batch_ns) => {
+                    let each_us = batch_ns / size as f64 / 1000.0;
+                    format!("{:.0} records/s ({each_us:.1} µs each)", 1e6 / each_us)
+                }
+                None => "not measured: run `cargo bench --bench pipeline`".into(),
+            };
+            Figure {
+                what,
+                value,
+                floor: String::new(),
+                ratio: None,
+                target: String::new(),
+                met: None,
             }
-            rates.push((size * repeats) as f64 / took.as_secs_f64());
-        }
-        let rate = median(rates);
-        figures.push(Figure {
-            what: format!("4. CPU: records per second, batches of {size}, 16 KiB pages, no I/O"),
-            value: format!("{rate:.0} records/s ({:.1} µs each)", 1e6 / rate),
-            floor: String::new(),
-            ratio: None,
-            target: String::new(),
-            met: None,
-        });
-    }
-    figures
+        })
+        .collect()
+}
+
+/// The median time of one iteration (one batch), in nanoseconds, from criterion's estimates.
+fn criterion_median_ns(file: &std::path::Path) -> Option<f64> {
+    let estimates: serde_json::Value = serde_json::from_slice(&std::fs::read(file).ok()?).ok()?;
+    estimates["median"]["point_estimate"].as_f64()
 }
 
 // 5. Memory -------------------------------------------------------------------------------
@@ -455,8 +411,8 @@ async fn peak_rss(n: usize, url: &str, env: Option<(&str, &str)>) -> Result<f64>
 /// The child of [`memory`]: runs the batch, prints its peak RSS in kB.
 async fn rss_probe(n: usize, url: &str) -> Result<()> {
     if n > 0 {
-        let worker = fake_worker(http_fetcher(), n, url);
-        timed_batch(&worker, &records(n), 16).await;
+        let worker = memory::worker(http_fetcher(), n, url);
+        timed_batch(&worker, &deliveries(n), 16).await;
     }
     let status = std::fs::read_to_string("/proc/self/status")?;
     let peak = status

@@ -18,6 +18,38 @@ use conveyor_worker::result_store::{NewResult, Put, ResultStore};
 use conveyor_worker::scraper::{FetchError, Fetcher};
 use conveyor_worker::task_store::{Claim, Finish, Lease, TaskStore};
 use conveyor_worker::visibility::{QueueRef, Visibility};
+use conveyor_worker::worker::{RecordSettings, Worker};
+
+use super::{PREFIX, WorkerTuning, task_ref};
+
+/// The worker over in-process stores and `fetcher`.
+pub type MemoryWorker<F> = Worker<MemoryTasks, MemoryResults, F, NoHold>;
+
+/// A worker over in-process stores with `n` pending tasks, `t0` to `t{n-1}` of the test job
+/// and run, whose pages are at `url`; settings as the emulator tests' defaults.
+pub fn worker<F: Fetcher>(fetcher: F, n: usize, url: &str) -> MemoryWorker<F> {
+    let tuning = WorkerTuning::default();
+    let worker = Worker {
+        tasks: MemoryTasks::default(),
+        results: MemoryResults::default(),
+        fetcher,
+        visibility: NoHold::default(),
+        settings: RecordSettings {
+            results_prefix: PREFIX.into(),
+            quarantine_prefix: "quarantine/".into(),
+            max_attempts: super::MAX_ATTEMPTS,
+            scrape_timeout: tuning.scrape_timeout,
+            backoff: tuning.backoff,
+            duplicate_policy: tuning.duplicate_policy,
+        },
+    };
+    for i in 0..n {
+        worker
+            .tasks
+            .put(task_ref(&format!("t{i}")), url, TaskStatus::Pending);
+    }
+    worker
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)

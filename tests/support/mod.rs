@@ -31,6 +31,7 @@ use conveyor_worker::Worker;
 use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::ids::{Id, TaskRef};
 use conveyor_worker::result_store::S3ResultStore;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::task_store::DynamoTaskStore;
@@ -519,9 +520,24 @@ pub fn body(task: &str) -> String {
     json!({"job_id": JOB, "run_id": RUN, "task_id": task}).to_string()
 }
 
+/// `task` of [`JOB`] / [`RUN`].
+pub fn task_ref(task: &str) -> TaskRef {
+    let id = |s: &str| Id::parse(s).expect("a valid id");
+    TaskRef {
+        job_id: id(JOB),
+        run_id: id(RUN),
+        task_id: id(task),
+    }
+}
+
 /// A first delivery of `task`, with the task id as message id.
 pub fn delivery(task: &str) -> SqsMessage {
     record(task, &body(task), 1)
+}
+
+/// First deliveries of `t0` to `t{n-1}`.
+pub fn deliveries(n: usize) -> Vec<SqsMessage> {
+    (0..n).map(|i| delivery(&format!("t{i}"))).collect()
 }
 
 pub fn event(records: Vec<SqsMessage>) -> SqsEvent {
