@@ -27,13 +27,26 @@ use crate::worker::Worker;
 /// The worker as deployed: DynamoDB, S3 and reqwest.
 pub type AwsWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher, SqsVisibility>;
 
+/// Which root certificates the SDK's HTTPS client trusts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// Mozilla's roots compiled in ([`https_client`]): the function, where cold starts count.
+    CompiledIn,
+    /// The system's store (the SDK's default client): the operator's tool, which may run
+    /// behind a proxy that re-signs TLS with a CA of its own.
+    System,
+}
+
 /// Loads region, credentials and endpoint the standard way (`AWS_ENDPOINT_URL` included),
 /// with the standard retry mode: our own AWS errors are retried within the invocation
 /// before the record is reported for redelivery.
-pub async fn sdk_config() -> SdkConfig {
+pub async fn sdk_config(trust: Trust) -> SdkConfig {
     let loader = aws_config::defaults(BehaviorVersion::latest())
-        .retry_config(RetryConfig::standard().with_max_attempts(3))
-        .http_client(https_client());
+        .retry_config(RetryConfig::standard().with_max_attempts(3));
+    let loader = match trust {
+        Trust::CompiledIn => loader.http_client(https_client()),
+        Trust::System => loader,
+    };
     let loader = if keys_in_environment() {
         // What the default chain would pick first, without building the rest of it at every
         // cold start (an STS client for web identity, the ECS and IMDS providers).

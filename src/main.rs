@@ -10,7 +10,7 @@ use lambda_runtime::{Error, LambdaEvent, service_fn};
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = Config::from_env().inspect_err(|e| tracing::error!("cold start failed: {e}"))?;
-    let worker = AwsWorker::from_config(&config, &aws::sdk_config().await)?;
+    let worker = AwsWorker::from_config(&config, &aws::sdk_config(aws::Trust::CompiledIn).await)?;
     let limits = BatchLimits::from(&config);
     let metrics = &MetricsSettings::from(&config);
     let worker = &worker;

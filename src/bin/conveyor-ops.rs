@@ -142,7 +142,7 @@ async fn main() -> ExitCode {
 
 async fn poll(args: PollArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
-    let sdk = aws::sdk_config().await;
+    let sdk = aws::sdk_config(aws::Trust::System).await;
     let worker = AwsWorker::from_config(&config, &sdk)?;
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let queue_arn = esm::queue_arn(&sqs, &args.queue_url)
@@ -208,7 +208,7 @@ fn describe(ended: Ended) -> &'static str {
 
 /// The clients the routines use, from the standard AWS settings.
 async fn ops(table: String) -> Ops {
-    let sdk = aws::sdk_config().await;
+    let sdk = aws::sdk_config(aws::Trust::System).await;
     Ops {
         dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
         s3: aws_sdk_s3::Client::from_conf(aws::s3_config(&sdk).build()),
