@@ -63,11 +63,11 @@ fn keys_in_environment() -> bool {
     set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY")
 }
 
-/// The SDK's HTTPS client, one for every AWS client of the process: rustls trusting Mozilla's
-/// roots compiled into the binary, as the fetcher does. The SDK's default client reads the
-/// system's certificate store at every cold start (a directory of ~300 files on Debian: 7 ms
-/// of a 14 ms start here); AWS endpoints chain to Amazon Trust Services roots, which are in
-/// Mozilla's set.
+/// The SDK's HTTPS client, shared by every AWS client built from one config: rustls
+/// trusting Mozilla's roots compiled into the binary, as the fetcher does. The SDK's default
+/// client reads the system's certificate store at every cold start (a directory of ~300
+/// files on Debian: 7 ms of a 14 ms start here); AWS endpoints chain to Amazon Trust
+/// Services roots, which are in Mozilla's set.
 pub fn https_client() -> SharedHttpClient {
     let roots = TrustStore::empty().with_pem_certificate(MOZILLA_ROOTS);
     // `build` cannot fail: it only moves the trust store into the context.
