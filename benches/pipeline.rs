@@ -1,6 +1,9 @@
 //! CPU per record: the whole pipeline (message parsing, guard, fetch, converge, the partial
 //! batch reply) over in-process stores and pages, so only the worker's own work is timed.
 //! `cargo bench --bench pipeline`; `make bench` reads its estimates into BENCHMARKS.md.
+//! To profile it, keep the symbols the release profile strips (a separate build):
+//! `CARGO_PROFILE_BENCH_STRIP=none cargo bench --bench pipeline -- --profile-time 5` under
+//! `perf record`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
