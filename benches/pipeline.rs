@@ -14,12 +14,8 @@ use bytes::Bytes;
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use support::deliveries;
-use support::memory::{self, MemoryPages};
+use support::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 
-/// The page every task fetches.
-const PAGE_BYTES: usize = 16 * 1024;
-/// The batch sizes of the issue: SQS's default and the largest a mapping can hand over.
-const BATCHES: [usize; 2] = [10, 10_000];
 /// The worker's default MAX_CONCURRENCY.
 const CONCURRENCY: usize = 16;
 
@@ -27,7 +23,7 @@ fn pipeline(c: &mut Criterion) {
     // The runtime the function runs on (`#[tokio::main]`: multi-threaded).
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let pages = MemoryPages {
-        body: Bytes::from(vec![b'x'; PAGE_BYTES]),
+        body: Bytes::from(vec![b'x'; CPU_PAGE_BYTES]),
         delay: Duration::ZERO,
     };
     let limits = BatchLimits {
@@ -35,7 +31,7 @@ fn pipeline(c: &mut Criterion) {
         deadline_margin: Duration::from_millis(500),
     };
     let mut group = c.benchmark_group("pipeline");
-    for size in BATCHES {
+    for size in CPU_BATCHES {
         let batch = deliveries(size);
         group.throughput(Throughput::Elements(size as u64));
         group.sample_size(if size > 1_000 { 10 } else { 100 });

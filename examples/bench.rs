@@ -333,12 +333,13 @@ async fn guard_path() -> Figure {
 /// which `make bench` runs first).
 fn cpu_per_record() -> Vec<Figure> {
     let estimates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
-    [10, 10_000]
+    memory::CPU_BATCHES
         .into_iter()
         .map(|size| {
             let file = estimates.join(format!("pipeline/batch/{size}/new/estimates.json"));
             let what = format!(
-                "4. CPU: records per second, batches of {size}, 16 KiB pages, no I/O (criterion)"
+                "4. CPU: records per second, batches of {size}, {} KiB pages, no I/O (criterion)",
+                memory::CPU_PAGE_BYTES / 1024
             );
             let value = match criterion_median_ns(&file) {
                 Some(batch_ns) => {

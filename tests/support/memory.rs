@@ -22,6 +22,11 @@ use conveyor_worker::worker::{RecordSettings, Worker};
 
 use super::{PREFIX, WorkerTuning, task_ref};
 
+/// The CPU benchmark's shape (benches/pipeline.rs), which `make bench` reports: the page
+/// every task fetches, and the batch sizes (SQS's default and the largest a mapping hands over).
+pub const CPU_PAGE_BYTES: usize = 16 * 1024;
+pub const CPU_BATCHES: [usize; 2] = [10, 10_000];
+
 /// The worker over in-process stores and `fetcher`.
 pub type MemoryWorker<F> = Worker<MemoryTasks, MemoryResults, F, NoHold>;
 
