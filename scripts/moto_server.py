@@ -16,7 +16,11 @@ patched here without changing what any request returns:
   ReceiveMessage returns (to check its retention period). `compute_queue_attributes_once`
   computes them once per GetQueueAttributes and reads the retention period directly.
 
-Usage: moto_server.py [PORT]   (0 or none: any free port). Prints the port on stdout.
+The same moto is also served behind `prodlike.py` (conflicts, stale reads, S3 limits, as
+production has them) on a second port, for the tests that ask for it.
+
+Usage: moto_server.py [PORT [PRODLIKE_PORT]]   (0 or none: any free port). Prints the two
+ports on stdout, one a line: moto's, then the production-like layer's.
 """
 
 import copy
@@ -24,6 +28,8 @@ import os
 import sys
 import threading
 import types
+
+import prodlike
 
 import moto.dynamodb.models as dynamodb_models
 from moto.core.utils import unix_time
@@ -123,20 +129,21 @@ def compute_queue_attributes_once():
     )
 
 
+def serve(port, app):
+    return make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
+
+
 def main():
     copy_touched_items_only()
     compute_queue_attributes_once()
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    app = DomainDispatcherApplication(create_backend_app)
-    server = make_server(
-        "127.0.0.1",
-        port,
-        one_at_a_time(app),
-        threaded=True,
-        request_handler=MotoRequestHandler,
-    )
+    ports = [int(p) for p in sys.argv[1:3]] + [0, 0]
+    app = one_at_a_time(prodlike.Recording(DomainDispatcherApplication(create_backend_app)))
+    server = serve(ports[0], app)
+    layer = serve(ports[1], prodlike.ProdLike(app))
     os.environ["MOTO_PORT"] = str(server.port)
     print(server.port, flush=True)
+    print(layer.port, flush=True)
+    threading.Thread(target=layer.serve_forever, daemon=True).start()
     server.serve_forever()
 
 
