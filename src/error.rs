@@ -1,5 +1,6 @@
 //! Errors of the stores, classified from the SDK's own error types before anything is logged.
 
+use aws_runtime::retries::classifiers::{THROTTLING_ERRORS, TRANSIENT_ERRORS};
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
@@ -16,8 +17,14 @@ pub enum AwsFault {
     TimedOut,
     /// The request never got there (DNS, connect, TLS, credentials).
     NotSent,
-    /// The service refused the request (access denied, missing table or bucket, validation):
-    /// a configuration problem that a redelivery may outlast once it is fixed.
+    /// Another request was changing the same item or object at that moment (a DynamoDB
+    /// transaction in flight, S3's 409 to racing conditional writes): try again shortly.
+    Conflict,
+    /// The service refused the request itself as invalid (too large, malformed): sending
+    /// the same request again can never succeed.
+    Invalid { code: String },
+    /// The service refused the request (access denied, missing table or bucket): a
+    /// configuration problem that a redelivery may outlast once it is fixed.
     Refused { code: String },
 }
 
@@ -28,6 +35,8 @@ impl std::fmt::Display for AwsFault {
             Self::ServiceFailed => f.write_str("service failed"),
             Self::TimedOut => f.write_str("timed out"),
             Self::NotSent => f.write_str("not sent"),
+            Self::Conflict => f.write_str("conflicted with a concurrent change"),
+            Self::Invalid { code } => write!(f, "refused as invalid: {code}"),
             Self::Refused { code } => write!(f, "refused: {code}"),
         }
     }
@@ -35,7 +44,8 @@ impl std::fmt::Display for AwsFault {
 
 /// A store call that did not give an answer the worker can act on.
 ///
-/// Every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
+/// Unless the worker can write something else in its place ([`StoreError::is_invalid`]),
+/// every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
 /// cannot read is a bug that must reach the dead-letter queue rather than be dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -48,25 +58,34 @@ pub enum StoreError {
     },
     #[error("unreadable {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    /// A concurrent change was in the way (a transaction conflict, an object gone between
+    /// two requests): trying again shortly may get past it.
     #[error("concurrent change: {detail}")]
     Conflict { detail: String },
+    /// The stored state forbids what was asked (an operator's re-queue of a cancelled run).
+    #[error("refused: {detail}")]
+    Refused { detail: String },
 }
 
-/// Error codes AWS uses for "slow down".
-const THROTTLING_CODES: &[&str] = &[
-    "ThrottlingException",
-    "Throttling",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "RequestLimitExceeded",
-    "TransactionInProgressException",
-    "SlowDown",
-    "BandwidthLimitExceeded",
-    "PriorRequestNotComplete",
-    "EC2ThrottledException",
+/// Codes of a request that met a concurrent change of the same item or object.
+const CONFLICT_CODES: &[&str] = &[
+    "TransactionConflictException",
+    "ReplicatedWriteConflictException",
+    "ConditionalRequestConflict",
+    "OperationAborted",
+];
+
+/// Codes of a request refused for what it is (size, shape), not for who sent it.
+const INVALID_CODES: &[&str] = &[
+    "ValidationException",
+    "ItemCollectionSizeLimitExceededException",
+    "SerializationException",
+    "InvalidArgument",
+    "InvalidRequest",
+    "MetadataTooLarge",
+    "RequestHeaderSectionTooLarge",
+    "EntityTooLarge",
+    "KeyTooLongError",
 ];
 
 impl StoreError {
@@ -79,20 +98,21 @@ impl StoreError {
             SdkError::TimeoutError(_) => AwsFault::TimedOut,
             SdkError::DispatchFailure(d) if d.is_timeout() => AwsFault::TimedOut,
             SdkError::DispatchFailure(_) | SdkError::ConstructionFailure(_) => AwsFault::NotSent,
-            SdkError::ServiceError(ctx) => {
-                let code = ctx.err().code();
-                let status = ctx.raw().status();
-                if status.as_u16() == 429 || code.is_some_and(|c| THROTTLING_CODES.contains(&c)) {
-                    AwsFault::Throttled
-                } else if status.is_server_error() {
-                    AwsFault::ServiceFailed
-                } else {
-                    let code = code.unwrap_or("unknown").to_owned();
-                    AwsFault::Refused { code }
-                }
-            }
+            SdkError::ServiceError(ctx) => classify(ctx.raw().status().as_u16(), ctx.err().code()),
             _ => AwsFault::ServiceFailed,
         };
+        Self::Aws {
+            operation,
+            fault,
+            source: Box::new(err),
+        }
+    }
+
+    /// An SDK error whose fault the caller classified (a cancelled transaction, by reasons).
+    pub fn aws<E>(operation: &'static str, fault: AwsFault, err: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         Self::Aws {
             operation,
             fault,
@@ -104,8 +124,57 @@ impl StoreError {
     pub fn aws_fault(&self) -> Option<&AwsFault> {
         match self {
             Self::Aws { fault, .. } => Some(fault),
-            Self::Corrupt { .. } | Self::Conflict { .. } => None,
+            Self::Corrupt { .. } | Self::Conflict { .. } | Self::Refused { .. } => None,
         }
+    }
+
+    /// A concurrent change was in the way: worth trying again shortly, within the invocation.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict { .. }) || self.aws_fault() == Some(&AwsFault::Conflict)
+    }
+
+    /// AWS refused the request as invalid: the same request can never succeed.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self.aws_fault(), Some(AwsFault::Invalid { .. }))
+    }
+}
+
+/// The fault of a cancelled DynamoDB transaction, by its items' cancellation reasons (in
+/// item order; `None` for an item that was fine), when one of them says more than "a
+/// condition failed".
+pub fn cancellation_fault(codes: &[&str]) -> Option<AwsFault> {
+    let any = |code: &str| codes.contains(&code);
+    if any("TransactionConflict") {
+        Some(AwsFault::Conflict)
+    } else if any("ValidationError") {
+        Some(AwsFault::Invalid {
+            code: "ValidationError".into(),
+        })
+    } else if any("ThrottlingError") || any("ProvisionedThroughputExceeded") {
+        Some(AwsFault::Throttled)
+    } else {
+        None
+    }
+}
+
+/// An AWS service error by HTTP status and error code. Throttling and transient codes are
+/// the SDK's own lists (`aws-runtime`), so they stay what the SDK's retries use.
+pub fn classify(status: u16, code: Option<&str>) -> AwsFault {
+    let is = |codes: &[&str]| code.is_some_and(|c| codes.contains(&c));
+    if status == 429 || is(THROTTLING_ERRORS) {
+        AwsFault::Throttled
+    } else if is(TRANSIENT_ERRORS) {
+        AwsFault::TimedOut
+    } else if is(CONFLICT_CODES) {
+        AwsFault::Conflict
+    } else if (500..600).contains(&status) {
+        AwsFault::ServiceFailed
+    } else if is(INVALID_CODES) {
+        let code = code.unwrap_or_default().to_owned();
+        AwsFault::Invalid { code }
+    } else {
+        let code = code.unwrap_or("unknown").to_owned();
+        AwsFault::Refused { code }
     }
 }
 
@@ -114,5 +183,65 @@ pub(crate) fn service_code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> 
     match err {
         SdkError::ServiceError(ctx) => ctx.err().code(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_the_sdk_retries_as_throttling_is_throttled_here() {
+        for code in THROTTLING_ERRORS {
+            assert_eq!(classify(400, Some(code)), AwsFault::Throttled, "{code}");
+        }
+        assert_eq!(
+            classify(400, Some("LimitExceededException")),
+            AwsFault::Throttled
+        );
+        for code in TRANSIENT_ERRORS {
+            assert_eq!(classify(400, Some(code)), AwsFault::TimedOut, "{code}");
+        }
+    }
+
+    #[test]
+    fn concurrent_changes_invalid_requests_and_refusals_are_told_apart() {
+        let table = [
+            (400, "TransactionConflictException", AwsFault::Conflict),
+            (409, "ConditionalRequestConflict", AwsFault::Conflict),
+            (
+                400,
+                "ValidationException",
+                AwsFault::Invalid {
+                    code: "ValidationException".into(),
+                },
+            ),
+            (
+                400,
+                "RequestHeaderSectionTooLarge",
+                AwsFault::Invalid {
+                    code: "RequestHeaderSectionTooLarge".into(),
+                },
+            ),
+            (
+                404,
+                "NoSuchBucket",
+                AwsFault::Refused {
+                    code: "NoSuchBucket".into(),
+                },
+            ),
+            (
+                400,
+                "AccessDeniedException",
+                AwsFault::Refused {
+                    code: "AccessDeniedException".into(),
+                },
+            ),
+            (503, "ServiceUnavailable", AwsFault::ServiceFailed),
+            (429, "Anything", AwsFault::Throttled),
+        ];
+        for (status, code, expected) in table {
+            assert_eq!(classify(status, Some(code)), expected, "{status} {code}");
+        }
     }
 }
