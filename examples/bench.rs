@@ -3,7 +3,7 @@
 //! a shared machine drift; ratios hold). Writes BENCHMARKS.md and docs/concurrency.svg.
 //!
 //! Run by `make bench` against the local emulator; `bench --rss <n> <url>` is the child
-//! process of the memory figure.
+//! process of the memory figure, and `bench --memory` prints the memory figures alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -29,6 +29,8 @@ const PAGE_TASKS: usize = 200;
 const PAGE_CONCURRENCY: usize = 32;
 const SWEEP: [usize; 6] = [4, 8, 16, 32, 64, 128];
 const MEGABYTE: usize = 1024 * 1024;
+/// MAX_BODY_BYTES, as deployed by default.
+const CAP_BYTES: u64 = 10 * MEGABYTE as u64;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -67,6 +69,14 @@ async fn main() -> Result<()> {
     }
     let mut figures = Vec::new();
     let site = Site::start().await;
+    if let [_, flag] = args.as_slice()
+        && flag == "--memory"
+    {
+        for figure in memory(&site).await? {
+            println!("{}", figure.row());
+        }
+        return Ok(());
+    }
 
     println!("cold start ...");
     figures.push(cold_start().await?);
@@ -100,7 +110,7 @@ fn http_fetcher() -> HttpFetcher {
     let fetch = FetchSettings {
         connect_timeout: Duration::from_secs(5),
         max_redirects: 10,
-        max_body_bytes: 10 * MEGABYTE as u64,
+        max_body_bytes: CAP_BYTES,
         user_agent: "conveyor-worker-bench".into(),
         allow_private_networks: true,
         allowed_ports: None,
@@ -370,7 +380,9 @@ fn criterion_median_ns(file: &std::path::Path) -> Option<f64> {
 
 /// Peak RSS of a process running one batch of 1 MB pages at concurrency 16, for two batch
 /// sizes (it must not grow with the batch), and of the same process running no batch; with
-/// glibc's mmap threshold fixed as the stack deploys it, and once with glibc's default.
+/// glibc's mmap threshold fixed as the stack deploys it, and once with glibc's default. Then
+/// pages that decode to just under the 10 MB cap from gzip (no Content-Length: the buffer
+/// grows as the body comes), against the memory the template reserves for them.
 async fn memory(site: &Site) -> Result<Vec<Figure>> {
     let url = site.url(&format!("/bytes/{MEGABYTE}"));
     let deployed = Some(("MALLOC_MMAP_THRESHOLD_", "131072"));
@@ -391,7 +403,28 @@ async fn memory(site: &Site) -> Result<Vec<Figure>> {
             met: Some(mb < 64.0),
         });
     }
+    figures.push(near_the_cap(site, idle, deployed).await?);
     Ok(figures)
+}
+
+/// Peak RSS of 32 gzip pages that decode to 9.5 MB each, 16 at once, against
+/// `MAX_CONCURRENCY x (MAX_BODY_BYTES + RECORD_OVERHEAD_BYTES) + PROCESS_BYTES`.
+async fn near_the_cap(site: &Site, idle: f64, env: Option<(&str, &str)>) -> Result<Figure> {
+    use conveyor_worker::config::{PROCESS_BYTES, RECORD_OVERHEAD_BYTES};
+    let url = site.url(&format!("/encoded/gzip/{}", 95 * MEGABYTE / 10));
+    let mb = peak_rss(32, &url, env).await?;
+    let reserved = 16 * (CAP_BYTES + RECORD_OVERHEAD_BYTES) + PROCESS_BYTES;
+    let reserved = reserved as f64 / MEGABYTE as f64;
+    Ok(Figure {
+        what: "5. Peak RSS, 32 x 9.5 MB pages from gzip (no Content-Length), \
+               MAX_CONCURRENCY 16, cap 10 MB, as deployed"
+            .into(),
+        value: format!("{mb:.1} MB"),
+        floor: format!("{idle:.1} MB (same process, no batch)"),
+        ratio: Some(mb / idle),
+        target: format!("under {reserved:.0} MB, what the template rule reserves"),
+        met: Some(mb < reserved),
+    })
 }
 
 /// Peak RSS in MB of a child process running a batch of `n` pages from `url`.

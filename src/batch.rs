@@ -71,8 +71,18 @@ pub struct BatchLimits {
 
 impl From<&Config> for BatchLimits {
     fn from(config: &Config) -> Self {
+        let max_concurrency = config.record_concurrency();
+        if max_concurrency < config.max_concurrency {
+            tracing::warn!(
+                max_concurrency,
+                configured = config.max_concurrency,
+                memory_mb = config.function_memory_mb,
+                max_body_bytes = config.max_body_bytes,
+                "MAX_CONCURRENCY lowered: the function's memory holds no more bodies at MAX_BODY_BYTES"
+            );
+        }
         Self {
-            max_concurrency: config.max_concurrency,
+            max_concurrency,
             deadline_margin: config.deadline_margin,
         }
     }
@@ -184,12 +194,12 @@ async fn run_records<P: ProcessRecord>(
 }
 
 /// Record indexes by FIFO message group, in order of first appearance; a record without a
-/// group is a group of its own.
+/// group, or from a standard queue, is a group of its own.
 fn groups(records: &[SqsMessage]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut by_id: HashMap<&str, usize> = HashMap::new();
     for (index, record) in records.iter().enumerate() {
-        match record.attributes.get("MessageGroupId") {
+        match fifo_group(record) {
             Some(group) => match by_id.get(group.as_str()) {
                 Some(&g) => groups[g].push(index),
                 None => {
@@ -201,6 +211,16 @@ fn groups(records: &[SqsMessage]) -> Vec<Vec<usize>> {
         }
     }
     groups
+}
+
+/// The record's FIFO message group. Standard queues may carry a `MessageGroupId` too (SQS
+/// fair queues), which orders nothing: only a queue whose ARN ends in `.fifo` has groups.
+fn fifo_group(record: &SqsMessage) -> Option<&String> {
+    let fifo = record
+        .event_source_arn
+        .as_deref()
+        .is_some_and(|arn| arn.ends_with(".fifo"));
+    record.attributes.get("MessageGroupId").filter(|_| fifo)
 }
 
 /// The lock is only ever held to store one outcome, never across an await or a panic.
@@ -429,7 +449,34 @@ mod tests {
         message
             .attributes
             .insert("MessageGroupId".into(), group.into());
+        message.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:tasks.fifo".into());
         message
+    }
+
+    /// A record of a standard queue with a `MessageGroupId` (an SQS fair queue).
+    fn in_fair_group(id: &str, group: &str, body: &str) -> SqsMessage {
+        let mut message = in_group(id, group, body);
+        message.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:tasks".into());
+        message
+    }
+
+    #[tokio::test]
+    async fn records_of_a_fair_queue_group_run_side_by_side_and_retry_alone() {
+        let records = [
+            in_fair_group("a1", "A", "retry"),
+            in_fair_group("a2", "A", "sleep 60"),
+            in_fair_group("a3", "A", "sleep 60"),
+        ];
+        let processor = Scripted::default();
+
+        let reply = run(&processor, &records, in_a_minute(), 4).await;
+
+        assert_eq!(ids(&reply), ["a1"]);
+        assert_eq!(
+            processor.most_at_once.load(Ordering::SeqCst),
+            2,
+            "a2 and a3 at once"
+        );
     }
 
     #[tokio::test]

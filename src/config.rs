@@ -48,6 +48,9 @@ pub struct Config {
     pub max_concurrency: usize,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
+    /// Kept free before the batch's cutoff for storing a fetched page: no fetch starts, or
+    /// goes on, into it.
+    pub store_reserve: Duration,
     pub connect_timeout: Duration,
     pub max_redirects: usize,
     pub max_body_bytes: u64,
@@ -63,6 +66,29 @@ pub struct Config {
     pub metrics_namespace: String,
     /// The `Service` dimension of the worker's metrics.
     pub metrics_service: String,
+    /// The function's memory in MB, as Lambda sets it (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`).
+    pub function_memory_mb: Option<u64>,
+}
+
+/// Memory the process needs besides the bodies in flight (runtime, TLS, SDK clients, logs):
+/// 4.4 MB measured with no batch (BENCHMARKS.md, figure 5), with room to spare.
+pub const PROCESS_BYTES: u64 = 32 * 1024 * 1024;
+/// Memory a record needs besides its body (connection, decoder, request buffers): 0.4 MB
+/// measured (figure 5: 64 pages of 1 MB, 16 at once, 26 MB at the peak).
+pub const RECORD_OVERHEAD_BYTES: u64 = 512 * 1024;
+
+impl Config {
+    /// The records a batch runs at once: `MAX_CONCURRENCY`, lowered when the function's
+    /// memory could not hold that many bodies of `MAX_BODY_BYTES` beside the process.
+    pub fn record_concurrency(&self) -> usize {
+        let Some(memory_mb) = self.function_memory_mb else {
+            return self.max_concurrency;
+        };
+        let room = (memory_mb * 1024 * 1024).saturating_sub(PROCESS_BYTES);
+        let fits = room / (self.max_body_bytes + RECORD_OVERHEAD_BYTES);
+        let fits = usize::try_from(fits).unwrap_or(usize::MAX).max(1);
+        self.max_concurrency.min(fits)
+    }
 }
 
 impl Config {
@@ -85,6 +111,7 @@ impl Config {
             max_concurrency: env.positive("MAX_CONCURRENCY", 16)?,
             max_attempts: env.positive("MAX_ATTEMPTS", 5)?,
             scrape_timeout: env.millis("SCRAPE_TIMEOUT_MS", 30_000)?,
+            store_reserve: env.millis("STORE_RESERVE_MS", 3_000)?,
             connect_timeout: env.millis("CONNECT_TIMEOUT_MS", 5_000)?,
             max_redirects: env.parsed("MAX_REDIRECTS", 10, "a whole number")?,
             max_body_bytes: env.positive("MAX_BODY_BYTES", 10 * 1024 * 1024)?,
@@ -107,6 +134,9 @@ impl Config {
             metrics_service: env
                 .get("METRICS_SERVICE")
                 .unwrap_or_else(|| "conveyor-worker".into()),
+            function_memory_mb: env
+                .get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+                .and_then(|m| m.parse().ok()),
         })
     }
 }
@@ -203,6 +233,24 @@ mod tests {
         assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
         assert!(!config.allow_private_networks);
         assert_eq!(config.allowed_ports, None);
+    }
+
+    #[test]
+    fn concurrency_is_lowered_to_what_the_function_memory_holds() {
+        let with = |memory: &str, concurrency: &str| {
+            let mut vars = REQUIRED.to_vec();
+            vars.extend([
+                ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", memory),
+                ("MAX_CONCURRENCY", concurrency),
+            ]);
+            config(&vars).unwrap().record_concurrency()
+        };
+        assert_eq!(with("256", "16"), 16, "the template's defaults fit");
+        assert_eq!(with("256", "64"), 21);
+        assert_eq!(with("128", "16"), 9);
+        assert_eq!(with("64", "16"), 3);
+        assert_eq!(with("32", "16"), 1, "always at least one");
+        assert_eq!(config(&REQUIRED).unwrap().record_concurrency(), 16);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub enum Outcome {
     Panicked,
     /// The invocation ran out of time before this record finished.
     OutOfTime,
+    /// Too little time was left before the cutoff to fetch the page and still store it:
+    /// not fetched (or the fetch stopped at its budget), and made visible again at once for
+    /// an invocation with time to spare.
+    NoTimeLeft,
 }
 
 impl Outcome {
@@ -79,6 +83,7 @@ impl Outcome {
             Outcome::GroupHeld => Reply::Retry,
             Outcome::Panicked => Reply::Retry,
             Outcome::OutOfTime => Reply::Retry,
+            Outcome::NoTimeLeft => Reply::Retry,
         }
     }
 
@@ -99,6 +104,7 @@ impl Outcome {
             Outcome::GroupHeld => "group_held",
             Outcome::Panicked => "panicked",
             Outcome::OutOfTime => "out_of_time",
+            Outcome::NoTimeLeft => "no_time_left",
         }
     }
 }
@@ -131,6 +137,7 @@ mod tests {
             },
             Outcome::Panicked,
             Outcome::OutOfTime,
+            Outcome::NoTimeLeft,
         ];
         let acked = [
             Outcome::Succeeded {

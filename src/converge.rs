@@ -5,10 +5,12 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use crate::bounds::Reason;
 use crate::error::StoreError;
 use crate::ids::{ResultKey, TaskRef};
 use crate::model::{Failure, Page, StoredResult, Terminal};
 use crate::result_store::{NewResult, Put, ResultStore};
+use crate::retry::Patience;
 use crate::task_store::{Finish, TaskStore};
 
 /// What the terminal write recorded.
@@ -22,87 +24,153 @@ pub enum Converged {
     LostRace,
 }
 
-/// Stores the page (the first stored object wins; a later writer adopts it) and finishes the
-/// task as successful, describing the object that is stored.
-#[tracing::instrument(skip_all, fields(%key))]
-pub async fn succeed<T: TaskStore, R: ResultStore>(
-    tasks: &T,
-    results: &R,
-    task: &TaskRef,
-    key: &ResultKey,
-    page: &Page,
-) -> Result<Converged, StoreError> {
-    let sha256 = hex::encode(Sha256::digest(&page.body));
-    let new = NewResult {
-        key,
-        page,
-        sha256: &sha256,
-        fetched_at: SystemTime::now(),
-    };
-    let (stored, adopted) = match results.put_if_absent(new).await? {
-        Put::Stored => (described(key, page, sha256), false),
-        Put::AlreadyThere => (adopt(results, key).await?, true),
-    };
-    finish(
-        tasks,
-        task,
-        Terminal::Succeeded(stored),
-        Converged::Succeeded { adopted },
-    )
-    .await
+/// The stores a task converges in, and how long a conflicting write may be tried again.
+pub struct Stores<'a, T, R> {
+    pub tasks: &'a T,
+    pub results: &'a R,
+    pub patience: Patience<'a>,
 }
 
-/// Finishes the task as failed, unless an earlier delivery already stored its page: a
-/// stored result always wins over a later failure.
-#[tracing::instrument(skip_all, fields(%key))]
-pub async fn fail<T: TaskStore, R: ResultStore>(
-    tasks: &T,
-    results: &R,
-    task: &TaskRef,
-    key: &ResultKey,
-    failure: Failure,
-) -> Result<Converged, StoreError> {
-    match results.describe(key).await? {
-        Some(stored) => {
-            let adopted = Converged::Succeeded { adopted: true };
-            finish(tasks, task, Terminal::Succeeded(stored), adopted).await
+impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
+    /// Stores the page (the first stored object wins; a later writer adopts it) and finishes
+    /// the task as successful, describing the object that is stored. A page S3 refuses as
+    /// invalid fails the task instead of coming back for ever.
+    #[tracing::instrument(skip_all, fields(%key))]
+    pub async fn succeed(
+        &self,
+        task: &TaskRef,
+        key: &ResultKey,
+        page: &Page,
+    ) -> Result<Converged, StoreError> {
+        let sha256 = hex::encode(Sha256::digest(&page.body));
+        let stored = self
+            .patience
+            .retry(|| self.store_or_adopt(key, page, &sha256))
+            .await;
+        let (stored, adopted) = match stored {
+            Ok(stored) => stored,
+            Err(err) if err.is_invalid() => {
+                tracing::error!(error = %err, "S3 refused the result as invalid");
+                let failure = Failure {
+                    reason: Reason::new(&format!("the result could not be stored: {err}")),
+                    http_status: Some(page.http_status),
+                };
+                return self.finish(task, Terminal::Failed(failure)).await;
+            }
+            Err(err) => return Err(err),
+        };
+        self.finish(task, Terminal::Succeeded(stored))
+            .await
+            .map(|converged| match converged {
+                Converged::Succeeded { .. } => Converged::Succeeded { adopted },
+                other => other,
+            })
+    }
+
+    /// Finishes the task as failed, unless an earlier delivery already stored its page: a
+    /// stored result always wins over a failure.
+    #[tracing::instrument(skip_all, fields(%key))]
+    pub async fn fail(
+        &self,
+        task: &TaskRef,
+        key: &ResultKey,
+        failure: Failure,
+    ) -> Result<Converged, StoreError> {
+        match self.adopt_stored(task, key).await? {
+            Some(adopted) => Ok(adopted),
+            None => self.finish(task, Terminal::Failed(failure)).await,
         }
-        None => {
-            let failed = Converged::Failed {
-                reason: failure.reason.clone(),
-            };
-            finish(tasks, task, Terminal::Failed(failure), failed).await
+    }
+
+    /// Finishes the task as successful with the object an earlier delivery stored, if there
+    /// is one: a redelivery after a crash or a persisting conflict need not fetch again.
+    pub async fn adopt_stored(
+        &self,
+        task: &TaskRef,
+        key: &ResultKey,
+    ) -> Result<Option<Converged>, StoreError> {
+        let Some(stored) = self.results.describe(key).await? else {
+            return Ok(None);
+        };
+        let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
+        Ok(Some(match converged {
+            Converged::Succeeded { .. } => Converged::Succeeded { adopted: true },
+            other => other,
+        }))
+    }
+
+    /// Stores the page, or describes the object already stored: (object, adopted).
+    async fn store_or_adopt(
+        &self,
+        key: &ResultKey,
+        page: &Page,
+        sha256: &str,
+    ) -> Result<(StoredResult, bool), StoreError> {
+        let new = NewResult {
+            key,
+            page,
+            sha256,
+            fetched_at: SystemTime::now(),
+        };
+        match self.results.put_if_absent(new).await? {
+            Put::Stored => Ok((described(key, page, sha256), false)),
+            // Gone between the put and the read (deleted meanwhile): a conflict, so the put
+            // is tried again.
+            Put::AlreadyThere => match self.results.describe(key).await? {
+                Some(stored) => Ok((stored, true)),
+                None => Err(StoreError::Conflict {
+                    detail: format!("{key} was there for the put but gone for the read"),
+                }),
+            },
         }
+    }
+
+    /// The terminal write, tried again on conflicts; a record DynamoDB refuses as invalid
+    /// (the producer's item near its 400 KB limit, say) is written again with only what
+    /// describes the end state.
+    async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, StoreError> {
+        let written = self.finish_once(task, &terminal).await;
+        let (written, terminal) = match written {
+            Err(err) if err.is_invalid() => {
+                tracing::error!(error = %err, "the terminal record was refused as invalid; writing a minimal one");
+                let minimal = minimal(&terminal, &err);
+                (self.finish_once(task, &minimal).await, minimal)
+            }
+            written => (written, terminal),
+        };
+        Ok(match written? {
+            Finish::Written { .. } => match terminal {
+                Terminal::Succeeded(_) => Converged::Succeeded { adopted: false },
+                Terminal::Failed(f) => Converged::Failed {
+                    reason: f.reason.to_string(),
+                },
+            },
+            Finish::LostRace => Converged::LostRace,
+        })
+    }
+
+    async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, StoreError> {
+        self.patience
+            .retry(|| self.tasks.finish(task, terminal, SystemTime::now()))
+            .await
     }
 }
 
-async fn finish<T: TaskStore>(
-    tasks: &T,
-    task: &TaskRef,
-    terminal: Terminal,
-    written: Converged,
-) -> Result<Converged, StoreError> {
-    Ok(
-        match tasks.finish(task, &terminal, SystemTime::now()).await? {
-            Finish::Written { .. } => written,
-            Finish::LostRace => Converged::LostRace,
-        },
-    )
+/// The least record of an end state: the object's identity, or why it failed.
+fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
+    match terminal {
+        Terminal::Succeeded(stored) => Terminal::Succeeded(stored.minimal()),
+        Terminal::Failed(failure) => Terminal::Failed(Failure {
+            reason: Reason::new(&format!("the failure record was refused: {refused}")),
+            http_status: failure.http_status,
+        }),
+    }
 }
 
-async fn adopt<R: ResultStore>(results: &R, key: &ResultKey) -> Result<StoredResult, StoreError> {
-    results
-        .describe(key)
-        .await?
-        .ok_or_else(|| StoreError::Conflict {
-            detail: format!("{key} was there for the put but gone for the read"),
-        })
-}
-
-fn described(key: &ResultKey, page: &Page, sha256: String) -> StoredResult {
+fn described(key: &ResultKey, page: &Page, sha256: &str) -> StoredResult {
     StoredResult {
         key: key.clone(),
-        sha256,
+        sha256: sha256.to_owned(),
         size: page.body.len() as u64,
         http_status: page.http_status,
         content_type: page.content_type.clone(),

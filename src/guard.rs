@@ -7,6 +7,7 @@ use crate::contract::{NotWanted, Outcome};
 use crate::error::StoreError;
 use crate::ids::TaskRef;
 use crate::model::{Parents, TaskStatus};
+use crate::retry::Patience;
 use crate::task_store::{Claim, Lease, TaskStore};
 
 /// What the guard lets through.
@@ -22,13 +23,15 @@ pub enum Admission {
 }
 
 /// Reads the task (a terminal task costs this one read and nothing else), then its job and
-/// run, then claims it.
+/// run, then claims it (tried again while a transaction on the task is in flight). Every read
+/// is strongly consistent: an answer that leads to an ack must see the latest write.
 #[tracing::instrument(skip_all)]
 pub async fn admit<S: TaskStore>(
     store: &S,
     task: &TaskRef,
     now: SystemTime,
     lease: Option<Lease<'_>>,
+    patience: &Patience<'_>,
 ) -> Result<Admission, StoreError> {
     let Some(current) = store.load_task(task).await? else {
         return Ok(Admission::Skipped(Outcome::NotWanted(
@@ -41,18 +44,20 @@ pub async fn admit<S: TaskStore>(
     if let Some(why) = unwanted(&store.load_parents(task).await?) {
         return Ok(Admission::Skipped(Outcome::NotWanted(why)));
     }
-    Ok(match store.claim(task, now, lease).await? {
-        Claim::Claimed { attempts, was } => {
-            tracing::debug!(attempts, was = was.as_str(), "claimed");
-            Admission::Admitted {
-                url: current.url,
-                redelivery: was == TaskStatus::Processing,
+    Ok(
+        match patience.retry(|| store.claim(task, now, lease)).await? {
+            Claim::Claimed { attempts, was } => {
+                tracing::debug!(attempts, was = was.as_str(), "claimed");
+                Admission::Admitted {
+                    url: current.url,
+                    redelivery: was == TaskStatus::Processing,
+                }
             }
-        }
-        Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
-        Claim::Missing => Admission::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)),
-        Claim::Leased { until } => Admission::Skipped(Outcome::LeaseHeld { until }),
-    })
+            Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
+            Claim::Missing => Admission::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)),
+            Claim::Leased { until } => Admission::Skipped(Outcome::LeaseHeld { until }),
+        },
+    )
 }
 
 /// Work is wanted only while the job is `active` and the run `running`.

@@ -10,6 +10,7 @@
 
 pub mod aws;
 pub mod batch;
+pub mod bounds;
 pub mod config;
 pub mod contract;
 pub mod converge;
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod result_store;
+pub mod retry;
 pub mod scraper;
 pub mod task_store;
 pub mod visibility;

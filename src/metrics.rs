@@ -35,6 +35,8 @@ impl From<&Config> for MetricsSettings {
 pub struct Measures {
     fetch_ms: Mutex<Vec<f64>>,
     bytes_stored: AtomicU64,
+    /// Writes that met a concurrent change and were tried again (`retry::Patience`).
+    pub conflicts: AtomicU64,
 }
 
 impl Measures {
@@ -68,6 +70,9 @@ pub struct Tally {
     pub retried: u64,
     pub fetch_ms: Vec<f64>,
     pub bytes_stored: u64,
+    /// Writes that met a concurrent change (a DynamoDB transaction in flight on the same
+    /// item, S3's 409) and were tried again.
+    pub conflicts: u64,
 }
 
 impl Tally {
@@ -80,6 +85,7 @@ impl Tally {
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner),
             bytes_stored: measures.bytes_stored.into_inner(),
+            conflicts: measures.conflicts.into_inner(),
             ..Tally::default()
         };
         for outcome in outcomes {
@@ -118,6 +124,7 @@ impl Tally {
             ("NotWanted", self.not_wanted),
             ("FailedPermanently", self.failed),
             ("Retried", self.retried),
+            ("Conflicts", self.conflicts),
         ];
         let mut first = vec![("BytesStored", "Bytes", json!(self.bytes_stored))];
         first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
@@ -273,6 +280,7 @@ mod tests {
         let measures = Measures::default();
         measures.fetched(Duration::from_millis(120));
         measures.stored(36);
+        measures.conflicts.fetch_add(3, Ordering::Relaxed);
 
         let tally = Tally::of(&outcomes, measures);
 
@@ -286,6 +294,7 @@ mod tests {
             retried: 2,
             fetch_ms: vec![120.0],
             bytes_stored: 36,
+            conflicts: 3,
         };
         assert_eq!(tally, expected);
     }

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use crate::bounds::{ContentType, Reason, UrlText};
 use crate::ids::ResultKey;
 
 /// A task's lifecycle: `pending -> processing -> successful | failed`.
@@ -60,8 +61,8 @@ pub struct Page {
     /// The URL as requested, normalised (ASCII).
     pub url: String,
     pub http_status: u16,
-    pub final_url: String,
-    pub content_type: String,
+    pub final_url: UrlText,
+    pub content_type: ContentType,
     pub body: Bytes,
 }
 
@@ -72,15 +73,26 @@ pub struct StoredResult {
     pub sha256: String,
     pub size: u64,
     pub http_status: u16,
-    pub content_type: String,
-    pub final_url: String,
+    pub content_type: ContentType,
+    pub final_url: UrlText,
 }
 
 /// Why a task failed, as written on the task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    pub reason: String,
+    pub reason: Reason,
     pub http_status: Option<u16>,
+}
+
+impl StoredResult {
+    /// The least that describes the object: what a record refused as invalid falls back to.
+    pub fn minimal(&self) -> Self {
+        Self {
+            content_type: ContentType::default(),
+            final_url: UrlText::default(),
+            ..self.clone()
+        }
+    }
 }
 
 /// The one terminal write a task gets.

@@ -2,14 +2,21 @@
 //! failures, re-queueing a run's failed tasks, replaying the poison quarantine.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use tokio::time::Instant;
 
-use crate::error::StoreError;
+use crate::error::{StoreError, cancellation_fault};
 use crate::ids::{Id, TaskRef};
 use crate::message;
-use crate::task_store::{Expression, key, keys, rfc3339};
+use crate::retry::{Patience, RetryPolicy};
+use crate::task_store::{Expression, cancellation_codes, key, keys, rfc3339};
 
 /// The clients and names the routines work on.
 pub struct Ops {
@@ -39,7 +46,19 @@ pub struct Requeued {
     pub sent: Vec<String>,
     /// Task ids whose message could not be sent: re-run with `resend_pending`.
     pub unsent: Vec<String>,
+    /// Failed tasks left failed because concurrent writes kept conflicting with the reset:
+    /// re-run to re-queue them.
+    pub conflicted: Vec<String>,
 }
+
+/// How long, and how often, one task's reset is tried again while it conflicts with
+/// concurrent writes: an operator can wait longer than an invocation.
+const RESET_PATIENCE: Duration = Duration::from_secs(20);
+const RESET_RETRIES: RetryPolicy = RetryPolicy {
+    attempts: 12,
+    base: Duration::from_millis(50),
+    max_pause: Duration::from_secs(2),
+};
 
 /// What a replay did, by quarantine key.
 #[derive(Debug, Default)]
@@ -115,20 +134,28 @@ impl Ops {
     ) -> Result<Requeued, StoreError> {
         let fields = self.run_fields(job, run).await?;
         if fields.get("status").map(String::as_str) == Some("cancelled") {
-            return Err(StoreError::Conflict {
+            return Err(StoreError::Refused {
                 detail: format!("run {job}/{run} is cancelled"),
             });
         }
         let counted = fields.contains_key("tasks_remaining");
         let mut requeued = Requeued::default();
         let mut to_send = Vec::new();
+        let conflicts = AtomicU64::new(0);
         for (task, fields) in self.tasks(job, run).await? {
             let status = fields.get("status").and_then(text).unwrap_or_default();
             if status == "failed" {
                 let task_id = parse_id(&task)?;
-                if self.reset(job, run, &task_id, counted).await? {
-                    requeued.reset.push(task.clone());
-                    to_send.push(task_id);
+                let until = Instant::now() + RESET_PATIENCE;
+                let patience = Patience::new(until, RESET_RETRIES, &conflicts);
+                match self.reset(job, run, &task_id, counted, &patience).await {
+                    Ok(true) => {
+                        requeued.reset.push(task.clone());
+                        to_send.push(task_id);
+                    }
+                    Ok(false) => {}
+                    Err(err) if err.is_conflict() => requeued.conflicted.push(task.clone()),
+                    Err(err) => return Err(err),
                 }
             } else if resend_pending && status == "pending" {
                 to_send.push(parse_id(&task)?);
@@ -226,68 +253,29 @@ impl Ops {
     }
 
     /// One failed task back to pending, and (if the run is counted) back into the run's
-    /// remaining count, which reopens a completed run. False if the task was not failed
-    /// any more when the write landed.
+    /// remaining count, which reopens a completed run; tried again while a concurrent
+    /// transaction holds the task or the run. False if the task was not failed any more when
+    /// the write landed.
     async fn reset(
         &self,
         job: &Id,
         run: &Id,
         task: &Id,
         counted: bool,
+        patience: &Patience<'_>,
     ) -> Result<bool, StoreError> {
-        let now = AttributeValue::S(rfc3339(std::time::SystemTime::now()));
-        let task_update = Expression::new(
-            "SET #status = :pending, updated_at = :now, requeued_at = :now \
-             REMOVE #error, http_status, finished_at"
-                .into(),
-            "#status = :failed",
-        )
-        .name("#status", "status")
-        .name("#error", "error")
-        .value(":pending", AttributeValue::S("pending".into()))
-        .value(":failed", AttributeValue::S("failed".into()))
-        .value(":now", now.clone())
-        .into_update(
-            &self.table,
-            key(keys::tasks_partition(job, run), keys::task_sort(task)),
-        );
-        let mut items = vec![TransactWriteItem::builder().update(task_update).build()];
-        if counted {
-            let run_update = Expression::new(
-                "ADD tasks_failed :minus_one, tasks_remaining :one \
-                 SET #status = :running, updated_at = :now REMOVE completed_at"
-                    .into(),
-                "attribute_exists(tasks_remaining) AND #status <> :cancelled",
-            )
-            .name("#status", "status")
-            .value(":minus_one", AttributeValue::N("-1".into()))
-            .value(":one", AttributeValue::N("1".into()))
-            .value(":running", AttributeValue::S("running".into()))
-            .value(":cancelled", AttributeValue::S("cancelled".into()))
-            .value(":now", now)
-            .into_update(
-                &self.table,
-                key(keys::job_partition(job), keys::run_sort(run)),
-            );
-            items.push(TransactWriteItem::builder().update(run_update).build());
-        }
-        let result = self
-            .dynamodb
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|e| e.is_transaction_canceled_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(err) => Err(StoreError::from_sdk("TransactWriteItems(requeue)", err)),
-        }
+        let items = reset_items(&self.table, job, run, task, counted);
+        patience
+            .retry(|| async {
+                let result = self
+                    .dynamodb
+                    .transact_write_items()
+                    .set_transact_items(Some(items.clone()))
+                    .send()
+                    .await;
+                reset_result(result, job, run)
+            })
+            .await
     }
 
     /// Sends one message per task (at most 10): (sent, unsent) task ids.
@@ -370,6 +358,82 @@ impl Ops {
             None => Err("the quarantined message had no body".into()),
         })
     }
+}
+
+/// The reset's writes: the task back to pending (lease and failure cleared) and, for a
+/// counted run, the task back into the run's remaining count.
+fn reset_items(
+    table: &str,
+    job: &Id,
+    run: &Id,
+    task: &Id,
+    counted: bool,
+) -> Vec<TransactWriteItem> {
+    let now = AttributeValue::S(rfc3339(std::time::SystemTime::now()));
+    let task_update = Expression::new(
+        "SET #status = :pending, updated_at = :now, requeued_at = :now \
+         REMOVE #error, http_status, finished_at, lease_owner, lease_until"
+            .into(),
+        "#status = :failed",
+    )
+    .name("#status", "status")
+    .name("#error", "error")
+    .value(":pending", AttributeValue::S("pending".into()))
+    .value(":failed", AttributeValue::S("failed".into()))
+    .value(":now", now.clone())
+    .into_update(
+        table,
+        key(keys::tasks_partition(job, run), keys::task_sort(task)),
+    );
+    let mut items = vec![TransactWriteItem::builder().update(task_update).build()];
+    if counted {
+        let run_update = Expression::new(
+            "ADD tasks_failed :minus_one, tasks_remaining :one \
+             SET #status = :running, updated_at = :now REMOVE completed_at"
+                .into(),
+            "attribute_exists(tasks_remaining) AND #status <> :cancelled",
+        )
+        .name("#status", "status")
+        .value(":minus_one", AttributeValue::N("-1".into()))
+        .value(":one", AttributeValue::N("1".into()))
+        .value(":running", AttributeValue::S("running".into()))
+        .value(":cancelled", AttributeValue::S("cancelled".into()))
+        .value(":now", now)
+        .into_update(table, key(keys::job_partition(job), keys::run_sort(run)));
+        items.push(TransactWriteItem::builder().update(run_update).build());
+    }
+    items
+}
+
+/// A reset's answer: written, the task no longer failed, a conflict to try again, the run
+/// cancelled meanwhile, or an AWS error.
+fn reset_result<R>(
+    result: Result<R, SdkError<TransactWriteItemsError, HttpResponse>>,
+    job: &Id,
+    run: &Id,
+) -> Result<bool, StoreError> {
+    let err = match result {
+        Ok(_) => return Ok(true),
+        Err(err) => err,
+    };
+    if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
+        err.as_service_error()
+    {
+        let codes = cancellation_codes(cancelled.cancellation_reasons());
+        if let Some(fault) = cancellation_fault(&codes) {
+            return Err(StoreError::aws("TransactWriteItems(requeue)", fault, err));
+        }
+        match codes.as_slice() {
+            ["ConditionalCheckFailed", ..] => return Ok(false),
+            [_, "ConditionalCheckFailed"] => {
+                return Err(StoreError::Refused {
+                    detail: format!("run {job}/{run} was cancelled or lost its counters"),
+                });
+            }
+            _ => {}
+        }
+    }
+    Err(StoreError::from_sdk("TransactWriteItems(requeue)", err))
 }
 
 fn text(value: &AttributeValue) -> Option<String> {

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 
+use crate::bounds::MetadataUrl;
 use crate::error::{StoreError, service_code};
 use crate::ids::{QuarantineKey, ResultKey};
 use crate::model::{Page, StoredResult};
@@ -66,10 +67,6 @@ pub struct S3ResultStore {
     bucket: String,
 }
 
-/// S3 caps user metadata at 2 KB in all; URLs beyond this are cut in metadata only
-/// (the task item keeps the whole final URL).
-const MAX_METADATA_URL: usize = 800;
-
 impl S3ResultStore {
     pub fn new(client: Client, bucket: impl Into<String>) -> Self {
         Self {
@@ -89,9 +86,12 @@ impl ResultStore for S3ResultStore {
             .key(new.key.as_str())
             .if_none_match("*")
             .body(ByteStream::from(new.page.body.clone()))
-            .content_type(&new.page.content_type)
-            .metadata(meta::SOURCE_URL, metadata_url(&new.page.url))
-            .metadata(meta::FINAL_URL, metadata_url(&new.page.final_url))
+            .content_type(new.page.content_type.as_str())
+            .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str())
+            .metadata(
+                meta::FINAL_URL,
+                MetadataUrl::new(&new.page.final_url).as_str(),
+            )
             .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
             .metadata(meta::SHA256, new.sha256)
             .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at))
@@ -142,8 +142,8 @@ impl ResultStore for S3ResultStore {
             http_status: http_status
                 .parse()
                 .map_err(|_| corrupt(format!("http-status {http_status:?}")))?,
-            content_type: head.content_type.unwrap_or_default(),
-            final_url: field(meta::FINAL_URL)?,
+            content_type: head.content_type.unwrap_or_default().into(),
+            final_url: field(meta::FINAL_URL)?.into(),
         }))
     }
 
@@ -160,9 +160,4 @@ impl ResultStore for S3ResultStore {
             .map_err(|e| StoreError::from_sdk("PutObject(quarantine)", e))?;
         Ok(())
     }
-}
-
-fn metadata_url(url: &str) -> &str {
-    // URLs are ASCII once parsed, so any byte index is a char boundary; `get` keeps it safe anyway.
-    url.get(..MAX_METADATA_URL).unwrap_or(url)
 }

@@ -5,15 +5,16 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem, Update,
+    AttributeValue, CancellationReason, KeysAndAttributes, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
-use crate::error::StoreError;
+use crate::error::{StoreError, cancellation_fault};
 use crate::ids::TaskRef;
 use crate::model::{Parents, Task, TaskStatus, Terminal};
 
@@ -69,7 +70,17 @@ pub trait TaskStore: Send + Sync {
         lease: Option<Lease<'_>>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// The one terminal write: only a task still pending or processing can take it.
+    /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
+    /// terminal write, so the next one need not wait for the lease to expire).
+    fn release(
+        &self,
+        task: &TaskRef,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The one terminal write: only a task still pending or processing can take it, except
+    /// that a stored result may replace a failure that has none (a success that raced a
+    /// failure and lost the write: a stored result always wins).
     fn finish(
         &self,
         task: &TaskRef,
@@ -145,6 +156,9 @@ impl TaskStore for DynamoTaskStore {
             .get_item()
             .table_name(&self.table)
             .set_key(Some(Self::task_key(task)))
+            // Strongly consistent: a task written just before its message was sent (or
+            // re-queued just now) must never read as missing or terminal, which would ack it.
+            .consistent_read(true)
             .projection_expression("#status, #url")
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
@@ -168,6 +182,7 @@ impl TaskStore for DynamoTaskStore {
             .keys(key(pk, run_sk.clone()))
             .projection_expression("sk, #status")
             .expression_attribute_names("#status", "status")
+            .consistent_read(true)
             .build()
             .expect("keys, the one required field, are set");
         let out = self
@@ -264,7 +279,8 @@ impl TaskStore for DynamoTaskStore {
     /// task is counted exactly once. While more than one task remains that is one
     /// transaction; the last task's transaction also completes the run (only one can take
     /// `tasks_remaining` from 1 to 0). A run that is not running, or has no counters, is
-    /// counted without completing, or not at all.
+    /// counted without completing, or not at all. A success that finds the task failed
+    /// without a result replaces that failure, moving the run's count along.
     #[tracing::instrument(skip_all, fields(status = terminal.status().as_str()))]
     async fn finish(
         &self,
@@ -286,30 +302,36 @@ impl TaskStore for DynamoTaskStore {
                     }
                     return Ok(Finish::Written { completed_run });
                 }
-                Counted::LostRace => return Ok(Finish::LostRace),
+                Counted::TaskRefused {
+                    failed_without_result,
+                } if failed_without_result && terminal.status() == TaskStatus::Successful => {
+                    return self.replace_failure(task, terminal, &now).await;
+                }
+                Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
                 Counted::RunRefused => continue,
             }
         }
         tracing::warn!("the run is gone or has no counters: the task is finished uncounted");
-        let write = task_terminal(terminal, &now);
-        let result = write
-            .apply_to_update_item(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(Self::task_key(task)))
-            .send()
-            .await;
+        self.finish_uncounted(task, terminal, &now, Over::Open)
+            .await
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), StoreError> {
+        let result = Expression::new(
+            "REMOVE lease_owner, lease_until".into(),
+            "lease_owner = :owner",
+        )
+        .value(":owner", s(owner))
+        .apply_to_update_item(self.client.update_item())
+        .table_name(&self.table)
+        .set_key(Some(Self::task_key(task)))
+        .send()
+        .await;
         match result {
-            Ok(_) => Ok(Finish::Written {
-                completed_run: false,
-            }),
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
-            {
-                Ok(Finish::LostRace)
-            }
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
+            Ok(_) => Ok(()),
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(release)", err)),
         }
     }
 }
@@ -323,11 +345,27 @@ enum RunStep {
     CountAndComplete,
     /// The run is not running (or its counters are off): count it, complete nothing.
     CountOnly,
+    /// A success replaces a failure already counted: move one count from failed to
+    /// succeeded; the run's remaining count and status stay.
+    Recount,
+}
+
+/// Which task states a terminal write may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Pending or processing: the one terminal write.
+    Open,
+    /// Failed without a stored result: a success that lost the race to a failure.
+    FailureWithoutResult,
 }
 
 enum Counted {
     Written,
-    LostRace,
+    /// The task's condition failed: it is terminal already (and was it failed without a
+    /// result?).
+    TaskRefused {
+        failed_without_result: bool,
+    },
     /// The run's condition failed: try the next step.
     RunRefused,
 }
@@ -340,8 +378,12 @@ impl DynamoTaskStore {
         now: &str,
         step: RunStep,
     ) -> Result<Counted, StoreError> {
+        let over = match step {
+            RunStep::Recount => Over::FailureWithoutResult,
+            _ => Over::Open,
+        };
         let task_update =
-            task_terminal(terminal, now).into_update(&self.table, Self::task_key(task));
+            task_terminal(terminal, now, over).into_update(&self.table, Self::task_key(task));
         let (pk, sk) = Self::run_key_parts(task);
         let run_update = run_count(step, terminal, now).into_update(&self.table, key(pk, sk));
         let result = self
@@ -358,26 +400,91 @@ impl DynamoTaskStore {
         if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
             err.as_service_error()
         {
-            let code = |i: usize| {
-                cancelled
-                    .cancellation_reasons()
-                    .get(i)
-                    .and_then(|r| r.code())
-                    .unwrap_or("None")
-            };
-            match (code(0), code(1)) {
-                ("ConditionalCheckFailed", _) => return Ok(Counted::LostRace),
-                ("None", "ConditionalCheckFailed") => return Ok(Counted::RunRefused),
-                (task, run) if task == "TransactionConflict" || run == "TransactionConflict" => {
-                    return Err(StoreError::Conflict {
-                        detail: "another transaction held the task or its run".into(),
+            let reasons = cancelled.cancellation_reasons();
+            let codes = cancellation_codes(reasons);
+            if let Some(fault) = cancellation_fault(&codes) {
+                return Err(StoreError::aws("TransactWriteItems(finish)", fault, err));
+            }
+            match codes.as_slice() {
+                ["ConditionalCheckFailed", ..] => {
+                    let old = reasons.first().and_then(|r| r.item());
+                    let failed_without_result = old.is_some_and(is_failure_without_result);
+                    return Ok(Counted::TaskRefused {
+                        failed_without_result,
                     });
                 }
+                [_, "ConditionalCheckFailed"] => return Ok(Counted::RunRefused),
                 _ => {}
             }
         }
         Err(StoreError::from_sdk("TransactWriteItems(finish)", err))
     }
+
+    /// A success in place of a failure without a result: counted over in the same
+    /// transaction, or alone when the run keeps no counters.
+    async fn replace_failure(
+        &self,
+        task: &TaskRef,
+        terminal: &Terminal,
+        now: &str,
+    ) -> Result<Finish, StoreError> {
+        let replaced = match self
+            .finish_counted(task, terminal, now, RunStep::Recount)
+            .await?
+        {
+            Counted::Written => Finish::Written {
+                completed_run: false,
+            },
+            Counted::TaskRefused { .. } => Finish::LostRace,
+            Counted::RunRefused => {
+                self.finish_uncounted(task, terminal, now, Over::FailureWithoutResult)
+                    .await?
+            }
+        };
+        if replaced != Finish::LostRace {
+            tracing::info!("a stored result replaced a failure written first");
+        }
+        Ok(replaced)
+    }
+
+    /// The terminal write alone, for a task whose run keeps no counters.
+    async fn finish_uncounted(
+        &self,
+        task: &TaskRef,
+        terminal: &Terminal,
+        now: &str,
+        over: Over,
+    ) -> Result<Finish, StoreError> {
+        let result = task_terminal(terminal, now, over)
+            .apply_to_update_item(self.client.update_item())
+            .table_name(&self.table)
+            .set_key(Some(Self::task_key(task)))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Finish::Written {
+                completed_run: false,
+            }),
+            Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
+        }
+    }
+}
+
+fn is_condition_failure<R>(err: &SdkError<UpdateItemError, R>) -> bool {
+    err.as_service_error()
+        .is_some_and(|e| e.is_conditional_check_failed_exception())
+}
+
+/// The cancellation reason codes of a transaction's items, in item order (`None` for an item
+/// that was fine).
+pub(crate) fn cancellation_codes(reasons: &[CancellationReason]) -> Vec<&str> {
+    reasons.iter().map(|r| r.code().unwrap_or("None")).collect()
+}
+
+/// A task item that is `failed` and names no stored result.
+fn is_failure_without_result(item: &HashMap<String, AttributeValue>) -> bool {
+    string(item, "status") == Some(TaskStatus::Failed.as_str()) && !item.contains_key("result_key")
 }
 
 /// An update expression with exactly the names and values it uses (DynamoDB refuses unused
@@ -415,8 +522,11 @@ impl Expression {
             .set_key(Some(key))
             .update_expression(self.update)
             .condition_expression(self.condition)
-            .set_expression_attribute_names(Some(self.names))
-            .set_expression_attribute_values(Some(self.values))
+            .set_expression_attribute_names(non_empty(self.names))
+            .set_expression_attribute_values(non_empty(self.values))
+            // What the item was when the condition failed: a success tells a failure it
+            // may replace from one it may not.
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .expect("table, key and update expression, the required fields, are set")
     }
@@ -425,50 +535,85 @@ impl Expression {
         request
             .update_expression(self.update)
             .condition_expression(self.condition)
-            .set_expression_attribute_names(Some(self.names))
-            .set_expression_attribute_values(Some(self.values))
+            .set_expression_attribute_names(non_empty(self.names))
+            .set_expression_attribute_values(non_empty(self.values))
     }
 }
 
-/// The task's terminal write, conditional on the task still being open.
-fn task_terminal(terminal: &Terminal, now: &str) -> Expression {
-    const COMMON: &str = "SET #status = :status, updated_at = :now, finished_at = :now";
-    const UNLEASE: &str = "lease_owner, lease_until";
-    let expression = match terminal {
-        Terminal::Succeeded(r) => Expression::new(
-            format!(
-                "{COMMON}, result_key = :key, result_sha256 = :sha, result_size = :size, \
-                 http_status = :http, content_type = :ctype, final_url = :final \
-                 REMOVE #error, {UNLEASE}"
-            ),
-            OPEN,
-        )
-        .value(":key", s(r.key.as_str()))
-        .value(":sha", s(&r.sha256))
-        .value(":size", n(r.size))
-        .value(":http", n(r.http_status))
-        .value(":ctype", s(&r.content_type))
-        .value(":final", s(&r.final_url)),
-        Terminal::Failed(f) => match f.http_status {
-            Some(http) => Expression::new(
-                format!("{COMMON}, #error = :error, http_status = :http"),
-                OPEN,
-            )
-            .value(":http", n(http)),
-            None => Expression::new(
-                format!("{COMMON}, #error = :error REMOVE http_status"),
-                OPEN,
-            ),
+/// DynamoDB refuses an empty map of expression names or values.
+fn non_empty<V>(map: HashMap<String, V>) -> Option<HashMap<String, V>> {
+    (!map.is_empty()).then_some(map)
+}
+
+/// The task's terminal write, conditional on the task being in a state it may replace.
+/// Empty optional values (a minimal record) are removed rather than written.
+fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expression {
+    let mut set = vec![
+        "#status = :status",
+        "updated_at = :now",
+        "finished_at = :now",
+    ];
+    let mut remove = vec!["lease_owner", "lease_until"];
+    let mut values = vec![(":status", s(terminal.status().as_str())), (":now", s(now))];
+    match terminal {
+        Terminal::Succeeded(r) => {
+            set.extend(["result_key = :key", "result_sha256 = :sha"]);
+            set.extend(["result_size = :size", "http_status = :http"]);
+            values.extend([(":key", s(r.key.as_str())), (":sha", s(&r.sha256))]);
+            values.extend([(":size", n(r.size)), (":http", n(r.http_status))]);
+            for (set_it, name, placeholder, value) in [
+                (
+                    "content_type = :ctype",
+                    "content_type",
+                    ":ctype",
+                    r.content_type.as_str(),
+                ),
+                (
+                    "final_url = :final",
+                    "final_url",
+                    ":final",
+                    r.final_url.as_str(),
+                ),
+            ] {
+                if value.is_empty() {
+                    remove.push(name);
+                } else {
+                    set.push(set_it);
+                    values.push((placeholder, s(value)));
+                }
+            }
+            remove.push("#error");
         }
-        .value(":error", s(&f.reason)),
+        Terminal::Failed(f) => {
+            set.push("#error = :error");
+            values.push((":error", s(&f.reason)));
+            match f.http_status {
+                Some(http) => {
+                    set.push("http_status = :http");
+                    values.push((":http", n(http)));
+                }
+                None => remove.push("http_status"),
+            }
+        }
+    }
+    let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+    let expression = match over {
+        Over::Open => Expression::new(update, OPEN)
+            .value(":pending", s(TaskStatus::Pending.as_str()))
+            .value(":processing", s(TaskStatus::Processing.as_str())),
+        Over::FailureWithoutResult => Expression::new(
+            update,
+            "#status = :failed AND attribute_not_exists(result_key)",
+        )
+        .value(":failed", s(TaskStatus::Failed.as_str())),
     };
-    expression
+    values
+        .into_iter()
+        .fold(expression, |e, (placeholder, value)| {
+            e.value(placeholder, value)
+        })
         .name("#status", "status")
         .name("#error", "error")
-        .value(":pending", s(TaskStatus::Pending.as_str()))
-        .value(":processing", s(TaskStatus::Processing.as_str()))
-        .value(":status", s(terminal.status().as_str()))
-        .value(":now", s(now))
 }
 
 /// The run's side of the terminal write.
@@ -493,6 +638,10 @@ fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
         .value(":completed", s("completed"))
         .value(":running", s("running")),
         RunStep::CountOnly => Expression::new(count, "attribute_exists(tasks_remaining)"),
+        RunStep::Recount => Expression::new(
+            "ADD tasks_failed :minus_one, tasks_succeeded :one SET updated_at = :now".into(),
+            "attribute_exists(tasks_remaining)",
+        ),
     };
     expression
         .value(":minus_one", n(-1))

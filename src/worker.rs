@@ -6,15 +6,18 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use tokio::time::Instant;
 
 use crate::batch::Invocation;
+use crate::bounds::Reason;
 use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
-use crate::converge::{self, Converged};
+use crate::converge::{Converged, Stores};
 use crate::error::StoreError;
 use crate::guard::{self, Admission};
 use crate::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::message::{self, Poison};
-use crate::model::Failure;
+use crate::metrics::Measures;
+use crate::model::{Failure, Page};
 use crate::result_store::ResultStore;
+use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
 use crate::task_store::{Lease, TaskStore, rfc3339};
 use crate::visibility::{Backoff, QueueRef, Visibility};
@@ -26,6 +29,10 @@ pub struct RecordSettings {
     pub quarantine_prefix: String,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
+    /// Kept free before the cutoff for storing a fetched page.
+    pub store_reserve: Duration,
+    /// How a write that meets a concurrent one is tried again.
+    pub conflict_retries: RetryPolicy,
     pub backoff: Backoff,
     pub duplicate_policy: DuplicatePolicy,
 }
@@ -37,6 +44,8 @@ impl From<&Config> for RecordSettings {
             quarantine_prefix: config.quarantine_prefix.clone(),
             max_attempts: config.max_attempts,
             scrape_timeout: config.scrape_timeout,
+            store_reserve: config.store_reserve,
+            conflict_retries: RetryPolicy::default(),
             backoff: config.into(),
             duplicate_policy: config.duplicate_policy,
         }
@@ -65,24 +74,55 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         span.record("run_id", task.run_id.as_str());
         span.record("task_id", task.task_id.as_str());
         let receives = receive_count(record);
-        let final_attempt = receives >= self.settings.max_attempts;
+        let owner = self.lease_owner(invocation, record);
         let outcome = self
-            .process_task(&task, final_attempt, invocation, record)
+            .process_task(&task, receives, invocation, owner.as_deref())
             .await
             .unwrap_or_else(Outcome::Store);
-        match &outcome {
-            Outcome::ScrapeTransient { retry_after, .. } => {
-                self.hold_back(record, *retry_after, receives).await;
-            }
-            Outcome::LeaseHeld { until } => {
-                // Back exactly when the lease ends (not capped by the backoff's maximum:
-                // coming back earlier would only find the lease again and burn a receive).
-                let left = until.duration_since(SystemTime::now()).unwrap_or_default();
-                self.hold(record, left + Duration::from_secs(1)).await;
-            }
-            _ => {}
+        if let Some(owner) = owner.as_deref()
+            && ends_without_terminal_write(&outcome)
+        {
+            self.release(&task, owner).await;
+        }
+        if let Some(delay) = self.hold_for(&outcome, receives) {
+            self.hold(record, delay).await;
         }
         outcome
+    }
+
+    /// Under `DUPLICATE_POLICY=lease`, this delivery: the invocation's request id and the
+    /// message id, so two copies of a task in one batch do not share a lease either.
+    fn lease_owner(&self, invocation: &Invocation, record: &SqsMessage) -> Option<String> {
+        match self.settings.duplicate_policy {
+            DuplicatePolicy::Converge => None,
+            DuplicatePolicy::Lease => Some(format!(
+                "{}/{}",
+                invocation.request_id,
+                record.message_id.as_deref().unwrap_or_default()
+            )),
+        }
+    }
+
+    /// How long a message to retry stays invisible before it comes back, if not the
+    /// queue's own visibility timeout.
+    fn hold_for(&self, outcome: &Outcome, receives: u32) -> Option<Duration> {
+        match outcome {
+            Outcome::ScrapeTransient { retry_after, .. } => {
+                Some(self.settings.backoff.delay(*retry_after, receives))
+            }
+            // Back exactly when the lease ends (not capped by the backoff's maximum: coming
+            // back earlier would only find the lease again and burn a receive).
+            Outcome::LeaseHeld { until } => {
+                let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                Some(left + Duration::from_secs(1))
+            }
+            // Contention passes in moments, not in a visibility timeout.
+            Outcome::Store(err) if err.is_conflict() => {
+                Some(self.settings.backoff.delay(None, receives))
+            }
+            Outcome::NoTimeLeft => Some(Duration::ZERO),
+            _ => None,
+        }
     }
 
     /// Keeps a poison message in S3 before it is acknowledged; if that fails, it is retried
@@ -103,13 +143,8 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         }
     }
 
-    /// Keeps a transiently failed message invisible until its retry is due. If that fails,
-    /// the message still comes back, after the queue's own visibility timeout.
-    async fn hold_back(&self, record: &SqsMessage, retry_after: Option<Duration>, receives: u32) {
-        let delay = self.settings.backoff.delay(retry_after, receives);
-        self.hold(record, delay).await;
-    }
-
+    /// Keeps a message to retry invisible for `delay`. If that fails, the message still
+    /// comes back, after the queue's own visibility timeout.
     async fn hold(&self, record: &SqsMessage, delay: Duration) {
         let queue = record
             .event_source_arn
@@ -127,80 +162,170 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         }
     }
 
+    /// Gives the lease up, so the next delivery need not wait for it to expire.
+    async fn release(&self, task: &TaskRef, owner: &str) {
+        if let Err(err) = self.tasks.release(task, owner).await {
+            tracing::warn!(error = %err, "could not release the lease; it expires at the deadline");
+        }
+    }
+
     async fn process_task(
         &self,
         task: &TaskRef,
-        final_attempt: bool,
+        receives: u32,
         invocation: &Invocation,
-        record: &SqsMessage,
+        owner: Option<&str>,
     ) -> Result<Outcome, StoreError> {
-        // The owner is this delivery: the invocation's request id and the message id, so two
-        // copies of a task in one batch do not share a lease either.
-        let owner = match self.settings.duplicate_policy {
-            DuplicatePolicy::Converge => None,
-            DuplicatePolicy::Lease => Some(format!(
-                "{}/{}",
-                invocation.request_id,
-                record.message_id.as_deref().unwrap_or_default()
-            )),
-        };
-        let lease = owner.as_deref().map(|owner| Lease {
+        if self.fetch_budget(invocation).is_none() {
+            return Ok(Outcome::NoTimeLeft);
+        }
+        let lease = owner.map(|owner| Lease {
             owner,
             until: invocation.deadline,
         });
-        let admitted = guard::admit(&self.tasks, task, SystemTime::now(), lease).await?;
+        let final_attempt = receives >= self.settings.max_attempts;
+        let patience = Patience::new(
+            invocation.cutoff,
+            self.conflict_retries(final_attempt),
+            &invocation.measures.conflicts,
+        );
+        let admitted = guard::admit(&self.tasks, task, SystemTime::now(), lease, &patience).await?;
         let (url, redelivery) = match admitted {
             Admission::Admitted { url, redelivery } => (url, redelivery),
             Admission::Skipped(outcome) => return Ok(outcome),
         };
+        let stores = Stores {
+            tasks: &self.tasks,
+            results: &self.results,
+            patience,
+        };
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
-        let budget = self
-            .settings
-            .scrape_timeout
-            .min(invocation.cutoff.saturating_duration_since(Instant::now()));
-        let fetched = match url {
-            Some(url) => {
-                let started = Instant::now();
-                let fetched = self.fetcher.fetch(&url, budget).await;
-                invocation.measures.fetched(started.elapsed());
-                fetched
-            }
-            None => Err(FetchError::permanent("task has no url")),
+        if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
+            return Ok(outcome_of(converged, redelivery, false));
+        }
+        let Some(budget) = self.fetch_budget(invocation) else {
+            return Ok(Outcome::NoTimeLeft);
         };
-        let (converged, gave_up) = match fetched {
-            Ok(page) => {
-                let converged = converge::succeed(&self.tasks, &self.results, task, &key, &page);
-                let converged = converged.await?;
-                if converged == (Converged::Succeeded { adopted: false }) {
-                    invocation.measures.stored(page.body.len() as u64);
-                }
-                (converged, false)
-            }
-            Err(err) if err.retry == Retry::Transient && !final_attempt => {
-                return Ok(Outcome::ScrapeTransient {
-                    reason: err.reason,
-                    retry_after: err.retry_after,
-                });
-            }
-            Err(err) => {
-                let failure = Failure {
-                    reason: err.reason,
-                    http_status: err.http_status,
-                };
-                let converged = converge::fail(&self.tasks, &self.results, task, &key, failure);
-                (converged.await?, err.retry == Retry::Transient)
-            }
+        let attempt = Attempt {
+            redelivery,
+            final_attempt,
+            budget,
         };
-        Ok(match converged {
-            Converged::Succeeded { adopted } => Outcome::Succeeded {
-                redelivery,
-                adopted,
-            },
-            Converged::LostRace => Outcome::LostRace,
-            Converged::Failed { reason } if gave_up => Outcome::GaveUp { reason },
-            Converged::Failed { reason } => Outcome::FailedPermanently { reason },
-        })
+        let fetched = self.fetch(url.as_deref(), budget, invocation).await;
+        self.converge(&stores, task, &key, fetched, attempt, &invocation.measures)
+            .await
     }
+
+    /// On the final attempt a conflict that persists would send the message to the
+    /// dead-letter queue with the task unfinished: it is tried again until the cutoff.
+    fn conflict_retries(&self, final_attempt: bool) -> RetryPolicy {
+        let policy = self.settings.conflict_retries;
+        if final_attempt {
+            RetryPolicy {
+                attempts: u32::MAX,
+                ..policy
+            }
+        } else {
+            policy
+        }
+    }
+
+    /// Time for a fetch: the smaller of `SCRAPE_TIMEOUT_MS` and what is left before the
+    /// cutoff once `STORE_RESERVE_MS` is kept for storing the page; `None` when that is
+    /// under [`MIN_FETCH`] (the page would be fetched again on redelivery).
+    fn fetch_budget(&self, invocation: &Invocation) -> Option<Duration> {
+        let left = invocation.cutoff.saturating_duration_since(Instant::now());
+        let left = left.checked_sub(self.settings.store_reserve)?;
+        (left >= MIN_FETCH).then(|| left.min(self.settings.scrape_timeout))
+    }
+
+    async fn fetch(
+        &self,
+        url: Option<&str>,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Result<Page, FetchError> {
+        let url = url.ok_or_else(|| FetchError::permanent("task has no url"))?;
+        let started = Instant::now();
+        let fetched = self.fetcher.fetch(url, budget).await;
+        invocation.measures.fetched(started.elapsed());
+        fetched
+    }
+
+    /// Stores a page, or records a failure that is final; a failure worth a retry, or one
+    /// of our own budget, ends without a terminal write.
+    async fn converge(
+        &self,
+        stores: &Stores<'_, T, R>,
+        task: &TaskRef,
+        key: &ResultKey,
+        fetched: Result<Page, FetchError>,
+        attempt: Attempt,
+        measures: &Measures,
+    ) -> Result<Outcome, StoreError> {
+        let err = match fetched {
+            Ok(page) => {
+                let converged = stores.succeed(task, key, &page).await?;
+                if converged == (Converged::Succeeded { adopted: false }) {
+                    measures.stored(page.body.len() as u64);
+                }
+                return Ok(outcome_of(converged, attempt.redelivery, false));
+            }
+            Err(err) => err,
+        };
+        // Our own budget ended the fetch, not the site's slowness: not the page's failure.
+        if err.timed_out && attempt.budget < self.settings.scrape_timeout {
+            return Ok(Outcome::NoTimeLeft);
+        }
+        if err.retry == Retry::Transient && !attempt.final_attempt {
+            return Ok(Outcome::ScrapeTransient {
+                reason: err.reason,
+                retry_after: err.retry_after,
+            });
+        }
+        let gave_up = err.retry == Retry::Transient;
+        let failure = Failure {
+            reason: Reason::new(&err.reason),
+            http_status: err.http_status,
+        };
+        let converged = stores.fail(task, key, failure).await?;
+        Ok(outcome_of(converged, attempt.redelivery, gave_up))
+    }
+}
+
+/// What a delivery knows of its attempt at a task.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    /// An earlier delivery had claimed the task.
+    redelivery: bool,
+    /// `ApproximateReceiveCount >= MAX_ATTEMPTS`: a transient failure is final.
+    final_attempt: bool,
+    /// The fetch's time budget.
+    budget: Duration,
+}
+
+/// A fetch given less time than this would mostly time out: not started.
+pub const MIN_FETCH: Duration = Duration::from_secs(1);
+
+/// The outcome of a converged task.
+fn outcome_of(converged: Converged, redelivery: bool, gave_up: bool) -> Outcome {
+    match converged {
+        Converged::Succeeded { adopted } => Outcome::Succeeded {
+            redelivery,
+            adopted,
+        },
+        Converged::LostRace => Outcome::LostRace,
+        Converged::Failed { reason } if gave_up => Outcome::GaveUp { reason },
+        Converged::Failed { reason } => Outcome::FailedPermanently { reason },
+    }
+}
+
+/// Outcomes after which the task may still be open (no terminal write by this delivery).
+fn ends_without_terminal_write(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::ScrapeTransient { .. } | Outcome::Store(_) | Outcome::NoTimeLeft
+    )
 }
 
 /// SQS's `ApproximateReceiveCount`: 1 on the first delivery. Missing or odd values count as 1.

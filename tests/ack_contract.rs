@@ -407,3 +407,25 @@ async fn an_unreachable_aws_endpoint_is_retried() {
     assert_eq!(retried(&reply), ["t1"]);
     assert_eq!(stack.task("t1").await.status(), Some("pending"));
 }
+
+#[tokio::test]
+async fn records_of_one_group_on_a_standard_queue_are_retried_independently() {
+    // SQS fair queues: a standard queue's messages may carry a MessageGroupId, which
+    // orders nothing.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/down/a"), "pending").await;
+    stack.put_task("t2", &site.url("/page/b"), "pending").await;
+    let in_group = |task: &str| {
+        let mut record = delivery(task);
+        record
+            .attributes
+            .insert("MessageGroupId".into(), "tenant-1".into());
+        record
+    };
+
+    let reply = run_batch(&stack.worker(), vec![in_group("t1"), in_group("t2")]).await;
+
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(stack.task("t2").await.status(), Some("successful"));
+}

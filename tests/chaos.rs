@@ -4,7 +4,9 @@
 //! It asserts, and prints as figures, that every task ends exactly once (or its message is in
 //! the dead-letter queue), that the run's counters equal the task states and the run completed
 //! exactly once, that every stored result matches its task, and that no message was lost;
-//! under both duplicate policies, with fetches per task compared.
+//! under both duplicate policies, with fetches per task compared. The worker meets AWS
+//! through the production-like layer (`scripts/prodlike.py`): transactions on the run item
+//! overlap and are cancelled, reads may be stale, S3 answers 409 to racing PUTs.
 //! `CHAOS_TASKS=N` changes the number of tasks per policy.
 
 mod support;
@@ -28,6 +30,7 @@ fn scenario(policy: DuplicatePolicy) -> Scenario {
             delay: Duration::from_millis(30),
         }),
         crash_rate: 0.03,
+        production_like: true,
     }
 }
 
@@ -58,4 +61,10 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
             "{report:?}"
         );
     }
+    // Production's conflicts really happened (the whole run finishes into one run item).
+    let conflicts = converge.conflicts.unwrap_or(0) + lease.conflicts.unwrap_or(0);
+    assert!(
+        conflicts > 0,
+        "no conflict met: the run proves nothing about them"
+    );
 }

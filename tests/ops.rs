@@ -222,6 +222,43 @@ async fn requeue_failed_reopens_the_run_and_draining_completes_it_again() {
 }
 
 #[tokio::test]
+async fn requeue_waits_out_a_transaction_on_the_run_instead_of_skipping_the_task() {
+    // Arrange: a failed task (its dead lease still on it); the run item is held by a
+    // transaction in flight when the re-queue starts, as when the run's other tasks finish.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    run_with_one_failure(&stack, &site, "/status/404", 1).await;
+    stack
+        .put_task("bad", &site.url("/status/404"), "failed")
+        .await;
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(600);
+    stack.set_lease("bad", "a-dead-delivery", later).await;
+    let queue = Queue::create(&stack, 12).await;
+    stack.hold_run(JOB, RUN, 700).await;
+
+    // Act: through the production-like layer.
+    let out = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+        .args(requeue_failed(&queue.url))
+        .envs(scenario::worker_env(&stack))
+        .env("AWS_ENDPOINT_URL", prodlike_endpoint())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run conveyor-ops");
+
+    // Assert
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("1 failed tasks set back to pending"),
+        "{stdout}"
+    );
+    let task = stack.task("bad").await;
+    assert_eq!(task.status(), Some("pending"));
+    assert!(task.s("lease_owner").is_none(), "the dead lease is cleared");
+    assert_eq!(stack.run_item(JOB, RUN).await.n("tasks_failed"), Some(0));
+    assert!(stack.layer_count("transaction_conflicts").await >= 1);
+}
+
+#[tokio::test]
 async fn requeue_leaves_a_cancelled_run_alone() {
     // Arrange
     let (stack, site) = (Stack::new().await, Site::start().await);

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::converge::Converged;
+use conveyor_worker::result_store::S3ResultStore;
+use conveyor_worker::task_store::DynamoTaskStore;
 use futures_util::future::join_all;
 use support::*;
 
@@ -74,19 +77,22 @@ async fn a_terminal_write_that_loses_the_race_is_acked_and_changes_nothing() {
     let worker = stack.worker();
 
     let (reply, ()) = tokio::join!(run_batch(&worker, vec![delivery("t1")]), async {
-        // Another delivery finishes the task while this one is still fetching.
+        // Another delivery stores its page and finishes the task while this one is still
+        // fetching.
         tokio::time::sleep(Duration::from_millis(300)).await;
+        stack
+            .put_object(&Stack::key("t1"), b"the other delivery's page", 200)
+            .await;
         stack
             .dynamodb
             .update_item()
             .table_name(&stack.table)
             .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
             .key("sk", AttributeValue::S("TASK#t1".into()))
-            .update_expression("SET #s = :failed, #e = :why")
+            .update_expression("SET #s = :done, finished_at = :at")
             .expression_attribute_names("#s", "status")
-            .expression_attribute_names("#e", "error")
-            .expression_attribute_values(":failed", AttributeValue::S("failed".into()))
-            .expression_attribute_values(":why", AttributeValue::S("the other delivery".into()))
+            .expression_attribute_values(":done", AttributeValue::S("successful".into()))
+            .expression_attribute_values(":at", AttributeValue::S("the other delivery".into()))
             .send()
             .await
             .expect("finish the task as the other delivery");
@@ -94,9 +100,10 @@ async fn a_terminal_write_that_loses_the_race_is_acked_and_changes_nothing() {
 
     assert!(retried(&reply).is_empty());
     let task = stack.task("t1").await;
-    assert_eq!(task.status(), Some("failed"));
-    assert_eq!(task.s("error"), Some("the other delivery"));
-    assert!(task.s("result_key").is_none());
+    assert_eq!(task.status(), Some("successful"));
+    assert_eq!(task.s("finished_at"), Some("the other delivery"));
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(object.body, b"the other delivery's page");
 }
 
 #[tokio::test]
@@ -144,25 +151,6 @@ fn lease_worker(stack: &Stack) -> TestWorker {
     stack.worker_with(|t| t.duplicate_policy = DuplicatePolicy::Lease)
 }
 
-async fn set_lease(stack: &Stack, task: &str, owner: &str, until: std::time::SystemTime) {
-    let millis = until
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    stack
-        .dynamodb
-        .update_item()
-        .table_name(&stack.table)
-        .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
-        .key("sk", AttributeValue::S(format!("TASK#{task}")))
-        .update_expression("SET lease_owner = :o, lease_until = :u")
-        .expression_attribute_values(":o", AttributeValue::S(owner.into()))
-        .expression_attribute_values(":u", AttributeValue::N(millis.to_string()))
-        .send()
-        .await
-        .expect("set a lease");
-}
-
 #[tokio::test]
 async fn with_leases_a_concurrent_duplicate_waits_instead_of_scraping() {
     let (stack, site) = (Stack::new().await, Site::start().await);
@@ -193,7 +181,7 @@ async fn a_live_lease_of_another_invocation_is_waited_for() {
         .put_task("t1", &site.url("/page/a"), "processing")
         .await;
     let later = std::time::SystemTime::now() + Duration::from_secs(60);
-    set_lease(&stack, "t1", "another-invocation", later).await;
+    stack.set_lease("t1", "another-invocation", later).await;
 
     let reply = run_batch(&lease_worker(&stack), vec![record("m1", &body("t1"), 2)]).await;
 
@@ -215,11 +203,183 @@ async fn an_expired_lease_is_taken_over() {
         .put_task("t1", &site.url("/page/a"), "processing")
         .await;
     let earlier = std::time::SystemTime::now() - Duration::from_secs(1);
-    set_lease(&stack, "t1", "a-crashed-invocation", earlier).await;
+    stack.set_lease("t1", "a-crashed-invocation", earlier).await;
 
     let reply = run_batch(&lease_worker(&stack), vec![record("m1", &body("t1"), 2)]).await;
 
     assert!(retried(&reply).is_empty());
     assert_eq!(site.hits("/page/a"), 1);
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn a_lease_is_given_up_when_its_delivery_ends_without_a_terminal_write() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/flaky/t1"), "pending")
+        .await;
+    let worker = lease_worker(&stack);
+    run_batch(&worker, vec![delivery("t1")]).await; // 503: retried
+
+    // Redelivered at once (its hold-back was short), by another invocation.
+    let reply = run_batch(&worker, vec![record("t1", &body("t1"), 2)]).await;
+
+    assert_eq!(
+        site.hits("/flaky/t1"),
+        2,
+        "fetched again, not held off by a dead lease"
+    );
+    assert_eq!(retried(&reply), ["t1"], "the second 503");
+    let task = stack.task("t1").await;
+    assert!(task.s("lease_owner").is_none() && task.n("lease_until").is_none());
+}
+
+#[tokio::test]
+async fn a_failure_clears_the_lease_too() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/status/404"), "pending")
+        .await;
+
+    let reply = run_batch(&lease_worker(&stack), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("failed"));
+    assert!(task.s("lease_owner").is_none() && task.n("lease_until").is_none());
+}
+
+/// The converge step over the stack's own stores, as a delivery past its fetch would run it.
+async fn converging<F>(stack: &Stack, converge: F)
+where
+    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+{
+    let worker = stack.worker();
+    let conflicts = std::sync::atomic::AtomicU64::new(0);
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let stores = conveyor_worker::converge::Stores {
+        tasks: &worker.tasks,
+        results: &worker.results,
+        patience: conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts),
+    };
+    converge(&stores).await;
+}
+
+fn page(body: &'static [u8]) -> conveyor_worker::model::Page {
+    conveyor_worker::model::Page {
+        url: "http://site.example/a".into(),
+        http_status: 200,
+        final_url: "http://site.example/a".into(),
+        content_type: "text/plain".into(),
+        body: body.into(),
+    }
+}
+
+fn not_found() -> conveyor_worker::model::Failure {
+    conveyor_worker::model::Failure {
+        reason: "HTTP 404".into(),
+        http_status: Some(404),
+    }
+}
+
+#[tokio::test]
+async fn a_success_that_lost_the_write_to_a_failure_replaces_it_and_moves_the_count() {
+    // Two deliveries past the guard: one fails (it checked S3 before the other stored its
+    // page) and writes first; the other's page is stored and must win.
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", "http://site.example/a", "processing")
+        .await;
+    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+
+    converging(&stack, async |stores| {
+        stores
+            .fail(&task_ref("t1"), &key, not_found())
+            .await
+            .expect("fail");
+        let won = stores
+            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .await;
+        assert_eq!(
+            won.expect("succeed"),
+            Converged::Succeeded { adopted: false }
+        );
+    })
+    .await;
+
+    let task = stack.task("t1").await;
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(task.status(), Some("successful"));
+    assert_eq!(task.s("result_sha256"), Some(object.sha256().as_str()));
+    assert_eq!(task.s("error"), None);
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(
+        (run.n("tasks_succeeded"), run.n("tasks_failed")),
+        (Some(1), Some(0))
+    );
+    assert_eq!(run.n("tasks_remaining"), Some(999));
+}
+
+#[tokio::test]
+async fn a_success_replacing_the_failure_that_completed_its_run_keeps_one_completion() {
+    let stack = Stack::new().await;
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, 1).await;
+    stack
+        .put_task("t1", "http://site.example/a", "processing")
+        .await;
+    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+
+    converging(&stack, async |stores| {
+        stores
+            .fail(&task_ref("t1"), &key, not_found())
+            .await
+            .expect("fail");
+        stores
+            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .await
+            .expect("succeed");
+    })
+    .await;
+
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
+    assert_eq!(
+        (run.n("tasks_succeeded"), run.n("tasks_failed")),
+        (Some(1), Some(0))
+    );
+    assert_eq!(run.n("tasks_remaining"), Some(0));
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn a_failure_never_replaces_a_success() {
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", "http://site.example/a", "processing")
+        .await;
+    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+
+    converging(&stack, async |stores| {
+        stores
+            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .await
+            .expect("succeed");
+        // A failure that raced it: its own S3 check found the object, so it adopts.
+        let late = stores.fail(&task_ref("t1"), &key, not_found()).await;
+        assert_eq!(late.expect("fail"), Converged::LostRace);
+    })
+    .await;
+
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(
+        (run.n("tasks_succeeded"), run.n("tasks_failed")),
+        (Some(1), Some(0))
+    );
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
 }

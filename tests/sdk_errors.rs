@@ -5,7 +5,9 @@ use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemOutput;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::transact_write_items::{
+    TransactWriteItemsError, TransactWriteItemsOutput,
+};
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::error::{
     ConditionalCheckFailedException, TransactionCanceledException,
@@ -14,11 +16,14 @@ use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, KeysAndAttribu
 use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
+use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::error::{AwsFault, StoreError};
 use conveyor_worker::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::model::{Failure, Page, Terminal};
 use conveyor_worker::result_store::{NewResult, ResultStore, S3ResultStore};
+use conveyor_worker::retry::{Patience, RetryPolicy};
 use conveyor_worker::task_store::{Claim, DynamoTaskStore, Finish, TaskStore};
+use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
 /// Clients answered by one mock rule, built without the SDKs' `test-util` feature (so tests
@@ -184,7 +189,36 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
         .await
         .expect_err("a conflict");
 
-    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    assert!(err.is_conflict(), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_is() {
+    let store = tasks(&cancelled(&["ValidationError", "None"]));
+
+    let err = store
+        .finish(&task(), &failed(), SystemTime::now())
+        .await
+        .expect_err("invalid");
+
+    assert!(err.is_invalid(), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_claim_meeting_a_transaction_in_flight_is_a_conflict() {
+    let rule = mock!(aws_sdk_dynamodb::Client::update_item).then_http_response(|| {
+        http(
+            400,
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionConflictException","message":"Transaction is ongoing for the item"}"#,
+        )
+    });
+
+    let err = tasks(&rule)
+        .claim(&task(), SystemTime::now(), None)
+        .await
+        .expect_err("a conflict");
+
+    assert!(err.is_conflict(), "{err:?}");
 }
 
 #[tokio::test]
@@ -248,4 +282,77 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         fault(store.describe(&key).await),
         AwsFault::Refused { .. }
     ));
+}
+
+fn page() -> Page {
+    Page {
+        url: "http://example.com/".into(),
+        http_status: 200,
+        final_url: "http://example.com/".into(),
+        content_type: "text/html".into(),
+        body: "hello".into(),
+    }
+}
+
+#[tokio::test]
+async fn s3_racing_conditional_puts_are_a_conflict_and_oversized_requests_invalid() {
+    let racing = mock!(aws_sdk_s3::Client::put_object).then_http_response(|| {
+        http(
+            409,
+            "<Error><Code>ConditionalRequestConflict</Code><Message>try again</Message></Error>",
+        )
+    });
+    let too_big = mock!(aws_sdk_s3::Client::put_object).then_http_response(|| {
+        http(
+            400,
+            "<Error><Code>RequestHeaderSectionTooLarge</Code><Message>8 KB</Message></Error>",
+        )
+    });
+    let (key, page) = (ResultKey::for_task("results/", &task()), page());
+    let new = NewResult {
+        key: &key,
+        page: &page,
+        sha256: "00",
+        fetched_at: SystemTime::now(),
+    };
+
+    assert_eq!(
+        fault(results(&racing).put_if_absent(new).await),
+        AwsFault::Conflict
+    );
+    assert!(matches!(
+        fault(results(&too_big).put_if_absent(new).await),
+        AwsFault::Invalid { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_page_s3_refuses_as_invalid_fails_its_task_instead_of_coming_back() {
+    let refused = mock!(aws_sdk_s3::Client::put_object).then_http_response(|| {
+        http(
+            400,
+            "<Error><Code>InvalidArgument</Code><Message>no</Message></Error>",
+        )
+    });
+    let written = mock!(aws_sdk_dynamodb::Client::transact_write_items)
+        .then_output(|| TransactWriteItemsOutput::builder().build());
+    let (tasks, results) = (tasks(&written), results(&refused));
+    let conflicts = AtomicU64::new(0);
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stores = Stores {
+        tasks: &tasks,
+        results: &results,
+        patience: Patience::new(until, RetryPolicy::default(), &conflicts),
+    };
+    let key = ResultKey::for_task("results/", &task());
+
+    let converged = stores.succeed(&task(), &key, &page()).await;
+
+    let Ok(Converged::Failed { reason }) = converged else {
+        panic!("{converged:?}");
+    };
+    assert!(
+        reason.starts_with("the result could not be stored"),
+        "{reason}"
+    );
 }

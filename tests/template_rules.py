@@ -8,6 +8,7 @@ find its problem in a copy of the template broken on purpose (so no rule passes 
 """
 
 import copy
+import re
 import sys
 
 from cfnlint.decode import cfn_yaml
@@ -182,6 +183,36 @@ def function_settings_are_ones_the_worker_reads(template, config_rs):
     return problems
 
 
+def constant(config_rs, name):
+    """A `const NAME: u64 = a * b * c;` of config.rs, evaluated."""
+    found = re.search(rf"const {name}: u64 = ([0-9_ *]+);", config_rs)
+    product = 1
+    for factor in found.group(1).replace("_", "").split("*"):
+        product *= int(factor)
+    return product
+
+
+def memory_holds_the_records_in_flight(template, config_rs):
+    """With the defaults, MemorySize holds RecordConcurrency bodies of MaxBodyBytes beside the
+    process (the worker's own sizes, from config.rs); other choices are lowered at cold
+    start by the worker, so the defaults must never be."""
+    params = template["Parameters"]
+    memory = int(params["MemorySize"]["Default"]) * 1024 * 1024
+    concurrency = int(params["RecordConcurrency"]["Default"])
+    body = int(params["MaxBodyBytes"]["Default"])
+    need = constant(config_rs, "PROCESS_BYTES") + concurrency * (
+        body + constant(config_rs, "RECORD_OVERHEAD_BYTES"))
+    problems = []
+    if memory < need:
+        problems.append(f"MemorySize {memory >> 20} MB < {need >> 20} MB needed by "
+                        f"{concurrency} records of {body} bytes")
+    variables = of_type(template, "AWS::Serverless::Function")["WorkerFunction"]
+    variables = props(variables)["Environment"]["Variables"]
+    if variables.get("MAX_BODY_BYTES") != {"Ref": "MaxBodyBytes"}:
+        problems.append("MAX_BODY_BYTES is not the MaxBodyBytes parameter")
+    return problems
+
+
 RULES = [
     visibility_covers_six_timeouts_and_the_window,
     event_source_reports_batch_item_failures,
@@ -191,6 +222,7 @@ RULES = [
     alarms_cover_what_an_operator_must_know,
     outputs_feed_the_runbook,
     function_settings_are_ones_the_worker_reads,
+    memory_holds_the_records_in_flight,
 ]
 
 
@@ -232,6 +264,8 @@ BREAKAGES = {
     function_settings_are_ones_the_worker_reads:
         lambda t: resource(t, "WorkerFunction")["Environment"]["Variables"].__setitem__(
             "TABLE", "x"),
+    memory_holds_the_records_in_flight:
+        lambda t: t["Parameters"]["RecordConcurrency"].__setitem__("Default", 64),
 }
 
 
@@ -242,6 +276,7 @@ def main(template_path, readme_path, config_path):
     context = {
         outputs_feed_the_runbook: readme,
         function_settings_are_ones_the_worker_reads: config_rs,
+        memory_holds_the_records_in_flight: config_rs,
     }
     failures = 0
     for rule in RULES:

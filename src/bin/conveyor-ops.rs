@@ -255,6 +255,10 @@ async fn requeue_failed(args: RequeueArgs) -> Result<(), Box<dyn std::error::Err
         requeued.reset.len(),
         requeued.sent.len()
     );
+    if !requeued.conflicted.is_empty() {
+        println!("still failed: {}", requeued.conflicted.join(" "));
+        return Err("concurrent writes kept conflicting with some resets: run again".into());
+    }
     if !requeued.unsent.is_empty() {
         println!("not sent: {}", requeued.unsent.join(" "));
         return Err("some messages were not sent: run again with --resend-pending".into());

@@ -35,7 +35,10 @@ pub fn classify_error(err: &reqwest::Error) -> FetchError {
     }
     let cause = root_cause(err);
     if err.is_timeout() {
-        FetchError::transient("timed out")
+        FetchError {
+            timed_out: true,
+            ..FetchError::transient("timed out")
+        }
     } else if err.is_builder() || err.is_redirect() {
         FetchError::permanent(format!("request refused: {cause}"))
     } else if err.is_connect() {

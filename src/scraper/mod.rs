@@ -11,10 +11,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use reqwest::redirect;
 use url::Url;
 
+use crate::bounds::{ContentType, UrlText};
 use crate::config::Config;
 use crate::model::Page;
 
@@ -35,6 +36,8 @@ pub struct FetchError {
     pub http_status: Option<u16>,
     /// How long the site asked us to wait (`Retry-After`), when it did.
     pub retry_after: Option<Duration>,
+    /// The fetch ran out of its time budget (connect or total).
+    pub timed_out: bool,
 }
 
 impl FetchError {
@@ -52,6 +55,7 @@ impl FetchError {
             reason: reason.into(),
             http_status: None,
             retry_after: None,
+            timed_out: false,
         }
     }
 }
@@ -65,6 +69,9 @@ pub trait Fetcher: Send + Sync {
         budget: Duration,
     ) -> impl Future<Output = Result<Page, FetchError>> + Send;
 }
+
+/// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
+pub const MAX_URL_BYTES: usize = 8 * 1024;
 
 /// Fetch limits, from [`Config`].
 #[derive(Debug, Clone)]
@@ -156,7 +163,7 @@ impl HttpFetcher {
         &self,
         mut response: reqwest::Response,
         http_status: u16,
-    ) -> Result<BytesMut, FetchError> {
+    ) -> Result<Bytes, FetchError> {
         let too_big = || FetchError {
             http_status: Some(http_status),
             ..FetchError::permanent(format!(
@@ -169,24 +176,26 @@ impl HttpFetcher {
             return Err(too_big());
         }
         // The declared length is only a hint (and absent when decoding); the cap is the limit.
-        let mut body = BytesMut::with_capacity(declared as usize);
+        let mut body = CappedBody::new(declared, self.max_body_bytes);
         while let Some(chunk) = response
             .chunk()
             .await
             .map_err(|e| classify::classify_error(&e))?
         {
-            if (body.len() + chunk.len()) as u64 > self.max_body_bytes {
-                return Err(too_big());
-            }
-            body.extend_from_slice(&chunk);
+            body.extend(&chunk).map_err(|_| too_big())?;
         }
-        Ok(body)
+        Ok(body.into_bytes())
     }
 }
 
 impl Fetcher for HttpFetcher {
     #[tracing::instrument(skip_all, fields(%url))]
     async fn fetch(&self, url: &str, budget: Duration) -> Result<Page, FetchError> {
+        if url.len() > MAX_URL_BYTES {
+            return Err(FetchError::permanent(format!(
+                "url is longer than {MAX_URL_BYTES} bytes"
+            )));
+        }
         let parsed = Url::parse(url)
             .map_err(|e| FetchError::permanent(format!("url does not parse: {e}")))?;
         self.policy
@@ -214,20 +223,102 @@ impl Fetcher for HttpFetcher {
                 ..FetchError::new(retry, format!("HTTP {}{unfollowed}", status.as_u16()))
             });
         }
-        let final_url = response.url().to_string();
-        let content_type = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/octet-stream")
-            .to_owned();
+        let final_url = UrlText::new(response.url().as_str());
+        let content_type = ContentType::new(
+            response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/octet-stream"),
+        );
         let body = self.read_body(response, status.as_u16()).await?;
         Ok(Page {
             url: requested,
             http_status: status.as_u16(),
             final_url,
             content_type,
-            body: body.freeze(),
+            body,
         })
+    }
+}
+
+/// A body being read: never more than the cap, and never a buffer much larger than the
+/// bytes read. (A `BytesMut` left to grow doubles its capacity: a page just over half the
+/// cap would hold a buffer of twice the cap while its last chunk is copied in.)
+#[derive(Debug)]
+pub struct CappedBody {
+    bytes: Vec<u8>,
+    cap: usize,
+}
+
+/// The body passed its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap;
+
+impl CappedBody {
+    /// A body expected to be `declared` bytes (0 when unknown), at most `cap`.
+    pub fn new(declared: u64, cap: u64) -> Self {
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        let declared = usize::try_from(declared).unwrap_or(usize::MAX);
+        Self {
+            bytes: Vec::with_capacity(declared.min(cap)),
+            cap,
+        }
+    }
+
+    /// Appends a chunk, growing the buffer at most to the cap.
+    pub fn extend(&mut self, chunk: &[u8]) -> Result<(), OverCap> {
+        let needed = self.bytes.len() + chunk.len();
+        if needed > self.cap {
+            return Err(OverCap);
+        }
+        if needed > self.bytes.capacity() {
+            let grown = (self.bytes.capacity() * 2).clamp(needed, self.cap);
+            self.bytes.reserve_exact(grown - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// The bytes read, without a copy.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from(self.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_of_unknown_length_never_holds_a_buffer_over_its_cap() {
+        let cap = 10 * 1024 * 1024;
+        let mut body = CappedBody::new(0, cap as u64);
+
+        for _ in 0..(cap / 8192) {
+            body.extend(&[7; 8192]).unwrap();
+            assert!(body.capacity() <= cap, "capacity {}", body.capacity());
+        }
+
+        assert_eq!(body.into_bytes().len(), cap);
+    }
+
+    #[test]
+    fn a_body_past_its_cap_is_refused_before_it_grows() {
+        let mut body = CappedBody::new(0, 10_000);
+
+        assert_eq!(body.extend(&[1; 6000]), Ok(()));
+        assert_eq!(body.extend(&[1; 6000]), Err(OverCap));
+        assert!(body.capacity() <= 10_000);
+    }
+
+    #[test]
+    fn a_declared_length_is_reserved_once_up_to_the_cap() {
+        assert_eq!(CappedBody::new(4096, 10_000).capacity(), 4096);
+        assert!(CappedBody::new(u64::MAX, 10_000).capacity() <= 10_000);
     }
 }

@@ -44,6 +44,8 @@ pub fn worker<F: Fetcher>(fetcher: F, n: usize, url: &str) -> MemoryWorker<F> {
             quarantine_prefix: "quarantine/".into(),
             max_attempts: super::MAX_ATTEMPTS,
             scrape_timeout: tuning.scrape_timeout,
+            store_reserve: tuning.store_reserve,
+            conflict_retries: tuning.conflict_retries,
             backoff: tuning.backoff,
             duplicate_policy: tuning.duplicate_policy,
         },
@@ -145,6 +147,12 @@ impl TaskStore for MemoryTasks {
         })
     }
 
+    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), StoreError> {
+        self.served();
+        self.release_lease(task, owner);
+        Ok(())
+    }
+
     async fn finish(
         &self,
         task: &TaskRef,
@@ -153,8 +161,11 @@ impl TaskStore for MemoryTasks {
     ) -> Result<Finish, StoreError> {
         self.served();
         let mut tasks = lock(&self.tasks);
+        let replaces_failure = |entry: &MemoryTask| {
+            entry.status == TaskStatus::Failed && terminal.status() == TaskStatus::Successful
+        };
         match tasks.get_mut(task) {
-            Some(entry) if !entry.status.is_terminal() => {
+            Some(entry) if !entry.status.is_terminal() || replaces_failure(entry) => {
                 entry.status = terminal.status();
                 entry.terminal = Some(terminal.clone());
                 entry.lease = None;
@@ -163,6 +174,16 @@ impl TaskStore for MemoryTasks {
                 })
             }
             _ => Ok(Finish::LostRace),
+        }
+    }
+}
+
+impl MemoryTasks {
+    fn release_lease(&self, task: &TaskRef, owner: &str) {
+        if let Some(entry) = lock(&self.tasks).get_mut(task)
+            && entry.lease.as_ref().is_some_and(|(held, _)| held == owner)
+        {
+            entry.lease = None;
         }
     }
 }
@@ -246,7 +267,7 @@ impl Fetcher for MemoryPages {
         Ok(Page {
             url: url.to_owned(),
             http_status: 200,
-            final_url: url.to_owned(),
+            final_url: url.into(),
             content_type: "text/html".into(),
             body: self.body.clone(),
         })

@@ -33,6 +33,7 @@ use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::ids::{Id, TaskRef};
 use conveyor_worker::result_store::S3ResultStore;
+use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::task_store::DynamoTaskStore;
 use conveyor_worker::visibility::{Backoff, SqsVisibility};
@@ -89,6 +90,13 @@ impl Intercept for CallLog {
 pub fn endpoint() -> String {
     std::env::var("AWS_ENDPOINT_URL")
         .expect("AWS_ENDPOINT_URL is not set: run the tests with `make test`")
+}
+
+/// The emulator behind the production-like layer (`scripts/prodlike.py`), set by
+/// `scripts/with-moto`.
+pub fn prodlike_endpoint() -> String {
+    std::env::var("PRODLIKE_ENDPOINT_URL")
+        .expect("PRODLIKE_ENDPOINT_URL is not set: run the tests with `make test`")
 }
 
 /// SDK config for the emulator, with fake credentials: nothing leaves 127.0.0.1. The HTTP
@@ -156,6 +164,39 @@ impl Stack {
             .await
             .expect("create bucket");
         stack
+    }
+
+    /// A stack whose worker meets AWS as production has it (`scripts/prodlike.py`):
+    /// transaction conflicts, stale eventually consistent reads, S3's header limits and 409s.
+    /// Seeding and checks still go to the emulator directly.
+    pub async fn prodlike() -> Self {
+        Self::at(&prodlike_endpoint()).await
+    }
+
+    /// Holds the run item for `ms`, as a transaction in flight would.
+    pub async fn hold_run(&self, job: &str, run: &str, ms: u64) {
+        let key = json!({"pk": {"S": format!("JOB#{job}")}, "sk": {"S": format!("RUN#{run}")}});
+        layer_post(json!({"table": self.table, "key": key, "ms": ms})).await;
+    }
+
+    /// Holds the task item for `ms`, as a transaction in flight would.
+    pub async fn hold_task(&self, task: &str, ms: u64) {
+        let key =
+            json!({"pk": {"S": format!("RUN#{JOB}#{RUN}")}, "sk": {"S": format!("TASK#{task}")}});
+        layer_post(json!({"table": self.table, "key": key, "ms": ms})).await;
+    }
+
+    /// Holds an object key for `ms`, as a conditional PUT in flight would.
+    pub async fn hold_object(&self, key: &str, ms: u64) {
+        layer_post(json!({"bucket": self.bucket, "key": key, "ms": ms})).await;
+    }
+
+    /// How often the layer did `kind` (e.g. `transaction_conflicts`) to this stack's table
+    /// or bucket.
+    pub async fn layer_count(&self, kind: &str) -> u64 {
+        let stats = layer_stats().await;
+        let of = |name: &str| stats[kind][name].as_u64();
+        of(&self.table).or_else(|| of(&self.bucket)).unwrap_or(0)
     }
 
     async fn create_table(&self) {
@@ -241,6 +282,8 @@ impl Stack {
                 quarantine_prefix: "quarantine/".into(),
                 max_attempts: MAX_ATTEMPTS,
                 scrape_timeout: tuning.scrape_timeout,
+                store_reserve: tuning.store_reserve,
+                conflict_retries: tuning.conflict_retries,
                 backoff: tuning.backoff,
                 duplicate_policy: tuning.duplicate_policy,
             },
@@ -357,6 +400,30 @@ impl Stack {
         .await;
     }
 
+    /// Puts a lease on a task of [`JOB`] / [`RUN`], as a delivery's claim would.
+    pub async fn set_lease(&self, task: &str, owner: &str, until: SystemTime) {
+        let millis = until
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        self.dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
+            .key("sk", AttributeValue::S(format!("TASK#{task}")))
+            .update_expression("SET lease_owner = :o, lease_until = :u")
+            .expression_attribute_values(":o", AttributeValue::S(owner.into()))
+            .expression_attribute_values(":u", AttributeValue::N(millis.to_string()))
+            .send()
+            .await
+            .expect("set a lease");
+    }
+
+    /// Writes an item as a producer would.
+    pub async fn put_item(&self, item: HashMap<String, AttributeValue>) {
+        self.put(item).await;
+    }
+
     async fn put(&self, item: HashMap<String, AttributeValue>) {
         self.dynamodb
             .put_item()
@@ -425,6 +492,10 @@ impl Stack {
 /// What a test may change about the worker.
 pub struct WorkerTuning {
     pub scrape_timeout: Duration,
+    /// Kept free before the cutoff for storing a page.
+    pub store_reserve: Duration,
+    /// How writes that meet concurrent ones are tried again.
+    pub conflict_retries: RetryPolicy,
     pub bucket: Option<String>,
     /// On by default: the local site is on 127.0.0.1.
     pub allow_private_networks: bool,
@@ -442,6 +513,8 @@ impl Default for WorkerTuning {
     fn default() -> Self {
         Self {
             scrape_timeout: Duration::from_secs(10),
+            store_reserve: Duration::from_millis(500),
+            conflict_retries: RetryPolicy::default(),
             bucket: None,
             allow_private_networks: true,
             trusted: Vec::new(),
@@ -456,6 +529,36 @@ impl Default for WorkerTuning {
             faults: None,
         }
     }
+}
+
+fn layer_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("an HTTP client")
+}
+
+async fn layer_post(hold: serde_json::Value) {
+    let response = layer_client()
+        .post(format!("{}/_prodlike/hold", prodlike_endpoint()))
+        .body(hold.to_string())
+        .send()
+        .await
+        .expect("reach the production-like layer");
+    assert!(response.status().is_success(), "{}", response.status());
+}
+
+/// What the production-like layer did: `{kind: {table or bucket: count}}`.
+pub async fn layer_stats() -> serde_json::Value {
+    let body = layer_client()
+        .get(format!("{}/_prodlike/stats", prodlike_endpoint()))
+        .send()
+        .await
+        .expect("reach the production-like layer")
+        .bytes()
+        .await
+        .expect("read the stats");
+    serde_json::from_slice(&body).expect("stats are JSON")
 }
 
 fn json_item(fields: &[(&str, &str)]) -> HashMap<String, AttributeValue> {

@@ -28,6 +28,9 @@ pub struct Scenario {
     pub faults: Option<Faults>,
     /// Share of S3 writes after which the record "crashes".
     pub crash_rate: f64,
+    /// The worker meets AWS through the production-like layer (`scripts/prodlike.py`):
+    /// transaction conflicts, stale reads, S3's limits and 409s.
+    pub production_like: bool,
 }
 
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
@@ -49,6 +52,11 @@ pub struct Report {
     pub esm: String,
     /// The run item's status and counters, as stored.
     pub counters: String,
+    /// The pages of the tasks whose messages ended in the dead-letter queue.
+    pub dead_pages: Vec<String>,
+    /// What the production-like layer did to this run's table and bucket, if it was on:
+    /// conflicts met (transactions cancelled, writes refused, racing PUTs answered 409).
+    pub conflicts: Option<u64>,
 }
 
 /// A seeded run and its queue, ready to be drained.
@@ -89,19 +97,37 @@ pub fn worker_env(stack: &Stack) -> [(&'static str, String); 7] {
 /// Runs the scenario in process, checks every invariant (panicking on the first broken one)
 /// and reports the figures.
 pub async fn run(scenario: Scenario) -> Report {
-    let prepared = prepare(scenario.tasks, scenario.policy).await;
+    let stack = if scenario.production_like {
+        Stack::prodlike().await
+    } else {
+        Stack::new().await
+    };
+    let prepared = prepare_on(stack, scenario.tasks, scenario.policy).await;
     let (stats, seconds) = prepared.drain(scenario).await;
     let acked = stats.acked.lock().expect("no poller panicked").clone();
-    prepared
+    let mut report = prepared
         .check(Some(&acked), seconds, &stats.summary())
-        .await
+        .await;
+    if scenario.production_like {
+        let mut conflicts = 0;
+        for kind in ["transaction_conflicts", "write_conflicts", "put_conflicts"] {
+            conflicts += prepared.stack.layer_count(kind).await;
+        }
+        report.conflicts = Some(conflicts);
+    }
+    report
 }
 
 /// Seeds a job, a counted run of `total` tasks over the site's page kinds, and a queue with
 /// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
 /// three times more, shuffled.
 pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
-    let (stack, site) = (Stack::new().await, Site::start().await);
+    prepare_on(Stack::new().await, total, policy).await
+}
+
+/// [`prepare`] on a given stack.
+pub async fn prepare_on(stack: Stack, total: usize, policy: DuplicatePolicy) -> Prepared {
+    let site = Site::start().await;
     stack.put_job(JOB, "active").await;
     stack.put_counted_run(JOB, RUN, total as u32).await;
     let mut tasks = Vec::new();
@@ -300,8 +326,15 @@ impl Prepared {
             run.n("tasks_remaining").unwrap_or(0),
             run.n("times_completed").unwrap_or(0),
         );
+        let dead_pages = tasks
+            .iter()
+            .filter(|(id, _)| dead_tasks.contains(id))
+            .map(|(_, path)| path.clone())
+            .collect();
         Report {
             counters,
+            dead_pages,
+            conflicts: None,
             policy: *policy,
             total,
             sent: sent.len(),
@@ -322,9 +355,17 @@ impl Report {
         } else {
             format!("; {}", self.esm)
         };
+        let conflicts = match self.conflicts {
+            Some(n) => format!(", {n} conflicts met"),
+            None => String::new(),
+        };
+        let dead = match self.dead_pages.as_slice() {
+            [] => String::new(),
+            pages => format!(" ({})", pages.join(", ")),
+        };
         format!(
-            "{:?}: {} tasks, {} messages sent, {} successful, {} failed, {} dead-lettered, \
-             {:.2} fetches per task, {:.1} s{esm}",
+            "{:?}: {} tasks, {} messages sent, {} successful, {} failed, {} dead-lettered{dead}, \
+             {:.2} fetches per task{conflicts}, {:.1} s{esm}",
             self.policy,
             self.total,
             self.sent,

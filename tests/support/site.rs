@@ -67,6 +67,8 @@ impl Site {
             .route("/down/{name}", get(down))
             .route("/gone/{name}", get(gone))
             .route("/slowpage/{name}", get(slow_page))
+            .route("/long-type/{n}", get(long_type))
+            .route("/long-redirect/{n}", get(long_redirect))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .with_state(hits.clone());
         let listener = tokio::net::TcpListener::bind((ip, 0))
@@ -242,4 +244,20 @@ async fn gone(Path(name): Path<String>) -> impl IntoResponse {
 async fn slow_page(Path(name): Path<String>) -> impl IntoResponse {
     tokio::time::sleep(Duration::from_millis(300)).await;
     format!("slow {name}")
+}
+
+/// A page whose `Content-Type` is `n` characters long.
+async fn long_type(Path(n): Path<usize>) -> Response {
+    let padding = "a".repeat(n.saturating_sub("text/html; x=".len()));
+    let content_type = format!("text/html; x={padding}");
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        "a page with a long type",
+    )
+        .into_response()
+}
+
+/// A redirect to a page whose URL is `n` characters longer than usual.
+async fn long_redirect(Path(n): Path<usize>) -> Response {
+    Redirect::to(&format!("/page/long?pad={}", "a".repeat(n))).into_response()
 }

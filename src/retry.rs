@@ -1,0 +1,175 @@
+//! Conflicts: a write that met a concurrent change of the same item is tried again inside the
+//! invocation, a bounded number of times with jittered pauses, never past the cutoff.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::StoreError;
+
+/// How often, and how far apart, a write that met a conflict is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries in all, the first one included.
+    pub attempts: u32,
+    /// The ceiling of the first pause; it doubles with every conflict, up to `max_pause`.
+    pub base: Duration,
+    pub max_pause: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// Six tries over about a second and a half at most: DynamoDB transactions take tens of
+    /// milliseconds, so a conflict that outlasts this is contention, not bad luck.
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            base: Duration::from_millis(25),
+            max_pause: Duration::from_millis(800),
+        }
+    }
+}
+
+/// A write's patience with conflicts, within one invocation (or one operator routine).
+#[derive(Debug, Clone, Copy)]
+pub struct Patience<'a> {
+    /// No try starts after this instant (the batch's cutoff).
+    pub until: Instant,
+    pub policy: RetryPolicy,
+    /// Counts every conflict met (for the invocation's metrics).
+    pub conflicts: &'a AtomicU64,
+}
+
+impl<'a> Patience<'a> {
+    pub fn new(until: Instant, policy: RetryPolicy, conflicts: &'a AtomicU64) -> Self {
+        Self {
+            until,
+            policy,
+            conflicts,
+        }
+    }
+
+    /// Runs `write` until it ends without a conflict, the tries are spent or the next pause
+    /// would end past `until`. The last conflict is returned when patience runs out.
+    pub async fn retry<T, F, Fut>(&self, mut write: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut tried = 0;
+        loop {
+            let err = match write().await {
+                Err(err) if err.is_conflict() => err,
+                done => return done,
+            };
+            self.conflicts.fetch_add(1, Ordering::Relaxed);
+            tried += 1;
+            let pause = self.pause(tried);
+            if tried >= self.policy.attempts || Instant::now() + pause >= self.until {
+                tracing::warn!(tries = tried, error = %err, "conflicts persisted");
+                return Err(err);
+            }
+            tracing::debug!(tries = tried, pause_ms = pause.as_millis() as u64, error = %err, "conflict: trying again");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Full jitter: a random pause up to `base * 2^(tried-1)`, capped.
+    fn pause(&self, tried: u32) -> Duration {
+        let RetryPolicy {
+            base, max_pause, ..
+        } = self.policy;
+        let ceiling = base
+            .saturating_mul(1 << tried.saturating_sub(1).min(16))
+            .min(max_pause);
+        ceiling.mul_f64(fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn conflict() -> StoreError {
+        StoreError::Conflict {
+            detail: "another transaction".into(),
+        }
+    }
+
+    fn patience(attempts: u32, within: Duration, conflicts: &AtomicU64) -> Patience<'_> {
+        let policy = RetryPolicy {
+            attempts,
+            base: Duration::from_millis(2),
+            max_pause: Duration::from_millis(4),
+        };
+        Patience::new(Instant::now() + within, policy, conflicts)
+    }
+
+    #[tokio::test]
+    async fn a_conflict_that_clears_is_tried_again_until_it_succeeds() {
+        let (calls, met) = (Cell::new(0), AtomicU64::new(0));
+
+        let result = patience(6, Duration::from_secs(5), &met)
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                let n = calls.get();
+                async move { if n < 3 { Err(conflict()) } else { Ok(n) } }
+            })
+            .await;
+
+        assert_eq!(result.unwrap(), 3);
+        assert_eq!(met.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_persisting_conflict_gives_up_after_the_attempts() {
+        let calls = Cell::new(0);
+
+        let result: Result<(), _> = patience(4, Duration::from_secs(5), &AtomicU64::new(0))
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                async { Err(conflict()) }
+            })
+            .await;
+
+        assert!(result.unwrap_err().is_conflict());
+        assert_eq!(calls.get(), 4);
+    }
+
+    #[tokio::test]
+    async fn no_try_starts_past_the_cutoff() {
+        let calls = Cell::new(0);
+
+        let result: Result<(), _> = patience(100, Duration::ZERO, &AtomicU64::new(0))
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                async { Err(conflict()) }
+            })
+            .await;
+
+        assert!(result.is_err());
+        assert_eq!(calls.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn other_errors_are_not_tried_again() {
+        let calls = Cell::new(0);
+
+        let result: Result<(), _> = patience(6, Duration::from_secs(5), &AtomicU64::new(0))
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                async {
+                    Err(StoreError::Corrupt {
+                        what: "task",
+                        detail: "status 7".into(),
+                    })
+                }
+            })
+            .await;
+
+        assert!(result.is_err());
+        assert_eq!(calls.get(), 1);
+    }
+}

@@ -1,0 +1,295 @@
+//! The guarantees against AWS as production has it, not as the emulator forgives: the
+//! worker's clients talk to moto through the production-like layer (`scripts/prodlike.py`):
+//! transactions that overlap on an item are cancelled, eventually consistent reads may be
+//! stale, S3 refuses request headers over 8 KB and answers 409 to racing conditional PUTs.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use conveyor_worker::batch::process_batch;
+use conveyor_worker::retry::RetryPolicy;
+use support::queue::Queue;
+use support::*;
+
+/// Patience that outlasts the holds these tests put on items (about 2 s of tries).
+fn patient() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 40,
+        base: Duration::from_millis(50),
+        max_pause: Duration::from_millis(100),
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_write_meeting_a_transaction_on_its_run_is_tried_again_in_the_invocation() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker_with(|t| t.conflict_retries = patient());
+    stack.hold_run(JOB, RUN, 600).await;
+
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("tasks_succeeded"), Some(1));
+    assert_eq!(run.n("tasks_remaining"), Some(999));
+    assert_eq!(site.hits("/page/a"), 1, "fetched once");
+    assert!(stack.layer_count("transaction_conflicts").await >= 1);
+}
+
+#[tokio::test]
+async fn a_persisting_conflict_comes_back_soon_and_its_redelivery_does_not_fetch_again() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let queue = Queue::create(&stack, 60).await;
+    queue.send(&stack, &body("t1")).await;
+    let first = queue.receive(&stack).await.expect("the first delivery");
+    stack.hold_run(JOB, RUN, 2500).await;
+
+    let reply = run_batch(&stack.worker(), vec![first]).await;
+
+    assert_eq!(retried(&reply).len(), 1, "the conflict outlasted the tries");
+    assert_eq!(stack.task("t1").await.status(), Some("processing"));
+    let (again, after) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(5))
+        .await;
+    assert!(after < Duration::from_secs(3), "back after {after:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await; // the hold ends
+    let reply = run_batch(&stack.worker(), vec![again]).await;
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(stack.run_item(JOB, RUN).await.n("tasks_succeeded"), Some(1));
+    assert_eq!(
+        site.hits("/page/a"),
+        1,
+        "the redelivery adopted the stored page"
+    );
+}
+
+#[tokio::test]
+async fn on_the_final_attempt_a_conflict_is_waited_out_until_the_cutoff() {
+    // The dead-letter queue is next: the task would stay unfinished and its run open.
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/page/a"), "processing")
+        .await;
+    stack.hold_run(JOB, RUN, 3000).await;
+
+    let reply = run_batch(
+        &stack.worker(),
+        vec![record("t1", &body("t1"), MAX_ATTEMPTS)],
+    )
+    .await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn a_claim_meeting_a_transaction_on_its_task_is_tried_again() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker_with(|t| t.conflict_retries = patient());
+    stack.hold_task("t1", 500).await;
+
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert!(stack.layer_count("write_conflicts").await >= 1);
+}
+
+#[tokio::test]
+async fn a_conditional_put_racing_another_is_tried_again() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker_with(|t| t.conflict_retries = patient());
+    stack.hold_object(&Stack::key("t1"), 500).await;
+
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"));
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(task.s("result_sha256"), Some(object.sha256().as_str()));
+    assert!(stack.layer_count("put_conflicts").await >= 1);
+}
+
+#[tokio::test]
+async fn a_task_written_just_before_its_message_is_processed_not_dropped() {
+    // The producer writes the job, run and task, then sends the message: the worker reads
+    // within the emulated replication lag.
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(site.hits("/page/a"), 1);
+}
+
+#[tokio::test]
+async fn a_task_requeued_just_now_is_processed_again_not_read_as_terminal() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "failed").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // failed long enough ago
+    stack.put_task("t1", &site.url("/page/a"), "pending").await; // re-queued just now
+
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(site.hits("/page/a"), 1);
+}
+
+#[tokio::test]
+async fn a_9000_character_content_type_is_cut_so_the_page_is_stored() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/long-type/9000"), "pending")
+        .await;
+
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"));
+    let content_type = task.s("content_type").expect("a content type");
+    assert_eq!(content_type.len(), 512);
+    assert!(content_type.starts_with("text/html; x=aaa"));
+    assert!(content_type.contains("...[cut: 9000 bytes, sha256 "));
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(object.content_type, content_type);
+    assert_eq!(stack.layer_count("header_refusals").await, 0);
+}
+
+#[tokio::test]
+async fn a_long_final_url_is_cut_in_the_task_and_in_the_metadata() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/long-redirect/5000"), "pending")
+        .await;
+
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"));
+    let final_url = task.s("final_url").expect("a final url");
+    assert_eq!(final_url.len(), 2048);
+    assert!(final_url.starts_with(&site.url("/page/long?pad=aaa")));
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(object.metadata["final-url"].len(), 800);
+    assert_eq!(stack.layer_count("metadata_refusals").await, 0);
+}
+
+/// moto's item size limit (DynamoDB's is 400 KB; moto allows a little more): 405,000 bytes
+/// of attribute names and values, numbers counted by their digits.
+const MOTO_ITEM_LIMIT: usize = 405_000;
+
+fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+    let value = |v: &AttributeValue| match v {
+        AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
+        _ => panic!("only strings and numbers here"),
+    };
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+#[tokio::test]
+async fn a_task_record_refused_as_too_large_is_written_with_what_describes_the_object() {
+    // The producer's task item is 300 bytes short of the limit (a large attribute of its
+    // own): the full success record does not fit, the minimal one does.
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    let url = site.url("/long-type/500");
+    let mut item: HashMap<String, AttributeValue> = [
+        ("pk", format!("RUN#{JOB}#{RUN}")),
+        ("sk", "TASK#t1".into()),
+        ("url", url),
+        ("status", "processing".into()),
+        ("updated_at", "2026-11-30T06:01:27.123Z".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), AttributeValue::S(v)))
+    .collect();
+    item.insert("attempts".into(), AttributeValue::N("1".into()));
+    let pad = MOTO_ITEM_LIMIT - 300 - item_size(&item) - "notes".len();
+    item.insert("notes".into(), AttributeValue::S("n".repeat(pad)));
+    stack.put_item(item).await;
+
+    let reply = run_batch(&stack.worker(), vec![record("t1", &body("t1"), 2)]).await;
+
+    assert!(retried(&reply).is_empty(), "not retried until the DLQ");
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"));
+    let object = stack.object(&Stack::key("t1")).await.expect("stored");
+    assert_eq!(task.s("result_sha256"), Some(object.sha256().as_str()));
+    assert_eq!(task.s("content_type"), None, "left out to fit");
+    assert_eq!(stack.run_item(JOB, RUN).await.n("tasks_succeeded"), Some(1));
+}
+
+/// Runs a batch of `records` with `left` before the invocation's deadline.
+async fn run_batch_with(
+    worker: &TestWorker,
+    records: Vec<aws_lambda_events::event::sqs::SqsMessage>,
+    left: Duration,
+) -> aws_lambda_events::event::sqs::SqsBatchResponse {
+    init_logs();
+    let deadline = SystemTime::now() + left;
+    process_batch(worker, &records, &unique("request"), deadline, LIMITS).await
+}
+
+#[tokio::test]
+async fn no_fetch_starts_without_time_left_to_store_its_page() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(2));
+
+    // 2.5 s to the deadline, 0.5 s of margin: the cutoff is 2 s away, all of it reserved.
+    let reply = run_batch_with(&worker, vec![delivery("t1")], Duration::from_millis(2500)).await;
+
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(site.hits("/page/a"), 0);
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("pending"), "not even claimed");
+    assert_eq!(
+        stack.calls.calls(),
+        ["ChangeMessageVisibility"],
+        "made visible at once"
+    );
+}
+
+#[tokio::test]
+async fn a_fetch_stopped_by_the_invocation_budget_is_not_the_pages_failure() {
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/slow/4000"), "pending")
+        .await;
+    let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(1));
+    let final_attempt = record("t1", &body("t1"), MAX_ATTEMPTS);
+    let started = std::time::Instant::now();
+
+    // 3.5 s to the deadline: the cutoff is 3 s away, the fetch gets 2 s of it.
+    let reply = run_batch_with(&worker, vec![final_attempt], Duration::from_millis(3500)).await;
+
+    assert_eq!(retried(&reply), ["t1"], "not failed for our own budget");
+    assert!(started.elapsed() < Duration::from_millis(3200));
+    assert_eq!(stack.task("t1").await.status(), Some("processing"));
+}
