@@ -12,6 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
+use futures_util::StreamExt;
 
 /// Bytes served by `/big`; tests set MAX_BODY_BYTES below it.
 pub const BIG_BODY: usize = 64 * 1024;
@@ -69,6 +70,7 @@ impl Site {
             .route("/slowpage/{name}", get(slow_page))
             .route("/long-type/{n}", get(long_type))
             .route("/long-redirect/{n}", get(long_redirect))
+            .route("/trickle/{size}", get(trickle))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .with_state(hits.clone());
         let listener = tokio::net::TcpListener::bind((ip, 0))
@@ -260,4 +262,46 @@ async fn long_type(Path(n): Path<usize>) -> Response {
 /// A redirect to a page whose URL is `n` characters longer than usual.
 async fn long_redirect(Path(n): Path<usize>) -> Response {
     Redirect::to(&format!("/page/long?pad={}", "a".repeat(n))).into_response()
+}
+
+/// `size` bytes of text, gzip-encoded, sent in 64 KiB chunks 5 ms apart with no
+/// `Content-Length`: a page near the cap whose decoded body grows while every record of a
+/// batch reads at once.
+async fn trickle(Path(size): Path<usize>) -> Response {
+    static GZIPPED: std::sync::OnceLock<Mutex<HashMap<usize, bytes::Bytes>>> =
+        std::sync::OnceLock::new();
+    let cache = GZIPPED.get_or_init(Default::default);
+    let cached = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&size)
+        .cloned();
+    let body = match cached {
+        Some(body) => body,
+        None => {
+            let mut rng = fastrand::Rng::with_seed(7);
+            let text: Vec<u8> = (0..size).map(|_| rng.alphabetic() as u8).collect();
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            let body = bytes::Bytes::from(
+                e.write_all(&text)
+                    .and_then(|()| e.finish())
+                    .unwrap_or_default(),
+            );
+            let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.insert(size, body.clone());
+            body
+        }
+    };
+    let chunks = (0..body.len())
+        .step_by(64 * 1024)
+        .map(move |at| body.slice(at..(at + 64 * 1024).min(body.len())));
+    let stream = futures_util::stream::iter(chunks).then(|chunk| async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok::<_, std::io::Error>(chunk)
+    });
+    (
+        [(header::CONTENT_ENCODING, "gzip")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
