@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::domain::message::Poison;
 use crate::error::StoreError;
-use crate::message::Poison;
 
 /// What SQS is told about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,10 +5,10 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-use crate::bounds::Reason;
+use crate::domain::bounds::Reason;
+use crate::domain::ids::{ResultKey, TaskRef};
+use crate::domain::model::{Failure, Page, StoredResult, Terminal};
 use crate::error::StoreError;
-use crate::ids::{ResultKey, TaskRef};
-use crate::model::{Failure, Page, StoredResult, Terminal};
 use crate::result_store::{NewResult, Put, ResultStore};
 use crate::retry::Patience;
 use crate::task_store::{Finish, TaskStore};

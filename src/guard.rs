@@ -4,9 +4,9 @@
 use std::time::SystemTime;
 
 use crate::contract::{NotWanted, Outcome};
+use crate::domain::ids::TaskRef;
+use crate::domain::model::{Parents, TaskStatus};
 use crate::error::StoreError;
-use crate::ids::TaskRef;
-use crate::model::{Parents, TaskStatus};
 use crate::retry::Patience;
 use crate::task_store::{Claim, Lease, TaskStore};
 

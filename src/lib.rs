@@ -10,17 +10,14 @@
 
 pub mod aws;
 pub mod batch;
-pub mod bounds;
 pub mod config;
 pub mod contract;
 pub mod converge;
+pub mod domain;
 pub mod error;
 pub mod esm;
 pub mod guard;
-pub mod ids;
-pub mod message;
 pub mod metrics;
-pub mod model;
 pub mod ops;
 pub mod result_store;
 pub mod retry;

@@ -192,7 +192,7 @@ pub fn emit(out: &mut impl Write, documents: &[Value]) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::contract::NotWanted;
-    use crate::message::Poison;
+    use crate::domain::message::Poison;
 
     fn settings() -> MetricsSettings {
         MetricsSettings {

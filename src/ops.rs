@@ -12,11 +12,12 @@ use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use tokio::time::Instant;
 
+use crate::domain::ids::{Id, TaskRef};
+use crate::domain::message;
+use crate::domain::time::rfc3339;
 use crate::error::{StoreError, cancellation_fault};
-use crate::ids::{Id, TaskRef};
-use crate::message;
 use crate::retry::{Patience, RetryPolicy};
-use crate::task_store::{Expression, cancellation_codes, key, keys, rfc3339};
+use crate::task_store::{Expression, cancellation_codes, key, keys};
 
 /// The clients and names the routines work on.
 pub struct Ops {

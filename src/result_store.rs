@@ -6,11 +6,11 @@ use std::time::SystemTime;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 
-use crate::bounds::MetadataUrl;
+use crate::domain::bounds::MetadataUrl;
+use crate::domain::ids::{QuarantineKey, ResultKey};
+use crate::domain::model::{Page, StoredResult};
+use crate::domain::time::rfc3339;
 use crate::error::{StoreError, service_code};
-use crate::ids::{QuarantineKey, ResultKey};
-use crate::model::{Page, StoredResult};
-use crate::task_store::rfc3339;
 
 /// User metadata names on every result object.
 pub mod meta {

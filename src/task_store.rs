@@ -14,9 +14,10 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
+use crate::domain::ids::TaskRef;
+use crate::domain::model::{Parents, Task, TaskStatus, Terminal};
+use crate::domain::time::{epoch_millis, rfc3339};
 use crate::error::{StoreError, cancellation_fault};
-use crate::ids::TaskRef;
-use crate::model::{Parents, Task, TaskStatus, Terminal};
 
 /// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +127,7 @@ impl DynamoTaskStore {
 /// The table's key scheme, in one place: a run's tasks share a partition; a job and its
 /// runs share the job's.
 pub mod keys {
-    use crate::ids::Id;
+    use crate::domain::ids::Id;
 
     pub fn tasks_partition(job: &Id, run: &Id) -> String {
         format!("RUN#{job}#{run}")
@@ -672,12 +673,6 @@ fn number<T: std::str::FromStr>(item: &HashMap<String, AttributeValue>, name: &s
     item.get(name)?.as_n().ok()?.parse().ok()
 }
 
-fn epoch_millis(at: SystemTime) -> u128 {
-    at.duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis()
-}
-
 fn status_of(item: &HashMap<String, AttributeValue>) -> Result<TaskStatus, StoreError> {
     let raw = string(item, "status");
     raw.and_then(TaskStatus::parse)
@@ -685,9 +680,4 @@ fn status_of(item: &HashMap<String, AttributeValue>) -> Result<TaskStatus, Store
             what: "task",
             detail: format!("status {raw:?} is not one of pending, processing, successful, failed"),
         })
-}
-
-/// RFC 3339 in UTC with millisecond precision, e.g. `2026-11-30T06:01:27.123Z`.
-pub fn rfc3339(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
 }

@@ -6,20 +6,21 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use tokio::time::Instant;
 
 use crate::batch::Invocation;
-use crate::bounds::Reason;
 use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
+use crate::domain::bounds::Reason;
+use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
+use crate::domain::message::{self, Poison};
+use crate::domain::model::{Failure, Page};
+use crate::domain::time::rfc3339;
 use crate::error::StoreError;
 use crate::guard::{self, Admission};
-use crate::ids::{QuarantineKey, ResultKey, TaskRef};
-use crate::message::{self, Poison};
 use crate::metrics::Measures;
-use crate::model::{Failure, Page};
 use crate::result_store::ResultStore;
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
-use crate::task_store::{Lease, TaskStore, rfc3339};
+use crate::task_store::{Lease, TaskStore};
 use crate::visibility::{Backoff, QueueRef, Visibility};
 
 /// The settings one record needs, from [`Config`].

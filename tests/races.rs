@@ -267,8 +267,8 @@ where
     converge(&stores).await;
 }
 
-fn page(body: &'static [u8]) -> conveyor_worker::model::Page {
-    conveyor_worker::model::Page {
+fn page(body: &'static [u8]) -> conveyor_worker::domain::model::Page {
+    conveyor_worker::domain::model::Page {
         url: "http://site.example/a".into(),
         http_status: 200,
         final_url: "http://site.example/a".into(),
@@ -277,8 +277,8 @@ fn page(body: &'static [u8]) -> conveyor_worker::model::Page {
     }
 }
 
-fn not_found() -> conveyor_worker::model::Failure {
-    conveyor_worker::model::Failure {
+fn not_found() -> conveyor_worker::domain::model::Failure {
+    conveyor_worker::domain::model::Failure {
         reason: "HTTP 404".into(),
         http_status: Some(404),
     }
@@ -293,7 +293,7 @@ async fn a_success_that_lost_the_write_to_a_failure_replaces_it_and_moves_the_co
     stack
         .put_task("t1", "http://site.example/a", "processing")
         .await;
-    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
 
     converging(&stack, async |stores| {
         stores
@@ -331,7 +331,7 @@ async fn a_success_replacing_the_failure_that_completed_its_run_keeps_one_comple
     stack
         .put_task("t1", "http://site.example/a", "processing")
         .await;
-    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
 
     converging(&stack, async |stores| {
         stores
@@ -363,7 +363,7 @@ async fn a_failure_never_replaces_a_success() {
     stack
         .put_task("t1", "http://site.example/a", "processing")
         .await;
-    let key = conveyor_worker::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
 
     converging(&stack, async |stores| {
         stores

@@ -17,9 +17,9 @@ use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
+use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
+use conveyor_worker::domain::model::{Failure, Page, Terminal};
 use conveyor_worker::error::{AwsFault, StoreError};
-use conveyor_worker::ids::{Id, ResultKey, TaskRef};
-use conveyor_worker::model::{Failure, Page, Terminal};
 use conveyor_worker::result_store::{NewResult, ResultStore, S3ResultStore};
 use conveyor_worker::retry::{Patience, RetryPolicy};
 use conveyor_worker::task_store::{Claim, DynamoTaskStore, Finish, TaskStore};

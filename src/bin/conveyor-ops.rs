@@ -9,8 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use conveyor_worker::Config;
 use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
+use conveyor_worker::domain::ids::Id;
 use conveyor_worker::esm::{self, Ended, EsmSettings, EsmStats, Progress, Watch};
-use conveyor_worker::ids::Id;
 use conveyor_worker::ops::Ops;
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 

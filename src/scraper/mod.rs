@@ -15,9 +15,9 @@ use bytes::Bytes;
 use reqwest::redirect;
 use url::Url;
 
-use crate::bounds::{ContentType, UrlText};
 use crate::config::Config;
-use crate::model::Page;
+use crate::domain::bounds::{ContentType, UrlText};
+use crate::domain::model::Page;
 
 /// Whether a failed fetch is worth another delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
+use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
+use conveyor_worker::domain::model::StoredResult;
 use conveyor_worker::error::StoreError;
-use conveyor_worker::ids::{QuarantineKey, ResultKey};
-use conveyor_worker::model::StoredResult;
 use conveyor_worker::result_store::{NewResult, Put, ResultStore};
 
 /// How often, and how, AWS misbehaves.

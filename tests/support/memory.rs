@@ -11,9 +11,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
+use conveyor_worker::domain::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
 use conveyor_worker::error::StoreError;
-use conveyor_worker::ids::{QuarantineKey, ResultKey, TaskRef};
-use conveyor_worker::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
 use conveyor_worker::result_store::{NewResult, Put, ResultStore};
 use conveyor_worker::scraper::{FetchError, Fetcher};
 use conveyor_worker::task_store::{Claim, Finish, Lease, TaskStore};

@@ -31,7 +31,7 @@ use conveyor_worker::Worker;
 use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::ids::{Id, TaskRef};
+use conveyor_worker::domain::ids::{Id, TaskRef};
 use conveyor_worker::result_store::S3ResultStore;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};

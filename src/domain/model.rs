@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 
-use crate::bounds::{ContentType, Reason, UrlText};
-use crate::ids::ResultKey;
+use crate::domain::bounds::{ContentType, Reason, UrlText};
+use crate::domain::ids::ResultKey;
 
 /// A task's lifecycle: `pending -> processing -> successful | failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::ids::{Id, TaskRef};
+use crate::domain::ids::{Id, TaskRef};
 
 /// A body that can never name a task; redelivering it would only burn receives.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
