@@ -18,10 +18,10 @@ use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
 use crate::config::Config;
 use crate::contract::Outcome;
 use crate::metrics::{self, MetricsSettings};
-use crate::result_store::{ResultStore, S3ResultStore};
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
-use crate::task_store::{DynamoTaskStore, TaskStore};
-use crate::visibility::{SqsVisibility, Visibility};
+use crate::store::queue::{SqsVisibility, Visibility};
+use crate::store::results::{ResultStore, S3ResultStore};
+use crate::store::tasks::{DynamoTaskStore, TaskStore};
 use crate::worker::Worker;
 
 /// The worker as deployed: DynamoDB, S3 and reqwest.

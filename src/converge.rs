@@ -8,10 +8,10 @@ use sha2::{Digest, Sha256};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page, StoredResult, Terminal};
-use crate::error::StoreError;
-use crate::result_store::{NewResult, Put, ResultStore};
 use crate::retry::Patience;
-use crate::task_store::{Finish, TaskStore};
+use crate::store::error::StoreError;
+use crate::store::results::{NewResult, Put, ResultStore};
+use crate::store::tasks::{Finish, TaskStore};
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,9 +6,9 @@ use std::time::SystemTime;
 use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Parents, TaskStatus};
-use crate::error::StoreError;
 use crate::retry::Patience;
-use crate::task_store::{Claim, Lease, TaskStore};
+use crate::store::error::StoreError;
+use crate::store::tasks::{Claim, Lease, TaskStore};
 
 /// What the guard lets through.
 #[derive(Debug)]

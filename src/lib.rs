@@ -14,16 +14,12 @@ pub mod config;
 pub mod contract;
 pub mod converge;
 pub mod domain;
-pub mod error;
-pub mod esm;
 pub mod guard;
 pub mod metrics;
 pub mod ops;
-pub mod result_store;
 pub mod retry;
 pub mod scraper;
-pub mod task_store;
-pub mod visibility;
+pub mod store;
 pub mod worker;
 
 pub use config::Config;

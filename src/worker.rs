@@ -14,14 +14,14 @@ use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
 use crate::domain::model::{Failure, Page};
 use crate::domain::time::rfc3339;
-use crate::error::StoreError;
 use crate::guard::{self, Admission};
 use crate::metrics::Measures;
-use crate::result_store::ResultStore;
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
-use crate::task_store::{Lease, TaskStore};
-use crate::visibility::{Backoff, QueueRef, Visibility};
+use crate::store::error::StoreError;
+use crate::store::queue::{Backoff, QueueRef, Visibility};
+use crate::store::results::ResultStore;
+use crate::store::tasks::{Lease, TaskStore};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::converge::Converged;
-use conveyor_worker::result_store::S3ResultStore;
-use conveyor_worker::task_store::DynamoTaskStore;
+use conveyor_worker::store::results::S3ResultStore;
+use conveyor_worker::store::tasks::DynamoTaskStore;
 use futures_util::future::join_all;
 use support::*;
 

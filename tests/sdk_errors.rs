@@ -19,10 +19,10 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Failure, Page, Terminal};
-use conveyor_worker::error::{AwsFault, StoreError};
-use conveyor_worker::result_store::{NewResult, ResultStore, S3ResultStore};
 use conveyor_worker::retry::{Patience, RetryPolicy};
-use conveyor_worker::task_store::{Claim, DynamoTaskStore, Finish, TaskStore};
+use conveyor_worker::store::error::{AwsFault, StoreError};
+use conveyor_worker::store::results::{NewResult, ResultStore, S3ResultStore};
+use conveyor_worker::store::tasks::{Claim, DynamoTaskStore, Finish, TaskStore};
 use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 

@@ -10,8 +10,10 @@ use conveyor_worker::Config;
 use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::domain::ids::Id;
-use conveyor_worker::esm::{self, Ended, EsmSettings, EsmStats, Progress, Watch};
 use conveyor_worker::ops::Ops;
+use conveyor_worker::ops::local_mapping::{
+    self as esm, Ended, EsmSettings, EsmStats, Progress, Watch,
+};
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 
 #[derive(Parser)]

@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
-use conveyor_worker::error::StoreError;
-use conveyor_worker::result_store::{NewResult, Put, ResultStore};
 use conveyor_worker::scraper::{FetchError, Fetcher};
-use conveyor_worker::task_store::{Claim, Finish, Lease, TaskStore};
-use conveyor_worker::visibility::{QueueRef, Visibility};
+use conveyor_worker::store::error::StoreError;
+use conveyor_worker::store::queue::{QueueRef, Visibility};
+use conveyor_worker::store::results::{NewResult, Put, ResultStore};
+use conveyor_worker::store::tasks::{Claim, Finish, Lease, TaskStore};
 use conveyor_worker::worker::{RecordSettings, Worker};
 
 use super::{PREFIX, WorkerTuning, task_ref};

@@ -32,11 +32,11 @@ use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
-use conveyor_worker::result_store::S3ResultStore;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
-use conveyor_worker::task_store::DynamoTaskStore;
-use conveyor_worker::visibility::{Backoff, SqsVisibility};
+use conveyor_worker::store::queue::{Backoff, SqsVisibility};
+use conveyor_worker::store::results::S3ResultStore;
+use conveyor_worker::store::tasks::DynamoTaskStore;
 use conveyor_worker::worker::RecordSettings;
 use serde_json::json;
 

@@ -7,7 +7,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use conveyor_worker::esm::{queue_arn, queue_depth, to_record};
+use conveyor_worker::ops::local_mapping::{queue_arn, queue_depth, to_record};
 
 use super::{Stack, unique};
 

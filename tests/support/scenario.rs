@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use conveyor_worker::Worker;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::esm::{self, Ended, EsmSettings, EsmStats, Progress, Watch};
-use conveyor_worker::visibility::Backoff;
+use conveyor_worker::ops::local_mapping::{
+    self as esm, Ended, EsmSettings, EsmStats, Progress, Watch,
+};
+use conveyor_worker::store::queue::Backoff;
 
 use super::chaos::{Crashing, Faults};
 use super::queue::Queue;

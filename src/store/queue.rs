@@ -7,7 +7,7 @@ use std::time::Duration;
 use aws_sdk_sqs::Client;
 
 use crate::config::Config;
-use crate::error::StoreError;
+use crate::store::error::StoreError;
 
 /// SQS's longest visibility timeout.
 pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);

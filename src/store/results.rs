@@ -10,7 +10,7 @@ use crate::domain::bounds::MetadataUrl;
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::{Page, StoredResult};
 use crate::domain::time::rfc3339;
-use crate::error::{StoreError, service_code};
+use crate::store::error::{StoreError, service_code};
 
 /// User metadata names on every result object.
 pub mod meta {

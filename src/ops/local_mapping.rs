@@ -16,7 +16,7 @@ use aws_sdk_sqs::types::{
 };
 
 use crate::batch::{BatchLimits, ProcessRecord, process_batch};
-use crate::error::StoreError;
+use crate::store::error::StoreError;
 
 /// How the mapping polls and invokes.
 #[derive(Debug, Clone)]

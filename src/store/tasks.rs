@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::types::{
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Parents, Task, TaskStatus, Terminal};
 use crate::domain::time::{epoch_millis, rfc3339};
-use crate::error::{StoreError, cancellation_fault};
+use crate::store::error::{StoreError, cancellation_fault};
 
 /// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ impl TaskStore for DynamoTaskStore {
         if out.unprocessed_keys.as_ref().is_some_and(|u| !u.is_empty()) {
             return Err(StoreError::Aws {
                 operation: "BatchGetItem",
-                fault: crate::error::AwsFault::Throttled,
+                fault: crate::store::error::AwsFault::Throttled,
                 source: "DynamoDB left keys unprocessed".into(),
             });
         }

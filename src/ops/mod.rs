@@ -1,6 +1,8 @@
 //! Operators' routines that would take more than one aws CLI command: a run's progress and
 //! failures, re-queueing a run's failed tasks, replaying the poison quarantine.
 
+pub mod local_mapping;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -15,9 +17,9 @@ use tokio::time::Instant;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::message;
 use crate::domain::time::rfc3339;
-use crate::error::{StoreError, cancellation_fault};
 use crate::retry::{Patience, RetryPolicy};
-use crate::task_store::{Expression, cancellation_codes, key, keys};
+use crate::store::error::{StoreError, cancellation_fault};
+use crate::store::tasks::{Expression, cancellation_codes, key, keys};
 
 /// The clients and names the routines work on.
 pub struct Ops {
