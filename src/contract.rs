@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::domain::message::Poison;
-use crate::store::error::StoreError;
+use crate::store::error::AwsError;
 
 /// What SQS is told about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     /// DynamoDB or S3 failed, or held data we cannot read.
-    Store(StoreError),
+    Store(AwsError),
     /// `DUPLICATE_POLICY=lease`: another invocation holds the task's lease until `until`;
     /// retried after it, without scraping.
     LeaseHeld { until: std::time::SystemTime },
@@ -109,8 +109,8 @@ impl Outcome {
     }
 }
 
-impl From<StoreError> for Outcome {
-    fn from(err: StoreError) -> Self {
+impl From<AwsError> for Outcome {
+    fn from(err: AwsError) -> Self {
         Outcome::Store(err)
     }
 }
@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn only_transient_outcomes_are_retried() {
-        let corrupt = || StoreError::Corrupt {
+        let corrupt = || AwsError::Corrupt {
             what: "task",
             detail: "status 7".into(),
         };

@@ -9,7 +9,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page, StoredResult, Terminal};
 use crate::retry::Patience;
-use crate::store::error::StoreError;
+use crate::store::error::AwsError;
 use crate::store::results::{NewResult, Put, ResultStore};
 use crate::store::tasks::{Finish, TaskStore};
 
@@ -41,7 +41,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         task: &TaskRef,
         key: &ResultKey,
         page: &Page,
-    ) -> Result<Converged, StoreError> {
+    ) -> Result<Converged, AwsError> {
         let sha256 = hex::encode(Sha256::digest(&page.body));
         let stored = self
             .patience
@@ -75,7 +75,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         task: &TaskRef,
         key: &ResultKey,
         failure: Failure,
-    ) -> Result<Converged, StoreError> {
+    ) -> Result<Converged, AwsError> {
         match self.adopt_stored(task, key).await? {
             Some(adopted) => Ok(adopted),
             None => self.finish(task, Terminal::Failed(failure)).await,
@@ -88,7 +88,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         &self,
         task: &TaskRef,
         key: &ResultKey,
-    ) -> Result<Option<Converged>, StoreError> {
+    ) -> Result<Option<Converged>, AwsError> {
         let Some(stored) = self.results.describe(key).await? else {
             return Ok(None);
         };
@@ -105,7 +105,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         page: &Page,
         sha256: &str,
-    ) -> Result<(StoredResult, bool), StoreError> {
+    ) -> Result<(StoredResult, bool), AwsError> {
         let new = NewResult {
             key,
             page,
@@ -118,7 +118,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             // is tried again.
             Put::AlreadyThere => match self.results.describe(key).await? {
                 Some(stored) => Ok((stored, true)),
-                None => Err(StoreError::Conflict {
+                None => Err(AwsError::Conflict {
                     detail: format!("{key} was there for the put but gone for the read"),
                 }),
             },
@@ -128,7 +128,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     /// The terminal write, tried again on conflicts; a record DynamoDB refuses as invalid
     /// (the producer's item near its 400 KB limit, say) is written again with only what
     /// describes the end state.
-    async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, StoreError> {
+    async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, AwsError> {
         let written = self.finish_once(task, &terminal).await;
         let (written, terminal) = match written {
             Err(err) if err.is_invalid() => {
@@ -149,7 +149,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         })
     }
 
-    async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, StoreError> {
+    async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
         self.patience
             .retry(|| self.tasks.finish(task, terminal, SystemTime::now()))
             .await
@@ -157,7 +157,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 }
 
 /// The least record of an end state: the object's identity, or why it failed.
-fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
+fn minimal(terminal: &Terminal, refused: &AwsError) -> Terminal {
     match terminal {
         Terminal::Succeeded(stored) => Terminal::Succeeded(stored.minimal()),
         Terminal::Failed(failure) => Terminal::Failed(Failure {

@@ -7,7 +7,7 @@ use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Parents, TaskStatus};
 use crate::retry::Patience;
-use crate::store::error::StoreError;
+use crate::store::error::AwsError;
 use crate::store::tasks::{Claim, Lease, TaskStore};
 
 /// What the guard lets through.
@@ -32,7 +32,7 @@ pub async fn admit<S: TaskStore>(
     now: SystemTime,
     lease: Option<Lease<'_>>,
     patience: &Patience<'_>,
-) -> Result<Admission, StoreError> {
+) -> Result<Admission, AwsError> {
     let Some(current) = store.load_task(task).await? else {
         return Ok(Admission::Skipped(Outcome::NotWanted(
             NotWanted::TaskMissing,

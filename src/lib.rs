@@ -1,14 +1,19 @@
 //! conveyor-worker: the SQS task worker of the conveyor scraping system, for AWS Lambda.
 //!
-//! Each record goes through the same pipeline, one module a step:
-//! [`message`] (parse) -> [`guard`] (skip finished work, claim) -> [`scraper`] (fetch) ->
-//! [`converge`] (store under a deterministic key, make the one terminal write), with the stores
-//! behind the ports [`task_store::TaskStore`] and [`result_store::ResultStore`]. [`batch`] runs
-//! a batch concurrently and builds the partial batch response from the ack contract in
-//! [`contract`]; [`visibility`] holds transiently failed messages back until their retry;
-//! [`metrics`] reports each invocation in CloudWatch Embedded Metric Format.
+//! The module map, by audience:
+//!
+//! | | modules |
+//! |---|---|
+//! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
+//! | one record, a batch | [`worker`] runs one record to its [`Outcome`]; [`batch`] runs a batch within its deadline and builds the partial batch reply |
+//! | around the records | [`retry`] (conflicts tried again), [`backoff`] (when a retry is due), [`metrics`] (EMF), [`config`] (the environment) |
+//! | the stores | [`store`]: the ports with their DynamoDB, S3 and SQS adapters, every write expression, AWS errors classified |
+//! | shared types | [`domain`]: ids, message, model, bounded text, time |
+//! | wiring | [`aws`]: SDK config and clients, the production worker, the Lambda handler |
+//! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
 pub mod aws;
+pub mod backoff;
 pub mod batch;
 pub mod config;
 pub mod contract;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::error::StoreError;
+use crate::store::error::AwsError;
 
 /// How often, and how far apart, a write that met a conflict is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +52,10 @@ impl<'a> Patience<'a> {
 
     /// Runs `write` until it ends without a conflict, the tries are spent or the next pause
     /// would end past `until`. The last conflict is returned when patience runs out.
-    pub async fn retry<T, F, Fut>(&self, mut write: F) -> Result<T, StoreError>
+    pub async fn retry<T, F, Fut>(&self, mut write: F) -> Result<T, AwsError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
+        Fut: Future<Output = Result<T, AwsError>>,
     {
         let mut tried = 0;
         loop {
@@ -92,8 +92,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn conflict() -> StoreError {
-        StoreError::Conflict {
+    fn conflict() -> AwsError {
+        AwsError::Conflict {
             detail: "another transaction".into(),
         }
     }
@@ -161,7 +161,7 @@ mod tests {
             .retry(|| {
                 calls.set(calls.get() + 1);
                 async {
-                    Err(StoreError::Corrupt {
+                    Err(AwsError::Corrupt {
                         what: "task",
                         detail: "status 7".into(),
                     })

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::batch::Invocation;
 use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
@@ -18,8 +19,8 @@ use crate::guard::{self, Admission};
 use crate::metrics::Measures;
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
-use crate::store::error::StoreError;
-use crate::store::queue::{Backoff, QueueRef, Visibility};
+use crate::store::error::AwsError;
+use crate::store::queue::{QueueRef, Visibility};
 use crate::store::results::ResultStore;
 use crate::store::tasks::{Lease, TaskStore};
 
@@ -176,7 +177,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         receives: u32,
         invocation: &Invocation,
         owner: Option<&str>,
-    ) -> Result<Outcome, StoreError> {
+    ) -> Result<Outcome, AwsError> {
         if self.fetch_budget(invocation).is_none() {
             return Ok(Outcome::NoTimeLeft);
         }
@@ -263,7 +264,7 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         fetched: Result<Page, FetchError>,
         attempt: Attempt,
         measures: &Measures,
-    ) -> Result<Outcome, StoreError> {
+    ) -> Result<Outcome, AwsError> {
         let err = match fetched {
             Ok(page) => {
                 let converged = stores.succeed(task, key, &page).await?;

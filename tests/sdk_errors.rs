@@ -20,7 +20,7 @@ use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Failure, Page, Terminal};
 use conveyor_worker::retry::{Patience, RetryPolicy};
-use conveyor_worker::store::error::{AwsFault, StoreError};
+use conveyor_worker::store::error::{AwsError, AwsFault};
 use conveyor_worker::store::results::{NewResult, ResultStore, S3ResultStore};
 use conveyor_worker::store::tasks::{Claim, DynamoTaskStore, Finish, TaskStore};
 use std::sync::atomic::AtomicU64;
@@ -85,7 +85,7 @@ fn store_failing_conditions(old_status: Option<&'static str>) -> DynamoTaskStore
     tasks(&rule)
 }
 
-fn fault(result: Result<impl std::fmt::Debug, StoreError>) -> AwsFault {
+fn fault(result: Result<impl std::fmt::Debug, AwsError>) -> AwsFault {
     let err = result.expect_err("the call fails");
     err.aws_fault()
         .cloned()

@@ -10,10 +10,13 @@ use conveyor_worker::Config;
 use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::domain::ids::Id;
-use conveyor_worker::ops::Ops;
 use conveyor_worker::ops::local_mapping::{
-    self as esm, Ended, EsmSettings, EsmStats, Progress, Watch,
+    self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
+use conveyor_worker::ops::{progress, replay, requeue};
+use conveyor_worker::store::queue::SqsQueue;
+use conveyor_worker::store::results::S3ResultStore;
+use conveyor_worker::store::tasks::DynamoTaskStore;
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 
 #[derive(Parser)]
@@ -146,12 +149,9 @@ async fn poll(args: PollArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     let sdk = aws::sdk_config(aws::Trust::System).await;
     let worker = AwsWorker::from_config(&config, &sdk)?;
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let queue_arn = esm::queue_arn(&sqs, &args.queue_url)
-        .await?
-        .ok_or("the queue did not say its ARN")?;
-    let settings = EsmSettings {
-        queue_url: args.queue_url,
+    let queue = SqsQueue::new(aws_sdk_sqs::Client::new(&sdk), &args.queue_url);
+    let queue_arn = queue.arn().await?.ok_or("the queue did not say its ARN")?;
+    let settings = MappingSettings {
         queue_arn,
         pollers: usize::from(args.pollers),
         batch_size: args.batch_size,
@@ -174,29 +174,31 @@ async fn poll(args: PollArgs) -> Result<(), Box<dyn std::error::Error>> {
         limit: args.limit,
         report: &report,
     };
+    let until = if args.until_drained {
+        ", until it drains"
+    } else {
+        "; Ctrl-C stops"
+    };
     println!(
-        "polling {} with {} pollers, batches of up to {}{}",
-        settings.queue_url,
+        "polling {} with {} pollers, batches of up to {}{until}",
+        queue.url(),
         settings.pollers,
         settings.batch_size,
-        if args.until_drained {
-            ", until it drains"
-        } else {
-            "; Ctrl-C stops"
-        }
     );
-    let stats = EsmStats::default();
-    let interrupted = async {
-        // Without a signal handler there is nothing to wait for: run until drained.
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let ended = esm::run_watched(&sqs, &worker, &settings, &stats, &watch, interrupted).await;
+    let stats = MappingStats::default();
+    let ended =
+        local_mapping::run_watched(&queue, &worker, &settings, &stats, &watch, interrupted()).await;
     println!("{}: {}", describe(ended), stats.summary());
     match ended {
         Ended::TimedOut if args.until_drained => Err("the queue did not drain in time".into()),
         _ => Ok(()),
+    }
+}
+
+/// Ctrl-C; without a signal handler, never (run until drained).
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -208,20 +210,22 @@ fn describe(ended: Ended) -> &'static str {
     }
 }
 
-/// The clients the routines use, from the standard AWS settings.
-async fn ops(table: String) -> Ops {
-    let sdk = aws::sdk_config(aws::Trust::System).await;
-    Ops {
-        dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-        s3: aws_sdk_s3::Client::from_conf(aws::s3_config(&sdk).build()),
-        sqs: aws_sdk_sqs::Client::new(&sdk),
-        table,
-    }
+/// The standard AWS settings, with the system's certificate store.
+async fn sdk() -> aws_config::SdkConfig {
+    aws::sdk_config(aws::Trust::System).await
+}
+
+fn tasks(sdk: &aws_config::SdkConfig, table: String) -> DynamoTaskStore {
+    DynamoTaskStore::new(aws_sdk_dynamodb::Client::new(sdk), table)
+}
+
+fn queue(sdk: &aws_config::SdkConfig, url: &str) -> SqsQueue {
+    SqsQueue::new(aws_sdk_sqs::Client::new(sdk), url)
 }
 
 async fn progress(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let ops = ops(args.table).await;
-    let progress = ops.progress(&args.job, &args.run).await?;
+    let tasks = tasks(&sdk().await, args.table);
+    let progress = progress::progress(&tasks, &args.job, &args.run).await?;
     println!("run {}/{}", args.job, args.run);
     for (field, value) in &progress.run {
         println!("  {field:<16} {value}");
@@ -248,10 +252,10 @@ async fn requeue_failed(args: RequeueArgs) -> Result<(), Box<dyn std::error::Err
     let RunArgs {
         table, job, run, ..
     } = args.run;
-    let ops = ops(table).await;
-    let requeued = ops
-        .requeue_failed(&job, &run, &args.queue_url, args.resend_pending)
-        .await?;
+    let sdk = sdk().await;
+    let (tasks, queue) = (tasks(&sdk, table), queue(&sdk, &args.queue_url));
+    let requeued =
+        requeue::requeue_failed(&tasks, &queue, (&job, &run), args.resend_pending).await?;
     println!(
         "run {job}/{run}: {} failed tasks set back to pending, {} messages sent",
         requeued.reset.len(),
@@ -269,11 +273,14 @@ async fn requeue_failed(args: RequeueArgs) -> Result<(), Box<dyn std::error::Err
 }
 
 async fn replay_quarantine(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
-    // The table is not used by a replay.
-    let ops = ops(String::new()).await;
-    let replayed = ops
-        .replay_quarantine(&args.bucket, &args.prefix, &args.queue_url, args.delete)
-        .await?;
+    let sdk = sdk().await;
+    let quarantine = S3ResultStore::new(
+        aws_sdk_s3::Client::from_conf(aws::s3_config(&sdk).build()),
+        args.bucket,
+    );
+    let queue = queue(&sdk, &args.queue_url);
+    let replayed =
+        replay::replay_quarantine(&quarantine, &args.prefix, &queue, args.delete).await?;
     for key in &replayed.sent {
         println!("sent     {key}");
     }

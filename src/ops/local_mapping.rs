@@ -10,18 +10,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
-};
+use aws_sdk_sqs::types::Message;
 
 use crate::batch::{BatchLimits, ProcessRecord, process_batch};
-use crate::store::error::StoreError;
+use crate::store::error::AwsError;
+use crate::store::queue::{SqsQueue, to_record};
 
 /// How the mapping polls and invokes.
 #[derive(Debug, Clone)]
-pub struct EsmSettings {
-    pub queue_url: String,
+pub struct MappingSettings {
+    /// The queue's ARN, which every record carries as `eventSourceARN`.
     pub queue_arn: String,
     /// Concurrent pollers, like concurrent Lambda instances.
     pub pollers: usize,
@@ -36,7 +34,7 @@ pub struct EsmSettings {
 
 /// What the mapping did, counted as it goes.
 #[derive(Debug, Default)]
-pub struct EsmStats {
+pub struct MappingStats {
     pub batches: AtomicU64,
     pub received: AtomicU64,
     pub deleted: AtomicU64,
@@ -47,7 +45,20 @@ pub struct EsmStats {
     pub acked: Mutex<HashSet<String>>,
 }
 
-impl EsmStats {
+impl MappingStats {
+    /// A batch whose `acked` messages were deleted and the rest left for retry.
+    fn count(&self, received: &[Message], acked: &[String]) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let received = received.len() as u64;
+        let deleted = acked.len() as u64;
+        self.received.fetch_add(received, Ordering::Relaxed);
+        self.deleted.fetch_add(deleted, Ordering::Relaxed);
+        self.retried
+            .fetch_add(received - deleted, Ordering::Relaxed);
+        let mut ids = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        ids.extend(acked.iter().cloned());
+    }
+
     pub fn summary(&self) -> String {
         format!(
             "{} batches, {} messages received, {} acknowledged and deleted, {} left for retry, \
@@ -65,13 +76,13 @@ impl EsmStats {
 /// call of the mapping is logged and counted and polling goes on, as with Lambda: a message
 /// whose delete failed simply comes back.
 pub async fn run<P: ProcessRecord>(
-    sqs: &Client,
+    queue: &SqsQueue,
     processor: &P,
-    settings: &EsmSettings,
-    stats: &EsmStats,
+    settings: &MappingSettings,
+    stats: &MappingStats,
     done: &(dyn Fn() -> bool + Sync),
 ) {
-    let pollers = (0..settings.pollers).map(|n| poll(sqs, processor, settings, stats, done, n));
+    let pollers = (0..settings.pollers).map(|n| poll(queue, processor, settings, stats, done, n));
     futures_util::future::join_all(pollers).await;
 }
 
@@ -94,7 +105,7 @@ pub struct Progress<'a> {
     pub elapsed: Duration,
     /// Messages visible or in flight, if the queue answered.
     pub depth: Option<u64>,
-    pub stats: &'a EsmStats,
+    pub stats: &'a MappingStats,
 }
 
 /// Why a watched run ended.
@@ -109,28 +120,27 @@ pub enum Ended {
 /// has drained (if asked), the time limit passes, or `stop` completes (Ctrl-C, say).
 /// Pollers finish the batch in hand before they stop.
 pub async fn run_watched<P: ProcessRecord>(
-    sqs: &Client,
+    queue: &SqsQueue,
     processor: &P,
-    settings: &EsmSettings,
-    stats: &EsmStats,
+    settings: &MappingSettings,
+    stats: &MappingStats,
     watch: &Watch<'_>,
     stop: impl Future<Output = ()>,
 ) -> Ended {
     let done = AtomicBool::new(false);
     let is_done = || done.load(Ordering::Relaxed);
     let watching = async {
-        let ended = self::watch(sqs, settings, stats, watch, stop).await;
+        let ended = self::watch(queue, stats, watch, stop).await;
         done.store(true, Ordering::Relaxed);
         ended
     };
-    let ((), ended) = tokio::join!(run(sqs, processor, settings, stats, &is_done), watching);
+    let ((), ended) = tokio::join!(run(queue, processor, settings, stats, &is_done), watching);
     ended
 }
 
 async fn watch(
-    sqs: &Client,
-    settings: &EsmSettings,
-    stats: &EsmStats,
+    queue: &SqsQueue,
+    stats: &MappingStats,
     watch: &Watch<'_>,
     stop: impl Future<Output = ()>,
 ) -> Ended {
@@ -143,7 +153,7 @@ async fn watch(
             () = &mut stop => return Ended::Stopped,
             () = tokio::time::sleep(watch.check_every) => {}
         }
-        let depth = match queue_depth(sqs, &settings.queue_url).await {
+        let depth = match queue.depth().await {
             Ok(depth) => Some(depth),
             Err(err) => {
                 tracing::warn!(error = %err, "could not read the queue's depth");
@@ -173,51 +183,21 @@ async fn watch(
     }
 }
 
-/// Messages visible or in flight, by the queue's own approximate counts.
-pub async fn queue_depth(sqs: &Client, queue_url: &str) -> Result<u64, StoreError> {
-    let counts = [
-        QueueAttributeName::ApproximateNumberOfMessages,
-        QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-    ];
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .set_attribute_names(Some(counts.to_vec()))
-        .send()
-        .await
-        .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
-    let attributes = out.attributes.unwrap_or_default();
-    Ok(counts
-        .iter()
-        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
-        .sum())
-}
-
-/// The queue's ARN, which Lambda puts in every record as `eventSourceARN`.
-pub async fn queue_arn(sqs: &Client, queue_url: &str) -> Result<Option<String>, StoreError> {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
-    Ok(out
-        .attributes
-        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn)))
-}
-
+/// One poller: receive a batch, run it, delete what was acknowledged; until `done`.
 async fn poll<P: ProcessRecord>(
-    sqs: &Client,
+    queue: &SqsQueue,
     processor: &P,
-    settings: &EsmSettings,
-    stats: &EsmStats,
+    settings: &MappingSettings,
+    stats: &MappingStats,
     done: &(dyn Fn() -> bool + Sync),
     poller: usize,
 ) {
     let mut invocation = 0_u64;
     while !done() {
-        let messages = match receive(sqs, settings).await {
+        let messages = match queue
+            .receive(settings.batch_size, settings.wait_seconds)
+            .await
+        {
             Ok(messages) => messages,
             Err(err) => {
                 failed(stats, &err).await;
@@ -232,110 +212,48 @@ async fn poll<P: ProcessRecord>(
             continue;
         }
         invocation += 1;
-        let records: Vec<SqsMessage> = messages
-            .iter()
-            .map(|m| to_record(m, &settings.queue_arn))
-            .collect();
         let request_id = format!("local-{poller}-{invocation}");
-        let deadline = SystemTime::now() + settings.timeout;
-        let reply =
-            process_batch(processor, &records, &request_id, deadline, settings.limits).await;
-        let retry: HashSet<&str> = reply
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
-        let acked: Vec<&Message> = messages
-            .iter()
-            .filter(|m| !retry.contains(m.message_id().unwrap_or_default()))
-            .collect();
-        if let Err(err) = delete(sqs, settings, &acked).await {
-            failed(stats, &err).await;
-            continue;
+        let invoked = invoke(queue, processor, settings, &messages, &request_id).await;
+        match invoked {
+            Ok(acked) => stats.count(&messages, &acked),
+            Err(err) => failed(stats, &err).await,
         }
-        stats.batches.fetch_add(1, Ordering::Relaxed);
-        stats
-            .received
-            .fetch_add(messages.len() as u64, Ordering::Relaxed);
-        stats
-            .deleted
-            .fetch_add(acked.len() as u64, Ordering::Relaxed);
-        stats
-            .retried
-            .fetch_add(retry.len() as u64, Ordering::Relaxed);
-        let mut ids = stats.acked.lock().unwrap_or_else(PoisonError::into_inner);
-        ids.extend(
-            acked
-                .iter()
-                .filter_map(|m| m.message_id().map(str::to_owned)),
-        );
     }
 }
 
-async fn failed(stats: &EsmStats, err: &StoreError) {
+/// One invocation: the batch through the processor, then the acknowledged messages
+/// deleted; the ids deleted.
+async fn invoke<P: ProcessRecord>(
+    queue: &SqsQueue,
+    processor: &P,
+    settings: &MappingSettings,
+    messages: &[Message],
+    request_id: &str,
+) -> Result<Vec<String>, AwsError> {
+    let records: Vec<SqsMessage> = messages
+        .iter()
+        .map(|m| to_record(m, &settings.queue_arn))
+        .collect();
+    let deadline = SystemTime::now() + settings.timeout;
+    let reply = process_batch(processor, &records, request_id, deadline, settings.limits).await;
+    let retry: HashSet<&str> = reply
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    let acked: Vec<&Message> = messages
+        .iter()
+        .filter(|m| !retry.contains(m.message_id().unwrap_or_default()))
+        .collect();
+    queue.delete(&acked).await?;
+    Ok(acked
+        .iter()
+        .filter_map(|m| m.message_id().map(str::to_owned))
+        .collect())
+}
+
+async fn failed(stats: &MappingStats, err: &AwsError) {
     tracing::warn!(error = %err, "an SQS call of the event source mapping failed; polling on");
     stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(200)).await;
-}
-
-async fn receive(sqs: &Client, settings: &EsmSettings) -> Result<Vec<Message>, StoreError> {
-    let out = sqs
-        .receive_message()
-        .queue_url(&settings.queue_url)
-        .max_number_of_messages(settings.batch_size)
-        .wait_time_seconds(settings.wait_seconds)
-        .message_system_attribute_names(MessageSystemAttributeName::All)
-        .message_attribute_names("All")
-        .send()
-        .await
-        .map_err(|e| StoreError::from_sdk("ReceiveMessage", e))?;
-    Ok(out.messages.unwrap_or_default())
-}
-
-async fn delete(
-    sqs: &Client,
-    settings: &EsmSettings,
-    acked: &[&Message],
-) -> Result<(), StoreError> {
-    if acked.is_empty() {
-        return Ok(());
-    }
-    let entries = acked.iter().enumerate().map(|(i, m)| {
-        DeleteMessageBatchRequestEntry::builder()
-            .id(i.to_string())
-            .receipt_handle(m.receipt_handle().unwrap_or_default())
-            .build()
-            .expect("id and receipt handle, the required fields, are set")
-    });
-    sqs.delete_message_batch()
-        .queue_url(&settings.queue_url)
-        .set_entries(Some(entries.collect()))
-        .send()
-        .await
-        .map_err(|e| StoreError::from_sdk("DeleteMessageBatch", e))?;
-    Ok(())
-}
-
-/// An SQS message as Lambda's event source mapping hands it to the function.
-pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
-    let attributes: serde_json::Map<String, serde_json::Value> = message
-        .attributes()
-        .into_iter()
-        .flatten()
-        .map(|(name, value)| (name.as_str().to_owned(), value.clone().into()))
-        .collect();
-    let region = queue_arn.split(':').nth(3).unwrap_or_default();
-    let json = serde_json::json!({
-        "messageId": message.message_id(),
-        "receiptHandle": message.receipt_handle(),
-        "body": message.body(),
-        "md5OfBody": message.md5_of_body(),
-        "attributes": attributes,
-        "messageAttributes": {},
-        "eventSource": "aws:sqs",
-        "eventSourceARN": queue_arn,
-        "awsRegion": region,
-    });
-    // Every field is a string or a map of strings, as SqsMessage expects.
-    serde_json::from_value(json).unwrap_or_default()
 }

@@ -44,11 +44,11 @@ impl std::fmt::Display for AwsFault {
 
 /// A store call that did not give an answer the worker can act on.
 ///
-/// Unless the worker can write something else in its place ([`StoreError::is_invalid`]),
+/// Unless the worker can write something else in its place ([`AwsError::is_invalid`]),
 /// every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
 /// cannot read is a bug that must reach the dead-letter queue rather than be dropped.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum AwsError {
     #[error("{operation} {fault}")]
     Aws {
         operation: &'static str,
@@ -88,7 +88,7 @@ const INVALID_CODES: &[&str] = &[
     "KeyTooLongError",
 ];
 
-impl StoreError {
+impl AwsError {
     /// Classifies an SDK error by its variant and service error code, keeping it as the source.
     pub fn from_sdk<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> Self
     where
@@ -108,15 +108,13 @@ impl StoreError {
         }
     }
 
-    /// An SDK error whose fault the caller classified (a cancelled transaction, by reasons).
-    pub fn aws<E>(operation: &'static str, fault: AwsFault, err: E) -> Self
-    where
-        E: std::error::Error + Send + Sync + 'static,
-    {
+    /// An AWS error whose fault the caller classified (a cancelled transaction, by its
+    /// reasons; keys a batch read left unprocessed).
+    pub fn aws(operation: &'static str, fault: AwsFault, source: impl Into<BoxError>) -> Self {
         Self::Aws {
             operation,
             fault,
-            source: Box::new(err),
+            source: source.into(),
         }
     }
 

@@ -1,53 +1,24 @@
-//! Retry timing: a transiently failed message is held back in SQS before its redelivery, for
-//! as long as the site asked (`Retry-After`) or an exponential, fully jittered backoff.
+//! The queue: the port that holds a message back before its redelivery and its SQS
+//! adapter (`ChangeMessageVisibility`), and what operators do with a queue (receive, delete
+//! and send batches, read its depth and ARN), as Lambda's event source mapping would.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
+use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
+    SendMessageBatchRequestEntry,
+};
 
-use crate::config::Config;
-use crate::store::error::StoreError;
+use crate::domain::ids::TaskRef;
+use crate::domain::message;
+use crate::store::error::AwsError;
 
 /// SQS's longest visibility timeout.
 pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
-
-/// How long to hold a message back before its next delivery.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    /// The ceiling of the first retry; it doubles with every receive.
-    pub base: Duration,
-    /// No hold is longer, whatever the site asks (and never longer than 12 hours).
-    pub max: Duration,
-    /// A number in [0, 1]: `fastrand::f64` in production ("full jitter").
-    pub jitter: fn() -> f64,
-}
-
-impl From<&Config> for Backoff {
-    fn from(config: &Config) -> Self {
-        Self {
-            base: config.retry_backoff_base,
-            max: config.retry_backoff_max,
-            jitter: fastrand::f64,
-        }
-    }
-}
-
-impl Backoff {
-    /// `Retry-After` when the site sent it, else a random time up to `base * 2^(receives-1)`;
-    /// both capped by `max` and SQS's 12 hours.
-    pub fn delay(&self, retry_after: Option<Duration>, receive_count: u32) -> Duration {
-        let cap = self.max.min(SQS_MAX_VISIBILITY);
-        match retry_after {
-            Some(asked) => asked.min(cap),
-            None => {
-                let doublings = receive_count.saturating_sub(1).min(30);
-                let ceiling = self.base.saturating_mul(1 << doublings).min(cap);
-                ceiling.mul_f64((self.jitter)().clamp(0.0, 1.0))
-            }
-        }
-    }
-}
 
 /// A queue named by an event source ARN: `arn:<partition>:sqs:<region>:<account>:<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +80,7 @@ pub trait Visibility: Send + Sync {
         queue: &QueueRef,
         receipt_handle: &str,
         delay: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
 
 /// [`Visibility`] through SQS `ChangeMessageVisibility`.
@@ -133,7 +104,7 @@ impl Visibility for SqsVisibility {
         queue: &QueueRef,
         receipt_handle: &str,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), AwsError> {
         // Whole seconds, rounded up, within SQS's 0..=43200.
         let seconds = delay.min(SQS_MAX_VISIBILITY).as_secs_f64().ceil() as i32;
         self.client
@@ -143,68 +114,172 @@ impl Visibility for SqsVisibility {
             .visibility_timeout(seconds)
             .send()
             .await
-            .map_err(|e| StoreError::from_sdk("ChangeMessageVisibility", e))?;
+            .map_err(|e| AwsError::from_sdk("ChangeMessageVisibility", e))?;
         Ok(())
     }
+}
+
+/// A queue as operators and the local event source mapping use it.
+#[derive(Debug, Clone)]
+pub struct SqsQueue {
+    client: Client,
+    url: String,
+}
+
+/// The approximate counts that make up a queue's depth.
+const DEPTH: [QueueAttributeName; 2] = [
+    QueueAttributeName::ApproximateNumberOfMessages,
+    QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+];
+
+impl SqsQueue {
+    pub fn new(client: Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Messages visible or in flight, by the queue's own approximate counts.
+    pub async fn depth(&self) -> Result<u64, AwsError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .set_attribute_names(Some(DEPTH.to_vec()))
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+        let attributes = out.attributes.unwrap_or_default();
+        Ok(DEPTH
+            .iter()
+            .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
+            .sum())
+    }
+
+    /// The queue's ARN, which Lambda puts in every record as `eventSourceARN`.
+    pub async fn arn(&self) -> Result<Option<String>, AwsError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+        Ok(out
+            .attributes
+            .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn)))
+    }
+
+    /// Up to `max` messages, waiting up to `wait_seconds` for the first.
+    pub async fn receive(&self, max: i32, wait_seconds: i32) -> Result<Vec<Message>, AwsError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max)
+            .wait_time_seconds(wait_seconds)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("ReceiveMessage", e))?;
+        Ok(out.messages.unwrap_or_default())
+    }
+
+    /// Deletes these received messages (at most 10).
+    pub async fn delete(&self, messages: &[&Message]) -> Result<(), AwsError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let entries = messages.iter().enumerate().map(|(i, m)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .build()
+                .expect("id and receipt handle, the required fields, are set")
+        });
+        self.client
+            .delete_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("DeleteMessageBatch", e))?;
+        Ok(())
+    }
+
+    /// Sends one message body.
+    pub async fn send(&self, body: &str) -> Result<(), AwsError> {
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+        Ok(())
+    }
+
+    /// Sends one message per task (at most 10): the tasks whose message SQS did not take.
+    pub async fn send_tasks(&self, tasks: &[TaskRef]) -> Result<Vec<TaskRef>, AwsError> {
+        let entries = tasks.iter().enumerate().map(|(i, task)| {
+            SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(message::body(task))
+                .build()
+                .expect("id and body, the required fields, are set")
+        });
+        let out = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("SendMessageBatch", e))?;
+        let failed: HashSet<&str> = out.failed().iter().map(|f| f.id()).collect();
+        Ok(tasks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| failed.contains(i.to_string().as_str()))
+            .map(|(_, task)| task.clone())
+            .collect())
+    }
+}
+
+/// An SQS message as Lambda's event source mapping hands it to the function.
+pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
+    let attributes: serde_json::Map<String, serde_json::Value> = message
+        .attributes()
+        .into_iter()
+        .flatten()
+        .map(|(name, value)| (name.as_str().to_owned(), value.clone().into()))
+        .collect();
+    let region = queue_arn.split(':').nth(3).unwrap_or_default();
+    let json = serde_json::json!({
+        "messageId": message.message_id(),
+        "receiptHandle": message.receipt_handle(),
+        "body": message.body(),
+        "md5OfBody": message.md5_of_body(),
+        "attributes": attributes,
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": region,
+    });
+    // Every field is a string or a map of strings, as SqsMessage expects.
+    serde_json::from_value(json).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn backoff(jitter: fn() -> f64) -> Backoff {
-        Backoff {
-            base: Duration::from_secs(5),
-            max: Duration::from_secs(900),
-            jitter,
-        }
-    }
-
-    #[test]
-    fn retry_after_is_honoured_up_to_the_cap() {
-        let b = backoff(|| 0.5);
-        assert_eq!(
-            b.delay(Some(Duration::from_secs(2)), 1),
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            b.delay(Some(Duration::from_secs(3600)), 1),
-            Duration::from_secs(900)
-        );
-        let unbounded = Backoff {
-            max: Duration::from_secs(100_000),
-            ..b
-        };
-        assert_eq!(
-            unbounded.delay(Some(Duration::from_secs(90_000)), 1),
-            SQS_MAX_VISIBILITY
-        );
-    }
-
-    #[test]
-    fn without_retry_after_the_ceiling_doubles_per_receive_up_to_the_cap() {
-        let highest = backoff(|| 1.0);
-        let ceilings: Vec<u64> = (1..=10).map(|n| highest.delay(None, n).as_secs()).collect();
-        assert_eq!(ceilings, [5, 10, 20, 40, 80, 160, 320, 640, 900, 900]);
-        assert_eq!(highest.delay(None, u32::MAX), Duration::from_secs(900));
-        assert_eq!(highest.delay(None, 0), Duration::from_secs(5));
-    }
-
-    #[test]
-    fn full_jitter_spreads_between_zero_and_the_ceiling() {
-        assert_eq!(backoff(|| 0.0).delay(None, 4), Duration::ZERO);
-        assert_eq!(backoff(|| 0.25).delay(None, 4), Duration::from_secs(10));
-        let random = Backoff::from(
-            &crate::Config::from_lookup(|name| match name {
-                "TABLE_NAME" | "RESULTS_BUCKET" => Some("x".into()),
-                _ => None,
-            })
-            .unwrap(),
-        );
-        for _ in 0..100 {
-            assert!(random.delay(None, 3) <= Duration::from_secs(20));
-        }
-    }
 
     #[test]
     fn queue_urls_come_from_the_event_source_arn() {

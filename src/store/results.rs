@@ -10,7 +10,7 @@ use crate::domain::bounds::MetadataUrl;
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::{Page, StoredResult};
 use crate::domain::time::rfc3339;
-use crate::store::error::{StoreError, service_code};
+use crate::store::error::{AwsError, service_code};
 
 /// User metadata names on every result object.
 pub mod meta {
@@ -44,20 +44,20 @@ pub trait ResultStore: Send + Sync {
     fn put_if_absent(
         &self,
         new: NewResult<'_>,
-    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Put, AwsError>> + Send;
 
     /// Describes the object under the key from its metadata, or `None` when there is none.
     fn describe(
         &self,
         key: &ResultKey,
-    ) -> impl Future<Output = Result<Option<StoredResult>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<StoredResult>, AwsError>> + Send;
 
     /// Keeps a poison message (a JSON document) for a person to inspect and replay.
     fn quarantine(
         &self,
         key: &QuarantineKey,
         document: Vec<u8>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
 
 /// [`ResultStore`] on one S3 bucket.
@@ -78,7 +78,7 @@ impl S3ResultStore {
 
 impl ResultStore for S3ResultStore {
     #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
         let result = self
             .client
             .put_object()
@@ -100,12 +100,12 @@ impl ResultStore for S3ResultStore {
         match result {
             Ok(_) => Ok(Put::Stored),
             Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(Put::AlreadyThere),
-            Err(err) => Err(StoreError::from_sdk("PutObject", err)),
+            Err(err) => Err(AwsError::from_sdk("PutObject", err)),
         }
     }
 
     #[tracing::instrument(skip_all, fields(%key))]
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         let head = match self
             .client
             .head_object()
@@ -118,9 +118,9 @@ impl ResultStore for S3ResultStore {
             Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => {
                 return Ok(None);
             }
-            Err(err) => return Err(StoreError::from_sdk("HeadObject", err)),
+            Err(err) => return Err(AwsError::from_sdk("HeadObject", err)),
         };
-        let corrupt = |detail: String| StoreError::Corrupt {
+        let corrupt = |detail: String| AwsError::Corrupt {
             what: "result object",
             detail: format!("{key}: {detail}"),
         };
@@ -148,7 +148,7 @@ impl ResultStore for S3ResultStore {
     }
 
     #[tracing::instrument(skip_all, fields(key = key.as_str()))]
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
         self.client
             .put_object()
             .bucket(&self.bucket)
@@ -157,7 +157,59 @@ impl ResultStore for S3ResultStore {
             .body(ByteStream::from(document))
             .send()
             .await
-            .map_err(|e| StoreError::from_sdk("PutObject(quarantine)", e))?;
+            .map_err(|e| AwsError::from_sdk("PutObject(quarantine)", e))?;
+        Ok(())
+    }
+}
+
+/// What operators do with the quarantine.
+impl S3ResultStore {
+    /// The keys under `prefix`, every page of them.
+    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>, AwsError> {
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .into_paginator()
+            .send();
+        let mut keys = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| AwsError::from_sdk("ListObjectsV2", e))?;
+            keys.extend(
+                page.contents()
+                    .iter()
+                    .filter_map(|o| o.key().map(str::to_owned)),
+            );
+        }
+        Ok(keys)
+    }
+
+    /// The object's bytes.
+    pub async fn read(&self, key: &str) -> Result<Vec<u8>, AwsError> {
+        let object = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetObject", e))?;
+        let bytes = object.body.collect().await.map_err(|e| AwsError::Corrupt {
+            what: "object body",
+            detail: format!("{key}: {e}"),
+        })?;
+        Ok(bytes.to_vec())
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<(), AwsError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("DeleteObject", e))?;
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
-use conveyor_worker::store::error::StoreError;
+use conveyor_worker::store::error::AwsError;
 use conveyor_worker::store::results::{NewResult, Put, ResultStore};
 
 /// How often, and how, AWS misbehaves.
@@ -77,7 +77,7 @@ pub struct Crashing<R> {
 }
 
 impl<R: ResultStore> ResultStore for Crashing<R> {
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
         let put = self.inner.put_if_absent(new).await?;
         if fastrand::f64() < self.crash_rate {
             panic!("injected crash after the S3 write, before the terminal write");
@@ -85,11 +85,11 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
         Ok(put)
     }
 
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.inner.describe(key).await
     }
 
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
         self.inner.quarantine(key, document).await
     }
 }

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
 use conveyor_worker::scraper::{FetchError, Fetcher};
-use conveyor_worker::store::error::StoreError;
+use conveyor_worker::store::error::AwsError;
 use conveyor_worker::store::queue::{QueueRef, Visibility};
 use conveyor_worker::store::results::{NewResult, Put, ResultStore};
 use conveyor_worker::store::tasks::{Claim, Finish, Lease, TaskStore};
@@ -101,7 +101,7 @@ impl MemoryTasks {
 }
 
 impl TaskStore for MemoryTasks {
-    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, StoreError> {
+    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, AwsError> {
         self.served();
         Ok(lock(&self.tasks).get(task).map(|t| Task {
             status: t.status,
@@ -109,7 +109,7 @@ impl TaskStore for MemoryTasks {
         }))
     }
 
-    async fn load_parents(&self, _task: &TaskRef) -> Result<Parents, StoreError> {
+    async fn load_parents(&self, _task: &TaskRef) -> Result<Parents, AwsError> {
         self.served();
         Ok(Parents {
             job_status: Some("active".into()),
@@ -122,7 +122,7 @@ impl TaskStore for MemoryTasks {
         task: &TaskRef,
         now: SystemTime,
         lease: Option<Lease<'_>>,
-    ) -> Result<Claim, StoreError> {
+    ) -> Result<Claim, AwsError> {
         self.served();
         let mut tasks = lock(&self.tasks);
         let Some(entry) = tasks.get_mut(task) else {
@@ -147,7 +147,7 @@ impl TaskStore for MemoryTasks {
         })
     }
 
-    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), StoreError> {
+    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
         self.served();
         self.release_lease(task, owner);
         Ok(())
@@ -158,7 +158,7 @@ impl TaskStore for MemoryTasks {
         task: &TaskRef,
         terminal: &Terminal,
         _now: SystemTime,
-    ) -> Result<Finish, StoreError> {
+    ) -> Result<Finish, AwsError> {
         self.served();
         let mut tasks = lock(&self.tasks);
         let replaces_failure = |entry: &MemoryTask| {
@@ -204,7 +204,7 @@ impl MemoryResults {
 }
 
 impl ResultStore for MemoryResults {
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut objects = lock(&self.objects);
         if objects.contains_key(new.key.as_str()) {
@@ -222,12 +222,12 @@ impl ResultStore for MemoryResults {
         Ok(Put::Stored)
     }
 
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(lock(&self.objects).get(key.as_str()).cloned())
     }
 
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lock(&self.quarantined).insert(key.as_str().to_owned(), document);
         Ok(())
@@ -246,7 +246,7 @@ impl Visibility for NoHold {
         _queue: &QueueRef,
         _receipt_handle: &str,
         _delay: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), AwsError> {
         self.holds.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -7,7 +7,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use conveyor_worker::ops::local_mapping::{queue_arn, queue_depth, to_record};
+use conveyor_worker::store::queue::{SqsQueue, to_record};
 
 use super::{Stack, unique};
 
@@ -54,7 +54,8 @@ impl Queue {
             .expect("create a queue")
             .queue_url
             .expect("a queue URL");
-        let arn = queue_arn(&stack.sqs, &url)
+        let arn = SqsQueue::new(stack.sqs.clone(), &url)
+            .arn()
             .await
             .expect("read the queue ARN")
             .expect("the queue has an ARN");
@@ -128,7 +129,8 @@ impl Queue {
 
     /// Messages visible or in flight, by the queue's own count.
     pub async fn depth(&self, stack: &Stack) -> u64 {
-        queue_depth(&stack.sqs, &self.url)
+        SqsQueue::new(stack.sqs.clone(), &self.url)
+            .depth()
             .await
             .expect("read the queue depth")
     }

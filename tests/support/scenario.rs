@@ -7,12 +7,13 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use conveyor_worker::Worker;
+use conveyor_worker::backoff::Backoff;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::ops::local_mapping::{
-    self as esm, Ended, EsmSettings, EsmStats, Progress, Watch,
+    self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
-use conveyor_worker::store::queue::Backoff;
+use conveyor_worker::store::queue::SqsQueue;
 
 use super::chaos::{Crashing, Faults};
 use super::queue::Queue;
@@ -167,7 +168,7 @@ pub async fn prepare_on(stack: Stack, total: usize, policy: DuplicatePolicy) -> 
 impl Prepared {
     /// Drains the queue through the local event source mapping in process, with the
     /// scenario's faults and crashes; returns what the mapping did and how long it took.
-    pub async fn drain(&self, scenario: Scenario) -> (EsmStats, f64) {
+    pub async fn drain(&self, scenario: Scenario) -> (MappingStats, f64) {
         let Self {
             stack,
             queue,
@@ -197,8 +198,7 @@ impl Prepared {
             visibility: base.visibility,
             settings: base.settings,
         };
-        let settings = EsmSettings {
-            queue_url: queue.url.clone(),
+        let settings = MappingSettings {
             queue_arn: queue.arn.clone(),
             pollers: 4,
             batch_size: 10,
@@ -210,7 +210,7 @@ impl Prepared {
             },
         };
 
-        let stats = EsmStats::default();
+        let stats = MappingStats::default();
         let report = |p: &Progress<'_>| {
             println!(
                 "  {policy:?} at {} s: {} queued; {}",
@@ -227,8 +227,8 @@ impl Prepared {
             report: &report,
         };
         let started = Instant::now();
-        let ended = esm::run_watched(
-            &stack.sqs,
+        let ended = local_mapping::run_watched(
+            &SqsQueue::new(stack.sqs.clone(), &queue.url),
             &worker,
             &settings,
             &stats,

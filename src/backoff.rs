@@ -1,0 +1,103 @@
+//! Retry timing: how long a message to retry is held back in SQS before its redelivery: as
+//! long as the site asked (`Retry-After`), or an exponential, fully jittered backoff.
+
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::store::queue::SQS_MAX_VISIBILITY;
+
+/// How long to hold a message back before its next delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// The ceiling of the first retry; it doubles with every receive.
+    pub base: Duration,
+    /// No hold is longer, whatever the site asks (and never longer than 12 hours).
+    pub max: Duration,
+    /// A number in [0, 1]: `fastrand::f64` in production ("full jitter").
+    pub jitter: fn() -> f64,
+}
+
+impl From<&Config> for Backoff {
+    fn from(config: &Config) -> Self {
+        Self {
+            base: config.retry_backoff_base,
+            max: config.retry_backoff_max,
+            jitter: fastrand::f64,
+        }
+    }
+}
+
+impl Backoff {
+    /// `Retry-After` when the site sent it, else a random time up to `base * 2^(receives-1)`;
+    /// both capped by `max` and SQS's 12 hours.
+    pub fn delay(&self, retry_after: Option<Duration>, receive_count: u32) -> Duration {
+        let cap = self.max.min(SQS_MAX_VISIBILITY);
+        match retry_after {
+            Some(asked) => asked.min(cap),
+            None => {
+                let doublings = receive_count.saturating_sub(1).min(30);
+                let ceiling = self.base.saturating_mul(1 << doublings).min(cap);
+                ceiling.mul_f64((self.jitter)().clamp(0.0, 1.0))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backoff(jitter: fn() -> f64) -> Backoff {
+        Backoff {
+            base: Duration::from_secs(5),
+            max: Duration::from_secs(900),
+            jitter,
+        }
+    }
+
+    #[test]
+    fn retry_after_is_honoured_up_to_the_cap() {
+        let b = backoff(|| 0.5);
+        assert_eq!(
+            b.delay(Some(Duration::from_secs(2)), 1),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            b.delay(Some(Duration::from_secs(3600)), 1),
+            Duration::from_secs(900)
+        );
+        let unbounded = Backoff {
+            max: Duration::from_secs(100_000),
+            ..b
+        };
+        assert_eq!(
+            unbounded.delay(Some(Duration::from_secs(90_000)), 1),
+            SQS_MAX_VISIBILITY
+        );
+    }
+
+    #[test]
+    fn without_retry_after_the_ceiling_doubles_per_receive_up_to_the_cap() {
+        let highest = backoff(|| 1.0);
+        let ceilings: Vec<u64> = (1..=10).map(|n| highest.delay(None, n).as_secs()).collect();
+        assert_eq!(ceilings, [5, 10, 20, 40, 80, 160, 320, 640, 900, 900]);
+        assert_eq!(highest.delay(None, u32::MAX), Duration::from_secs(900));
+        assert_eq!(highest.delay(None, 0), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn full_jitter_spreads_between_zero_and_the_ceiling() {
+        assert_eq!(backoff(|| 0.0).delay(None, 4), Duration::ZERO);
+        assert_eq!(backoff(|| 0.25).delay(None, 4), Duration::from_secs(10));
+        let random = Backoff::from(
+            &crate::Config::from_lookup(|name| match name {
+                "TABLE_NAME" | "RESULTS_BUCKET" => Some("x".into()),
+                _ => None,
+            })
+            .unwrap(),
+        );
+        for _ in 0..100 {
+            assert!(random.delay(None, 3) <= Duration::from_secs(20));
+        }
+    }
+}

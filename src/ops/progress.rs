@@ -1,0 +1,72 @@
+//! `conveyor-ops progress`: a run's status and counters as stored, its tasks counted by
+//! status from the tasks themselves, and why its failed tasks failed.
+
+use std::collections::BTreeMap;
+
+use crate::domain::ids::Id;
+use crate::store::attributes::{Item, string, text};
+use crate::store::error::AwsError;
+use crate::store::tasks::DynamoTaskStore;
+
+/// A run as stored, and its tasks by status.
+#[derive(Debug, Default)]
+pub struct RunProgress {
+    /// The run item's attributes that tell its progress (status, counters, times).
+    pub run: BTreeMap<String, String>,
+    /// Tasks counted by status, from the tasks themselves.
+    pub by_status: BTreeMap<String, u64>,
+    /// Failed tasks: (task id, error).
+    pub failures: Vec<(String, String)>,
+}
+
+/// The run item's attributes that tell its progress.
+const RUN_FIELDS: [&str; 9] = [
+    "status",
+    "tasks_total",
+    "tasks_remaining",
+    "tasks_succeeded",
+    "tasks_failed",
+    "times_completed",
+    "created_at",
+    "updated_at",
+    "completed_at",
+];
+
+/// The run item and every task of the run (one Query, paged).
+pub async fn progress(
+    tasks: &DynamoTaskStore,
+    job: &Id,
+    run: &Id,
+) -> Result<RunProgress, AwsError> {
+    let mut progress = RunProgress {
+        run: run_fields(tasks, job, run).await?,
+        ..RunProgress::default()
+    };
+    for (task, item) in tasks.run_tasks(job, run).await? {
+        let status = string(&item, "status").unwrap_or_default().to_owned();
+        if status == "failed" {
+            let error = string(&item, "error").unwrap_or_default().to_owned();
+            progress.failures.push((task, error));
+        }
+        *progress.by_status.entry(status).or_default() += 1;
+    }
+    Ok(progress)
+}
+
+/// The run item's progress attributes, as text; an error when the run does not exist.
+pub async fn run_fields(
+    tasks: &DynamoTaskStore,
+    job: &Id,
+    run: &Id,
+) -> Result<BTreeMap<String, String>, AwsError> {
+    let item: Item = tasks
+        .run_item(job, run)
+        .await?
+        .ok_or_else(|| AwsError::Refused {
+            detail: format!("run {job}/{run} does not exist"),
+        })?;
+    Ok(RUN_FIELDS
+        .iter()
+        .filter_map(|f| Some((f.to_string(), text(item.get(*f)?)?)))
+        .collect())
+}

@@ -1,0 +1,127 @@
+//! `conveyor-ops requeue-failed`: a run's failed tasks back to pending (with the run's
+//! counters, reopening a completed run) and one message each; never a cancelled run.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::domain::ids::{Id, TaskRef};
+use crate::ops::progress::run_fields;
+use crate::retry::{Patience, RetryPolicy};
+use crate::store::attributes::string;
+use crate::store::error::AwsError;
+use crate::store::queue::SqsQueue;
+use crate::store::runs::Requeue;
+use crate::store::tasks::DynamoTaskStore;
+
+/// What a re-queue did.
+#[derive(Debug, Default)]
+pub struct Requeued {
+    /// Failed tasks set back to pending, with the run's counters.
+    pub reset: Vec<String>,
+    /// Task ids sent to the queue.
+    pub sent: Vec<String>,
+    /// Task ids whose message could not be sent: re-run with `resend_pending`.
+    pub unsent: Vec<String>,
+    /// Failed tasks left failed because concurrent writes kept conflicting with the reset:
+    /// re-run to re-queue them.
+    pub conflicted: Vec<String>,
+}
+
+/// How long, and how often, one task's reset is tried again while it conflicts with
+/// concurrent writes: an operator can wait longer than an invocation.
+const RESET_PATIENCE: Duration = Duration::from_secs(20);
+const RESET_RETRIES: RetryPolicy = RetryPolicy {
+    attempts: 12,
+    base: Duration::from_millis(50),
+    max_pause: Duration::from_secs(2),
+};
+
+/// Sets the run's failed tasks back to pending (each with the run's counters, in one
+/// transaction, so a task is never counted twice) and sends one message per task. With
+/// `resend_pending`, tasks already pending are sent again too (a duplicate is harmless: the
+/// worker converges). A cancelled run is left alone.
+pub async fn requeue_failed(
+    tasks: &DynamoTaskStore,
+    queue: &SqsQueue,
+    (job, run): (&Id, &Id),
+    resend_pending: bool,
+) -> Result<Requeued, AwsError> {
+    let fields = run_fields(tasks, job, run).await?;
+    if fields.get("status").map(String::as_str) == Some("cancelled") {
+        return Err(AwsError::Refused {
+            detail: format!("run {job}/{run} is cancelled"),
+        });
+    }
+    let counted = fields.contains_key("tasks_remaining");
+    let mut requeued = Requeued::default();
+    let mut to_send = Vec::new();
+    for (task, item) in tasks.run_tasks(job, run).await? {
+        let task_ref = task_ref(job, run, &task)?;
+        match string(&item, "status") {
+            Some("failed") => match reset(tasks, &task_ref, counted).await {
+                Ok(Requeue::Done) => {
+                    requeued.reset.push(task);
+                    to_send.push(task_ref);
+                }
+                Ok(Requeue::NotFailed) => {}
+                Err(err) if err.is_conflict() => requeued.conflicted.push(task),
+                Err(err) => return Err(err),
+            },
+            Some("pending") if resend_pending => to_send.push(task_ref),
+            _ => {}
+        }
+    }
+    send(queue, &to_send, &mut requeued).await;
+    Ok(requeued)
+}
+
+/// One task's reset, tried again while a concurrent transaction holds it or its run.
+async fn reset(
+    tasks: &DynamoTaskStore,
+    task: &TaskRef,
+    counted: bool,
+) -> Result<Requeue, AwsError> {
+    let conflicts = AtomicU64::new(0);
+    let until = Instant::now() + RESET_PATIENCE;
+    Patience::new(until, RESET_RETRIES, &conflicts)
+        .retry(|| tasks.requeue_failed(task, counted))
+        .await
+}
+
+/// One message per task, ten to a request; what SQS did not take is listed as unsent.
+async fn send(queue: &SqsQueue, tasks: &[TaskRef], requeued: &mut Requeued) {
+    for chunk in tasks.chunks(10) {
+        let ids = |tasks: &[TaskRef]| {
+            tasks
+                .iter()
+                .map(|t| t.task_id.to_string())
+                .collect::<Vec<_>>()
+        };
+        match queue.send_tasks(chunk).await {
+            Ok(unsent) => {
+                let unsent = ids(&unsent);
+                let sent = ids(chunk).into_iter().filter(|t| !unsent.contains(t));
+                requeued.sent.extend(sent);
+                requeued.unsent.extend(unsent);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not send the messages");
+                requeued.unsent.extend(ids(chunk));
+            }
+        }
+    }
+}
+
+fn task_ref(job: &Id, run: &Id, task: &str) -> Result<TaskRef, AwsError> {
+    let task_id = Id::parse(task).map_err(|e| AwsError::Corrupt {
+        what: "task id",
+        detail: format!("{task:?}: {e}"),
+    })?;
+    Ok(TaskRef {
+        job_id: job.clone(),
+        run_id: run.clone(),
+        task_id,
+    })
+}

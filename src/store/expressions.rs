@@ -1,0 +1,274 @@
+//! Every DynamoDB write expression, in one place: the claim and its lease, the lease's
+//! release, the task's terminal write and its run's count, and the operator's re-queue.
+//! Each states exactly the names and values it uses (DynamoDB refuses unused ones).
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
+
+use crate::domain::model::{TaskStatus, Terminal};
+use crate::domain::time::{epoch_millis, rfc3339};
+use crate::store::attributes::{Item, n, s};
+use crate::store::tasks::Lease;
+
+/// An update with its condition, names and values.
+pub(crate) struct Expression {
+    update: String,
+    condition: String,
+    names: HashMap<String, String>,
+    values: Item,
+}
+
+impl Expression {
+    pub(crate) fn new(update: String, condition: &str) -> Self {
+        Self {
+            update,
+            condition: condition.to_owned(),
+            names: HashMap::new(),
+            values: Item::new(),
+        }
+    }
+
+    pub(crate) fn name(mut self, placeholder: &str, name: &str) -> Self {
+        self.names.insert(placeholder.into(), name.into());
+        self
+    }
+
+    pub(crate) fn value(mut self, placeholder: &str, value: AttributeValue) -> Self {
+        self.values.insert(placeholder.into(), value);
+        self
+    }
+
+    /// As one item of a transaction.
+    pub(crate) fn into_update(self, table: &str, key: Item) -> Update {
+        Update::builder()
+            .table_name(table)
+            .set_key(Some(key))
+            .update_expression(self.update)
+            .condition_expression(self.condition)
+            .set_expression_attribute_names(non_empty(self.names))
+            .set_expression_attribute_values(non_empty(self.values))
+            // What the item was when the condition failed: a success tells a failure it
+            // may replace from one it may not.
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .expect("table, key and update expression, the required fields, are set")
+    }
+
+    /// As an `UpdateItem` request.
+    pub(crate) fn apply_to(self, request: UpdateItemFluentBuilder) -> UpdateItemFluentBuilder {
+        request
+            .update_expression(self.update)
+            .condition_expression(self.condition)
+            .set_expression_attribute_names(non_empty(self.names))
+            .set_expression_attribute_values(non_empty(self.values))
+    }
+}
+
+/// DynamoDB refuses an empty map of expression names or values.
+fn non_empty<V>(map: HashMap<String, V>) -> Option<HashMap<String, V>> {
+    (!map.is_empty()).then_some(map)
+}
+
+/// Only a task in one of these states can be claimed or finished.
+const OPEN: &str = "#status IN (:pending, :processing)";
+
+/// A pending or processing task to processing, counting the attempt; with a lease, only if
+/// no other delivery holds a live one, and taking it.
+pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>) -> Expression {
+    const CLAIM: &str = "SET #status = :processing, updated_at = :now";
+    match lease {
+        None => Expression::new(format!("{CLAIM} ADD attempts :one"), OPEN),
+        Some(lease) => Expression::new(
+            format!("{CLAIM}, lease_owner = :owner, lease_until = :until ADD attempts :one"),
+            "#status IN (:pending, :processing) AND (attribute_not_exists(lease_until) \
+             OR lease_until < :now_ms OR lease_owner = :owner)",
+        )
+        .value(":owner", s(lease.owner))
+        .value(":until", n(epoch_millis(lease.until)))
+        .value(":now_ms", n(epoch_millis(now))),
+    }
+    .name("#status", "status")
+    .value(":pending", s(TaskStatus::Pending.as_str()))
+    .value(":processing", s(TaskStatus::Processing.as_str()))
+    .value(":now", s(&rfc3339(now)))
+    .value(":one", n(1))
+}
+
+/// The lease given up, if `owner` still holds it.
+pub(crate) fn release(owner: &str) -> Expression {
+    Expression::new(
+        "REMOVE lease_owner, lease_until".into(),
+        "lease_owner = :owner",
+    )
+    .value(":owner", s(owner))
+}
+
+/// Which task states a terminal write may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Over {
+    /// Pending or processing: the one terminal write.
+    Open,
+    /// Failed without a stored result: a success that lost the race to a failure.
+    FailureWithoutResult,
+}
+
+/// The task's terminal write, conditional on the task being in a state it may replace; the
+/// lease goes with it. Empty optional values (a minimal record) are removed, not written.
+pub(crate) fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expression {
+    let mut set = vec![
+        "#status = :status",
+        "updated_at = :now",
+        "finished_at = :now",
+    ];
+    let mut remove = vec!["lease_owner", "lease_until"];
+    let mut values = vec![(":status", s(terminal.status().as_str())), (":now", s(now))];
+    match terminal {
+        Terminal::Succeeded(_) => success_fields(terminal, &mut set, &mut remove, &mut values),
+        Terminal::Failed(f) => {
+            set.push("#error = :error");
+            values.push((":error", s(&f.reason)));
+            match f.http_status {
+                Some(http) => {
+                    set.push("http_status = :http");
+                    values.push((":http", n(http)));
+                }
+                None => remove.push("http_status"),
+            }
+        }
+    }
+    let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+    let expression = match over {
+        Over::Open => Expression::new(update, OPEN)
+            .value(":pending", s(TaskStatus::Pending.as_str()))
+            .value(":processing", s(TaskStatus::Processing.as_str())),
+        Over::FailureWithoutResult => Expression::new(
+            update,
+            "#status = :failed AND attribute_not_exists(result_key)",
+        )
+        .value(":failed", s(TaskStatus::Failed.as_str())),
+    };
+    let expression = values
+        .into_iter()
+        .fold(expression, |e, (placeholder, value)| {
+            e.value(placeholder, value)
+        });
+    expression.name("#status", "status").name("#error", "error")
+}
+
+/// What a success writes: the object's identity, and its content type and final URL when
+/// they are not empty; a failure's error goes.
+fn success_fields(
+    terminal: &Terminal,
+    set: &mut Vec<&str>,
+    remove: &mut Vec<&str>,
+    values: &mut Vec<(&str, AttributeValue)>,
+) {
+    let Terminal::Succeeded(r) = terminal else {
+        return;
+    };
+    set.extend(["result_key = :key", "result_sha256 = :sha"]);
+    set.extend(["result_size = :size", "http_status = :http"]);
+    values.extend([(":key", s(r.key.as_str())), (":sha", s(&r.sha256))]);
+    values.extend([(":size", n(r.size)), (":http", n(r.http_status))]);
+    let optional = [
+        (
+            "content_type = :ctype",
+            "content_type",
+            ":ctype",
+            &*r.content_type,
+        ),
+        ("final_url = :final", "final_url", ":final", &*r.final_url),
+    ];
+    for (assignment, name, placeholder, value) in optional {
+        if value.is_empty() {
+            remove.push(name);
+        } else {
+            set.push(assignment);
+            values.push((placeholder, s(value)));
+        }
+    }
+    remove.push("#error");
+}
+
+/// How the terminal write's transaction treats the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunStep {
+    /// More than one task remains: count this one.
+    Count,
+    /// This is the last task of a running run: count it and complete the run.
+    CountAndComplete,
+    /// The run is not running (or its counters are off): count it, complete nothing.
+    CountOnly,
+    /// A success replaces a failure already counted: move one count from failed to
+    /// succeeded; the run's remaining count and status stay.
+    Recount,
+}
+
+/// The run's side of the terminal write.
+pub(crate) fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
+    let counter = match terminal {
+        Terminal::Succeeded(_) => "tasks_succeeded",
+        Terminal::Failed(_) => "tasks_failed",
+    };
+    let add = format!("ADD tasks_remaining :minus_one, {counter} :one");
+    let count = format!("{add} SET updated_at = :now");
+    let expression = match step {
+        RunStep::Count => Expression::new(count, "tasks_remaining > :one"),
+        RunStep::CountAndComplete => Expression::new(
+            // `times_completed` lets anyone check that the run completed exactly once.
+            format!(
+                "{add}, times_completed :one \
+                 SET updated_at = :now, #status = :completed, completed_at = :now"
+            ),
+            "tasks_remaining = :one AND #status = :running",
+        )
+        .name("#status", "status")
+        .value(":completed", s("completed"))
+        .value(":running", s("running")),
+        RunStep::CountOnly => Expression::new(count, "attribute_exists(tasks_remaining)"),
+        RunStep::Recount => Expression::new(
+            "ADD tasks_failed :minus_one, tasks_succeeded :one SET updated_at = :now".into(),
+            "attribute_exists(tasks_remaining)",
+        ),
+    };
+    expression
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":now", s(now))
+}
+
+/// The operator's re-queue of a failed task: back to pending, its failure and any dead
+/// lease cleared.
+pub(crate) fn requeue_task(now: &str) -> Expression {
+    Expression::new(
+        "SET #status = :pending, updated_at = :now, requeued_at = :now \
+         REMOVE #error, http_status, finished_at, lease_owner, lease_until"
+            .into(),
+        "#status = :failed",
+    )
+    .name("#status", "status")
+    .name("#error", "error")
+    .value(":pending", s(TaskStatus::Pending.as_str()))
+    .value(":failed", s(TaskStatus::Failed.as_str()))
+    .value(":now", s(now))
+}
+
+/// The run's side of a re-queue: the task counted back into the remaining ones, which
+/// reopens a completed run; never a cancelled one.
+pub(crate) fn requeue_run(now: &str) -> Expression {
+    Expression::new(
+        "ADD tasks_failed :minus_one, tasks_remaining :one \
+         SET #status = :running, updated_at = :now REMOVE completed_at"
+            .into(),
+        "attribute_exists(tasks_remaining) AND #status <> :cancelled",
+    )
+    .name("#status", "status")
+    .value(":minus_one", n(-1))
+    .value(":one", n(1))
+    .value(":running", s("running"))
+    .value(":cancelled", s("cancelled"))
+    .value(":now", s(now))
+}

@@ -1,0 +1,49 @@
+//! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`);
+//! a job and its runs share the job's (`JOB#<job>`). Keys are strings `pk` and `sk`.
+
+use crate::domain::ids::{Id, TaskRef};
+use crate::store::attributes::{Item, s};
+
+/// The job item's sort key, in its own partition.
+pub const JOB_SORT: &str = "JOB";
+
+pub fn tasks_partition(job: &Id, run: &Id) -> String {
+    format!("RUN#{job}#{run}")
+}
+
+pub fn task_sort(task: &Id) -> String {
+    format!("TASK#{task}")
+}
+
+pub fn job_partition(job: &Id) -> String {
+    format!("JOB#{job}")
+}
+
+pub fn run_sort(run: &Id) -> String {
+    format!("RUN#{run}")
+}
+
+/// The task id in a task item's sort key.
+pub fn task_of_sort(sort: &str) -> Option<&str> {
+    sort.strip_prefix("TASK#")
+}
+
+/// An item's key.
+pub fn key(pk: String, sk: String) -> Item {
+    Item::from([("pk".to_owned(), s(&pk)), ("sk".to_owned(), s(&sk))])
+}
+
+pub fn task_key(task: &TaskRef) -> Item {
+    key(
+        tasks_partition(&task.job_id, &task.run_id),
+        task_sort(&task.task_id),
+    )
+}
+
+pub fn job_key(job: &Id) -> Item {
+    key(job_partition(job), JOB_SORT.into())
+}
+
+pub fn run_key(job: &Id, run: &Id) -> Item {
+    key(job_partition(job), run_sort(run))
+}
