@@ -15,14 +15,14 @@ export AWS_EC2_METADATA_DISABLED := true
 ## test: fmt, clippy, template lint, and all tests against a fresh local emulator
 test: $(VENV)/.test
 	cargo fmt --all -- --check
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cfn-lint template.yaml
 	python tests/template_rules.py template.yaml README.md src/config.rs
 	scripts/with-moto cargo test --locked
 
 ## run: the sample events through the function under cargo lambda watch, on the local stack
 run: $(VENV)/.run
-	scripts/with-moto cargo run --locked --quiet --example local_demo
+	scripts/with-moto cargo run --locked --quiet -p xtask --bin demo
 
 ## build: the arm64 Lambda package (cargo lambda with zig, both from PyPI), for sam deploy
 build: $(VENV)/.build
@@ -32,14 +32,14 @@ build: $(VENV)/.build
 
 ## bench: the figures against their floors, into BENCHMARKS.md and docs/concurrency.svg
 bench: build $(VENV)/.test
-	cargo build --locked --release --bin conveyor-worker --example bench_floor --example bench
+	cargo build --locked --release --workspace --bins
 	cargo bench --locked --bench pipeline
-	scripts/with-moto target/release/examples/bench
+	scripts/with-moto target/release/bench
 
 ## lint: the quick checks alone
 lint: $(VENV)/.test
 	cargo fmt --all -- --check
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cfn-lint template.yaml
 	python tests/template_rules.py template.yaml README.md src/config.rs
 

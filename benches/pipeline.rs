@@ -5,16 +5,13 @@
 //! `CARGO_PROFILE_BENCH_STRIP=none cargo bench --bench pipeline -- --profile-time 5` under
 //! `perf record`.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use conveyor_testkit::deliveries;
+use conveyor_testkit::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use support::deliveries;
-use support::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 
 /// The worker's default MAX_CONCURRENCY.
 const CONCURRENCY: usize = 16;

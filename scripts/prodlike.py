@@ -22,10 +22,10 @@ the stale reads (a producer seeding through the plain port is read stale through
 
 Admin paths on the layer's port, for tests:
 - `GET /_prodlike/stats`: what the layer did, `{kind: {table or bucket: count}}`.
-- `POST /_prodlike/hold` with `{"table": T, "key": {...DynamoDB key...}, "ms": N}` or
-  `{"bucket": B, "key": K, "ms": N}`: holds an item (as a transaction in flight would) or an
-  object key (as a conditional PUT in flight would) for N ms, so a conflict can be met on
-  purpose.
+- `POST /_prodlike/conflict` with `{"table": T, "key": {...DynamoDB key...}, "times": N}` or
+  `{"bucket": B, "key": K, "times": N}`: the next N writes of that item (or conditional PUTs
+  of that object) meet a transaction (or a PUT) in flight, whatever the timing, so a test
+  meets exactly the conflicts it asks for.
 
 Not modelled: Query and Scan staleness, TransactGetItems, conflicts of a transaction with a
 single-item write already in flight, throttling by partition capacity, SQS's own
@@ -62,6 +62,8 @@ class State:
         self.lock = threading.Lock()
         self.held_items = Counter()  # (table, key) of transactions in flight
         self.held_objects = Counter()  # (bucket, key) of conditional PUTs in flight
+        self.forced_items = Counter()  # (table, key): conflicts a test asked for
+        self.forced_objects = Counter()  # (bucket, key): likewise
         self.history = defaultdict(list)  # (table, key) -> [(written at, image before)]
         self.stats = defaultdict(Counter)
         self.transaction_s = setting("PRODLIKE_TRANSACTION_MS", 30)
@@ -72,10 +74,14 @@ class State:
         with self.lock:
             self.stats[kind][resource] += 1
 
-    def try_hold(self, held, keys):
-        """Holds every key, or none if any is held already: the keys met, if any."""
+    def try_hold(self, held, forced, keys):
+        """Holds every key, or none if any is held already (or a test asked for a conflict
+        on it): the keys met, if any."""
         with self.lock:
-            met = [k for k in keys if held[k] > 0]
+            met = [k for k in keys if held[k] > 0 or forced[k] > 0]
+            for k in met:
+                if forced[k] > 0:
+                    forced[k] -= 1
             if not met:
                 for k in keys:
                     held[k] += 1
@@ -88,14 +94,18 @@ class State:
                 if held[k] <= 0:
                     del held[k]
 
-    def hold_for(self, held, keys, seconds):
+    def force(self, forced, key, times):
+        with self.lock:
+            forced[key] += times
+
+    def is_held(self, held, forced, keys):
+        """Whether a write of these keys meets a transaction in flight (using up a conflict
+        a test asked for)."""
         with self.lock:
             for k in keys:
-                held[k] += 1
-        threading.Timer(seconds, self.release, (held, keys)).start()
-
-    def is_held(self, held, keys):
-        with self.lock:
+                if forced[k] > 0:
+                    forced[k] -= 1
+                    return True
             return any(held[k] > 0 for k in keys)
 
     def record(self, table, key, before, at):
@@ -282,15 +292,14 @@ class ProdLike:
             with STATE.lock:
                 body = json.dumps({k: dict(v) for k, v in STATE.stats.items()}).encode()
             return respond(start_response, "200 OK", [("Content-Type", "application/json")], body)
-        if path == "/_prodlike/hold" and environ["REQUEST_METHOD"] == "POST":
-            hold = json.loads(read_body(environ))
-            seconds = hold["ms"] / 1000.0
-            if "table" in hold:
-                table = table_of(hold.get("region", "us-east-1"), hold["table"])
-                keys = [(hold["table"], key_of(table, hold["key"]))]
-                STATE.hold_for(STATE.held_items, keys, seconds)
+        if path == "/_prodlike/conflict" and environ["REQUEST_METHOD"] == "POST":
+            ask = json.loads(read_body(environ))
+            if "table" in ask:
+                table = table_of(ask.get("region", "us-east-1"), ask["table"])
+                key = (ask["table"], key_of(table, ask["key"]))
+                STATE.force(STATE.forced_items, key, ask["times"])
             else:
-                STATE.hold_for(STATE.held_objects, [(hold["bucket"], hold["key"])], seconds)
+                STATE.force(STATE.forced_objects, (ask["bucket"], ask["key"]), ask["times"])
             return respond(start_response, "204 No Content", [], b"")
         return respond(start_response, "404 Not Found", [], b"")
 
@@ -303,7 +312,7 @@ class ProdLike:
             return self.transaction(region, request, environ, start_response)
         if operation in SINGLE_WRITES:
             keys = item_keys(region, operation, request)
-            if STATE.is_held(STATE.held_items, keys):
+            if STATE.is_held(STATE.held_items, STATE.forced_items, keys):
                 STATE.count("write_conflicts", request["TableName"])
                 return dynamodb_error(start_response, "TransactionConflictException",
                                       "Transaction is ongoing for the item")
@@ -348,7 +357,7 @@ class ProdLike:
 
     def transaction(self, region, request, environ, start_response):
         keys = item_keys(region, "TransactWriteItems", request)
-        met = STATE.try_hold(STATE.held_items, keys)
+        met = STATE.try_hold(STATE.held_items, STATE.forced_items, keys)
         if met:
             for name, _ in set(met):
                 STATE.count("transaction_conflicts", name)
@@ -413,7 +422,7 @@ class ProdLike:
 
     def conditional_put(self, bucket, key, environ, start_response):
         held = [(bucket, key)]
-        if STATE.try_hold(STATE.held_objects, held):
+        if STATE.try_hold(STATE.held_objects, STATE.forced_objects, held):
             STATE.count("put_conflicts", bucket)
             return s3_error(start_response, "409 Conflict", "ConditionalRequestConflict",
                             "A conflicting conditional operation is currently in progress "

@@ -194,7 +194,8 @@ pub async fn seed(stack: &Stack, site: &Site) {
 
 /// The sample events, in order.
 pub fn event_files() -> std::io::Result<Vec<PathBuf>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("events");
+    // This crate is `testkit/` in the workspace.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../events");
     let mut files: Vec<_> = std::fs::read_dir(dir)?
         .map(|entry| entry.map(|e| e.path()))
         .collect::<Result<_, _>>()?;

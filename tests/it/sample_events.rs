@@ -1,11 +1,9 @@
 //! The sample events in `events/` (the ones `cargo lambda invoke --data-file` takes) get the
 //! replies the ack contract promises, on the same seeded data as `make run`.
 
-mod support;
-
 use aws_lambda_events::event::sqs::SqsEvent;
-use support::demo;
-use support::*;
+use conveyor_testkit::demo;
+use conveyor_testkit::*;
 
 #[tokio::test]
 async fn every_sample_event_gets_the_reply_the_contract_promises() {

@@ -2,17 +2,15 @@
 //! its record describes the object that is actually stored. moto runs one request at a time
 //! (scripts/moto_server.py), so these exercise the worker's conditions, not moto's races.
 
-mod support;
-
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::converge::Converged;
 use conveyor_worker::store::results::S3ResultStore;
 use conveyor_worker::store::tasks::DynamoTaskStore;
+use conveyor_worker::store::{attributes, keys};
 use futures_util::future::join_all;
-use support::*;
 
 #[tokio::test]
 async fn concurrent_duplicates_with_different_bytes_converge_on_the_first_stored_object() {
@@ -87,12 +85,11 @@ async fn a_terminal_write_that_loses_the_race_is_acked_and_changes_nothing() {
             .dynamodb
             .update_item()
             .table_name(&stack.table)
-            .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
-            .key("sk", AttributeValue::S("TASK#t1".into()))
+            .set_key(Some(keys::task_key(&task_ref("t1"))))
             .update_expression("SET #s = :done, finished_at = :at")
             .expression_attribute_names("#s", "status")
-            .expression_attribute_values(":done", AttributeValue::S("successful".into()))
-            .expression_attribute_values(":at", AttributeValue::S("the other delivery".into()))
+            .expression_attribute_values(":done", attributes::s("successful"))
+            .expression_attribute_values(":at", attributes::s("the other delivery"))
             .send()
             .await
             .expect("finish the task as the other delivery");

@@ -5,22 +5,24 @@
 //! Run by `make bench` against the local emulator; `bench --rss <n> <url>` is the child
 //! process of the memory figure, and `bench --memory` prints the memory figures alone.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
+use conveyor_testkit::memory;
+use conveyor_testkit::{Site, Stack, deliveries};
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, SystemLookup};
-use support::memory;
-use support::{Site, Stack, deliveries};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
+
+/// The workspace's root (this crate is `xtask/` in it).
+fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
 
 /// Runs per figure; the median is reported.
 const RUNS: usize = 5;
@@ -149,9 +151,9 @@ async fn timed_batch<P: conveyor_worker::batch::ProcessRecord>(
 
 /// Process start to the first request for an event, worker against the do-nothing floor.
 async fn cold_start() -> Result<Figure> {
-    let release = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release");
+    let release = workspace().join("target/release");
     let worker = release.join("conveyor-worker");
-    let floor = release.join("examples/bench_floor");
+    let floor = release.join("bench-floor");
     if !worker.exists() || !floor.exists() {
         return Ok(Figure {
             what: "1. Cold start (release binaries not built: `make bench` builds them)".into(),
@@ -344,7 +346,7 @@ async fn guard_path() -> Figure {
 /// and 10,000: criterion's estimates from `cargo bench --bench pipeline` (benches/pipeline.rs,
 /// which `make bench` runs first).
 fn cpu_per_record() -> Vec<Figure> {
-    let estimates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+    let estimates = workspace().join("target/criterion");
     memory::CPU_BATCHES
         .into_iter()
         .map(|size| {
@@ -478,8 +480,7 @@ async fn rss_probe(n: usize, url: &str) -> Result<()> {
 // 7. Package ------------------------------------------------------------------------------
 
 fn package_size() -> Figure {
-    let zip = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/lambda/conveyor-worker/bootstrap.zip");
+    let zip = workspace().join("target/lambda/conveyor-worker/bootstrap.zip");
     let size = std::fs::metadata(&zip).map(|m| m.len() as f64 / MEGABYTE as f64);
     Figure {
         what: "7. Package: arm64 bootstrap.zip (`make build`)".into(),
@@ -513,7 +514,7 @@ fn report(figures: &[Figure], sweep: &[(usize, f64, f64)]) -> String {
     let _ = writeln!(md, "# Benchmarks\n");
     let _ = writeln!(
         md,
-        "Written by `make bench` (`scripts/with-moto target/release/examples/bench`, release \
+        "Written by `make bench` (`scripts/with-moto target/release/bench`, release \
          profile) on {machine}, {}. Each figure is the median of {RUNS} runs (3 for the sweep), \
          beside its floor measured in the same run.\n",
         support_date()

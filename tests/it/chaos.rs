@@ -9,13 +9,11 @@
 //! overlap and are cancelled, reads may be stale, S3 answers 409 to racing PUTs.
 //! `CHAOS_TASKS=N` changes the number of tasks per policy.
 
-mod support;
-
 use std::time::Duration;
 
+use conveyor_testkit::chaos::Faults;
+use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_worker::config::DuplicatePolicy;
-use support::chaos::Faults;
-use support::scenario::{self, Scenario};
 
 fn scenario(policy: DuplicatePolicy) -> Scenario {
     Scenario {

@@ -1,6 +1,7 @@
-//! Shared test support: a fresh table and bucket in the local AWS emulator (moto), clients
-//! that log every request they send, seeding helpers, SQS event builders and the local site.
-#![allow(dead_code)] // each test binary uses its own part of this module
+//! What conveyor-worker's tests, benches and tooling share: a fresh table and bucket in the
+//! local AWS emulator (moto, plain or behind the production-like layer), clients that log
+//! every request they send, seeding helpers, SQS event builders, the local site, in-process
+//! stores, fault injection and the chaos scenario.
 
 pub mod chaos;
 pub mod demo;
@@ -18,8 +19,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
@@ -35,6 +35,8 @@ use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
+use conveyor_worker::store::attributes::{self, Item};
+use conveyor_worker::store::keys;
 use conveyor_worker::store::queue::SqsVisibility;
 use conveyor_worker::store::results::S3ResultStore;
 use conveyor_worker::store::tasks::DynamoTaskStore;
@@ -174,22 +176,21 @@ impl Stack {
         Self::at(&prodlike_endpoint()).await
     }
 
-    /// Holds the run item for `ms`, as a transaction in flight would.
-    pub async fn hold_run(&self, job: &str, run: &str, ms: u64) {
-        let key = json!({"pk": {"S": format!("JOB#{job}")}, "sk": {"S": format!("RUN#{run}")}});
-        layer_post(json!({"table": self.table, "key": key, "ms": ms})).await;
+    /// The next `times` writes of the run item meet a transaction in flight.
+    pub async fn conflict_on_run(&self, job: &str, run: &str, times: u32) {
+        let key = key_json(&keys::run_key(&id(job), &id(run)));
+        layer_post(json!({"table": self.table, "key": key, "times": times})).await;
     }
 
-    /// Holds the task item for `ms`, as a transaction in flight would.
-    pub async fn hold_task(&self, task: &str, ms: u64) {
-        let key =
-            json!({"pk": {"S": format!("RUN#{JOB}#{RUN}")}, "sk": {"S": format!("TASK#{task}")}});
-        layer_post(json!({"table": self.table, "key": key, "ms": ms})).await;
+    /// The next `times` writes of the task item meet a transaction in flight.
+    pub async fn conflict_on_task(&self, task: &str, times: u32) {
+        let key = key_json(&keys::task_key(&task_ref(task)));
+        layer_post(json!({"table": self.table, "key": key, "times": times})).await;
     }
 
-    /// Holds an object key for `ms`, as a conditional PUT in flight would.
-    pub async fn hold_object(&self, key: &str, ms: u64) {
-        layer_post(json!({"bucket": self.bucket, "key": key, "ms": ms})).await;
+    /// The next `times` conditional PUTs of the object meet another in flight (S3's 409).
+    pub async fn conflict_on_object(&self, key: &str, times: u32) {
+        layer_post(json!({"bucket": self.bucket, "key": key, "times": times})).await;
     }
 
     /// How often the layer did `kind` (e.g. `transaction_conflicts`) to this stack's table
@@ -292,37 +293,28 @@ impl Stack {
     }
 
     pub async fn put_job(&self, job: &str, status: &str) {
-        self.put(json_item(&[
-            ("pk", &format!("JOB#{job}")),
-            ("sk", "JOB"),
-            ("status", status),
-        ]))
-        .await;
+        let mut item = keys::job_key(&id(job));
+        item.insert("status".into(), attributes::s(status));
+        self.put(item).await;
     }
 
     pub async fn put_run(&self, job: &str, run: &str, status: &str) {
-        self.put(json_item(&[
-            ("pk", &format!("JOB#{job}")),
-            ("sk", &format!("RUN#{run}")),
-            ("status", status),
-        ]))
-        .await;
+        let mut item = keys::run_key(&id(job), &id(run));
+        item.insert("status".into(), attributes::s(status));
+        self.put(item).await;
     }
 
     /// A running run with its counters at the start: `total` tasks, all remaining.
     pub async fn put_counted_run(&self, job: &str, run: &str, total: u32) {
-        let mut item = json_item(&[
-            ("pk", &format!("JOB#{job}")),
-            ("sk", &format!("RUN#{run}")),
-            ("status", "running"),
-        ]);
+        let mut item = keys::run_key(&id(job), &id(run));
+        item.insert("status".into(), attributes::s("running"));
         for (counter, value) in [
             ("tasks_total", total),
             ("tasks_remaining", total),
             ("tasks_succeeded", 0),
             ("tasks_failed", 0),
         ] {
-            item.insert(counter.into(), AttributeValue::N(value.to_string()));
+            item.insert(counter.into(), attributes::n(value));
         }
         self.put(item).await;
     }
@@ -337,7 +329,10 @@ impl Stack {
                 .query()
                 .table_name(&self.table)
                 .key_condition_expression("pk = :pk")
-                .expression_attribute_values(":pk", AttributeValue::S(format!("RUN#{job}#{run}")))
+                .expression_attribute_values(
+                    ":pk",
+                    attributes::s(&keys::tasks_partition(&id(job), &id(run))),
+                )
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()
@@ -345,12 +340,9 @@ impl Stack {
                 .expect("query a run's tasks");
             for item in out.items.unwrap_or_default() {
                 let item = TaskItem(item);
-                let id = item
-                    .s("sk")
-                    .unwrap_or_default()
-                    .trim_start_matches("TASK#")
-                    .to_owned();
-                tasks.push((id, item));
+                let sort = item.s("sk").unwrap_or_default();
+                let task = keys::task_of_sort(sort).unwrap_or(sort).to_owned();
+                tasks.push((task, item));
             }
             start = out.last_evaluated_key;
             if start.is_none() {
@@ -361,17 +353,16 @@ impl Stack {
 
     /// The run item as stored.
     pub async fn run_item(&self, job: &str, run: &str) -> TaskItem {
-        self.item(format!("JOB#{job}"), format!("RUN#{run}")).await
+        self.item(keys::run_key(&id(job), &id(run))).await
     }
 
     /// An item read consistently, or an empty map when it is gone.
-    async fn item(&self, pk: String, sk: String) -> TaskItem {
+    async fn item(&self, key: Item) -> TaskItem {
         let item = self
             .dynamodb
             .get_item()
             .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk))
-            .key("sk", AttributeValue::S(sk))
+            .set_key(Some(key))
             .consistent_read(true)
             .send()
             .await
@@ -392,13 +383,9 @@ impl Stack {
     }
 
     pub async fn put_task_in(&self, job: &str, run: &str, task: &str, url: &str, status: &str) {
-        self.put(json_item(&[
-            ("pk", &format!("RUN#{job}#{run}")),
-            ("sk", &format!("TASK#{task}")),
-            ("url", url),
-            ("status", status),
-        ]))
-        .await;
+        let mut item = keys::task_key(&task_ref_in(job, run, task));
+        item.extend(attributes::strings(&[("url", url), ("status", status)]));
+        self.put(item).await;
     }
 
     /// Puts a lease on a task of [`JOB`] / [`RUN`], as a delivery's claim would.
@@ -410,22 +397,21 @@ impl Stack {
         self.dynamodb
             .update_item()
             .table_name(&self.table)
-            .key("pk", AttributeValue::S(format!("RUN#{JOB}#{RUN}")))
-            .key("sk", AttributeValue::S(format!("TASK#{task}")))
+            .set_key(Some(keys::task_key(&task_ref(task))))
             .update_expression("SET lease_owner = :o, lease_until = :u")
-            .expression_attribute_values(":o", AttributeValue::S(owner.into()))
-            .expression_attribute_values(":u", AttributeValue::N(millis.to_string()))
+            .expression_attribute_values(":o", attributes::s(owner))
+            .expression_attribute_values(":u", attributes::n(millis))
             .send()
             .await
             .expect("set a lease");
     }
 
     /// Writes an item as a producer would.
-    pub async fn put_item(&self, item: HashMap<String, AttributeValue>) {
+    pub async fn put_item(&self, item: Item) {
         self.put(item).await;
     }
 
-    async fn put(&self, item: HashMap<String, AttributeValue>) {
+    async fn put(&self, item: Item) {
         self.dynamodb
             .put_item()
             .table_name(&self.table)
@@ -441,7 +427,7 @@ impl Stack {
     }
 
     pub async fn task_in(&self, job: &str, run: &str, task: &str) -> TaskItem {
-        self.item(format!("RUN#{job}#{run}"), format!("TASK#{task}"))
+        self.item(keys::task_key(&task_ref_in(job, run, task)))
             .await
     }
 
@@ -541,7 +527,7 @@ fn layer_client() -> reqwest::Client {
 
 async fn layer_post(hold: serde_json::Value) {
     let response = layer_client()
-        .post(format!("{}/_prodlike/hold", prodlike_endpoint()))
+        .post(format!("{}/_prodlike/conflict", prodlike_endpoint()))
         .body(hold.to_string())
         .send()
         .await
@@ -562,24 +548,23 @@ pub async fn layer_stats() -> serde_json::Value {
     serde_json::from_slice(&body).expect("stats are JSON")
 }
 
-fn json_item(fields: &[(&str, &str)]) -> HashMap<String, AttributeValue> {
-    fields
-        .iter()
-        .map(|(k, v)| (k.to_string(), AttributeValue::S(v.to_string())))
-        .collect()
+/// A key as the production-like layer's admin paths take it (DynamoDB JSON).
+fn key_json(key: &Item) -> serde_json::Value {
+    let attribute = |name: &str| json!({ "S": attributes::string(key, name) });
+    json!({ "pk": attribute("pk"), "sk": attribute("sk") })
 }
 
-/// A task item as read back.
+/// A task (or run) item as read back.
 #[derive(Debug)]
-pub struct TaskItem(pub HashMap<String, AttributeValue>);
+pub struct TaskItem(pub Item);
 
 impl TaskItem {
     pub fn s(&self, name: &str) -> Option<&str> {
-        self.0.get(name)?.as_s().ok().map(String::as_str)
+        attributes::string(&self.0, name)
     }
 
     pub fn n(&self, name: &str) -> Option<u64> {
-        self.0.get(name)?.as_n().ok()?.parse().ok()
+        attributes::number(&self.0, name)
     }
 
     pub fn status(&self) -> Option<&str> {
@@ -626,12 +611,21 @@ pub fn body(task: &str) -> String {
 
 /// `task` of [`JOB`] / [`RUN`].
 pub fn task_ref(task: &str) -> TaskRef {
-    let id = |s: &str| Id::parse(s).expect("a valid id");
+    task_ref_in(JOB, RUN, task)
+}
+
+/// `task` of `job` / `run`.
+pub fn task_ref_in(job: &str, run: &str, task: &str) -> TaskRef {
     TaskRef {
-        job_id: id(JOB),
-        run_id: id(RUN),
+        job_id: id(job),
+        run_id: id(run),
         task_id: id(task),
     }
+}
+
+/// An id a test names (valid by construction).
+pub fn id(raw: &str) -> Id {
+    Id::parse(raw).unwrap_or_else(|e| panic!("{raw:?} {e}"))
 }
 
 /// A first delivery of `task`, with the task id as message id.

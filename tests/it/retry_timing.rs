@@ -3,13 +3,11 @@
 //! it back fails, it is still retried. (Our own AWS errors are retried without a hold-back:
 //! `tests/ack_contract.rs`.)
 
-mod support;
-
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use support::queue::Queue;
-use support::*;
+use conveyor_testkit::queue::Queue;
+use conveyor_testkit::*;
 
 /// A queue whose own visibility timeout (30 s) is far longer than any hold in these tests,
 /// so a message that comes back early or on time came back because the worker said so.

@@ -5,17 +5,15 @@
 //! the other private and special ranges are proven by the policy's unit tests, which open
 //! no connection.
 
-mod support;
-
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use conveyor_testkit::site::{BIG_BODY, broken_server};
+use conveyor_testkit::*;
 use conveyor_worker::scraper::Lookup;
 use futures_util::future::BoxFuture;
-use support::site::{BIG_BODY, broken_server};
-use support::*;
 
 const PUBLIC: [u8; 4] = [127, 0, 0, 2];
 

@@ -3,16 +3,14 @@
 //! job / run / task ids, outcome and duration of every record, no page content; and the
 //! invocation's metrics in Embedded Metric Format.
 
-mod support;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use conveyor_testkit::*;
 use conveyor_worker::batch::run_batch;
 use conveyor_worker::metrics::MetricsSettings;
 use serde_json::Value;
-use support::*;
 
 /// Log output kept in memory.
 #[derive(Clone, Default)]
@@ -56,13 +54,17 @@ fn record_line<'a>(lines: &'a [Value], message_id: &str) -> &'a Value {
 
 #[tokio::test]
 async fn every_record_logs_ids_outcome_and_duration_as_json_and_the_batch_its_metrics() {
-    // Arrange: the runtime's own subscriber, in JSON as in Lambda.
-    // SAFETY: this binary's only test sets the variable before the subscriber, or anything
-    // else, reads the environment; no other thread of ours is running yet.
-    unsafe { std::env::set_var("AWS_LAMBDA_LOG_FORMAT", "JSON") };
+    // Arrange: JSON lines as lambda_runtime's subscriber writes them under
+    // AWS_LAMBDA_LOG_FORMAT=JSON (its `init_default_subscriber`: fmt, no target, JSON), for
+    // this test's thread only (the other tests of this binary log their own way).
     let logs = Captured::default();
     let writer = logs.clone();
-    lambda_runtime::tracing::init_default_subscriber_with_writer(move || writer.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_target(false)
+        .json()
+        .with_writer(move || writer.clone())
+        .finish();
+    let _scope = tracing::subscriber::set_default(subscriber);
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_active_run().await;
     stack

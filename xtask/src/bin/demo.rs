@@ -5,18 +5,15 @@
 //! through `conveyor-ops poll` until it completes, with its counters and where
 //! every message went. Exits non-zero if anything differs from the contract.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use conveyor_testkit::demo::{self, JOB, RETRIED, RUN, Seed, TASKS};
+use conveyor_testkit::scenario::{self, Prepared};
+use conveyor_testkit::{Site, Stack};
 use conveyor_worker::config::DuplicatePolicy;
-use support::demo::{self, JOB, RETRIED, RUN, Seed, TASKS};
-use support::scenario::{self, Prepared};
-use support::{Site, Stack};
 use tokio::process::{Child, Command};
 
 const INVOKE_ADDRESS: &str = "127.0.0.1";
@@ -27,12 +24,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let site = Site::start().await;
     let stack = Stack::new().await;
     demo::seed(&stack, &site).await;
-    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/local-run.log");
+    // This crate is `xtask/` in the workspace.
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/local-run.log");
     let function = watch(&stack, &log)?;
     wait_until_listening().await?;
 
     println!("\nconveyor-worker on the local stack");
-    println!("  emulator  {}", support::endpoint());
+    println!("  emulator  {}", conveyor_testkit::endpoint());
     println!("  site      http://{}", site.addr);
     println!("  table     {}   bucket {}\n", stack.table, stack.bucket);
     println!("{:<28} {:<20} {:<6} contract", "event", "message", "reply");

@@ -1,10 +1,9 @@
 //! Run progress, counted exactly once: the terminal write and the run's counters change in
 //! one transaction, and the last task completes the run, whoever delivers what how often.
 
-mod support;
-
+use conveyor_testkit::*;
+use conveyor_worker::store::{attributes, keys};
 use futures_util::future::join_all;
-use support::*;
 
 #[tokio::test]
 async fn every_task_is_counted_once_and_the_last_one_completes_the_run() {
@@ -93,20 +92,10 @@ async fn a_run_cancelled_mid_scrape_counts_its_task_but_stays_cancelled() {
             .dynamodb
             .update_item()
             .table_name(&stack.table)
-            .key(
-                "pk",
-                aws_sdk_dynamodb::types::AttributeValue::S(format!("JOB#{JOB}")),
-            )
-            .key(
-                "sk",
-                aws_sdk_dynamodb::types::AttributeValue::S(format!("RUN#{RUN}")),
-            )
+            .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
             .update_expression("SET #s = :c")
             .expression_attribute_names("#s", "status")
-            .expression_attribute_values(
-                ":c",
-                aws_sdk_dynamodb::types::AttributeValue::S("cancelled".into()),
-            )
+            .expression_attribute_values(":c", attributes::s("cancelled"))
             .send()
             .await
             .expect("cancel the run");

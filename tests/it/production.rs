@@ -2,36 +2,25 @@
 //! worker's clients talk to moto through the production-like layer (`scripts/prodlike.py`):
 //! transactions that overlap on an item are cancelled, eventually consistent reads may be
 //! stale, S3 refuses request headers over 8 KB and answers 409 to racing conditional PUTs.
+//! A test asks the layer for exactly the conflicts it means to meet, whatever the timing.
 
-mod support;
-
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use conveyor_testkit::queue::Queue;
+use conveyor_testkit::*;
 use conveyor_worker::batch::process_batch;
 use conveyor_worker::retry::RetryPolicy;
-use support::queue::Queue;
-use support::*;
-
-/// Patience that outlasts the holds these tests put on items (about 2 s of tries).
-fn patient() -> RetryPolicy {
-    RetryPolicy {
-        attempts: 40,
-        base: Duration::from_millis(50),
-        max_pause: Duration::from_millis(100),
-    }
-}
+use conveyor_worker::store::{attributes, keys};
 
 #[tokio::test]
 async fn a_terminal_write_meeting_a_transaction_on_its_run_is_tried_again_in_the_invocation() {
     let (stack, site) = (Stack::prodlike().await, Site::start().await);
     stack.put_active_run().await;
     stack.put_task("t1", &site.url("/page/a"), "pending").await;
-    let worker = stack.worker_with(|t| t.conflict_retries = patient());
-    stack.hold_run(JOB, RUN, 600).await;
+    stack.conflict_on_run(JOB, RUN, 3).await;
 
-    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
 
     assert!(retried(&reply).is_empty());
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
@@ -39,7 +28,7 @@ async fn a_terminal_write_meeting_a_transaction_on_its_run_is_tried_again_in_the
     assert_eq!(run.n("tasks_succeeded"), Some(1));
     assert_eq!(run.n("tasks_remaining"), Some(999));
     assert_eq!(site.hits("/page/a"), 1, "fetched once");
-    assert!(stack.layer_count("transaction_conflicts").await >= 1);
+    assert_eq!(stack.layer_count("transaction_conflicts").await, 3);
 }
 
 #[tokio::test]
@@ -50,7 +39,9 @@ async fn a_persisting_conflict_comes_back_soon_and_its_redelivery_does_not_fetch
     let queue = Queue::create(&stack, 60).await;
     queue.send(&stack, &body("t1")).await;
     let first = queue.receive(&stack).await.expect("the first delivery");
-    stack.hold_run(JOB, RUN, 2500).await;
+    // As many conflicts as a delivery tries its write.
+    let attempts = RetryPolicy::default().attempts;
+    stack.conflict_on_run(JOB, RUN, attempts).await;
 
     let reply = run_batch(&stack.worker(), vec![first]).await;
 
@@ -60,7 +51,6 @@ async fn a_persisting_conflict_comes_back_soon_and_its_redelivery_does_not_fetch
         .wait_for_redelivery(&stack, Duration::from_secs(5))
         .await;
     assert!(after < Duration::from_secs(3), "back after {after:?}");
-    tokio::time::sleep(Duration::from_secs(2)).await; // the hold ends
     let reply = run_batch(&stack.worker(), vec![again]).await;
     assert!(retried(&reply).is_empty());
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
@@ -80,7 +70,7 @@ async fn on_the_final_attempt_a_conflict_is_waited_out_until_the_cutoff() {
     stack
         .put_task("t1", &site.url("/page/a"), "processing")
         .await;
-    stack.hold_run(JOB, RUN, 3000).await;
+    stack.conflict_on_run(JOB, RUN, 10).await; // more than a delivery tries
 
     let reply = run_batch(
         &stack.worker(),
@@ -97,14 +87,13 @@ async fn a_claim_meeting_a_transaction_on_its_task_is_tried_again() {
     let (stack, site) = (Stack::prodlike().await, Site::start().await);
     stack.put_active_run().await;
     stack.put_task("t1", &site.url("/page/a"), "pending").await;
-    let worker = stack.worker_with(|t| t.conflict_retries = patient());
-    stack.hold_task("t1", 500).await;
+    stack.conflict_on_task("t1", 3).await;
 
-    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
 
     assert!(retried(&reply).is_empty());
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
-    assert!(stack.layer_count("write_conflicts").await >= 1);
+    assert_eq!(stack.layer_count("write_conflicts").await, 3);
 }
 
 #[tokio::test]
@@ -112,17 +101,16 @@ async fn a_conditional_put_racing_another_is_tried_again() {
     let (stack, site) = (Stack::prodlike().await, Site::start().await);
     stack.put_active_run().await;
     stack.put_task("t1", &site.url("/page/a"), "pending").await;
-    let worker = stack.worker_with(|t| t.conflict_retries = patient());
-    stack.hold_object(&Stack::key("t1"), 500).await;
+    stack.conflict_on_object(&Stack::key("t1"), 3).await;
 
-    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
 
     assert!(retried(&reply).is_empty());
     let task = stack.task("t1").await;
     assert_eq!(task.status(), Some("successful"));
     let object = stack.object(&Stack::key("t1")).await.expect("stored");
     assert_eq!(task.s("result_sha256"), Some(object.sha256().as_str()));
-    assert!(stack.layer_count("put_conflicts").await >= 1);
+    assert_eq!(stack.layer_count("put_conflicts").await, 3);
 }
 
 #[tokio::test]
@@ -202,7 +190,7 @@ async fn a_long_final_url_is_cut_in_the_task_and_in_the_metadata() {
 /// of attribute names and values, numbers counted by their digits.
 const MOTO_ITEM_LIMIT: usize = 405_000;
 
-fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+fn item_size(item: &attributes::Item) -> usize {
     let value = |v: &AttributeValue| match v {
         AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
         _ => panic!("only strings and numbers here"),
@@ -217,19 +205,15 @@ async fn a_task_record_refused_as_too_large_is_written_with_what_describes_the_o
     let (stack, site) = (Stack::prodlike().await, Site::start().await);
     stack.put_active_run().await;
     let url = site.url("/long-type/500");
-    let mut item: HashMap<String, AttributeValue> = [
-        ("pk", format!("RUN#{JOB}#{RUN}")),
-        ("sk", "TASK#t1".into()),
-        ("url", url),
-        ("status", "processing".into()),
-        ("updated_at", "2026-11-30T06:01:27.123Z".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), AttributeValue::S(v)))
-    .collect();
-    item.insert("attempts".into(), AttributeValue::N("1".into()));
+    let mut item = keys::task_key(&task_ref("t1"));
+    item.extend(attributes::strings(&[
+        ("url", &url),
+        ("status", "processing"),
+        ("updated_at", "2026-11-30T06:01:27.123Z"),
+    ]));
+    item.insert("attempts".into(), attributes::n(1));
     let pad = MOTO_ITEM_LIMIT - 300 - item_size(&item) - "notes".len();
-    item.insert("notes".into(), AttributeValue::S("n".repeat(pad)));
+    item.insert("notes".into(), attributes::s(&"n".repeat(pad)));
     stack.put_item(item).await;
 
     let reply = run_batch(&stack.worker(), vec![record("t1", &body("t1"), 2)]).await;

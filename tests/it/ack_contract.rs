@@ -1,9 +1,7 @@
 //! Every row of the ack contract, end to end: the real worker against the AWS emulator (moto)
 //! and a real local HTTP site.
 
-mod support;
-
-use support::*;
+use conveyor_testkit::*;
 
 #[tokio::test]
 async fn pending_task_is_claimed_scraped_stored_finished_and_acked() {

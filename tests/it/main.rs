@@ -1,0 +1,15 @@
+//! Every integration test, in one binary (the AWS SDK is linked once), a module per
+//! behaviour. They run against the emulator that `make test` starts (`scripts/with-moto`),
+//! plain or behind the production-like layer, and real local sites.
+
+mod ack_contract;
+mod chaos;
+mod fetching;
+mod observability;
+mod ops;
+mod production;
+mod races;
+mod retry_timing;
+mod run_progress;
+mod sample_events;
+mod sdk_errors;
