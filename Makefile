@@ -17,7 +17,7 @@ test: $(VENV)/.test
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cfn-lint template.yaml
-	python tests/template_rules.py template.yaml README.md src/config.rs
+	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
 	scripts/with-moto cargo test --locked
 
 ## run: the sample events through the function under cargo lambda watch, on the local stack
@@ -41,7 +41,7 @@ lint: $(VENV)/.test
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cfn-lint template.yaml
-	python tests/template_rules.py template.yaml README.md src/config.rs
+	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)

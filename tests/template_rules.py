@@ -1,7 +1,7 @@
 """The deployment rules of template.yaml that linters do not check (they do not look inside
 SAM event sources or weigh one resource against another). Run by `make test`:
 
-    python tests/template_rules.py template.yaml README.md src/config.rs
+    python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
 
 Each rule returns the problems it finds. The template must have none, and each rule must
 find its problem in a copy of the template broken on purpose (so no rule passes vacuously).
@@ -166,12 +166,12 @@ def alarms_cover_what_an_operator_must_know(template, _):
     return problems
 
 
-def outputs_feed_the_runbook(template, readme):
+def outputs_feed_the_runbook(template, runbook):
     outputs = template.get("Outputs", {})
     return [f"output {name} is missing" if name not in outputs
-            else f"the README's runbook does not use output {name}"
+            else f"the runbook (docs/runbook.md) does not use output {name}"
             for name in OUTPUTS_THE_RUNBOOK_USES
-            if name not in outputs or name not in readme]
+            if name not in outputs or name not in runbook]
 
 
 def function_settings_are_ones_the_worker_reads(template, config_rs):
@@ -269,12 +269,12 @@ BREAKAGES = {
 }
 
 
-def main(template_path, readme_path, config_path):
+def main(template_path, runbook_path, config_path):
     template = cfn_yaml.load(template_path)
-    readme = open(readme_path, encoding="utf-8").read()
+    runbook = open(runbook_path, encoding="utf-8").read()
     config_rs = open(config_path, encoding="utf-8").read()
     context = {
-        outputs_feed_the_runbook: readme,
+        outputs_feed_the_runbook: runbook,
         function_settings_are_ones_the_worker_reads: config_rs,
         memory_holds_the_records_in_flight: config_rs,
     }
