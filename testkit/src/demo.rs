@@ -195,7 +195,8 @@ pub async fn seed(stack: &Stack, site: &Site) {
 /// The sample events, in order.
 pub fn event_files() -> std::io::Result<Vec<PathBuf>> {
     // This crate is `testkit/` in the workspace.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../events");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
+    let dir = workspace.unwrap_or(Path::new(".")).join("events");
     let mut files: Vec<_> = std::fs::read_dir(dir)?
         .map(|entry| entry.map(|e| e.path()))
         .collect::<Result<_, _>>()?;

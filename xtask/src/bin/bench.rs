@@ -21,7 +21,8 @@ use tokio::process::Command;
 
 /// The workspace's root (this crate is `xtask/` in it).
 fn workspace() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let xtask = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
 }
 
 /// Runs per figure; the median is reported.

@@ -25,7 +25,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stack = Stack::new().await;
     demo::seed(&stack, &site).await;
     // This crate is `xtask/` in the workspace.
-    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/local-run.log");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
+    let log = workspace
+        .unwrap_or(Path::new("."))
+        .join("target/local-run.log");
     let function = watch(&stack, &log)?;
     wait_until_listening().await?;
 
