@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
     CancellationReason, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
     TransactWriteItem,
@@ -20,7 +21,7 @@ use crate::domain::model::{Parents, Task, TaskStatus, Terminal};
 use crate::domain::time::rfc3339;
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, AwsFault, cancellation_fault};
-use crate::store::expressions::{self, Over, RunStep};
+use crate::store::expressions::{self, Expression, Over, RunStep};
 use crate::store::keys;
 
 /// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
@@ -108,6 +109,14 @@ impl DynamoTaskStore {
             table: table.into(),
         }
     }
+
+    /// An `UpdateItem` of the task under this expression.
+    fn update_task(&self, task: &TaskRef, expression: Expression) -> UpdateItemFluentBuilder {
+        expression
+            .apply_to(self.client.update_item())
+            .table_name(&self.table)
+            .set_key(Some(keys::task_key(task)))
+    }
 }
 
 impl TaskStore for DynamoTaskStore {
@@ -182,10 +191,8 @@ impl TaskStore for DynamoTaskStore {
         now: SystemTime,
         lease: Option<Lease<'_>>,
     ) -> Result<Claim, AwsError> {
-        let result = expressions::claim(now, lease)
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::task_key(task)))
+        let result = self
+            .update_task(task, expressions::claim(now, lease))
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -208,10 +215,8 @@ impl TaskStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all)]
     async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
-        let result = expressions::release(owner)
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::task_key(task)))
+        let result = self
+            .update_task(task, expressions::release(owner))
             .send()
             .await;
         match result {
@@ -352,12 +357,8 @@ impl DynamoTaskStore {
         now: &str,
         over: Over,
     ) -> Result<Finish, AwsError> {
-        let result = expressions::task_terminal(terminal, now, over)
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::task_key(task)))
-            .send()
-            .await;
+        let write = expressions::task_terminal(terminal, now, over);
+        let result = self.update_task(task, write).send().await;
         match result {
             Ok(_) => Ok(Finish::Written {
                 completed_run: false,

@@ -264,6 +264,14 @@ where
     converge(&stores).await;
 }
 
+/// Task t1, claimed by a delivery that is past its fetch; its result key.
+async fn processing_task(stack: &Stack) -> conveyor_worker::domain::ids::ResultKey {
+    stack
+        .put_task("t1", "http://site.example/a", "processing")
+        .await;
+    conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"))
+}
+
 fn page(body: &'static [u8]) -> conveyor_worker::domain::model::Page {
     conveyor_worker::domain::model::Page {
         url: "http://site.example/a".into(),
@@ -287,10 +295,7 @@ async fn a_success_that_lost_the_write_to_a_failure_replaces_it_and_moves_the_co
     // page) and writes first; the other's page is stored and must win.
     let stack = Stack::new().await;
     stack.put_active_run().await;
-    stack
-        .put_task("t1", "http://site.example/a", "processing")
-        .await;
-    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = processing_task(&stack).await;
 
     converging(&stack, async |stores| {
         stores
@@ -325,10 +330,7 @@ async fn a_success_replacing_the_failure_that_completed_its_run_keeps_one_comple
     let stack = Stack::new().await;
     stack.put_job(JOB, "active").await;
     stack.put_counted_run(JOB, RUN, 1).await;
-    stack
-        .put_task("t1", "http://site.example/a", "processing")
-        .await;
-    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = processing_task(&stack).await;
 
     converging(&stack, async |stores| {
         stores
@@ -357,10 +359,7 @@ async fn a_success_replacing_the_failure_that_completed_its_run_keeps_one_comple
 async fn a_failure_never_replaces_a_success() {
     let stack = Stack::new().await;
     stack.put_active_run().await;
-    stack
-        .put_task("t1", "http://site.example/a", "processing")
-        .await;
-    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref("t1"));
+    let key = processing_task(&stack).await;
 
     converging(&stack, async |stores| {
         stores
