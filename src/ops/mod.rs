@@ -5,3 +5,5 @@ pub mod local_mapping;
 pub mod progress;
 pub mod replay;
 pub mod requeue;
+pub mod results;
+pub mod submit;

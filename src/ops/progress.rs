@@ -19,6 +19,30 @@ pub struct RunProgress {
     pub failures: Vec<(String, String)>,
 }
 
+impl RunProgress {
+    /// Tasks in the run, by the tasks themselves.
+    pub fn total(&self) -> u64 {
+        self.by_status.values().sum()
+    }
+
+    /// Tasks that reached their end.
+    pub fn finished(&self) -> u64 {
+        ["successful", "failed"]
+            .iter()
+            .filter_map(|s| self.by_status.get(*s))
+            .sum()
+    }
+
+    /// The run ended (completed, cancelled, failed), or, for a run without counters, has no
+    /// task left to end.
+    pub fn ended(&self) -> bool {
+        match self.run.get("status").map(String::as_str) {
+            Some("running") | None => self.total() > 0 && self.finished() == self.total(),
+            Some(_) => true,
+        }
+    }
+}
+
 /// The run item's attributes that tell its progress.
 const RUN_FIELDS: [&str; 9] = [
     "status",

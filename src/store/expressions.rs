@@ -272,3 +272,16 @@ pub(crate) fn requeue_run(now: &str) -> Expression {
     .value(":cancelled", s("cancelled"))
     .value(":now", s(now))
 }
+
+/// A put that only creates: nothing with this key yet.
+pub(crate) const ABSENT: &str = "attribute_not_exists(pk)";
+
+/// The producer's submit cursor moved on: tasks before `through` are written and sent.
+pub(crate) fn advance_submitted(through: u64, now: &str) -> Expression {
+    Expression::new(
+        "SET submitted_through = :through, updated_at = :now".into(),
+        "attribute_not_exists(submitted_through) OR submitted_through < :through",
+    )
+    .value(":through", n(through))
+    .value(":now", s(now))
+}

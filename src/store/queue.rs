@@ -176,6 +176,42 @@ impl SqsQueue {
             .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn)))
     }
 
+    /// The queue's dead-letter queue, by its redrive policy, if it has one.
+    pub async fn dead_letter_queue(&self) -> Result<Option<SqsQueue>, AwsError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+        let policy = out
+            .attributes
+            .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy));
+        let target = policy
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+            .and_then(|p| {
+                p["deadLetterTargetArn"]
+                    .as_str()
+                    .and_then(QueueRef::from_arn)
+            });
+        let Some(target) = target else {
+            return Ok(None);
+        };
+        let out = self
+            .client
+            .get_queue_url()
+            .queue_name(&target.name)
+            .queue_owner_aws_account_id(&target.account)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetQueueUrl", e))?;
+        Ok(out
+            .queue_url
+            .map(|url| SqsQueue::new(self.client.clone(), url)))
+    }
+
     /// Up to `max` messages, waiting up to `wait_seconds` for the first.
     pub async fn receive(&self, max: i32, wait_seconds: i32) -> Result<Vec<Message>, AwsError> {
         let out = self

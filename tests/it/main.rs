@@ -7,6 +7,7 @@ mod chaos;
 mod fetching;
 mod observability;
 mod ops;
+mod producer;
 mod production;
 mod races;
 mod retry_timing;

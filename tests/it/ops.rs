@@ -10,7 +10,7 @@ use conveyor_worker::config::DuplicatePolicy;
 use tokio::process::Command;
 
 /// Runs `conveyor-ops` with these arguments and the worker's settings for `stack`.
-async fn ops(stack: &Stack, args: &[&str]) -> Output {
+pub(crate) async fn ops(stack: &Stack, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
         .args(args)
         .envs(scenario::worker_env(stack))
@@ -22,7 +22,7 @@ async fn ops(stack: &Stack, args: &[&str]) -> Output {
 }
 
 /// Its standard output, after checking it succeeded.
-fn succeeded(out: &Output) -> String {
+pub(crate) fn succeeded(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}{stderr}");
@@ -308,4 +308,86 @@ async fn replay_quarantine_sends_each_poison_body_back_and_deletes_it() {
         .await
         .expect("list the quarantine");
     assert_eq!(left.key_count(), Some(0));
+}
+
+/// `progress` of a run that no emulator answers for, with these variables removed: what it
+/// printed on its standard error.
+async fn failing_progress(remove: &[&str]) -> String {
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
+    command
+        .args(["progress", "--table", "t", "--job", JOB, "--run", RUN])
+        .env(
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{closed_port}"),
+        )
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .kill_on_drop(true);
+    for name in remove {
+        command.env_remove(name);
+    }
+    let out = command.output().await.expect("run conveyor-ops");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn an_operator_error_says_its_cause() {
+    let dead_endpoint = failing_progress(&[]).await;
+    let no_region = failing_progress(&["AWS_REGION", "AWS_DEFAULT_REGION"]).await;
+    let no_credentials = failing_progress(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]).await;
+
+    assert!(
+        dead_endpoint.contains("Connection refused"),
+        "{dead_endpoint}"
+    );
+    assert!(no_region.contains("missing signing region"), "{no_region}");
+    assert!(
+        no_credentials.contains("no credentials"),
+        "{no_credentials}"
+    );
+}
+
+#[tokio::test]
+async fn poll_refuses_a_timeout_within_the_deadline_margin() {
+    let stack = Stack::new().await;
+    let queue = Queue::create(&stack, 30).await;
+
+    let args = ["poll", "--queue-url", &queue.url, "--timeout", "2s"];
+    let out = ops(&stack, &args).await;
+
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("leaves no time"), "{stderr}");
+}
+
+#[tokio::test]
+async fn polls_summary_counts_what_went_to_the_dead_letter_queue() {
+    // A task whose page is down, on a queue that gives up after one receive.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/down/a"), "pending").await;
+    let dlq = Queue::create(&stack, 30).await;
+    let queue = Queue::create_with_dlq(&stack, 1, &dlq, 1).await;
+    queue.send(&stack, &body("t1")).await;
+
+    let drain = [
+        "poll",
+        "--queue-url",
+        &queue.url,
+        "--until-drained",
+        "--limit",
+        "1m",
+    ];
+    let stdout = succeeded(&ops(&stack, &drain).await);
+
+    assert!(
+        stdout.contains("1 moved to the dead-letter queue"),
+        "{stdout}"
+    );
+    assert_eq!(dlq.depth(&stack).await, 1);
 }

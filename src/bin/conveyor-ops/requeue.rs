@@ -1,0 +1,43 @@
+//! `conveyor-ops requeue-failed`: a run's failed tasks back to pending, one message each.
+
+use clap::Args;
+use conveyor_worker::ops::requeue;
+
+use crate::{Outcome, RunArgs, queue, sdk, tasks};
+
+/// Set a run's failed tasks back to pending (counters too, reopening a completed run) and
+/// send one message per task.
+#[derive(Args)]
+pub struct RequeueArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The task queue (the stack's TasksQueueUrl output).
+    #[arg(long, env = "QUEUE_URL")]
+    queue_url: String,
+    /// Send pending tasks again too (after a re-queue whose sends failed; duplicates are
+    /// harmless).
+    #[arg(long)]
+    resend_pending: bool,
+}
+
+pub async fn run(args: RequeueArgs) -> Outcome {
+    let RunArgs { table, job, run } = args.run;
+    let sdk = sdk().await;
+    let (tasks, queue) = (tasks(&sdk, table), queue(&sdk, &args.queue_url));
+    let requeued =
+        requeue::requeue_failed(&tasks, &queue, (&job, &run), args.resend_pending).await?;
+    println!(
+        "run {job}/{run}: {} failed tasks set back to pending, {} messages sent",
+        requeued.reset.len(),
+        requeued.sent.len()
+    );
+    if !requeued.conflicted.is_empty() {
+        println!("still failed: {}", requeued.conflicted.join(" "));
+        return Err("concurrent writes kept conflicting with some resets: run again".into());
+    }
+    if !requeued.unsent.is_empty() {
+        println!("not sent: {}", requeued.unsent.join(" "));
+        return Err("some messages were not sent: run again with --resend-pending".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! `conveyor-ops submit`: a list of URLs becomes a run of tasks, each with its message.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use conveyor_worker::domain::ids::Id;
+use conveyor_worker::ops::submit;
+
+use crate::report::Reporter;
+use crate::{Outcome, parse_id, queue, sdk, tasks};
+
+/// Create a job, a run and one task per URL (one URL a line; blank lines and # comments
+/// are skipped), and send one message per task.
+///
+/// Every line is checked before anything is written: a line that is not an http(s) URL is
+/// reported with its number, and nothing is written (unless --skip-invalid). Task ids come
+/// from line numbers (t000042), so a submit that stopped half-way (a crash, Ctrl-C) can be
+/// run again with the same list: nothing is written twice, the run's counters stay exact,
+/// and the messages not yet sent are sent.
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// The table (the stack's TableName output).
+    #[arg(long, env = "TABLE_NAME")]
+    table: String,
+    /// The task queue (the stack's TasksQueueUrl output).
+    #[arg(long, env = "QUEUE_URL")]
+    queue_url: String,
+    #[arg(long, value_parser = parse_id)]
+    job: Id,
+    #[arg(long, value_parser = parse_id)]
+    run: Id,
+    /// The list of URLs; `-` reads standard input.
+    #[arg(long)]
+    urls: PathBuf,
+    /// Leave out the lines that are not URLs (they are still reported) instead of refusing.
+    #[arg(long)]
+    skip_invalid: bool,
+    /// How often to print progress when the output is not a terminal.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    progress_every: Duration,
+}
+
+pub async fn run(args: SubmitArgs) -> Outcome {
+    let list = submit::read_list(&read(&args.urls)?);
+    for invalid in &list.invalid {
+        eprintln!("line {}: {}", invalid.line, invalid.why);
+    }
+    if !list.invalid.is_empty() && !args.skip_invalid {
+        let lines = list.invalid.len();
+        return Err(format!("{lines} lines are not URLs; nothing was written").into());
+    }
+    if list.urls.is_empty() {
+        return Err("the list has no URL".into());
+    }
+    let sdk = sdk().await;
+    let (tasks, queue) = (tasks(&sdk, args.table), queue(&sdk, &args.queue_url));
+    let total = list.urls.len() as u64;
+    let reporter = Reporter::new(total, "tasks submitted", args.progress_every);
+    let report = |done| reporter.set(done);
+    let runs = (&args.job, &args.run);
+    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, &report).await?;
+    reporter.finish();
+    println!(
+        "run {}/{}: {} tasks, {} created, {} messages sent{}",
+        args.job,
+        args.run,
+        submitted.total,
+        submitted.created,
+        submitted.sent,
+        match submitted.resumed_from {
+            0 => String::new(),
+            n => format!(" (resumed after the first {n}, submitted before)"),
+        }
+    );
+    Ok(())
+}
+
+fn read(path: &PathBuf) -> Result<String, Box<dyn std::error::Error>> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()).into())
+}

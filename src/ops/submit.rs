@@ -1,0 +1,241 @@
+//! `conveyor-ops submit`: the producer's half. A list of URLs becomes a job, a run with its
+//! counters and one pending task per URL (the data contract), and one message per task.
+//! Safe to run again after a crash: creates never overwrite, and the run's submit cursor
+//! says which tasks were written and sent.
+
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt, stream};
+
+use crate::domain::ids::{Id, TaskRef};
+use crate::scraper::MAX_URL_BYTES;
+use crate::store::attributes::{number, string};
+use crate::store::error::AwsError;
+use crate::store::queue::SqsQueue;
+use crate::store::runs::Created;
+use crate::store::tasks::DynamoTaskStore;
+
+/// A line of the list that is not a URL the worker could fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// 1-based.
+    pub line: usize,
+    pub why: String,
+}
+
+/// The URLs to submit, each with its line (which names its task: [`task_id`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UrlList {
+    pub urls: Vec<(usize, String)>,
+    pub invalid: Vec<Invalid>,
+}
+
+/// Reads a list: one URL a line; blank lines and lines starting with `#` are skipped.
+pub fn read_list(text: &str) -> UrlList {
+    let mut list = UrlList::default();
+    for (index, raw) in text.lines().enumerate() {
+        let (line, raw) = (index + 1, raw.trim());
+        if raw.is_empty() || raw.starts_with('#') {
+            continue;
+        }
+        match check_url(raw) {
+            Ok(url) => list.urls.push((line, url)),
+            Err(why) => list.invalid.push(Invalid { line, why }),
+        }
+    }
+    list
+}
+
+/// A URL the worker could fetch: parses, http or https, no credentials, at most 8 KB. (Where
+/// it points is the fetcher's to judge, when it resolves the name.)
+pub fn check_url(raw: &str) -> Result<String, String> {
+    if raw.len() > MAX_URL_BYTES {
+        return Err(format!("longer than {MAX_URL_BYTES} bytes"));
+    }
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("scheme {:?} is not http or https", url.scheme()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("has credentials".into());
+    }
+    Ok(url.to_string())
+}
+
+/// The task of the URL on `line`: `t000042` (stable while the list is).
+pub fn task_id(line: usize) -> Id {
+    // Digits after a letter are always a valid id.
+    Id::parse(&format!("t{line:06}")).expect("t and digits is an id")
+}
+
+/// What a submit did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// Tasks in the run.
+    pub total: u64,
+    /// Tasks already written and sent by an earlier submit, skipped.
+    pub resumed_from: u64,
+    /// Tasks this submit created (the rest of those it went through existed already).
+    pub created: u64,
+    pub sent: u64,
+}
+
+/// Tasks written and sent between two moves of the run's submit cursor.
+const CHUNK: usize = 100;
+/// Conditional puts in flight at once.
+const PUTS_AT_ONCE: usize = 16;
+
+/// Creates the job, the run and the tasks, and sends one message per task, a chunk at a
+/// time; `progress` is told how many tasks are done after each chunk.
+pub async fn submit(
+    tasks: &DynamoTaskStore,
+    queue: &SqsQueue,
+    (job, run): (&Id, &Id),
+    urls: &[(usize, String)],
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Submitted, AwsError> {
+    if let Created::Existing(item) = tasks.create_job(job).await?
+        && string(&item, "status") == Some("cancelled")
+    {
+        return Err(refused(format!("job {job} is cancelled")));
+    }
+    let total = urls.len() as u64;
+    let resumed_from = match tasks.create_run(job, run, total).await? {
+        Created::Written => 0,
+        Created::Existing(item) => resume_from(&item, job, run, total)?,
+    };
+    let mut submitted = Submitted {
+        total,
+        resumed_from,
+        ..Submitted::default()
+    };
+    progress(resumed_from);
+    let start = resumed_from as usize;
+    for (index, chunk) in urls[start.min(urls.len())..].chunks(CHUNK).enumerate() {
+        let refs = create_tasks(tasks, (job, run), chunk, &mut submitted).await?;
+        send_all(queue, &refs).await?;
+        submitted.sent += refs.len() as u64;
+        let through = (start + index * CHUNK + chunk.len()) as u64;
+        tasks.advance_submitted(job, run, through).await?;
+        progress(through);
+    }
+    Ok(submitted)
+}
+
+/// Where an earlier submit of the same run stopped; refused if the run is another list's.
+fn resume_from(
+    item: &crate::store::attributes::Item,
+    job: &Id,
+    run: &Id,
+    total: u64,
+) -> Result<u64, AwsError> {
+    let stored: Option<u64> = number(item, "tasks_total");
+    if stored != Some(total) {
+        return Err(refused(format!(
+            "run {job}/{run} exists with {} tasks, this list has {total}: another list?",
+            stored.map_or("no counted".into(), |t| t.to_string())
+        )));
+    }
+    Ok(number(item, "submitted_through").unwrap_or(0))
+}
+
+/// Creates a chunk's tasks (a few at once); a task that exists must have the same URL.
+async fn create_tasks(
+    tasks: &DynamoTaskStore,
+    (job, run): (&Id, &Id),
+    chunk: &[(usize, String)],
+    submitted: &mut Submitted,
+) -> Result<Vec<TaskRef>, AwsError> {
+    let creates = chunk.iter().map(|(line, url)| async move {
+        let task = TaskRef {
+            job_id: job.clone(),
+            run_id: run.clone(),
+            task_id: task_id(*line),
+        };
+        match tasks.create_task(&task, url).await? {
+            Created::Written => Ok((task, true)),
+            Created::Existing(item) if string(&item, "url") == Some(url.as_str()) => {
+                Ok((task, false))
+            }
+            Created::Existing(_) => Err(refused(format!(
+                "task {} (line {line}) exists with another URL: the list changed since it was \
+                 first submitted",
+                task.task_id
+            ))),
+        }
+    });
+    let created: Vec<(TaskRef, bool)> = stream::iter(creates)
+        .buffered(PUTS_AT_ONCE)
+        .try_collect()
+        .await?;
+    submitted.created += created.iter().filter(|(_, new)| *new).count() as u64;
+    Ok(created.into_iter().map(|(task, _)| task).collect())
+}
+
+/// Sends one message per task, ten to a request; what SQS does not take is sent again, up
+/// to five times.
+async fn send_all(queue: &SqsQueue, tasks: &[TaskRef]) -> Result<(), AwsError> {
+    let sends = tasks.chunks(10).map(|batch| send_batch(queue, batch));
+    stream::iter(sends)
+        .buffer_unordered(4)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), AwsError> {
+    let mut unsent = batch.to_vec();
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+        }
+        unsent = queue.send_tasks(&unsent).await?;
+        if unsent.is_empty() {
+            return Ok(());
+        }
+    }
+    Err(refused(format!(
+        "SQS did not take {} messages after five tries; run submit again",
+        unsent.len()
+    )))
+}
+
+fn refused(detail: String) -> AwsError {
+    AwsError::Refused { detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_keeps_its_line_numbers_and_says_why_a_line_is_not_a_url() {
+        let list = read_list(
+            "https://example.com/a\n\n# a comment\nftp://example.com/b\n  http://example.com/c  \n\
+             http://user:pw@example.com/\nnot a url\n",
+        );
+
+        assert_eq!(
+            list.urls,
+            [
+                (1, "https://example.com/a".to_owned()),
+                (5, "http://example.com/c".to_owned())
+            ]
+        );
+        let lines: Vec<usize> = list.invalid.iter().map(|i| i.line).collect();
+        assert_eq!(lines, [4, 6, 7]);
+        assert!(list.invalid[0].why.contains("ftp"), "{:?}", list.invalid);
+    }
+
+    #[test]
+    fn task_ids_come_from_line_numbers() {
+        assert_eq!(task_id(42).as_str(), "t000042");
+        assert_eq!(task_id(1_234_567).as_str(), "t1234567");
+    }
+
+    #[test]
+    fn overlong_urls_are_refused() {
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_BYTES));
+        assert!(check_url(&long).is_err());
+    }
+}
