@@ -9,8 +9,15 @@ use lambda_runtime::{Error, LambdaEvent, service_fn};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
-    let config = Config::from_env().inspect_err(|e| tracing::error!("cold start failed: {e}"))?;
-    let worker = AwsWorker::from_config(&config, &aws::sdk_config(aws::Trust::CompiledIn).await)?;
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(err) => return Err(aws::fail_init("ConfigError", err).await),
+    };
+    let sdk = aws::sdk_config(aws::Trust::CompiledIn).await;
+    let worker = match AwsWorker::from_config(&config, &sdk) {
+        Ok(worker) => worker,
+        Err(err) => return Err(aws::fail_init("BuildError", err).await),
+    };
     let limits = BatchLimits::from(&config);
     let metrics = &MetricsSettings::from(&config);
     let worker = &worker;

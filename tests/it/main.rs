@@ -4,6 +4,7 @@
 
 mod ack_contract;
 mod chaos;
+mod cold_start;
 mod fetching;
 mod observability;
 mod ops;

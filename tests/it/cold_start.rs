@@ -1,0 +1,75 @@
+//! A cold start that cannot go on says why to whoever invoked the function: the worker
+//! reports it to the Runtime API's init error endpoint before it exits (as Lambda shows it,
+//! and `cargo lambda invoke` prints it), instead of a bare exit that leaves the invoker
+//! waiting.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::Command;
+
+/// What a stand-in Runtime API received in its first request: the request line, the
+/// error-type header and the body.
+struct Received {
+    line: String,
+    error_type: Option<String>,
+    body: String,
+}
+
+/// Accepts one request on `listener` and answers 202.
+async fn receive_one(listener: TcpListener) -> Received {
+    let (socket, _) = listener.accept().await.expect("a connection");
+    let mut reader = BufReader::new(socket);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.expect("a request line");
+    let (mut length, mut error_type) = (0, None);
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).await.expect("a header");
+        let Some((name, value)) = header.trim_end().split_once(": ") else {
+            break;
+        };
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.parse().expect("a length"),
+            "lambda-runtime-function-error-type" => error_type = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await.expect("the body");
+    let reply = b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    reader.get_mut().write_all(reply).await.expect("answer");
+    Received {
+        line: line.trim_end().to_owned(),
+        error_type,
+        body: String::from_utf8(body).expect("a UTF-8 body"),
+    }
+}
+
+#[tokio::test]
+async fn a_cold_start_without_its_table_reports_why_to_the_runtime_api_and_exits() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("an address");
+    let worker = Command::new(env!("CARGO_BIN_EXE_conveyor-worker"))
+        .env("AWS_LAMBDA_RUNTIME_API", address.to_string())
+        .env_remove("TABLE_NAME")
+        .env("RESULTS_BUCKET", "results")
+        .kill_on_drop(true)
+        .output();
+
+    let (received, exited) = tokio::join!(receive_one(listener), async {
+        tokio::time::timeout(Duration::from_secs(20), worker).await
+    });
+
+    assert_eq!(
+        received.line,
+        "POST /2018-06-01/runtime/init/error HTTP/1.1"
+    );
+    assert_eq!(received.error_type.as_deref(), Some("Runtime.InitError"));
+    let body: serde_json::Value = serde_json::from_str(&received.body).expect("JSON");
+    assert_eq!(body["errorType"], "ConfigError");
+    assert_eq!(body["errorMessage"], "TABLE_NAME is required but not set");
+    let exited = exited.expect("it exits").expect("it ran");
+    assert!(!exited.status.success());
+}
