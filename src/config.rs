@@ -102,9 +102,8 @@ impl Config {
         Ok(Self {
             table_name: env.required("TABLE_NAME")?,
             results_bucket: env.required("RESULTS_BUCKET")?,
-            results_prefix: env
-                .get("RESULTS_PREFIX")
-                .unwrap_or_else(|| "results/".into()),
+            // Set but empty is a choice here: result keys without a prefix.
+            results_prefix: (get)("RESULTS_PREFIX").unwrap_or_else(|| "results/".into()),
             quarantine_prefix: env
                 .get("QUARANTINE_PREFIX")
                 .unwrap_or_else(|| "quarantine/".into()),
@@ -251,6 +250,14 @@ mod tests {
         assert_eq!(with("64", "16"), 3);
         assert_eq!(with("32", "16"), 1, "always at least one");
         assert_eq!(config(&REQUIRED).unwrap().record_concurrency(), 16);
+    }
+
+    #[test]
+    fn an_empty_results_prefix_means_no_prefix_and_an_unset_one_the_default() {
+        let mut vars = REQUIRED.to_vec();
+        assert_eq!(config(&vars).unwrap().results_prefix, "results/");
+        vars.push(("RESULTS_PREFIX", ""));
+        assert_eq!(config(&vars).unwrap().results_prefix, "");
     }
 
     #[test]

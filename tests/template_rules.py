@@ -8,6 +8,7 @@ find its problem in a copy of the template broken on purpose (so no rule passes 
 """
 
 import copy
+import json
 import re
 import sys
 
@@ -16,9 +17,19 @@ from cfnlint.decode import cfn_yaml
 MIN_RECEIVES = 5
 FOURTEEN_DAYS = 1_209_600
 # Variables for the process rather than the worker's configuration.
-RUNTIME_VARIABLES = {"MALLOC_MMAP_THRESHOLD_"}
+RUNTIME_VARIABLES = {"MALLOC_MMAP_THRESHOLD_", "RUST_LOG"}
 OUTPUTS_THE_RUNBOOK_USES = ["TasksQueueUrl", "DeadLetterQueueUrl", "DeadLetterQueueArn",
-                            "TableName", "BucketName"]
+                            "TableName", "BucketName", "DashboardUrl"]
+TRACING_LEVELS = {"trace", "debug", "info", "warn", "error"}
+# What the dashboard must show: (namespace, metric).
+DASHBOARD_METRICS = [
+    ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+    ("AWS/SQS", "ApproximateAgeOfOldestMessage"),
+    ("conveyor", "Succeeded"), ("conveyor", "Retried"), ("conveyor", "FailedPermanently"),
+    ("conveyor", "Poison"), ("conveyor", "Conflicts"), ("conveyor", "FetchLatency"),
+    ("AWS/Lambda", "Errors"), ("AWS/Lambda", "Throttles"), ("AWS/Lambda", "Duration"),
+    ("AWS/Lambda", "ConcurrentExecutions"),
+]
 
 
 def of_type(template, kind):
@@ -213,6 +224,46 @@ def memory_holds_the_records_in_flight(template, config_rs):
     return problems
 
 
+def metrics_survive_every_log_level(template, _):
+    """The metric lines (EMF documents, no level) count as INFO to Lambda's log filter: Lambda
+    must filter nothing (TRACE), and the worker filter its own logs by LogLevel (RUST_LOG),
+    every allowed LogLevel being one of tracing's levels."""
+    problems = []
+    function = props(template["Resources"]["WorkerFunction"])
+    logging = function.get("LoggingConfig", {})
+    if logging.get("ApplicationLogLevel") != "TRACE":
+        problems.append(f"ApplicationLogLevel is {logging.get('ApplicationLogLevel')}, not TRACE:"
+                        " Lambda would drop the metric lines at WARN and above")
+    rust_log = function["Environment"]["Variables"].get("RUST_LOG")
+    if rust_log != {"Fn::FindInMap": ["LogFilter", {"Ref": "LogLevel"}, "Filter"]}:
+        problems.append("RUST_LOG is not the LogLevel parameter's filter")
+    filters = template["Mappings"].get("LogFilter", {})
+    for level in template["Parameters"]["LogLevel"]["AllowedValues"]:
+        if filters.get(level, {}).get("Filter") not in TRACING_LEVELS:
+            problems.append(f"LogLevel {level} is not a tracing level")
+    return problems
+
+
+def a_dashboard_shows_what_the_runbook_watches(template, _):
+    problems = []
+    dashboards = of_type(template, "AWS::CloudWatch::Dashboard")
+    if not dashboards:
+        return ["no dashboard"]
+    for name, dashboard in dashboards.items():
+        body = props(dashboard)["DashboardBody"]
+        text = body["Fn::Sub"][0] if isinstance(body["Fn::Sub"], list) else body["Fn::Sub"]
+        try:
+            widgets = json.loads(re.sub(r"\$\{[^}]+\}", "x", text))["widgets"]
+        except (ValueError, KeyError) as err:
+            problems.append(f"dashboard {name} is not a dashboard body: {err}")
+            continue
+        shown = {(m[0], m[1]) for w in widgets for m in w["properties"].get("metrics", [])}
+        problems += [f"dashboard {name} does not show {namespace} {metric}"
+                     for namespace, metric in DASHBOARD_METRICS
+                     if (namespace, metric) not in shown]
+    return problems
+
+
 RULES = [
     visibility_covers_six_timeouts_and_the_window,
     event_source_reports_batch_item_failures,
@@ -223,6 +274,8 @@ RULES = [
     outputs_feed_the_runbook,
     function_settings_are_ones_the_worker_reads,
     memory_holds_the_records_in_flight,
+    metrics_survive_every_log_level,
+    a_dashboard_shows_what_the_runbook_watches,
 ]
 
 
@@ -266,6 +319,13 @@ BREAKAGES = {
             "TABLE", "x"),
     memory_holds_the_records_in_flight:
         lambda t: t["Parameters"]["RecordConcurrency"].__setitem__("Default", 64),
+    metrics_survive_every_log_level:
+        lambda t: resource(t, "WorkerFunction")["LoggingConfig"].__setitem__(
+            "ApplicationLogLevel", {"Ref": "LogLevel"}),
+    a_dashboard_shows_what_the_runbook_watches:
+        lambda t: resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"].__setitem__(
+            0, resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"][0].replace(
+                "FetchLatency", "Latency")),
 }
 
 
