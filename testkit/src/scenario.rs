@@ -121,6 +121,42 @@ pub async fn run(scenario: Scenario) -> Report {
     report
 }
 
+/// A list of `total` URLs over the site's page kinds, written to `list` for
+/// `conveyor-ops submit` (the job, run, tasks and messages are its to make), and a queue
+/// with a dead-letter queue for it.
+pub async fn prepare_list(total: usize, list: &std::path::Path) -> std::io::Result<Prepared> {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let mut tasks = Vec::new();
+    let mut urls = String::new();
+    for i in 0..total {
+        // `conveyor-ops submit` names each task by its line.
+        let (id, kind) = (format!("t{:06}", i + 1), KINDS[i % KINDS.len()]);
+        let path = format!("/{kind}/{id}");
+        urls.push_str(&site.url(&path));
+        urls.push('\n');
+        tasks.push((id, path));
+    }
+    std::fs::write(list, urls)?;
+    let (queue, dlq) = queues(&stack).await;
+    Ok(Prepared {
+        stack,
+        site,
+        queue,
+        dlq,
+        policy: DuplicatePolicy::Converge,
+        tasks,
+        sent: Vec::new(),
+    })
+}
+
+/// The scenario's queue, redriving to its dead-letter queue after the worker's attempts.
+async fn queues(stack: &Stack) -> (Queue, Queue) {
+    let dlq = Queue::create(stack, 30).await;
+    let visibility = VISIBILITY.as_secs() as u32;
+    let queue = Queue::create_with_dlq(stack, visibility, &dlq, MAX_ATTEMPTS).await;
+    (queue, dlq)
+}
+
 /// Seeds a job, a counted run of `total` tasks over the site's page kinds, and a queue with
 /// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
 /// three times more, shuffled.
@@ -147,9 +183,7 @@ pub async fn prepare_on(stack: Stack, total: usize, policy: DuplicatePolicy) -> 
         bodies.extend(std::iter::repeat_n(body(id), copies));
     }
     fastrand::shuffle(&mut bodies);
-    let dlq = Queue::create(&stack, 30).await;
-    let visibility = VISIBILITY.as_secs() as u32;
-    let queue = Queue::create_with_dlq(&stack, visibility, &dlq, MAX_ATTEMPTS).await;
+    let (queue, dlq) = queues(&stack).await;
     let mut sent = Vec::new();
     for chunk in bodies.chunks(10) {
         sent.extend(queue.send_batch(&stack, chunk).await);
@@ -365,12 +399,16 @@ impl Report {
             [] => String::new(),
             pages => format!(" ({})", pages.join(", ")),
         };
+        // Unknown (0) when `conveyor-ops submit` sent them.
+        let sent = match self.sent {
+            0 => String::new(),
+            n => format!(", {n} messages sent"),
+        };
         format!(
-            "{:?}: {} tasks, {} messages sent, {} successful, {} failed, {} dead-lettered{dead}, \
+            "{:?}: {} tasks{sent}, {} successful, {} failed, {} dead-lettered{dead}, \
              {:.2} fetches per task{conflicts}, {:.1} s{esm}",
             self.policy,
             self.total,
-            self.sent,
             self.successful,
             self.failed,
             self.dead_lettered,

@@ -1,9 +1,9 @@
 //! `make run`: the worker on the local stack, in two parts. First the whole ack contract:
 //! serves a local site, creates and seeds a table and bucket in the emulator, runs the
 //! function under `cargo lambda watch`, invokes it with every sample event in `events/`, and
-//! prints what happened to each message and task. Then a whole run of a few hundred tasks
-//! through `conveyor-ops poll` until it completes, with its counters and where
-//! every message went. Exits non-zero if anything differs from the contract.
+//! prints what happened to each message and task. Then a whole run as a user makes one: a
+//! list of a few hundred URLs through `conveyor-ops submit`, `poll` and `results`, with its
+//! counters and every invariant checked. Exits non-zero if anything differs from the contract.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -13,7 +13,6 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use conveyor_testkit::demo::{self, JOB, RETRIED, RUN, Seed, TASKS};
 use conveyor_testkit::scenario::{self, Prepared};
 use conveyor_testkit::{Site, Stack};
-use conveyor_worker::config::DuplicatePolicy;
 use tokio::process::{Child, Command};
 
 const INVOKE_ADDRESS: &str = "127.0.0.1";
@@ -120,26 +119,120 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("\nevery reply and every task state match the ack contract");
 
+    whole_run().await
+}
+
+/// The second part: a run as a user makes one. `conveyor-ops submit` turns a list of URLs
+/// into a run (and a second submit of the same list adds nothing), `conveyor-ops poll` drains
+/// it as Lambda's event source mapping would, `conveyor-ops results` downloads and checks
+/// what it stored; then every invariant is checked.
+async fn whole_run() -> Result<(), Box<dyn std::error::Error>> {
     println!(
-        "\nA whole run through `conveyor-ops poll`, the local event source mapping: {RUN_TASKS} \
-         tasks over fine, flaky, gone, slow and dead pages, a fifth of the messages sent three \
-         times, 4 pollers of batches of 10 against the emulator's SQS with a dead-letter queue.\n"
+        "\nA whole run, as a user makes one: {RUN_TASKS} URLs over fine, flaky, gone, slow and \
+         dead pages submitted with `conveyor-ops submit` (twice: the second adds nothing), \
+         drained by `conveyor-ops poll` (4 pollers, batches of 10, a dead-letter queue), read \
+         back with `conveyor-ops results`.\n"
     );
-    let prepared = scenario::prepare(RUN_TASKS, DuplicatePolicy::Converge).await;
+    let target = workspace().join("target");
+    let list = target.join("demo-urls.txt");
+    let prepared = scenario::prepare_list(RUN_TASKS, &list).await?;
+    let list = list.to_string_lossy().into_owned();
+    let submit = [
+        "submit",
+        "--job",
+        scenario_job(),
+        "--run",
+        scenario_run(),
+        "--urls",
+        &list,
+    ];
+    ops(
+        &prepared,
+        &[&submit[..], &["--queue-url", &prepared.queue.url]].concat(),
+    )
+    .await?;
+    ops(
+        &prepared,
+        &[&submit[..], &["--queue-url", &prepared.queue.url]].concat(),
+    )
+    .await?;
     let started = Instant::now();
     let polled = poll_until_drained(&prepared).await?;
     if !polled.success() {
         return Err(format!("conveyor-ops poll failed: {polled}").into());
     }
-    let report = prepared
-        .check(None, started.elapsed().as_secs_f64(), "")
-        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let out = target.join("demo-results");
+    let out_arg = out.to_string_lossy().into_owned();
+    let results = ["results", "--job", scenario_job(), "--run", scenario_run()];
+    let listed = ops_output(&prepared, &[&results[..], &["--out", &out_arg]].concat()).await?;
+    let (head, total) = (listed.lines().take(5), listed.lines().count());
+    println!(
+        "{}\n... ({total} tasks listed)",
+        head.collect::<Vec<_>>().join("\n")
+    );
+    let report = prepared.check(None, seconds, "").await;
     println!("\n{}\n{}", report.line(), report.counters);
     println!(
         "every message was acknowledged and deleted or sits in the dead-letter queue; the \
-         run's counters equal its task states; a run whose tasks all ended completed exactly once"
+         run's counters equal its task states; a run whose tasks all ended completed exactly \
+         once; every stored page is in {} and matched its task's SHA-256",
+        out.display()
     );
     Ok(())
+}
+
+fn scenario_job() -> &'static str {
+    conveyor_testkit::JOB
+}
+
+fn scenario_run() -> &'static str {
+    conveyor_testkit::RUN
+}
+
+/// `conveyor-ops` with these arguments against the scenario's stack, its output on this
+/// terminal; an error if it fails.
+async fn ops(prepared: &Prepared, args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
+    println!("$ conveyor-ops {}", args.join(" "));
+    let status = Command::new("cargo")
+        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
+        .args(args)
+        .envs(scenario::worker_env(&prepared.stack))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .status()
+        .await?;
+    if !status.success() {
+        return Err(format!("conveyor-ops {} failed: {status}", args[0]).into());
+    }
+    Ok(())
+}
+
+/// `conveyor-ops` with these arguments against the scenario's stack: what it printed.
+async fn ops_output(
+    prepared: &Prepared,
+    args: &[&str],
+) -> Result<String, Box<dyn std::error::Error>> {
+    println!("$ conveyor-ops {}", args.join(" "));
+    let out = Command::new("cargo")
+        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
+        .args(args)
+        .envs(scenario::worker_env(&prepared.stack))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("conveyor-ops {} failed: {stderr}", args[0]).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The workspace's root (this crate is `xtask/` in it).
+fn workspace() -> std::path::PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
 }
 
 /// Drains the scenario's queue with `conveyor-ops poll`, its progress on this terminal.
