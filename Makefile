@@ -7,28 +7,30 @@ VENV ?= .venv
 PYTHON ?= python3
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
-# Tests and local runs never look for real credentials or instance metadata.
+# Tests and local runs never look for real credentials or instance metadata; the SAM CLI
+# sends no telemetry.
 export AWS_EC2_METADATA_DISABLED := true
+export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run build bench lint clean
+.PHONY: test run stack build bench lint clean
 
-## test: fmt, clippy, template lint, and all tests against a fresh local emulator
-test: $(VENV)/.test
-	cargo fmt --all -- --check
-	cargo clippy --locked --workspace --all-targets -- -D warnings
-	cfn-lint template.yaml
-	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
+## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
+test: lint
 	scripts/with-moto cargo test --locked
 
-## run: the sample events through the function under cargo lambda watch, on the local stack
+## run: the sample events through the function under cargo lambda watch, then a whole run
 run: $(VENV)/.run
 	scripts/with-moto cargo run --locked --quiet -p xtask --bin demo
 
-## build: the arm64 Lambda package (cargo lambda with zig, both from PyPI), for sam deploy
+## stack: the local stack kept up for `cargo lambda watch` / `invoke` by hand (Ctrl-C stops)
+stack: $(VENV)/.run
+	MOTO_PORT=$${MOTO_PORT:-4566} scripts/with-moto cargo run --locked --quiet -p xtask --bin stack
+
+## build: the arm64 function with `sam build` (cargo lambda and zig from PyPI), checked
 build: $(VENV)/.build
 	rustup target add aarch64-unknown-linux-gnu
-	cargo lambda build --locked --release --arm64 --bin conveyor-worker --output-format zip
-	@ls -l target/lambda/conveyor-worker/bootstrap.zip
+	sam build
+	python scripts/check_package.py .aws-sam/build/WorkerFunction/bootstrap
 
 ## bench: the figures against their floors, into BENCHMARKS.md and docs/concurrency.svg
 bench: build $(VENV)/.test
@@ -41,7 +43,9 @@ lint: $(VENV)/.test
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cfn-lint template.yaml
+	sam validate --lint --template template.yaml
 	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
+	python scripts/check_package.py --self-test
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -55,9 +59,9 @@ $(VENV)/.run: requirements-run.txt $(VENV)/.test
 	$(PIP) -r $<
 	touch $@
 
-$(VENV)/.build: requirements-build.txt $(VENV)/.created
+$(VENV)/.build: requirements-build.txt $(VENV)/.test
 	$(PIP) -r $<
 	touch $@
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target .aws-sam

@@ -264,6 +264,23 @@ def a_dashboard_shows_what_the_runbook_watches(template, _):
     return problems
 
 
+def sam_builds_the_worker_for_arm64(template, _):
+    """`sam build` builds the function itself (cargo lambda, the worker's binary), for the
+    architecture it runs on."""
+    function = template["Resources"]["WorkerFunction"]
+    problems = []
+    metadata = function.get("Metadata", {})
+    if metadata.get("BuildMethod") != "rust-cargolambda":
+        problems.append("WorkerFunction has no BuildMethod rust-cargolambda: sam build builds nothing")
+    if metadata.get("BuildProperties", {}).get("Binary") != "conveyor-worker":
+        problems.append("sam build is not told which binary is the function (conveyor-worker)")
+    if props(function).get("CodeUri") != ".":
+        problems.append("CodeUri is not the project, whose Cargo.toml sam build reads")
+    if props(function).get("Architectures") != ["arm64"]:
+        problems.append("the function is not arm64, what `make build` checks the package for")
+    return problems
+
+
 RULES = [
     visibility_covers_six_timeouts_and_the_window,
     event_source_reports_batch_item_failures,
@@ -276,6 +293,7 @@ RULES = [
     memory_holds_the_records_in_flight,
     metrics_survive_every_log_level,
     a_dashboard_shows_what_the_runbook_watches,
+    sam_builds_the_worker_for_arm64,
 ]
 
 
@@ -322,6 +340,8 @@ BREAKAGES = {
     metrics_survive_every_log_level:
         lambda t: resource(t, "WorkerFunction")["LoggingConfig"].__setitem__(
             "ApplicationLogLevel", {"Ref": "LogLevel"}),
+    sam_builds_the_worker_for_arm64:
+        lambda t: t["Resources"]["WorkerFunction"].pop("Metadata"),
     a_dashboard_shows_what_the_runbook_watches:
         lambda t: resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"].__setitem__(
             0, resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"][0].replace(

@@ -192,6 +192,12 @@ pub async fn seed(stack: &Stack, site: &Site) {
     }
 }
 
+/// The data back as [`seed`] makes it: every item and object of the stack gone, then seeded.
+pub async fn reset(stack: &Stack, site: &Site) {
+    stack.clear().await;
+    seed(stack, site).await;
+}
+
 /// The sample events, in order.
 pub fn event_files() -> std::io::Result<Vec<PathBuf>> {
     // This crate is `testkit/` in the workspace.

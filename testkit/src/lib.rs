@@ -147,10 +147,15 @@ impl Stack {
 
     /// A stack whose worker talks to `endpoint`, while seeding goes to the emulator.
     pub async fn at(worker_endpoint: &str) -> Self {
+        Self::named(worker_endpoint, &unique("tasks"), &unique("results")).await
+    }
+
+    /// A stack with this table and bucket (for names a person types).
+    pub async fn named(worker_endpoint: &str, table: &str, bucket: &str) -> Self {
         let admin = sdk_config(&endpoint()).await;
         let stack = Self {
-            table: unique("tasks"),
-            bucket: unique("results"),
+            table: table.to_owned(),
+            bucket: bucket.to_owned(),
             dynamodb: aws_sdk_dynamodb::Client::new(&admin),
             s3: aws_sdk_s3::Client::from_conf(s3_config(&admin).build()),
             sqs: aws_sdk_sqs::Client::new(&admin),
@@ -167,6 +172,32 @@ impl Stack {
             .await
             .expect("create bucket");
         stack
+    }
+
+    /// Deletes every item of the table and every object of the bucket.
+    pub async fn clear(&self) {
+        let mut items = self
+            .dynamodb
+            .scan()
+            .table_name(&self.table)
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(item) = items.next().await {
+            let item = item.expect("scan the table");
+            let key = ["pk", "sk"].map(|name| (name.to_owned(), item[name].clone()));
+            self.dynamodb
+                .delete_item()
+                .table_name(&self.table)
+                .set_key(Some(key.into_iter().collect()))
+                .send()
+                .await
+                .expect("delete an item");
+        }
+        let bucket = S3ResultStore::new(self.s3.clone(), &self.bucket);
+        for key in bucket.keys_under("").await.expect("list the bucket") {
+            bucket.delete(&key).await.expect("delete an object");
+        }
     }
 
     /// A stack whose worker meets AWS as production has it (`scripts/prodlike.py`):

@@ -42,3 +42,30 @@ async fn every_sample_event_gets_the_reply_the_contract_promises() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_local_stack_resets_to_the_seeded_data_for_the_sample_events_again() {
+    // `make stack`: invoke by hand, then put everything back and invoke again.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    demo::seed(&stack, &site).await;
+    let event: SqsEvent = serde_json::from_str(
+        &std::fs::read_to_string(&demo::event_files().expect("events/")[0]).expect("readable"),
+    )
+    .expect("an SQS event");
+    run_batch(&stack.worker(), event.records.clone()).await;
+
+    demo::reset(&stack, &site).await;
+
+    let task = stack.task_in(demo::JOB, demo::RUN, "pending-page").await;
+    assert_eq!(task.status(), Some("pending"));
+    assert_eq!(task.n("attempts"), None);
+    let key = format!("{PREFIX}{}/{}/pending-page", demo::JOB, demo::RUN);
+    assert!(
+        stack.object(&key).await.is_none(),
+        "stored objects are gone"
+    );
+    let again = run_batch(&stack.worker(), event.records).await;
+    assert!(retried(&again).is_empty());
+    let task = stack.task_in(demo::JOB, demo::RUN, "pending-page").await;
+    assert_eq!(task.status(), Some("successful"));
+}

@@ -1,0 +1,69 @@
+//! `make stack`: the local stack kept up for invoking the function by hand. The emulator
+//! (started by `make`, through `scripts/with-moto`), a local site, and a table and bucket
+//! seeded with the job, runs and tasks the sample events in `events/` name. Prints the
+//! environment and the exact `cargo lambda watch` / `cargo lambda invoke` lines; Enter puts
+//! the data back as seeded, Ctrl-C stops.
+
+use conveyor_testkit::{Site, Stack, demo, endpoint};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Names a person types, fixed so the printed environment stays true across restarts.
+const TABLE: &str = "conveyor-tasks";
+const BUCKET: &str = "conveyor-results";
+
+#[tokio::main]
+async fn main() {
+    let site = Site::start().await;
+    let stack = Stack::named(&endpoint(), TABLE, BUCKET).await;
+    demo::seed(&stack, &site).await;
+    print_instructions(&site);
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(_)) => {
+                    demo::reset(&stack, &site).await;
+                    println!("reset: every task as seeded, no stored object (Enter resets, Ctrl-C stops)");
+                }
+                // Standard input closed (not a terminal): stay up until Ctrl-C.
+                _ => break,
+            },
+            _ = tokio::signal::ctrl_c() => return,
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn print_instructions(site: &Site) {
+    let endpoint = endpoint();
+    println!(
+        "The local stack is up: the AWS emulator on {endpoint}, a site on {site}, table {TABLE} \
+         and bucket {BUCKET} seeded for the sample events.
+
+In another shell, set what the function reads (cargo lambda watch passes the environment on):
+
+  export AWS_ENDPOINT_URL={endpoint} AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=test \\
+    AWS_SECRET_ACCESS_KEY=test AWS_EC2_METADATA_DISABLED=true
+  export TABLE_NAME={TABLE} RESULTS_BUCKET={BUCKET} ALLOW_PRIVATE_NETWORKS=true
+
+run the function (it rebuilds on every change; a failed cold start is answered to the next
+invoke, then needs a restart):
+
+  cargo lambda watch
+
+and, in a third shell, invoke it with a sample event:
+
+  cargo lambda invoke conveyor-worker --data-file events/01-task-pending.json
+  cargo lambda invoke conveyor-worker --data-file events/09-mixed-batch.json
+
+and look at what it did:
+
+  cargo run --bin conveyor-ops -- progress --job {job} --run {run}
+  cargo run --bin conveyor-ops -- results --job {job} --run {run} --bucket {BUCKET}
+
+Enter puts every task back as seeded (and removes stored objects); Ctrl-C stops the stack.",
+        site = site.url(""),
+        job = demo::JOB,
+        run = demo::RUN,
+    );
+}
