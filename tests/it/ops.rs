@@ -21,6 +21,19 @@ pub(crate) async fn ops(stack: &Stack, args: &[&str]) -> Output {
         .expect("run conveyor-ops")
 }
 
+/// `conveyor-ops poll` of `queue_url` until it drains (a minute at most): what it printed.
+pub(crate) async fn poll_until_drained(stack: &Stack, queue_url: &str) -> String {
+    let drain = [
+        "poll",
+        "--queue-url",
+        queue_url,
+        "--until-drained",
+        "--limit",
+        "1m",
+    ];
+    succeeded(&ops(stack, &drain).await)
+}
+
 /// Its standard output, after checking it succeeded.
 pub(crate) fn succeeded(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -197,15 +210,7 @@ async fn requeue_failed_reopens_the_run_and_draining_completes_it_again() {
     assert_eq!(queue.depth(&stack).await, 1);
 
     // Act: drain the queue with the worker.
-    let drain = [
-        "poll",
-        "--queue-url",
-        &queue.url,
-        "--until-drained",
-        "--limit",
-        "1m",
-    ];
-    succeeded(&ops(&stack, &drain).await);
+    poll_until_drained(&stack, &queue.url).await;
 
     // Assert: the task succeeded this time, and the run completed a second time.
     assert_eq!(stack.task("bad").await.status(), Some("successful"));
@@ -375,15 +380,7 @@ async fn polls_summary_counts_what_went_to_the_dead_letter_queue() {
     let queue = Queue::create_with_dlq(&stack, 1, &dlq, 1).await;
     queue.send(&stack, &body("t1")).await;
 
-    let drain = [
-        "poll",
-        "--queue-url",
-        &queue.url,
-        "--until-drained",
-        "--limit",
-        "1m",
-    ];
-    let stdout = succeeded(&ops(&stack, &drain).await);
+    let stdout = poll_until_drained(&stack, &queue.url).await;
 
     assert!(
         stdout.contains("1 moved to the dead-letter queue"),

@@ -11,7 +11,7 @@ use conveyor_testkit::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::ops::{ops, succeeded};
+use crate::ops::{ops, poll_until_drained, succeeded};
 
 /// A list file with these lines; its path.
 fn list(lines: &[String]) -> std::path::PathBuf {
@@ -76,11 +76,11 @@ async fn skipping_invalid_lines_submits_the_rest_as_a_counted_run() {
     assert_eq!(queue.depth(&stack).await, 2);
 }
 
-const LIST: usize = 1500;
+const LIST: usize = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
-    // Arrange: a list of 1,500 URLs, and a submit killed once its first 100 are sent.
+    // Arrange: a list of 500 URLs, and a submit killed once its first 100 are sent.
     let (stack, site) = (Stack::new().await, Site::start().await);
     let queue = Queue::create(&stack, 600).await;
     let urls: Vec<String> = (0..LIST)
@@ -131,15 +131,7 @@ async fn finished_run(stack: &Stack, site: &Site) -> Queue {
         site.url("/page/c"),
     ]);
     succeeded(&ops(stack, &submit_args(&queue, &file)).await);
-    let drain = [
-        "poll",
-        "--queue-url",
-        &queue.url,
-        "--until-drained",
-        "--limit",
-        "1m",
-    ];
-    succeeded(&ops(stack, &drain).await);
+    poll_until_drained(stack, &queue.url).await;
     queue
 }
 
@@ -204,15 +196,7 @@ async fn progress_watch_follows_a_run_until_it_completes() {
 
     let (watched, _) = tokio::join!(ops(&stack, &watch), async {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let drain = [
-            "poll",
-            "--queue-url",
-            &queue.url,
-            "--until-drained",
-            "--limit",
-            "1m",
-        ];
-        ops(&stack, &drain).await
+        poll_until_drained(&stack, &queue.url).await
     });
 
     let stdout = succeeded(&watched);

@@ -193,15 +193,7 @@ fn scenario_run() -> &'static str {
 /// `conveyor-ops` with these arguments against the scenario's stack, its output on this
 /// terminal; an error if it fails.
 async fn ops(prepared: &Prepared, args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
-    println!("$ conveyor-ops {}", args.join(" "));
-    let status = Command::new("cargo")
-        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
-        .args(args)
-        .envs(scenario::worker_env(&prepared.stack))
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .status()
-        .await?;
+    let status = ops_command(prepared, args).status().await?;
     if !status.success() {
         return Err(format!("conveyor-ops {} failed: {status}", args[0]).into());
     }
@@ -213,20 +205,24 @@ async fn ops_output(
     prepared: &Prepared,
     args: &[&str],
 ) -> Result<String, Box<dyn std::error::Error>> {
-    println!("$ conveyor-ops {}", args.join(" "));
-    let out = Command::new("cargo")
-        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
-        .args(args)
-        .envs(scenario::worker_env(&prepared.stack))
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await?;
+    let out = ops_command(prepared, args).output().await?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         return Err(format!("conveyor-ops {} failed: {stderr}", args[0]).into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn ops_command(prepared: &Prepared, args: &[&str]) -> Command {
+    println!("$ conveyor-ops {}", args.join(" "));
+    let mut command = Command::new("cargo");
+    command
+        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
+        .args(args)
+        .envs(scenario::worker_env(&prepared.stack))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
 }
 
 /// The workspace's root (this crate is `xtask/` in it).
