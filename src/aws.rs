@@ -125,13 +125,13 @@ impl AwsWorker {
         let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
         let s3 = aws_sdk_s3::Client::from_conf(s3_config(sdk).build());
         let sqs = aws_sdk_sqs::Client::new(sdk);
-        Ok(Worker {
-            tasks: DynamoTaskStore::new(dynamodb, &config.table_name),
-            results: S3ResultStore::new(s3, &config.results_bucket),
-            fetcher: HttpFetcher::new(&FetchSettings::from(config))?,
-            visibility: SqsVisibility::new(sqs, sdk.endpoint_url().map(str::to_owned)),
-            settings: config.into(),
-        })
+        Ok(Worker::new(
+            DynamoTaskStore::new(dynamodb, &config.table_name),
+            S3ResultStore::new(s3, &config.results_bucket),
+            HttpFetcher::new(&FetchSettings::from(config))?,
+            SqsVisibility::new(sqs, sdk.endpoint_url().map(str::to_owned)),
+            config.into(),
+        ))
     }
 }
 

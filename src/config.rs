@@ -66,6 +66,8 @@ pub struct Config {
     pub metrics_namespace: String,
     /// The `Service` dimension of the worker's metrics.
     pub metrics_service: String,
+    /// How long a sandbox trusts a run's "job active, run running" before reading it again.
+    pub parents_ttl: Duration,
     /// The function's memory in MB, as Lambda sets it (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`).
     pub function_memory_mb: Option<u64>,
 }
@@ -133,6 +135,11 @@ impl Config {
             metrics_service: env
                 .get("METRICS_SERVICE")
                 .unwrap_or_else(|| "conveyor-worker".into()),
+            parents_ttl: Duration::from_millis(env.parsed(
+                "PARENTS_TTL_MS",
+                5_000,
+                "milliseconds",
+            )?),
             function_memory_mb: env
                 .get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
                 .and_then(|m| m.parse().ok()),

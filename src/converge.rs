@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
-use crate::domain::model::{Failure, Page, StoredResult, Terminal};
+use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::retry::Patience;
 use crate::store::error::AwsError;
 use crate::store::results::{NewResult, Put, ResultStore};
@@ -24,11 +24,13 @@ pub enum Converged {
     LostRace,
 }
 
-/// The stores a task converges in, and how long a conflicting write may be tried again.
+/// The stores a task converges in, how long a conflicting write may be tried again, and how
+/// the task's run counts it.
 pub struct Stores<'a, T, R> {
     pub tasks: &'a T,
     pub results: &'a R,
     pub patience: Patience<'a>,
+    pub counting: Counting,
 }
 
 impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
@@ -151,7 +153,10 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 
     async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
         self.patience
-            .retry(|| self.tasks.finish(task, terminal, SystemTime::now()))
+            .retry(|| {
+                self.tasks
+                    .finish(task, terminal, self.counting, SystemTime::now())
+            })
             .await
     }
 }

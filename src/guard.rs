@@ -1,11 +1,15 @@
 //! The guard: one read decides whether a delivery has any work left, and a conditional claim
 //! makes it this delivery's.
 
-use std::time::SystemTime;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use crate::contract::{NotWanted, Outcome};
-use crate::domain::ids::TaskRef;
-use crate::domain::model::{Parents, TaskStatus};
+use crate::domain::ids::{Id, TaskRef};
+use crate::domain::model::{Counting, Parents, TaskStatus};
 use crate::retry::Patience;
 use crate::store::error::AwsError;
 use crate::store::tasks::{Claim, Lease, TaskStore};
@@ -13,24 +17,27 @@ use crate::store::tasks::{Claim, Lease, TaskStore};
 /// What the guard lets through.
 #[derive(Debug)]
 pub enum Admission {
-    /// Claimed: scrape `url` and converge. `redelivery` when an earlier delivery had claimed it.
+    /// Claimed: scrape `url` and converge. `redelivery` when an earlier delivery had claimed
+    /// it; `counting` is how its run counts it.
     Admitted {
         url: Option<String>,
         redelivery: bool,
+        counting: Counting,
     },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
 }
 
-/// Reads the task (a terminal task costs this one read and nothing else), then its job and
-/// run, then claims it (tried again while a transaction on the task is in flight). Every read
-/// is strongly consistent: an answer that leads to an ack must see the latest write.
+/// Reads the task (a terminal task costs this one read and nothing else), then whether its
+/// job and run want work (a cached yes, or a read), then claims it (tried again while a
+/// transaction on the task is in flight). Every read is strongly consistent: an answer that
+/// leads to an ack must see the latest write.
 #[tracing::instrument(skip_all)]
 pub async fn admit<S: TaskStore>(
     store: &S,
+    parents: &ParentsCache,
     task: &TaskRef,
-    now: SystemTime,
-    lease: Option<Lease<'_>>,
+    (now, lease): (SystemTime, Option<Lease<'_>>),
     patience: &Patience<'_>,
 ) -> Result<Admission, AwsError> {
     let Some(current) = store.load_task(task).await? else {
@@ -41,9 +48,10 @@ pub async fn admit<S: TaskStore>(
     if current.status.is_terminal() {
         return Ok(Admission::Skipped(Outcome::AlreadyTerminal));
     }
-    if let Some(why) = unwanted(&store.load_parents(task).await?) {
-        return Ok(Admission::Skipped(Outcome::NotWanted(why)));
-    }
+    let counting = match parents.wanted(store, task).await? {
+        Ok(counting) => counting,
+        Err(why) => return Ok(Admission::Skipped(Outcome::NotWanted(why))),
+    };
     Ok(
         match patience.retry(|| store.claim(task, now, lease)).await? {
             Claim::Claimed { attempts, was } => {
@@ -51,6 +59,7 @@ pub async fn admit<S: TaskStore>(
                 Admission::Admitted {
                     url: current.url,
                     redelivery: was == TaskStatus::Processing,
+                    counting,
                 }
             }
             Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
@@ -58,6 +67,78 @@ pub async fn admit<S: TaskStore>(
             Claim::Leased { until } => Admission::Skipped(Outcome::LeaseHeld { until }),
         },
     )
+}
+
+/// The yes of the parents read (job active, run running, how it counts), kept for a short
+/// time per sandbox: at fleet speed every task of a run would read the job's one partition
+/// (about 3,000 consistent reads a second at most). Only yes is kept: a run read as missing
+/// or not wanted is read again, so a new run is never read as missing; a cancelled run is
+/// seen at most `ttl` late (its tasks of those seconds are still counted, not completed).
+#[derive(Debug)]
+pub struct ParentsCache {
+    ttl: Duration,
+    runs: Mutex<HashMap<(Id, Id), Arc<Kept>>>,
+}
+
+/// A run's kept yes: when it was read, and how the run counts. The lock is held across the
+/// read, so the tasks of a run that arrive together make one read, not one each.
+type Kept = tokio::sync::Mutex<Option<(Instant, Counting)>>;
+
+/// Runs kept at once; past it, the expired go (and all, if none has).
+const MOST_RUNS: usize = 1024;
+
+impl ParentsCache {
+    /// A cache keeping a yes for `ttl` (zero: no cache).
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            runs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the task's job and run want work, and how the run counts it; at most one read
+    /// per run per `ttl` (the tasks arriving meanwhile wait for it).
+    pub async fn wanted<S: TaskStore>(
+        &self,
+        store: &S,
+        task: &TaskRef,
+    ) -> Result<Result<Counting, NotWanted>, AwsError> {
+        if self.ttl.is_zero() {
+            let parents = store.load_parents(task).await?;
+            return Ok(unwanted(&parents).map_or(Ok(parents.counting), Err));
+        }
+        let kept = self.entry(task);
+        let mut kept = kept.lock().await;
+        if let Some((at, counting)) = *kept
+            && at.elapsed() < self.ttl
+        {
+            return Ok(Ok(counting));
+        }
+        let parents = store.load_parents(task).await?;
+        if let Some(why) = unwanted(&parents) {
+            *kept = None;
+            return Ok(Err(why));
+        }
+        *kept = Some((Instant::now(), parents.counting));
+        Ok(Ok(parents.counting))
+    }
+
+    /// The run's entry, made if it has none.
+    fn entry(&self, task: &TaskRef) -> Arc<Kept> {
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        if runs.len() >= MOST_RUNS {
+            let ttl = self.ttl;
+            runs.retain(|_, kept| {
+                kept.try_lock()
+                    .map_or(true, |k| k.is_some_and(|(at, _)| at.elapsed() < ttl))
+            });
+            if runs.len() >= MOST_RUNS {
+                runs.clear();
+            }
+        }
+        let run = (task.job_id.clone(), task.run_id.clone());
+        runs.entry(run).or_default().clone()
+    }
 }
 
 /// Work is wanted only while the job is `active` and the run `running`.
@@ -79,6 +160,7 @@ mod tests {
         Parents {
             job_status: job.map(Into::into),
             run_status: run.map(Into::into),
+            ..Parents::default()
         }
     }
 

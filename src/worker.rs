@@ -15,7 +15,7 @@ use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
 use crate::domain::model::{Failure, Page};
 use crate::domain::time::rfc3339;
-use crate::guard::{self, Admission};
+use crate::guard::{self, Admission, ParentsCache};
 use crate::metrics::Measures;
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
@@ -35,6 +35,8 @@ pub struct RecordSettings {
     pub store_reserve: Duration,
     /// How a write that meets a concurrent one is tried again.
     pub conflict_retries: RetryPolicy,
+    /// How long a sandbox keeps a run's "job active, run running" (`guard::ParentsCache`).
+    pub parents_ttl: Duration,
     pub backoff: Backoff,
     pub duplicate_policy: DuplicatePolicy,
 }
@@ -48,20 +50,36 @@ impl From<&Config> for RecordSettings {
             scrape_timeout: config.scrape_timeout,
             store_reserve: config.store_reserve,
             conflict_retries: RetryPolicy::default(),
+            parents_ttl: config.parents_ttl,
             backoff: config.into(),
             duplicate_policy: config.duplicate_policy,
         }
     }
 }
 
-/// The worker's ports and settings, built once per cold start.
-#[derive(Debug, Clone)]
+/// The worker's ports and settings, built once per cold start, and what a sandbox keeps
+/// between invocations (the parents cache).
+#[derive(Debug)]
 pub struct Worker<T, R, F, V> {
     pub tasks: T,
     pub results: R,
     pub fetcher: F,
     pub visibility: V,
     pub settings: RecordSettings,
+    pub parents: ParentsCache,
+}
+
+impl<T, R, F, V> Worker<T, R, F, V> {
+    pub fn new(tasks: T, results: R, fetcher: F, visibility: V, settings: RecordSettings) -> Self {
+        Self {
+            parents: ParentsCache::new(settings.parents_ttl),
+            tasks,
+            results,
+            fetcher,
+            visibility,
+            settings,
+        }
+    }
 }
 
 impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
@@ -191,15 +209,21 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
             self.conflict_retries(final_attempt),
             &invocation.measures.conflicts,
         );
-        let admitted = guard::admit(&self.tasks, task, SystemTime::now(), lease, &patience).await?;
-        let (url, redelivery) = match admitted {
-            Admission::Admitted { url, redelivery } => (url, redelivery),
+        let claim = (SystemTime::now(), lease);
+        let admitted = guard::admit(&self.tasks, &self.parents, task, claim, &patience).await?;
+        let (url, redelivery, counting) = match admitted {
+            Admission::Admitted {
+                url,
+                redelivery,
+                counting,
+            } => (url, redelivery, counting),
             Admission::Skipped(outcome) => return Ok(outcome),
         };
         let stores = Stores {
             tasks: &self.tasks,
             results: &self.results,
             patience,
+            counting,
         };
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {

@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::domain::ids::Id;
-use crate::store::attributes::{Item, string, text};
+use crate::domain::model::Counting;
+use crate::store::attributes::{Item, number, string, text};
 use crate::store::error::AwsError;
+use crate::store::runs::counting_of;
 use crate::store::tasks::DynamoTaskStore;
 
 /// A run as stored, and its tasks by status.
@@ -44,8 +46,10 @@ impl RunProgress {
 }
 
 /// The run item's attributes that tell its progress.
-const RUN_FIELDS: [&str; 9] = [
+const RUN_FIELDS: [&str; 11] = [
     "status",
+    "counter_shards",
+    "shards_remaining",
     "tasks_total",
     "tasks_remaining",
     "tasks_succeeded",
@@ -77,7 +81,8 @@ pub async fn progress(
     Ok(progress)
 }
 
-/// The run item's progress attributes, as text; an error when the run does not exist.
+/// The run item's progress attributes, as text (for a run counted in shards, the shards'
+/// counters added up); an error when the run does not exist.
 pub async fn run_fields(
     tasks: &DynamoTaskStore,
     job: &Id,
@@ -89,8 +94,25 @@ pub async fn run_fields(
         .ok_or_else(|| AwsError::Refused {
             detail: format!("run {job}/{run} does not exist"),
         })?;
-    Ok(RUN_FIELDS
+    let mut fields: BTreeMap<String, String> = RUN_FIELDS
         .iter()
         .filter_map(|f| Some((f.to_string(), text(item.get(*f)?)?)))
-        .collect())
+        .collect();
+    if let Some(Counting::Shards(shards)) = counting_of(&item) {
+        for (counter, sum) in shard_sums(&tasks.shard_items(job, run, shards).await?) {
+            fields.insert(counter.into(), sum.to_string());
+        }
+    }
+    Ok(fields)
+}
+
+/// The counters of a run's shards, added up.
+fn shard_sums(shards: &[Item]) -> [(&'static str, u64); 3] {
+    ["tasks_remaining", "tasks_succeeded", "tasks_failed"].map(|counter| {
+        let sum = shards
+            .iter()
+            .filter_map(|s| number::<u64>(s, counter))
+            .sum();
+        (counter, sum)
+    })
 }

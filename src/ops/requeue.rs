@@ -7,12 +7,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::ops::progress::run_fields;
+use crate::domain::model::Counting;
 use crate::retry::{Patience, RetryPolicy};
 use crate::store::attributes::string;
 use crate::store::error::AwsError;
 use crate::store::queue::SqsQueue;
-use crate::store::runs::Requeue;
+use crate::store::runs::{Requeue, counting_of};
 use crate::store::tasks::DynamoTaskStore;
 
 /// What a re-queue did.
@@ -38,8 +38,8 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
     max_pause: Duration::from_secs(2),
 };
 
-/// Sets the run's failed tasks back to pending (each with the run's counters, in one
-/// transaction, so a task is never counted twice) and sends one message per task. With
+/// Sets the run's failed tasks back to pending (each with its run's or counter shard's
+/// count, in one transaction, so a task is never counted twice) and sends one message per task. With
 /// `resend_pending`, tasks already pending are sent again too (a duplicate is harmless: the
 /// worker converges). A cancelled run is left alone.
 pub async fn requeue_failed(
@@ -48,19 +48,24 @@ pub async fn requeue_failed(
     (job, run): (&Id, &Id),
     resend_pending: bool,
 ) -> Result<Requeued, AwsError> {
-    let fields = run_fields(tasks, job, run).await?;
-    if fields.get("status").map(String::as_str) == Some("cancelled") {
+    let item = tasks
+        .run_item(job, run)
+        .await?
+        .ok_or_else(|| AwsError::Refused {
+            detail: format!("run {job}/{run} does not exist"),
+        })?;
+    if string(&item, "status") == Some("cancelled") {
         return Err(AwsError::Refused {
             detail: format!("run {job}/{run} is cancelled"),
         });
     }
-    let counted = fields.contains_key("tasks_remaining");
+    let counting = counting_of(&item);
     let mut requeued = Requeued::default();
     let mut to_send = Vec::new();
     for (task, item) in tasks.run_tasks(job, run).await? {
         let task_ref = task_ref(job, run, &task)?;
         match string(&item, "status") {
-            Some("failed") => match reset(tasks, &task_ref, counted).await {
+            Some("failed") => match reset(tasks, &task_ref, counting).await {
                 Ok(Requeue::Done) => {
                     requeued.reset.push(task);
                     to_send.push(task_ref);
@@ -81,12 +86,12 @@ pub async fn requeue_failed(
 async fn reset(
     tasks: &DynamoTaskStore,
     task: &TaskRef,
-    counted: bool,
+    counting: Option<Counting>,
 ) -> Result<Requeue, AwsError> {
     let conflicts = AtomicU64::new(0);
     let until = Instant::now() + RESET_PATIENCE;
     Patience::new(until, RESET_RETRIES, &conflicts)
-        .retry(|| tasks.requeue_failed(task, counted))
+        .retry(|| tasks.requeue_failed(task, counting))
         .await
 }
 

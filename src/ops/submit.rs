@@ -1,5 +1,6 @@
 //! `conveyor-ops submit`: the producer's half. A list of URLs becomes a job, a run with its
-//! counters and one pending task per URL (the data contract), and one message per task.
+//! counters (on the run item, or in counter shards) and one pending task per URL (the data
+//! contract), and one message per task.
 //! Safe to run again after a crash: creates never overwrite, and the run's submit cursor
 //! says which tasks were written and sent.
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, TaskRef};
+use crate::domain::model::shard_of;
 use crate::scraper::MAX_URL_BYTES;
 use crate::store::attributes::{number, string};
 use crate::store::error::AwsError;
@@ -92,6 +94,7 @@ pub async fn submit(
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
+    shards: u32,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Submitted, AwsError> {
     if let Created::Existing(item) = tasks.create_job(job).await?
@@ -100,10 +103,17 @@ pub async fn submit(
         return Err(refused(format!("job {job} is cancelled")));
     }
     let total = urls.len() as u64;
-    let resumed_from = match tasks.create_run(job, run, total).await? {
+    let mut totals = shard_totals(urls, shards);
+    let resumed_from = match tasks.create_run((job, run), total, &totals).await? {
         Created::Written => 0,
-        Created::Existing(item) => resume_from(&item, job, run, total)?,
+        Created::Existing(item) => {
+            // A resumed run keeps the shards it was created with.
+            totals = shard_totals(urls, number(&item, "counter_shards").unwrap_or(0));
+            resume_from(&item, job, run, total)?
+        }
     };
+    // Before any task: a task is only ever sent once its shard exists.
+    tasks.create_shards(job, run, &totals).await?;
     let mut submitted = Submitted {
         total,
         resumed_from,
@@ -120,6 +130,28 @@ pub async fn submit(
         progress(through);
     }
     Ok(submitted)
+}
+
+/// Each counter shard's number of tasks (none for a run counted on its own item).
+fn shard_totals(urls: &[(usize, String)], shards: u32) -> Vec<u64> {
+    let mut totals = vec![0; shards as usize];
+    if shards == 0 {
+        return totals;
+    }
+    for (line, _) in urls {
+        totals[shard_of(&task_id(*line), shards) as usize] += 1;
+    }
+    totals
+}
+
+/// Counter shards for a run of `tasks`, when its producer does not say: none (the run item
+/// counts, contract v1) under 500 tasks, else one per 250 tasks, at most 4,096
+/// (docs/design.md weighs shards against transaction conflicts).
+pub fn default_shards(tasks: usize) -> u32 {
+    if tasks < 500 {
+        return 0;
+    }
+    tasks.div_ceil(250).min(4096) as u32
 }
 
 /// Where an earlier submit of the same run stopped; refused if the run is another list's.

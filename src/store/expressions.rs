@@ -285,3 +285,89 @@ pub(crate) fn advance_submitted(through: u64, now: &str) -> Expression {
     .value(":through", n(through))
     .value(":now", s(now))
 }
+
+/// A counter shard's side of a task's terminal write (data contract v2): count the task,
+/// conditional on the shard having more than one task left (`last: false`) or exactly one.
+pub(crate) fn shard_count(terminal: &Terminal, now: &str, last: bool) -> Expression {
+    let counter = match terminal {
+        Terminal::Succeeded(_) => "tasks_succeeded",
+        Terminal::Failed(_) => "tasks_failed",
+    };
+    let condition = if last {
+        "tasks_remaining = :one"
+    } else {
+        "tasks_remaining > :one"
+    };
+    Expression::new(
+        format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now"),
+        condition,
+    )
+    .value(":minus_one", n(-1))
+    .value(":one", n(1))
+    .value(":now", s(now))
+}
+
+/// A counter shard's side of a success replacing a failure it counted (as a run's own).
+pub(crate) fn shard_recount(terminal: &Terminal, now: &str) -> Expression {
+    run_count(RunStep::Recount, terminal, now)
+}
+
+/// The run's side when one of its counter shards counts its last task: one shard fewer
+/// left, and the run completed by the last one (`step` as for a run's own count).
+pub(crate) fn shard_done(step: RunStep, now: &str) -> Expression {
+    let expression = match step {
+        RunStep::Count => Expression::new(
+            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
+            "shards_remaining > :one",
+        ),
+        RunStep::CountAndComplete => Expression::new(
+            "ADD shards_remaining :minus_one, times_completed :one \
+             SET updated_at = :now, #status = :completed, completed_at = :now"
+                .into(),
+            "shards_remaining = :one AND #status = :running",
+        )
+        .name("#status", "status")
+        .value(":completed", s("completed"))
+        .value(":running", s("running")),
+        RunStep::CountOnly | RunStep::Recount => Expression::new(
+            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
+            "attribute_exists(shards_remaining)",
+        ),
+    };
+    expression
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":now", s(now))
+}
+
+/// A counter shard's side of a re-queue: the task counted back into its remaining ones;
+/// `reopens` when the shard had none left (then the run counts it open again too).
+pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
+    let condition = if reopens {
+        "tasks_remaining = :zero"
+    } else {
+        "tasks_remaining > :zero"
+    };
+    Expression::new(
+        "ADD tasks_failed :minus_one, tasks_remaining :one SET updated_at = :now".into(),
+        condition,
+    )
+    .value(":minus_one", n(-1))
+    .value(":one", n(1))
+    .value(":zero", n(0))
+    .value(":now", s(now))
+}
+
+/// The run's side of a re-queue that reopens one of its counter shards (and so the run).
+pub(crate) fn shard_reopened(now: &str) -> Expression {
+    Expression::new(
+        "ADD shards_remaining :one SET #status = :running, updated_at = :now REMOVE completed_at"
+            .into(),
+        "attribute_exists(shards_remaining) AND #status <> :cancelled",
+    )
+    .name("#status", "status")
+    .value(":one", n(1))
+    .value(":running", s("running"))
+    .value(":cancelled", s("cancelled"))
+    .value(":now", s(now))
+}

@@ -1,5 +1,6 @@
 //! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`);
-//! a job and its runs share the job's (`JOB#<job>`). Keys are strings `pk` and `sk`.
+//! a job and its runs share the job's (`JOB#<job>`); each counter shard of a run has a
+//! partition of its own (`SHARD#<job>#<run>#<n>`). Keys are strings `pk` and `sk`.
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::store::attributes::{Item, s};
@@ -46,4 +47,13 @@ pub fn job_key(job: &Id) -> Item {
 
 pub fn run_key(job: &Id, run: &Id) -> Item {
     key(job_partition(job), run_sort(run))
+}
+
+/// The sort key of a counter shard item.
+pub const SHARD_SORT: &str = "SHARD";
+
+/// Counter shard `shard` of the run, in a partition of its own (so shards do not share a
+/// partition's write capacity).
+pub fn shard_key(job: &Id, run: &Id, shard: u32) -> Item {
+    key(format!("SHARD#{job}#{run}#{shard}"), SHARD_SORT.into())
 }

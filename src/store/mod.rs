@@ -10,4 +10,5 @@ pub mod keys;
 pub mod queue;
 pub mod results;
 pub mod runs;
+pub mod shards;
 pub mod tasks;

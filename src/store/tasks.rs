@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::domain::ids::TaskRef;
-use crate::domain::model::{Parents, Task, TaskStatus, Terminal};
+use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::time::rfc3339;
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, AwsFault, cancellation_fault};
@@ -91,6 +91,7 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
+        counting: Counting,
         now: SystemTime,
     ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
 }
@@ -151,7 +152,7 @@ impl TaskStore for DynamoTaskStore {
         let asked = KeysAndAttributes::builder()
             .keys(keys::job_key(&task.job_id))
             .keys(keys::run_key(&task.job_id, &task.run_id))
-            .projection_expression("sk, #status")
+            .projection_expression("sk, #status, counter_shards")
             .expression_attribute_names("#status", "status")
             .consistent_read(true)
             .build()
@@ -177,7 +178,10 @@ impl TaskStore for DynamoTaskStore {
             let status = string(&item, "status").map(str::to_owned);
             match string(&item, "sk") {
                 Some(keys::JOB_SORT) => parents.job_status = status,
-                Some(sk) if sk == run_sort => parents.run_status = status,
+                Some(sk) if sk == run_sort => {
+                    parents.run_status = status;
+                    parents.counting = Counting::of(number(&item, "counter_shards"));
+                }
                 _ => {}
             }
         }
@@ -237,9 +241,13 @@ impl TaskStore for DynamoTaskStore {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
+        counting: Counting,
         now: SystemTime,
     ) -> Result<Finish, AwsError> {
         let now = rfc3339(now);
+        if let Counting::Shards(shards) = counting {
+            return self.finish_sharded(task, terminal, &now, shards).await;
+        }
         let steps = [
             RunStep::Count,
             RunStep::CountAndComplete,
@@ -350,7 +358,7 @@ impl DynamoTaskStore {
     }
 
     /// The terminal write alone, for a task whose run keeps no counters.
-    async fn finish_uncounted(
+    pub(crate) async fn finish_uncounted(
         &self,
         task: &TaskRef,
         terminal: &Terminal,
@@ -409,7 +417,7 @@ pub(crate) fn cancellation_codes(reasons: &[CancellationReason]) -> Vec<&str> {
 }
 
 /// A task item that is `failed` and names no stored result.
-fn is_failure_without_result(item: &Item) -> bool {
+pub(crate) fn is_failure_without_result(item: &Item) -> bool {
     string(item, "status") == Some(TaskStatus::Failed.as_str()) && !item.contains_key("result_key")
 }
 

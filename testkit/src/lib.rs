@@ -33,6 +33,7 @@ use conveyor_worker::backoff::Backoff;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
+use conveyor_worker::domain::model::shard_of;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::store::attributes::{self, Item};
@@ -298,29 +299,19 @@ impl Stack {
             .lookup
             .clone()
             .unwrap_or_else(|| Arc::new(SystemLookup));
-        Worker {
-            tasks: DynamoTaskStore::new(
+        Worker::new(
+            DynamoTaskStore::new(
                 aws_sdk_dynamodb::Client::from_conf(dynamodb_config),
                 &self.table,
             ),
-            results: S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
-            fetcher: HttpFetcher::with_policy(&settings, policy, lookup)
-                .expect("build the HTTP client"),
-            visibility: SqsVisibility::new(
+            S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
+            HttpFetcher::with_policy(&settings, policy, lookup).expect("build the HTTP client"),
+            SqsVisibility::new(
                 aws_sdk_sqs::Client::from_conf(sqs_config),
                 Some(self.worker_endpoint.clone()),
             ),
-            settings: RecordSettings {
-                results_prefix: PREFIX.into(),
-                quarantine_prefix: "quarantine/".into(),
-                max_attempts: MAX_ATTEMPTS,
-                scrape_timeout: tuning.scrape_timeout,
-                store_reserve: tuning.store_reserve,
-                conflict_retries: tuning.conflict_retries,
-                backoff: tuning.backoff,
-                duplicate_policy: tuning.duplicate_policy,
-            },
-        }
+            tuning.settings(),
+        )
     }
 
     pub async fn put_job(&self, job: &str, status: &str) {
@@ -348,6 +339,50 @@ impl Stack {
             item.insert(counter.into(), attributes::n(value));
         }
         self.put(item).await;
+    }
+
+    /// A running run counted in `shards` counter shards (data contract v2) for these tasks,
+    /// each shard sized by the tasks that fall in it, as a producer writes them.
+    pub async fn put_sharded_run(&self, job: &str, run: &str, tasks: &[String], shards: u32) {
+        let mut totals = vec![0_u64; shards as usize];
+        for task in tasks {
+            totals[shard_of(&id(task), shards) as usize] += 1;
+        }
+        let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
+        let (job, run) = (id(job), id(run));
+        let total = tasks.len() as u64;
+        store
+            .create_run((&job, &run), total, &totals)
+            .await
+            .expect("create the run");
+        store
+            .create_shards(&job, &run, &totals)
+            .await
+            .expect("create the shards");
+    }
+
+    /// The run's counters as (succeeded, failed, remaining): its own, or its shards' added
+    /// up when it counts in shards.
+    pub async fn run_counters(&self, job: &str, run: &str) -> (u64, u64, u64) {
+        let item = self.run_item(job, run).await;
+        let counters = ["tasks_succeeded", "tasks_failed", "tasks_remaining"];
+        let shards = item.n("counter_shards").unwrap_or(0) as u32;
+        let sum = |items: &[Item], name: &str| -> u64 {
+            items
+                .iter()
+                .filter_map(|i| attributes::number::<u64>(i, name))
+                .sum()
+        };
+        let items = if shards == 0 {
+            vec![item.0]
+        } else {
+            DynamoTaskStore::new(self.dynamodb.clone(), &self.table)
+                .shard_items(&id(job), &id(run), shards)
+                .await
+                .expect("read the shards")
+        };
+        let [succeeded, failed, remaining] = counters.map(|name| sum(&items, name));
+        (succeeded, failed, remaining)
     }
 
     /// Every task of a run: (task id, item), through the run's partition.
@@ -514,6 +549,8 @@ pub struct WorkerTuning {
     pub store_reserve: Duration,
     /// How writes that meet concurrent ones are tried again.
     pub conflict_retries: RetryPolicy,
+    /// How long the worker keeps a run's "wanted" answer.
+    pub parents_ttl: Duration,
     pub bucket: Option<String>,
     /// On by default: the local site is on 127.0.0.1.
     pub allow_private_networks: bool,
@@ -527,12 +564,30 @@ pub struct WorkerTuning {
     pub faults: Option<chaos::Faults>,
 }
 
+impl WorkerTuning {
+    /// The record settings these tunings make, the rest as the emulator tests use them.
+    pub fn settings(&self) -> RecordSettings {
+        RecordSettings {
+            results_prefix: PREFIX.into(),
+            quarantine_prefix: "quarantine/".into(),
+            max_attempts: MAX_ATTEMPTS,
+            scrape_timeout: self.scrape_timeout,
+            store_reserve: self.store_reserve,
+            conflict_retries: self.conflict_retries,
+            parents_ttl: self.parents_ttl,
+            backoff: self.backoff,
+            duplicate_policy: self.duplicate_policy,
+        }
+    }
+}
+
 impl Default for WorkerTuning {
     fn default() -> Self {
         Self {
             scrape_timeout: Duration::from_secs(10),
             store_reserve: Duration::from_millis(500),
             conflict_retries: RetryPolicy::default(),
+            parents_ttl: Duration::from_secs(5),
             bucket: None,
             allow_private_networks: true,
             trusted: Vec::new(),

@@ -12,15 +12,17 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
-use conveyor_worker::domain::model::{Page, Parents, StoredResult, Task, TaskStatus, Terminal};
+use conveyor_worker::domain::model::{
+    Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
+};
 use conveyor_worker::scraper::{FetchError, Fetcher};
 use conveyor_worker::store::error::AwsError;
 use conveyor_worker::store::queue::{QueueRef, Visibility};
 use conveyor_worker::store::results::{NewResult, Put, ResultStore};
 use conveyor_worker::store::tasks::{Claim, Finish, Lease, TaskStore};
-use conveyor_worker::worker::{RecordSettings, Worker};
+use conveyor_worker::worker::Worker;
 
-use super::{PREFIX, WorkerTuning, task_ref};
+use super::{WorkerTuning, task_ref};
 
 /// The CPU benchmark's shape (benches/pipeline.rs), which `make bench` reports: the page
 /// every task fetches, and the batch sizes (SQS's default and the largest a mapping hands over).
@@ -33,23 +35,13 @@ pub type MemoryWorker<F> = Worker<MemoryTasks, MemoryResults, F, NoHold>;
 /// A worker over in-process stores with `n` pending tasks, `t0` to `t{n-1}` of the test job
 /// and run, whose pages are at `url`; settings as the emulator tests' defaults.
 pub fn worker<F: Fetcher>(fetcher: F, n: usize, url: &str) -> MemoryWorker<F> {
-    let tuning = WorkerTuning::default();
-    let worker = Worker {
-        tasks: MemoryTasks::default(),
-        results: MemoryResults::default(),
+    let worker = Worker::new(
+        MemoryTasks::default(),
+        MemoryResults::default(),
         fetcher,
-        visibility: NoHold::default(),
-        settings: RecordSettings {
-            results_prefix: PREFIX.into(),
-            quarantine_prefix: "quarantine/".into(),
-            max_attempts: super::MAX_ATTEMPTS,
-            scrape_timeout: tuning.scrape_timeout,
-            store_reserve: tuning.store_reserve,
-            conflict_retries: tuning.conflict_retries,
-            backoff: tuning.backoff,
-            duplicate_policy: tuning.duplicate_policy,
-        },
-    };
+        NoHold::default(),
+        WorkerTuning::default().settings(),
+    );
     for i in 0..n {
         worker
             .tasks
@@ -114,6 +106,7 @@ impl TaskStore for MemoryTasks {
         Ok(Parents {
             job_status: Some("active".into()),
             run_status: Some("running".into()),
+            ..Parents::default()
         })
     }
 
@@ -157,6 +150,7 @@ impl TaskStore for MemoryTasks {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
+        _counting: Counting,
         _now: SystemTime,
     ) -> Result<Finish, AwsError> {
         self.served();

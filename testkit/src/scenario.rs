@@ -34,6 +34,8 @@ pub struct Scenario {
     /// The worker meets AWS through the production-like layer (`scripts/prodlike.py`):
     /// transaction conflicts, stale reads, S3's limits and 409s.
     pub production_like: bool,
+    /// The run's counter shards (data contract v2); 0 counts on the run item (v1).
+    pub shards: u32,
 }
 
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
@@ -105,7 +107,7 @@ pub async fn run(scenario: Scenario) -> Report {
     } else {
         Stack::new().await
     };
-    let prepared = prepare_on(stack, scenario.tasks, scenario.policy).await;
+    let prepared = prepare_on(stack, scenario.tasks, scenario.policy, scenario.shards).await;
     let (stats, seconds) = prepared.drain(scenario).await;
     let acked = stats.acked.lock().expect("no poller panicked").clone();
     let mut report = prepared
@@ -161,18 +163,27 @@ async fn queues(stack: &Stack) -> (Queue, Queue) {
 /// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
 /// three times more, shuffled.
 pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
-    prepare_on(Stack::new().await, total, policy).await
+    prepare_on(Stack::new().await, total, policy, 0).await
 }
 
-/// [`prepare`] on a given stack.
-pub async fn prepare_on(stack: Stack, total: usize, policy: DuplicatePolicy) -> Prepared {
+/// [`prepare`] on a given stack, the run counted in `shards` counter shards (0: on the run
+/// item).
+pub async fn prepare_on(
+    stack: Stack,
+    total: usize,
+    policy: DuplicatePolicy,
+    shards: u32,
+) -> Prepared {
     let site = Site::start().await;
+    let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
     stack.put_job(JOB, "active").await;
-    stack.put_counted_run(JOB, RUN, total as u32).await;
+    match shards {
+        0 => stack.put_counted_run(JOB, RUN, total as u32).await,
+        n => stack.put_sharded_run(JOB, RUN, &ids, n).await,
+    }
     let mut tasks = Vec::new();
-    for i in 0..total {
-        let (id, kind) = (format!("t{i:04}"), KINDS[i % KINDS.len()]);
-        let path = format!("/{kind}/{id}");
+    for (i, id) in ids.into_iter().enumerate() {
+        let path = format!("/{}/{id}", KINDS[i % KINDS.len()]);
         stack.put_task(&id, &site.url(&path), "pending").await;
         tasks.push((id, path));
     }
@@ -231,6 +242,7 @@ impl Prepared {
             fetcher: base.fetcher,
             visibility: base.visibility,
             settings: base.settings,
+            parents: base.parents,
         };
         let settings = MappingSettings {
             queue_arn: queue.arn.clone(),
@@ -335,16 +347,24 @@ impl Prepared {
             }
         }
 
-        // The run's counters are the task states, and it completed exactly once if it could.
+        // The run's counters (its own, or its shards' added up) are the task states, and it
+        // completed exactly once if it could.
         let run = stack.run_item(JOB, RUN).await;
         let unfinished = (total - successful - failed) as u64;
+        let counted = stack.run_counters(JOB, RUN).await;
+        let states = (successful as u64, failed as u64, unfinished);
         assert_eq!(
-            run.n("tasks_succeeded"),
-            Some(successful as u64),
-            "{policy:?}"
+            counted, states,
+            "{policy:?}: (succeeded, failed, remaining)"
         );
-        assert_eq!(run.n("tasks_failed"), Some(failed as u64), "{policy:?}");
-        assert_eq!(run.n("tasks_remaining"), Some(unfinished), "{policy:?}");
+        if let Some(shards) = run.n("counter_shards") {
+            let left = run.n("shards_remaining");
+            assert_eq!(
+                left == Some(0),
+                unfinished == 0,
+                "{policy:?}: {left:?} of {shards}"
+            );
+        }
         if unfinished == 0 {
             assert_eq!(run.status(), Some("completed"), "{policy:?}");
             assert_eq!(run.n("times_completed"), Some(1), "{policy:?}");
@@ -354,12 +374,16 @@ impl Prepared {
         }
 
         let fetches = tasks.iter().map(|(_, path)| site.hits(path)).sum();
+        let shards = match run.n("counter_shards") {
+            Some(n) => format!(" (in {n} counter shards)"),
+            None => String::new(),
+        };
         let counters = format!(
-            "run {}: {} succeeded, {} failed, {} remaining, completed {} time(s)",
+            "run {}{shards}: {} succeeded, {} failed, {} remaining, completed {} time(s)",
             run.status().unwrap_or("?"),
-            run.n("tasks_succeeded").unwrap_or(0),
-            run.n("tasks_failed").unwrap_or(0),
-            run.n("tasks_remaining").unwrap_or(0),
+            counted.0,
+            counted.1,
+            counted.2,
             run.n("times_completed").unwrap_or(0),
         );
         let dead_pages = tasks

@@ -4,7 +4,8 @@
 //! It asserts, and prints as figures, that every task ends exactly once (or its message is in
 //! the dead-letter queue), that the run's counters equal the task states and the run completed
 //! exactly once, that every stored result matches its task, and that no message was lost;
-//! under both duplicate policies, with fetches per task compared. The worker meets AWS
+//! under both duplicate policies, with fetches per task compared. The converge run counts
+//! into 8 counter shards (data contract v2), the lease run on its run item (v1). The worker meets AWS
 //! through the production-like layer (`scripts/prodlike.py`): transactions on the run item
 //! overlap and are cancelled, reads may be stale, S3 answers 409 to racing PUTs.
 //! `CHAOS_TASKS=N` changes the number of tasks per policy.
@@ -15,7 +16,7 @@ use conveyor_testkit::chaos::Faults;
 use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_worker::config::DuplicatePolicy;
 
-fn scenario(policy: DuplicatePolicy) -> Scenario {
+fn scenario(policy: DuplicatePolicy, shards: u32) -> Scenario {
     Scenario {
         tasks: std::env::var("CHAOS_TASKS")
             .ok()
@@ -29,6 +30,7 @@ fn scenario(policy: DuplicatePolicy) -> Scenario {
         }),
         crash_rate: 0.03,
         production_like: true,
+        shards,
     }
 }
 
@@ -47,8 +49,8 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
         }
     }));
     let (converge, lease) = tokio::join!(
-        scenario::run(scenario(DuplicatePolicy::Converge)),
-        scenario::run(scenario(DuplicatePolicy::Lease))
+        scenario::run(scenario(DuplicatePolicy::Converge, 8)),
+        scenario::run(scenario(DuplicatePolicy::Lease, 0))
     );
 
     for report in [&converge, &lease] {
@@ -59,7 +61,7 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
             "{report:?}"
         );
     }
-    // Production's conflicts really happened (the whole run finishes into one run item).
+    // Production's conflicts really happened (the v1 run finishes into one run item).
     let conflicts = converge.conflicts.unwrap_or(0) + lease.conflicts.unwrap_or(0);
     assert!(
         conflicts > 0,

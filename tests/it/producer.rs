@@ -112,7 +112,12 @@ async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
     assert!(stdout.contains("resumed after the first"), "{stdout}");
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("tasks_total"), Some(LIST as u64));
-    assert_eq!(run.n("tasks_remaining"), Some(LIST as u64));
+    assert_eq!(
+        run.n("counter_shards"),
+        Some(2),
+        "the default for 500 tasks"
+    );
+    assert_eq!(stack.run_counters(JOB, RUN).await, (0, 0, LIST as u64));
     let tasks = stack.tasks_in_run(JOB, RUN).await;
     assert_eq!(tasks.len(), LIST);
     assert!(tasks.iter().all(|(_, t)| t.status() == Some("pending")));

@@ -7,6 +7,7 @@ use std::time::Duration;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::converge::Converged;
+use conveyor_worker::domain::model::Counting;
 use conveyor_worker::store::results::S3ResultStore;
 use conveyor_worker::store::tasks::DynamoTaskStore;
 use conveyor_worker::store::{attributes, keys};
@@ -253,6 +254,14 @@ async fn converging<F>(stack: &Stack, converge: F)
 where
     F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
 {
+    converging_counted(stack, Default::default(), converge).await;
+}
+
+/// [`converging`] into a run that counts its tasks this way.
+async fn converging_counted<F>(stack: &Stack, counting: Counting, converge: F)
+where
+    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+{
     let worker = stack.worker();
     let conflicts = std::sync::atomic::AtomicU64::new(0);
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -260,6 +269,7 @@ where
         tasks: &worker.tasks,
         results: &worker.results,
         patience: conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts),
+        counting,
     };
     converge(&stores).await;
 }
@@ -378,4 +388,33 @@ async fn a_failure_never_replaces_a_success() {
         (Some(1), Some(0))
     );
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn in_a_sharded_run_a_success_replacing_a_failure_moves_its_shards_count() {
+    let stack = Stack::new().await;
+    stack.put_job(JOB, "active").await;
+    stack
+        .put_sharded_run(JOB, RUN, &["t1".into(), "t2".into()], 4)
+        .await;
+    let key = processing_task(&stack).await;
+
+    converging_counted(&stack, Counting::Shards(4), async |stores| {
+        stores
+            .fail(&task_ref("t1"), &key, not_found())
+            .await
+            .expect("fail");
+        let won = stores
+            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .await;
+        assert_eq!(
+            won.expect("succeed"),
+            Converged::Succeeded { adopted: false }
+        );
+    })
+    .await;
+
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 1));
+    assert_eq!(stack.run_item(JOB, RUN).await.status(), Some("running"));
 }

@@ -108,3 +108,151 @@ async fn a_run_cancelled_mid_scrape_counts_its_task_but_stays_cancelled() {
     assert_eq!(run.n("tasks_remaining"), Some(0));
     assert_eq!(run.n("tasks_succeeded"), Some(1));
 }
+
+/// A job with a running run counted in `shards` counter shards over `n` tasks (`t00`...),
+/// each a fine page but every fifth, gone (404); the task ids.
+async fn sharded_run(stack: &Stack, site: &Site, n: usize, shards: u32) -> Vec<String> {
+    let tasks: Vec<String> = (0..n).map(|i| format!("t{i:02}")).collect();
+    stack.put_job(JOB, "active").await;
+    stack.put_sharded_run(JOB, RUN, &tasks, shards).await;
+    for (i, task) in tasks.iter().enumerate() {
+        let page = if i % 5 == 4 {
+            "/status/404".into()
+        } else {
+            format!("/page/{task}")
+        };
+        stack.put_task(task, &site.url(&page), "pending").await;
+    }
+    tasks
+}
+
+#[tokio::test]
+async fn a_sharded_run_counts_every_task_once_and_its_last_shard_completes_it_once() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tasks = sharded_run(&stack, &site, 24, 4).await;
+    let workers: Vec<_> = (0..3).map(|_| stack.worker()).collect();
+
+    // Every task delivered three times at once, then once more after it finished.
+    let batches = workers
+        .iter()
+        .map(|w| run_batch(w, tasks.iter().map(|t| delivery(t)).collect()));
+    let replies = join_all(batches).await;
+    let late = run_batch(&workers[0], tasks.iter().map(|t| delivery(t)).collect()).await;
+
+    assert!(replies.iter().chain([&late]).all(|r| retried(r).is_empty()));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (20, 4, 0));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
+    assert_eq!(run.n("shards_remaining"), Some(0));
+    assert_eq!(
+        run.n("tasks_remaining"),
+        None,
+        "the run item counts shards, not tasks"
+    );
+}
+
+#[tokio::test]
+async fn a_sharded_run_completes_only_with_its_last_task_whichever_shard_it_is_in() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tasks = sharded_run(&stack, &site, 12, 3).await;
+    let (last, first) = tasks.split_last().expect("tasks");
+
+    run_batch(&stack.worker(), first.iter().map(|t| delivery(t)).collect()).await;
+    let before = stack.run_item(JOB, RUN).await;
+    run_batch(&stack.worker(), vec![delivery(last)]).await;
+
+    assert_eq!(before.status(), Some("running"));
+    assert_eq!(before.n("shards_remaining"), Some(1));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (10, 2, 0));
+}
+
+#[tokio::test]
+async fn a_sharded_run_cancelled_midway_counts_its_tasks_but_stays_cancelled() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tasks = sharded_run(&stack, &site, 6, 2).await;
+    let worker = stack.worker();
+    run_batch(&worker, vec![delivery(&tasks[0])]).await; // the run is wanted: kept
+    stack.put_run(JOB, RUN, "cancelled").await;
+
+    let replies = run_batch(&worker, tasks[1..].iter().map(|t| delivery(t)).collect()).await;
+
+    // Seen within the parents cache's time: counted, the run not completed.
+    assert!(retried(&replies).is_empty());
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("cancelled"));
+    assert_eq!(run.n("times_completed"), None);
+}
+
+#[tokio::test]
+async fn a_run_is_read_once_per_worker_while_it_is_wanted_and_again_when_it_was_not() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_job(JOB, "active").await;
+    for task in ["a", "b", "c"] {
+        stack
+            .put_task(task, &site.url(&format!("/page/{task}")), "pending")
+            .await;
+    }
+    let worker = stack.worker();
+
+    // No run yet: not wanted, and not kept as such.
+    let early = run_batch(&worker, vec![delivery("a")]).await;
+    stack.put_counted_run(JOB, RUN, 3).await;
+    stack.calls.clear();
+    run_batch(&worker, vec![delivery("b"), delivery("c")]).await;
+    run_batch(&worker, vec![delivery("a")]).await;
+
+    assert!(retried(&early).is_empty(), "acked as not wanted");
+    assert_eq!(
+        stack.calls.count("BatchGetItem"),
+        1,
+        "{:?}",
+        stack.calls.calls()
+    );
+    assert_eq!(stack.run_counters(JOB, RUN).await, (3, 0, 0));
+}
+
+#[tokio::test]
+async fn a_sharded_run_costs_no_more_requests_per_task_and_a_kept_run_one_fewer() {
+    // Three tasks in one shard: the last of them is the shard's and the run's last.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tasks = sharded_run(&stack, &site, 3, 1).await;
+    let worker = stack.worker();
+    let mut calls = Vec::new();
+
+    for task in &tasks {
+        stack.calls.clear();
+        run_batch(&worker, vec![delivery(task)]).await;
+        calls.push(stack.calls.calls());
+    }
+
+    let [first, kept, last] = calls.try_into().expect("three tasks");
+    assert_eq!(
+        first,
+        [
+            "GetItem",
+            "BatchGetItem",
+            "UpdateItem",
+            "PutObject",
+            "TransactWriteItems"
+        ],
+        "five, as in a run without shards"
+    );
+    assert_eq!(
+        kept,
+        ["GetItem", "UpdateItem", "PutObject", "TransactWriteItems"],
+        "the run read within the cache's time is not read again"
+    );
+    // The run's last: counting refused (the shard's last), then the run (its last shard).
+    assert_eq!(
+        last,
+        ["GetItem", "UpdateItem", "PutObject"]
+            .into_iter()
+            .chain(["TransactWriteItems"; 3])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(stack.run_item(JOB, RUN).await.status(), Some("completed"));
+}

@@ -18,7 +18,7 @@ use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
-use conveyor_worker::domain::model::{Failure, Page, Terminal};
+use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
 use conveyor_worker::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::error::{AwsError, AwsFault};
 use conveyor_worker::store::results::{NewResult, ResultStore, S3ResultStore};
@@ -173,7 +173,7 @@ async fn a_terminal_write_refused_by_the_task_condition_lost_the_race() {
     let store = tasks(&cancelled(&["ConditionalCheckFailed", "None"]));
 
     let finish = store
-        .finish(&task(), &failed(), SystemTime::now())
+        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
         .await
         .expect("an outcome");
 
@@ -185,7 +185,7 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
     let store = tasks(&cancelled(&["None", "TransactionConflict"]));
 
     let err = store
-        .finish(&task(), &failed(), SystemTime::now())
+        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
         .await
         .expect_err("a conflict");
 
@@ -197,7 +197,7 @@ async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_i
     let store = tasks(&cancelled(&["ValidationError", "None"]));
 
     let err = store
-        .finish(&task(), &failed(), SystemTime::now())
+        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
         .await
         .expect_err("invalid");
 
@@ -343,6 +343,7 @@ async fn a_page_s3_refuses_as_invalid_fails_its_task_instead_of_coming_back() {
         tasks: &tasks,
         results: &results,
         patience: Patience::new(until, RetryPolicy::default(), &conflicts),
+        counting: Counting::Run,
     };
     let key = ResultKey::for_task("results/", &task());
 
