@@ -65,25 +65,90 @@ pub struct Parents {
 pub enum Counting {
     #[default]
     Run,
-    Shards(u32),
+    Shards(Sharding),
 }
 
 impl Counting {
-    /// The run item's `counter_shards`, when there is one (0 counts as none).
-    pub fn of(counter_shards: Option<u32>) -> Self {
+    /// The run item's `counter_shards` and `counter_groups`, when it has them (0 counts as
+    /// none).
+    pub fn of(counter_shards: Option<u32>, counter_groups: Option<u32>) -> Self {
         match counter_shards {
-            Some(n) if n > 0 => Self::Shards(n),
+            Some(shards) if shards > 0 => Self::Shards(Sharding {
+                shards,
+                groups: counter_groups.unwrap_or(0),
+            }),
             _ => Self::Run,
         }
     }
 }
 
-/// The counter shard of a task among `shards`: the first four bytes of the SHA-256 of its id,
-/// big-endian, modulo `shards` (producers compute the same to size each shard).
-pub fn shard_of(task: &Id, shards: u32) -> u32 {
-    let digest = Sha256::digest(task.as_str().as_bytes());
-    let first = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    first % shards.max(1)
+/// A run's counter tree (data contract v2): `shards` count its tasks; with `groups` (0:
+/// none), each group counts its shards not yet done, and the run its groups; without, the
+/// run counts its shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    pub shards: u32,
+    pub groups: u32,
+}
+
+impl Sharding {
+    /// The counter shard of a task: the first four bytes of the SHA-256 of its id,
+    /// big-endian, modulo `shards` (producers compute the same to size each shard).
+    pub fn shard_of(&self, task: &Id) -> u32 {
+        let digest = Sha256::digest(task.as_str().as_bytes());
+        let first = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+        first % self.shards.max(1)
+    }
+
+    /// The group of a shard: `shard` modulo `groups`, when the run has groups.
+    pub fn group_of(&self, shard: u32) -> Option<u32> {
+        (self.groups > 0).then(|| shard % self.groups)
+    }
+}
+
+/// A run's counter tree as its producer sizes it: the tasks of each shard, the shards with
+/// tasks of each group, and what the run counts (only counters with something to count are
+/// left to count: an empty shard is done from the start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSizes {
+    pub sharding: Sharding,
+    pub shard_tasks: Vec<u64>,
+}
+
+impl ShardSizes {
+    pub fn of<'a>(sharding: Sharding, tasks: impl IntoIterator<Item = &'a Id>) -> Self {
+        let mut shard_tasks = vec![0; sharding.shards as usize];
+        for task in tasks {
+            shard_tasks[sharding.shard_of(task) as usize] += 1;
+        }
+        Self {
+            sharding,
+            shard_tasks,
+        }
+    }
+
+    /// Each group's shards with tasks (none without groups).
+    pub fn group_shards(&self) -> Vec<u64> {
+        let mut groups = vec![0; self.sharding.groups as usize];
+        for (shard, tasks) in self.shard_tasks.iter().enumerate() {
+            if let Some(group) = self.sharding.group_of(shard as u32)
+                && *tasks > 0
+            {
+                groups[group as usize] += 1;
+            }
+        }
+        groups
+    }
+
+    /// What the run item counts as left: its groups with shards (`groups_remaining`), or
+    /// without groups its shards with tasks (`shards_remaining`).
+    pub fn run_children(&self) -> (&'static str, u64) {
+        let non_empty = |counts: &[u64]| counts.iter().filter(|n| **n > 0).count() as u64;
+        match self.sharding.groups {
+            0 => ("shards_remaining", non_empty(&self.shard_tasks)),
+            _ => ("groups_remaining", non_empty(&self.group_shards())),
+        }
+    }
 }
 
 /// A page as fetched: the bytes exactly as served, with what the response said of them.
@@ -149,14 +214,18 @@ mod tests {
     #[test]
     fn a_task_always_lands_in_the_same_shard_and_tasks_spread_over_all_shards() {
         let id = |i: usize| Id::parse(&format!("t{i:06}")).unwrap();
-        assert_eq!(shard_of(&id(42), 16), shard_of(&id(42), 16));
-        // The documented formula, by hand: sha256("t000042") starts with these bytes.
+        let sharding = Sharding {
+            shards: 16,
+            groups: 0,
+        };
+        assert_eq!(sharding.shard_of(&id(42)), sharding.shard_of(&id(42)));
+        // The documented formula, by hand: the first bytes of sha256("t000042").
         let digest = Sha256::digest(b"t000042");
         let by_hand = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) % 16;
-        assert_eq!(shard_of(&id(42), 16), by_hand);
+        assert_eq!(sharding.shard_of(&id(42)), by_hand);
         let mut per_shard = [0_u32; 16];
         for i in 0..16_000 {
-            per_shard[shard_of(&id(i), 16) as usize] += 1;
+            per_shard[sharding.shard_of(&id(i)) as usize] += 1;
         }
         assert!(
             per_shard.iter().all(|n| (800..1200).contains(n)),

@@ -46,9 +46,11 @@ impl RunProgress {
 }
 
 /// The run item's attributes that tell its progress.
-const RUN_FIELDS: [&str; 11] = [
+const RUN_FIELDS: [&str; 13] = [
     "status",
     "counter_shards",
+    "counter_groups",
+    "groups_remaining",
     "shards_remaining",
     "tasks_total",
     "tasks_remaining",
@@ -98,8 +100,9 @@ pub async fn run_fields(
         .iter()
         .filter_map(|f| Some((f.to_string(), text(item.get(*f)?)?)))
         .collect();
-    if let Some(Counting::Shards(shards)) = counting_of(&item) {
-        for (counter, sum) in shard_sums(&tasks.shard_items(job, run, shards).await?) {
+    if let Some(Counting::Shards(sharding)) = counting_of(&item) {
+        let shards = tasks.shard_items(job, run, sharding.shards).await?;
+        for (counter, sum) in shard_sums(&shards) {
             fields.insert(counter.into(), sum.to_string());
         }
     }

@@ -9,12 +9,12 @@ use std::time::Duration;
 use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::domain::model::shard_of;
+use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::scraper::MAX_URL_BYTES;
 use crate::store::attributes::{number, string};
 use crate::store::error::AwsError;
 use crate::store::queue::SqsQueue;
-use crate::store::runs::Created;
+use crate::store::runs::{Created, counting_of};
 use crate::store::tasks::DynamoTaskStore;
 
 /// A line of the list that is not a URL the worker could fetch.
@@ -94,7 +94,7 @@ pub async fn submit(
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
-    shards: u32,
+    sharding: Option<Sharding>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Submitted, AwsError> {
     if let Created::Existing(item) = tasks.create_job(job).await?
@@ -103,17 +103,23 @@ pub async fn submit(
         return Err(refused(format!("job {job} is cancelled")));
     }
     let total = urls.len() as u64;
-    let mut totals = shard_totals(urls, shards);
-    let resumed_from = match tasks.create_run((job, run), total, &totals).await? {
+    let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
+    let mut sizes = sharding.map(|sharding| ShardSizes::of(sharding, &ids));
+    let resumed_from = match tasks.create_run((job, run), total, sizes.as_ref()).await? {
         Created::Written => 0,
         Created::Existing(item) => {
-            // A resumed run keeps the shards it was created with.
-            totals = shard_totals(urls, number(&item, "counter_shards").unwrap_or(0));
+            // A resumed run keeps the counters it was created with.
+            sizes = match counting_of(&item) {
+                Some(Counting::Shards(sharding)) => Some(ShardSizes::of(sharding, &ids)),
+                _ => None,
+            };
             resume_from(&item, job, run, total)?
         }
     };
-    // Before any task: a task is only ever sent once its shard exists.
-    tasks.create_shards(job, run, &totals).await?;
+    // Before any task: a task is only ever sent once its counters exist.
+    if let Some(sizes) = &sizes {
+        tasks.create_counters(job, run, sizes).await?;
+    }
     let mut submitted = Submitted {
         total,
         resumed_from,
@@ -132,26 +138,18 @@ pub async fn submit(
     Ok(submitted)
 }
 
-/// Each counter shard's number of tasks (none for a run counted on its own item).
-fn shard_totals(urls: &[(usize, String)], shards: u32) -> Vec<u64> {
-    let mut totals = vec![0; shards as usize];
-    if shards == 0 {
-        return totals;
-    }
-    for (line, _) in urls {
-        totals[shard_of(&task_id(*line), shards) as usize] += 1;
-    }
-    totals
-}
-
-/// Counter shards for a run of `tasks`, when its producer does not say: none (the run item
-/// counts, contract v1) under 500 tasks, else one per 250 tasks, at most 4,096
-/// (docs/design.md weighs shards against transaction conflicts).
-pub fn default_shards(tasks: usize) -> u32 {
-    if tasks < 500 {
-        return 0;
-    }
-    tasks.div_ceil(250).min(4096) as u32
+/// The counter tree of a run of `tasks` whose producer does not say (`shards` and `groups`
+/// given override it; 0 shards: the run item counts, contract v1): none under 100 tasks;
+/// else a shard per 16 tasks, at most 16,384; past 64 shards, a group per 64 shards.
+/// docs/performance.md has the model behind these numbers.
+pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<Sharding> {
+    let shards = match shards {
+        Some(shards) => shards,
+        None if tasks < 100 => 0,
+        None => tasks.div_ceil(16).min(16_384) as u32,
+    };
+    let groups = groups.unwrap_or(if shards > 64 { shards.div_ceil(64) } else { 0 });
+    (shards > 0).then_some(Sharding { shards, groups })
 }
 
 /// Where an earlier submit of the same run stopped; refused if the run is another list's.

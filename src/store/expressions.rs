@@ -293,14 +293,13 @@ pub(crate) fn shard_count(terminal: &Terminal, now: &str, last: bool) -> Express
         Terminal::Succeeded(_) => "tasks_succeeded",
         Terminal::Failed(_) => "tasks_failed",
     };
-    let condition = if last {
-        "tasks_remaining = :one"
-    } else {
-        "tasks_remaining > :one"
-    };
     Expression::new(
         format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now"),
-        condition,
+        if last {
+            "tasks_remaining = :one"
+        } else {
+            "tasks_remaining > :one"
+        },
     )
     .value(":minus_one", n(-1))
     .value(":one", n(1))
@@ -312,45 +311,63 @@ pub(crate) fn shard_recount(terminal: &Terminal, now: &str) -> Expression {
     run_count(RunStep::Recount, terminal, now)
 }
 
-/// The run's side when one of its counter shards counts its last task: one shard fewer
-/// left, and the run completed by the last one (`step` as for a run's own count).
-pub(crate) fn shard_done(step: RunStep, now: &str) -> Expression {
+/// A counter group's side when one of its shards counts its last task: one shard fewer
+/// left, conditional on more than one left (`last: false`) or exactly one.
+pub(crate) fn group_count(now: &str, last: bool) -> Expression {
+    Expression::new(
+        "ADD shards_remaining :minus_one SET updated_at = :now".into(),
+        if last {
+            "shards_remaining = :one"
+        } else {
+            "shards_remaining > :one"
+        },
+    )
+    .value(":minus_one", n(-1))
+    .value(":one", n(1))
+    .value(":now", s(now))
+}
+
+/// The run's side when its child (a shard, or a group) counts its last: one fewer left in
+/// `left` (`shards_remaining` or `groups_remaining`), the last completing a running run
+/// (`step` as for a run's own count).
+pub(crate) fn children_done(step: RunStep, left: &str, now: &str) -> Expression {
     let expression = match step {
         RunStep::Count => Expression::new(
-            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
-            "shards_remaining > :one",
-        ),
+            "ADD #left :minus_one SET updated_at = :now".into(),
+            "#left > :one",
+        )
+        .value(":one", n(1)),
         RunStep::CountAndComplete => Expression::new(
-            "ADD shards_remaining :minus_one, times_completed :one \
+            "ADD #left :minus_one, times_completed :one \
              SET updated_at = :now, #status = :completed, completed_at = :now"
                 .into(),
-            "shards_remaining = :one AND #status = :running",
+            "#left = :one AND #status = :running",
         )
         .name("#status", "status")
+        .value(":one", n(1))
         .value(":completed", s("completed"))
         .value(":running", s("running")),
         RunStep::CountOnly | RunStep::Recount => Expression::new(
-            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
-            "attribute_exists(shards_remaining)",
+            "ADD #left :minus_one SET updated_at = :now".into(),
+            "attribute_exists(#left)",
         ),
     };
     expression
+        .name("#left", left)
         .value(":minus_one", n(-1))
-        .value(":one", n(1))
         .value(":now", s(now))
 }
 
 /// A counter shard's side of a re-queue: the task counted back into its remaining ones;
-/// `reopens` when the shard had none left (then the run counts it open again too).
+/// `reopens` when the shard had none left (then its parent counts it open again too).
 pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
-    let condition = if reopens {
-        "tasks_remaining = :zero"
-    } else {
-        "tasks_remaining > :zero"
-    };
     Expression::new(
         "ADD tasks_failed :minus_one, tasks_remaining :one SET updated_at = :now".into(),
-        condition,
+        if reopens {
+            "tasks_remaining = :zero"
+        } else {
+            "tasks_remaining > :zero"
+        },
     )
     .value(":minus_one", n(-1))
     .value(":one", n(1))
@@ -358,13 +375,30 @@ pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
     .value(":now", s(now))
 }
 
-/// The run's side of a re-queue that reopens one of its counter shards (and so the run).
-pub(crate) fn shard_reopened(now: &str) -> Expression {
+/// A counter group's side of a re-queue that reopens one of its shards: one more shard
+/// left; `reopens` when it had none left (then the run counts it open again too).
+pub(crate) fn group_requeue(now: &str, reopens: bool) -> Expression {
     Expression::new(
-        "ADD shards_remaining :one SET #status = :running, updated_at = :now REMOVE completed_at"
-            .into(),
-        "attribute_exists(shards_remaining) AND #status <> :cancelled",
+        "ADD shards_remaining :one SET updated_at = :now".into(),
+        if reopens {
+            "shards_remaining = :zero"
+        } else {
+            "shards_remaining > :zero"
+        },
     )
+    .value(":one", n(1))
+    .value(":zero", n(0))
+    .value(":now", s(now))
+}
+
+/// The run's side of a re-queue that reopens one of its children (`left`: the count of
+/// them), and so the run.
+pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
+    Expression::new(
+        "ADD #left :one SET #status = :running, updated_at = :now REMOVE completed_at".into(),
+        "attribute_exists(#left) AND #status <> :cancelled",
+    )
+    .name("#left", left)
     .name("#status", "status")
     .value(":one", n(1))
     .value(":running", s("running"))

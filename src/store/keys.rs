@@ -1,6 +1,7 @@
 //! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`);
-//! a job and its runs share the job's (`JOB#<job>`); each counter shard of a run has a
-//! partition of its own (`SHARD#<job>#<run>#<n>`). Keys are strings `pk` and `sk`.
+//! a job and its runs share the job's (`JOB#<job>`); each counter shard and counter group of
+//! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`). Keys
+//! are strings `pk` and `sk`.
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::store::attributes::{Item, s};
@@ -56,4 +57,12 @@ pub const SHARD_SORT: &str = "SHARD";
 /// partition's write capacity).
 pub fn shard_key(job: &Id, run: &Id, shard: u32) -> Item {
     key(format!("SHARD#{job}#{run}#{shard}"), SHARD_SORT.into())
+}
+
+/// The sort key of a counter group item.
+pub const GROUP_SORT: &str = "GROUP";
+
+/// Counter group `group` of the run, in a partition of its own.
+pub fn group_key(job: &Id, run: &Id, group: u32) -> Item {
+    key(format!("GROUP#{job}#{run}#{group}"), GROUP_SORT.into())
 }

@@ -1,18 +1,18 @@
 //! What operators and producers read and write of a run, on the task store's table: the run
 //! item, the run's tasks, a failed task set back to pending with its run's counters, and the
-//! producer's creates (job, run with its counters or counter shards, tasks) and submit cursor.
+//! producer's creates (job, run with its counters or counter tree, tasks) and submit cursor.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    KeysAndAttributes, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    KeysAndAttributes, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
 use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::domain::model::{Counting, shard_of};
+use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::time::rfc3339;
 use crate::store::attributes::{Item, n, number, s, string, strings};
 use crate::store::error::{AwsError, cancellation_fault};
@@ -27,8 +27,8 @@ pub enum Created {
     Existing(Item),
 }
 
-/// Counter shards created at once.
-const SHARD_PUTS_AT_ONCE: usize = 16;
+/// Counter items created at once.
+const COUNTER_PUTS_AT_ONCE: usize = 16;
 
 /// How a re-queue of one failed task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,29 +48,31 @@ impl DynamoTaskStore {
     }
 
     /// The run, `running`, its submit cursor at 0, unless it exists already; counted on its
-    /// own item (`shard_totals` empty: `total` tasks, all remaining) or in counter shards (one
-    /// a total: `counter_shards`, and `shards_remaining` the shards with tasks to count).
+    /// own item (`total` tasks, all remaining), or in the counter tree `sizes` says (data
+    /// contract v2: `counter_shards`, `counter_groups`, and what the run counts as left).
     pub async fn create_run(
         &self,
         (job, run): (&Id, &Id),
         total: u64,
-        shard_totals: &[u64],
+        sizes: Option<&ShardSizes>,
     ) -> Result<Created, AwsError> {
         let mut item = keys::run_key(job, run);
         item.extend(strings(&[("status", "running"), ("created_at", &now())]));
-        let counters = match shard_totals {
-            [] => vec![
+        let counters = match sizes {
+            None => vec![
                 ("tasks_remaining", total),
                 ("tasks_succeeded", 0),
                 ("tasks_failed", 0),
             ],
-            totals => vec![
-                ("counter_shards", totals.len() as u64),
-                (
-                    "shards_remaining",
-                    totals.iter().filter(|t| **t > 0).count() as u64,
-                ),
-            ],
+            Some(sizes) => {
+                let Sharding { shards, groups } = sizes.sharding;
+                let mut counters = vec![("counter_shards", u64::from(shards))];
+                if groups > 0 {
+                    counters.push(("counter_groups", u64::from(groups)));
+                }
+                counters.push(sizes.run_children());
+                counters
+            }
         };
         let always = [("tasks_total", total), ("submitted_through", 0)];
         for (counter, value) in counters.into_iter().chain(always) {
@@ -79,23 +81,41 @@ impl DynamoTaskStore {
         self.create(item, "PutItem(run)").await
     }
 
-    /// The run's counter shards, each with its total of tasks all remaining, unless they
-    /// exist already.
-    pub async fn create_shards(&self, job: &Id, run: &Id, totals: &[u64]) -> Result<(), AwsError> {
-        let creates = totals.iter().enumerate().map(|(shard, total)| {
+    /// The run's counter groups and shards, each with all it counts left to count, unless
+    /// they exist already (a few at once).
+    pub async fn create_counters(
+        &self,
+        job: &Id,
+        run: &Id,
+        sizes: &ShardSizes,
+    ) -> Result<(), AwsError> {
+        let groups = sizes
+            .group_shards()
+            .into_iter()
+            .enumerate()
+            .map(|(g, shards)| {
+                let mut item = keys::group_key(job, run, g as u32);
+                item.insert("shards_total".into(), n(shards));
+                item.insert("shards_remaining".into(), n(shards));
+                (item, "PutItem(group)")
+            });
+        let shards = sizes.shard_tasks.iter().enumerate().map(|(shard, tasks)| {
             let mut item = keys::shard_key(job, run, shard as u32);
             for (counter, value) in [
-                ("tasks_total", *total),
-                ("tasks_remaining", *total),
+                ("tasks_total", *tasks),
+                ("tasks_remaining", *tasks),
                 ("tasks_succeeded", 0),
                 ("tasks_failed", 0),
             ] {
                 item.insert(counter.into(), n(value));
             }
-            self.create(item, "PutItem(shard)")
+            (item, "PutItem(shard)")
         });
+        let creates = groups
+            .chain(shards)
+            .map(|(item, what)| self.create(item, what));
         stream::iter(creates)
-            .buffer_unordered(SHARD_PUTS_AT_ONCE)
+            .buffer_unordered(COUNTER_PUTS_AT_ONCE)
             .try_for_each(|_| async { Ok(()) })
             .await
     }
@@ -164,14 +184,36 @@ impl DynamoTaskStore {
         Ok(out.item)
     }
 
-    /// The run's counter shards `0..shards`, read consistently (missing ones left out).
+    /// The run's counter shards `0..shards`, read consistently (missing ones left out; in
+    /// no particular order).
     pub async fn shard_items(
         &self,
         job: &Id,
         run: &Id,
         shards: u32,
     ) -> Result<Vec<Item>, AwsError> {
-        let keys: Vec<Item> = (0..shards).map(|i| keys::shard_key(job, run, i)).collect();
+        let keys = (0..shards).map(|i| keys::shard_key(job, run, i)).collect();
+        self.read_all(keys, "BatchGetItem(shards)").await
+    }
+
+    /// The run's counter groups `0..groups`, as [`Self::shard_items`].
+    pub async fn group_items(
+        &self,
+        job: &Id,
+        run: &Id,
+        groups: u32,
+    ) -> Result<Vec<Item>, AwsError> {
+        let keys = (0..groups).map(|i| keys::group_key(job, run, i)).collect();
+        self.read_all(keys, "BatchGetItem(groups)").await
+    }
+
+    /// The items with these keys, read consistently, a hundred keys a request (and what
+    /// DynamoDB left unprocessed, again).
+    async fn read_all(
+        &self,
+        keys: Vec<Item>,
+        operation: &'static str,
+    ) -> Result<Vec<Item>, AwsError> {
         let mut items = Vec::new();
         for chunk in keys.chunks(100) {
             let mut asked = chunk.to_vec();
@@ -187,13 +229,9 @@ impl DynamoTaskStore {
                     .request_items(&self.table, request)
                     .send()
                     .await
-                    .map_err(|e| AwsError::from_sdk("BatchGetItem(shards)", e))?;
-                items.extend(
-                    out.responses
-                        .unwrap_or_default()
-                        .remove(&self.table)
-                        .unwrap_or_default(),
-                );
+                    .map_err(|e| AwsError::from_sdk(operation, e))?;
+                let mut responses = out.responses.unwrap_or_default();
+                items.extend(responses.remove(&self.table).unwrap_or_default());
                 asked = out
                     .unprocessed_keys
                     .and_then(|mut u| u.remove(&self.table))
@@ -227,85 +265,45 @@ impl DynamoTaskStore {
     }
 
     /// A failed task back to pending, and (if the run counts its tasks, `counting`) back
-    /// into the remaining count of its run or counter shard, in one transaction, so a task
-    /// is never counted twice; a shard that had nothing left reopens, and the run with it.
-    /// A conflict is an error the caller may try again; a run cancelled meanwhile is refused.
+    /// into its run's remaining count (or its counter tree's), in one transaction, so a task
+    /// is never counted twice. A conflict is an error the caller may try again; a run
+    /// cancelled meanwhile is refused.
     pub async fn requeue_failed(
         &self,
         task: &TaskRef,
         counting: Option<Counting>,
     ) -> Result<Requeue, AwsError> {
         let now = now();
+        if let Some(Counting::Shards(sharding)) = counting {
+            return self.requeue_sharded(task, sharding, &now).await;
+        }
         let task_update =
             expressions::requeue_task(&now).into_update(&self.table, keys::task_key(task));
-        let run_key = keys::run_key(&task.job_id, &task.run_id);
-        let Some(Counting::Shards(shards)) = counting else {
-            let run =
-                counting.map(|_| expressions::requeue_run(&now).into_update(&self.table, run_key));
-            return match self
-                .transact(task_update, run.into_iter().collect())
-                .await?
-            {
-                Refused::Not => Ok(Requeue::Done),
-                Refused::Task => Ok(Requeue::NotFailed),
-                Refused::Counter | Refused::Run => Err(run_refused(task)),
-            };
-        };
-        let shard = keys::shard_key(&task.job_id, &task.run_id, shard_of(&task.task_id, shards));
-        for reopens in [false, true, false] {
-            let mut counters = vec![
-                expressions::shard_requeue(&now, reopens).into_update(&self.table, shard.clone()),
-            ];
-            if reopens {
-                counters.push(
-                    expressions::shard_reopened(&now).into_update(&self.table, run_key.clone()),
-                );
-            }
-            match self.transact(task_update.clone(), counters).await? {
-                Refused::Not => return Ok(Requeue::Done),
-                Refused::Task => return Ok(Requeue::NotFailed),
-                Refused::Run => return Err(run_refused(task)),
-                Refused::Counter => continue, // the shard was not as this try assumed
-            }
+        let mut items = vec![TransactWriteItem::builder().update(task_update).build()];
+        if counting.is_some() {
+            let run_key = keys::run_key(&task.job_id, &task.run_id);
+            let run_update = expressions::requeue_run(&now).into_update(&self.table, run_key);
+            items.push(TransactWriteItem::builder().update(run_update).build());
         }
-        Err(AwsError::Conflict {
-            detail: format!("the counter shard of {} kept changing", task.task_id),
-        })
-    }
-
-    /// The task's update with its counters', in one transaction: which condition refused it.
-    async fn transact(&self, task: Update, counters: Vec<Update>) -> Result<Refused, AwsError> {
-        let items = std::iter::once(task)
-            .chain(counters)
-            .map(|u| TransactWriteItem::builder().update(u).build());
         let result = self
             .client
             .transact_write_items()
-            .set_transact_items(Some(items.collect()))
+            .set_transact_items(Some(items))
             .send()
             .await;
         match result {
-            Ok(_) => Ok(Refused::Not),
-            Err(err) => requeue_refusal(err),
+            Ok(_) => Ok(Requeue::Done),
+            Err(err) => requeue_refusal(err, task),
         }
     }
 }
 
-/// Which condition of a re-queue's transaction refused it.
-enum Refused {
-    Not,
-    /// The task was not failed any more.
-    Task,
-    /// The run's or shard's count was not as assumed.
-    Counter,
-    /// The run was cancelled (or lost its counters) meanwhile.
-    Run,
-}
-
-/// A cancelled re-queue: whose condition failed; a conflict is an error to try again.
+/// A cancelled re-queue: the task not failed any more, a conflict to try again, or the run
+/// cancelled meanwhile.
 fn requeue_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
-) -> Result<Refused, AwsError> {
+    task: &TaskRef,
+) -> Result<Requeue, AwsError> {
     if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
         err.as_service_error()
     {
@@ -314,28 +312,25 @@ fn requeue_refusal(
             return Err(AwsError::aws("TransactWriteItems(requeue)", fault, err));
         }
         match codes.as_slice() {
-            ["ConditionalCheckFailed", ..] => return Ok(Refused::Task),
-            [_, "ConditionalCheckFailed"] => return Ok(Refused::Counter),
-            [_, _, "ConditionalCheckFailed"] => return Ok(Refused::Run),
+            ["ConditionalCheckFailed", ..] => return Ok(Requeue::NotFailed),
+            [_, "ConditionalCheckFailed"] => {
+                let (job, run) = (&task.job_id, &task.run_id);
+                return Err(AwsError::Refused {
+                    detail: format!("run {job}/{run} was cancelled or lost its counters"),
+                });
+            }
             _ => {}
         }
     }
     Err(AwsError::from_sdk("TransactWriteItems(requeue)", err))
 }
 
-fn run_refused(task: &TaskRef) -> AwsError {
-    let (job, run) = (&task.job_id, &task.run_id);
-    AwsError::Refused {
-        detail: format!("run {job}/{run} was cancelled or lost its counters"),
-    }
-}
-
 /// How a run counts its tasks, as its item says: on the run item (v1), in counter shards
 /// (v2), or not at all (a run written without counters).
 pub fn counting_of(run: &Item) -> Option<Counting> {
-    match Counting::of(number(run, "counter_shards")) {
-        Counting::Shards(n) => Some(Counting::Shards(n)),
+    match Counting::of(number(run, "counter_shards"), number(run, "counter_groups")) {
         Counting::Run => run.contains_key("tasks_remaining").then_some(Counting::Run),
+        sharded => Some(sharded),
     }
 }
 

@@ -1,70 +1,138 @@
-//! Counting a task into one of its run's counter shards (data contract v2): the terminal
-//! write and the shard's count in one transaction, as with a run's own counters, and the
-//! shard's last task also counting the shard done on the run, whose last shard completes it.
-//! The run item is written once per shard, not once per task. The argument that this
+//! Counting a task in its run's counter tree (data contract v2): the terminal write and the
+//! count of the task's shard in one transaction, as with a run's own counters; the shard's
+//! last task also counts the shard done in its group (or the run), the group's last in the
+//! run, whose last completes it. A re-queue reopens the same path downwards-up. The run item
+//! is written once per group (or shard), not once per task. The argument that this
 //! completes a run exactly once is in docs/design.md.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::TransactWriteItem;
+use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 
 use crate::domain::ids::TaskRef;
-use crate::domain::model::{TaskStatus, Terminal, shard_of};
+use crate::domain::model::{Sharding, TaskStatus, Terminal};
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, cancellation_fault};
-use crate::store::expressions::{self, Over, RunStep};
+use crate::store::expressions::{self, Expression, Over, RunStep};
 use crate::store::keys;
+use crate::store::runs::Requeue;
 use crate::store::tasks::{DynamoTaskStore, Finish, cancellation_codes, is_failure_without_result};
 
-/// How the terminal write counts the task into its shard.
+/// A counter on a task's path: its shard, the shard's group, the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ShardStep {
-    /// More than one task of the shard remains: count this one.
-    Count,
-    /// The shard's last task: count it, and the shard done on the run (`RunStep` as for a
-    /// run's own count: one shard fewer, the last completing it, or not running).
-    Last(RunStep),
-    /// The shard's last task of a run that is gone: count it in the shard alone.
-    LastWithoutRun,
-    /// A success replacing a failure the shard counted.
+enum Node {
+    Shard(u32),
+    Group(u32),
+    Run,
+}
+
+/// A task's counters, leaf first.
+struct Path<'a> {
+    task: &'a TaskRef,
+    nodes: Vec<Node>,
+    sharding: Sharding,
+}
+
+impl<'a> Path<'a> {
+    fn of(task: &'a TaskRef, sharding: Sharding) -> Self {
+        let shard = sharding.shard_of(&task.task_id);
+        let group = sharding.group_of(shard).map(Node::Group);
+        let nodes = [Some(Node::Shard(shard)), group, Some(Node::Run)];
+        Self {
+            task,
+            nodes: nodes.into_iter().flatten().collect(),
+            sharding,
+        }
+    }
+
+    fn key(&self, level: usize) -> Item {
+        let (job, run) = (&self.task.job_id, &self.task.run_id);
+        match self.nodes[level] {
+            Node::Shard(shard) => keys::shard_key(job, run, shard),
+            Node::Group(group) => keys::group_key(job, run, group),
+            Node::Run => keys::run_key(job, run),
+        }
+    }
+
+    /// The attribute the node keeps what is left to count in.
+    fn left(&self, level: usize) -> &'static str {
+        match self.nodes[level] {
+            Node::Shard(_) => "tasks_remaining",
+            Node::Group(_) => "shards_remaining",
+            Node::Run if self.sharding.groups > 0 => "groups_remaining",
+            Node::Run => "shards_remaining",
+        }
+    }
+
+    /// Counting the task up to `level`, one left there or more.
+    fn climb_to(&self, level: usize) -> Step {
+        let how = match self.nodes[level] {
+            Node::Run => Top::Run(RunStep::Count),
+            _ => Top::Count,
+        };
+        Step::Climb { top: level, how }
+    }
+}
+
+/// What a terminal write counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The task into its shard, and up the path to level `top`: each node below `top`
+    /// counts its last (its count 1 to 0, so its parent counts it done), `top` as `how`.
+    Climb { top: usize, how: Top },
+    /// A success replacing a failure its shard counted.
     Recount,
 }
 
-/// How a sharded terminal write's transaction ended.
+/// How the highest node a terminal write reaches counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Top {
+    /// More than one left there: one fewer.
+    Count,
+    /// Its last, its parent gone or done already (a producer's mistake): counted alone.
+    Orphan,
+    /// The run: one child fewer, the last completing it (or not, when it is not running).
+    Run(RunStep),
+}
+
+/// The first try: count the task in its shard.
+const COUNT: Step = Step::Climb {
+    top: 0,
+    how: Top::Count,
+};
+
+/// How a counted terminal write's transaction ended.
 enum Counted {
     Written,
     /// The task is terminal already: was it failed without a result?
     TaskRefused {
         failed_without_result: bool,
     },
-    /// The shard or the run was not as the step expected: the next step, from what they
-    /// were (None: the shard is gone or had nothing left to count).
-    Refused(Option<ShardStep>),
+    /// A counter was not as the step expected: the next step, from what it is (None: the
+    /// shard is gone or had nothing left to count).
+    Refused(Option<Step>),
 }
 
 impl DynamoTaskStore {
-    /// The terminal write, counted into the task's shard among `shards`.
+    /// The terminal write, counted in the run's counter tree.
     pub(crate) async fn finish_sharded(
         &self,
         task: &TaskRef,
         terminal: &Terminal,
         now: &str,
-        shards: u32,
+        sharding: Sharding,
     ) -> Result<Finish, AwsError> {
-        let shard = shard_of(&task.task_id, shards);
-        let mut step = ShardStep::Count;
-        // Each refusal says what the shard and run are now; a few steps always suffice
-        // unless they keep changing underneath, which is a conflict to try again.
-        for _ in 0..4 {
-            let next = match self
-                .count_in_shard(task, terminal, now, shard, step)
-                .await?
-            {
+        let path = Path::of(task, sharding);
+        let mut step = COUNT;
+        // Each refusal says what the refusing counter is now: two tries per level suffice
+        // unless counters keep changing underneath, which is a conflict to try again.
+        for _ in 0..2 * path.nodes.len() + 2 {
+            let next = match self.count_on_path(terminal, now, &path, step).await? {
                 Counted::Written => return Ok(written(step)),
                 Counted::TaskRefused {
                     failed_without_result: true,
-                } if terminal.status() == TaskStatus::Successful => ShardStep::Recount,
+                } if terminal.status() == TaskStatus::Successful => Step::Recount,
                 Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
                 Counted::Refused(Some(next)) => next,
                 Counted::Refused(None) => return self.uncounted(task, terminal, now, step).await,
@@ -72,52 +140,36 @@ impl DynamoTaskStore {
             step = next;
         }
         Err(AwsError::Conflict {
-            detail: format!("shard {shard} of the run kept changing under the terminal write"),
+            detail: "the task's counters kept changing under the terminal write".into(),
         })
     }
 
-    /// One transaction: the task, its shard, and (for the shard's last task) the run.
-    async fn count_in_shard(
+    /// One transaction: the task's terminal write, and its counters as `step` says.
+    async fn count_on_path(
         &self,
-        task: &TaskRef,
         terminal: &Terminal,
         now: &str,
-        shard: u32,
-        step: ShardStep,
+        path: &Path<'_>,
+        step: Step,
     ) -> Result<Counted, AwsError> {
-        let (job, run) = (&task.job_id, &task.run_id);
         let over = match step {
-            ShardStep::Recount => Over::FailureWithoutResult,
-            _ => Over::Open,
+            Step::Recount => Over::FailureWithoutResult,
+            Step::Climb { .. } => Over::Open,
         };
-        let shard_update = match step {
-            ShardStep::Count => expressions::shard_count(terminal, now, false),
-            ShardStep::Last(_) | ShardStep::LastWithoutRun => {
-                expressions::shard_count(terminal, now, true)
-            }
-            ShardStep::Recount => expressions::shard_recount(terminal, now),
+        let task = expressions::task_terminal(terminal, now, over);
+        let mut updates = vec![task.into_update(&self.table, keys::task_key(path.task))];
+        let counters: Vec<Expression> = match step {
+            Step::Recount => vec![expressions::shard_recount(terminal, now)],
+            Step::Climb { top, how } => (0..=top)
+                .map(|level| counter_update(path, level, terminal, now, (top, how)))
+                .collect(),
         };
-        let mut items = vec![
-            expressions::task_terminal(terminal, now, over)
-                .into_update(&self.table, keys::task_key(task)),
-            shard_update.into_update(&self.table, keys::shard_key(job, run, shard)),
-        ];
-        if let ShardStep::Last(run_step) = step {
-            let done = expressions::shard_done(run_step, now);
-            items.push(done.into_update(&self.table, keys::run_key(job, run)));
+        for (level, counter) in counters.into_iter().enumerate() {
+            updates.push(counter.into_update(&self.table, path.key(level)));
         }
-        let items = items
-            .into_iter()
-            .map(|u| TransactWriteItem::builder().update(u).build());
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items.collect()))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Counted::Written),
-            Err(err) => refusal(err, step),
+        match self.transact(updates).await {
+            Ok(()) => Ok(Counted::Written),
+            Err(err) => finish_refusal(err, path, step),
         }
     }
 
@@ -128,78 +180,205 @@ impl DynamoTaskStore {
         task: &TaskRef,
         terminal: &Terminal,
         now: &str,
-        step: ShardStep,
+        step: Step,
     ) -> Result<Finish, AwsError> {
         tracing::warn!(
             ?step,
             "the task's counter shard is gone or has nothing left to count"
         );
         let over = match step {
-            ShardStep::Recount => Over::FailureWithoutResult,
-            _ => Over::Open,
+            Step::Recount => Over::FailureWithoutResult,
+            Step::Climb { .. } => Over::Open,
         };
         self.finish_uncounted(task, terminal, now, over).await
     }
+
+    async fn transact(
+        &self,
+        updates: Vec<Update>,
+    ) -> Result<(), SdkError<TransactWriteItemsError, HttpResponse>> {
+        let items = updates
+            .into_iter()
+            .map(|u| TransactWriteItem::builder().update(u).build());
+        self.client
+            .transact_write_items()
+            .set_transact_items(Some(items.collect()))
+            .send()
+            .await
+            .map(|_| ())
+    }
 }
 
-fn written(step: ShardStep) -> Finish {
-    let completed_run = step == ShardStep::Last(RunStep::CountAndComplete);
+/// The update of the counter at `level` when the write climbs to `top`.
+fn counter_update(
+    path: &Path<'_>,
+    level: usize,
+    terminal: &Terminal,
+    now: &str,
+    (top, how): (usize, Top),
+) -> Expression {
+    let last = level < top || how == Top::Orphan;
+    match (path.nodes[level], how) {
+        (Node::Shard(_), _) => expressions::shard_count(terminal, now, last),
+        (Node::Group(_), _) => expressions::group_count(now, last),
+        (Node::Run, Top::Run(step)) => expressions::children_done(step, path.left(level), now),
+        (Node::Run, _) => expressions::children_done(RunStep::Count, path.left(level), now),
+    }
+}
+
+fn written(step: Step) -> Finish {
+    let completed_run = matches!(
+        step,
+        Step::Climb {
+            how: Top::Run(RunStep::CountAndComplete),
+            ..
+        }
+    );
     if completed_run {
         tracing::info!("the run is complete");
     }
     Finish::Written { completed_run }
 }
 
-/// A cancelled sharded terminal write: whose condition failed, and the step the items as
-/// they are call for.
-fn refusal(
+/// A cancelled counted terminal write: whose condition failed, and the step the counter
+/// as it is calls for.
+fn finish_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
-    step: ShardStep,
+    path: &Path<'_>,
+    step: Step,
 ) -> Result<Counted, AwsError> {
+    match condition_refused(err, "TransactWriteItems(finish)")? {
+        (0, old) => Ok(Counted::TaskRefused {
+            failed_without_result: old.as_ref().is_some_and(is_failure_without_result),
+        }),
+        (at, old) => Ok(Counted::Refused(next_step(
+            path,
+            at - 1,
+            old.as_ref(),
+            step,
+        ))),
+    }
+}
+
+/// The step after the counter at `level` refused, from what it is now.
+fn next_step(path: &Path<'_>, level: usize, old: Option<&Item>, step: Step) -> Option<Step> {
+    if step == Step::Recount {
+        return None;
+    }
+    let old = old.filter(|item| !item.is_empty());
+    let orphan_below = |level: usize| {
+        let top = level.checked_sub(1)?;
+        Some(Step::Climb {
+            top,
+            how: Top::Orphan,
+        })
+    };
+    if path.nodes[level] == Node::Run {
+        let how = run_step(old, path.left(level));
+        return how.map_or_else(
+            || orphan_below(level),
+            |how| Some(Step::Climb { top: level, how }),
+        );
+    }
+    match old.and_then(|item| number::<i64>(item, path.left(level))) {
+        Some(left) if left > 1 => Some(path.climb_to(level)),
+        Some(1) => Some(path.climb_to(level + 1)),
+        _ => orphan_below(level),
+    }
+}
+
+/// The run's count a run as it is calls for (None: gone, or it keeps no such count).
+fn run_step(run: Option<&Item>, left: &str) -> Option<Top> {
+    let run = run?;
+    let step = match (number::<i64>(run, left)?, string(run, "status")) {
+        (left, _) if left > 1 => RunStep::Count,
+        (1, Some("running")) => RunStep::CountAndComplete,
+        _ => RunStep::CountOnly,
+    };
+    Some(Top::Run(step))
+}
+
+/// A cancelled transaction whose cause is a failed condition: the index of the item whose
+/// condition failed, and that item as it was. Anything else (a conflict, throttling, an
+/// invalid item) is an error.
+fn condition_refused(
+    err: SdkError<TransactWriteItemsError, HttpResponse>,
+    operation: &'static str,
+) -> Result<(usize, Option<Item>), AwsError> {
     let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
         err.as_service_error()
     else {
-        return Err(AwsError::from_sdk("TransactWriteItems(finish)", err));
+        return Err(AwsError::from_sdk(operation, err));
     };
     let reasons = cancelled.cancellation_reasons();
     let codes = cancellation_codes(reasons);
     if let Some(fault) = cancellation_fault(&codes) {
-        return Err(AwsError::aws("TransactWriteItems(finish)", fault, err));
+        return Err(AwsError::aws(operation, fault, err));
     }
-    let old = |i: usize| reasons.get(i).and_then(|r| r.item());
-    match codes.as_slice() {
-        ["ConditionalCheckFailed", ..] => Ok(Counted::TaskRefused {
-            failed_without_result: old(0).is_some_and(is_failure_without_result),
-        }),
-        [_, "ConditionalCheckFailed", ..] => Ok(Counted::Refused(shard_step(old(1), step))),
-        [_, _, "ConditionalCheckFailed"] => Ok(Counted::Refused(Some(run_step(old(2))))),
-        _ => Err(AwsError::from_sdk("TransactWriteItems(finish)", err)),
+    match codes
+        .iter()
+        .position(|code| *code == "ConditionalCheckFailed")
+    {
+        Some(at) => Ok((at, reasons[at].item().cloned())),
+        None => Err(AwsError::from_sdk(operation, err)),
     }
 }
 
-/// The step a shard as it is calls for: count, or count its last task.
-fn shard_step(shard: Option<&Item>, step: ShardStep) -> Option<ShardStep> {
-    match (
-        shard.and_then(|s| number::<i64>(s, "tasks_remaining")),
-        step,
-    ) {
-        (_, ShardStep::Recount) => None,
-        (Some(left), _) if left > 1 => Some(ShardStep::Count),
-        (Some(1), _) => Some(ShardStep::Last(RunStep::Count)),
-        _ => None,
+impl DynamoTaskStore {
+    /// A failed task back to pending, and back into its shard's count, in one transaction;
+    /// a shard that had none left reopens in its group (or run), a group that had none left
+    /// in the run, and the run runs again. A run cancelled meanwhile is refused.
+    pub(crate) async fn requeue_sharded(
+        &self,
+        task: &TaskRef,
+        sharding: Sharding,
+        now: &str,
+    ) -> Result<Requeue, AwsError> {
+        let path = Path::of(task, sharding);
+        let mut top = 0;
+        for _ in 0..2 * path.nodes.len() {
+            let updates = reopen_updates(&self.table, &path, top, now);
+            let Err(err) = self.transact(updates).await else {
+                return Ok(Requeue::Done);
+            };
+            let (at, old) = condition_refused(err, "TransactWriteItems(requeue)")?;
+            let Some(level) = at.checked_sub(1) else {
+                return Ok(Requeue::NotFailed);
+            };
+            let left = old
+                .as_ref()
+                .and_then(|item| number::<i64>(item, path.left(level)));
+            top = match (path.nodes[level], left) {
+                (Node::Run, _) | (_, None) => return Err(counters_refused(task)),
+                (_, Some(0)) => level + 1, // none left: it reopens, and its parent with it
+                (_, Some(_)) => level,
+            };
+        }
+        Err(AwsError::Conflict {
+            detail: format!("the counters of {} kept changing", task.task_id),
+        })
     }
 }
 
-/// The run's side a run as it is calls for, when its shard counts its last task.
-fn run_step(run: Option<&Item>) -> ShardStep {
-    let Some(run) = run.filter(|r| !r.is_empty()) else {
-        return ShardStep::LastWithoutRun;
-    };
-    let left: Option<i64> = number(run, "shards_remaining");
-    match (left, string(run, "status")) {
-        (None, _) => ShardStep::LastWithoutRun,
-        (Some(left), _) if left > 1 => ShardStep::Last(RunStep::Count),
-        (Some(1), Some("running")) => ShardStep::Last(RunStep::CountAndComplete),
-        _ => ShardStep::Last(RunStep::CountOnly),
+/// A re-queue's transaction: the task, and its counters up to `top`: each below it reopened
+/// (from none left), `top` counting the task back (or the run, running again).
+fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Update> {
+    let task = expressions::requeue_task(now).into_update(table, keys::task_key(path.task));
+    let counters = (0..=top).map(|level| {
+        let reopens = level < top;
+        let update = match path.nodes[level] {
+            Node::Shard(_) => expressions::shard_requeue(now, reopens),
+            Node::Group(_) => expressions::group_requeue(now, reopens),
+            Node::Run => expressions::children_reopened(path.left(level), now),
+        };
+        update.into_update(table, path.key(level))
+    });
+    std::iter::once(task).chain(counters).collect()
+}
+
+fn counters_refused(task: &TaskRef) -> AwsError {
+    let (job, run) = (&task.job_id, &task.run_id);
+    AwsError::Refused {
+        detail: format!("run {job}/{run} was cancelled or lost its counters"),
     }
 }

@@ -152,7 +152,7 @@ impl TaskStore for DynamoTaskStore {
         let asked = KeysAndAttributes::builder()
             .keys(keys::job_key(&task.job_id))
             .keys(keys::run_key(&task.job_id, &task.run_id))
-            .projection_expression("sk, #status, counter_shards")
+            .projection_expression("sk, #status, counter_shards, counter_groups")
             .expression_attribute_names("#status", "status")
             .consistent_read(true)
             .build()
@@ -180,7 +180,10 @@ impl TaskStore for DynamoTaskStore {
                 Some(keys::JOB_SORT) => parents.job_status = status,
                 Some(sk) if sk == run_sort => {
                     parents.run_status = status;
-                    parents.counting = Counting::of(number(&item, "counter_shards"));
+                    parents.counting = Counting::of(
+                        number(&item, "counter_shards"),
+                        number(&item, "counter_groups"),
+                    );
                 }
                 _ => {}
             }
@@ -245,8 +248,8 @@ impl TaskStore for DynamoTaskStore {
         now: SystemTime,
     ) -> Result<Finish, AwsError> {
         let now = rfc3339(now);
-        if let Counting::Shards(shards) = counting {
-            return self.finish_sharded(task, terminal, &now, shards).await;
+        if let Counting::Shards(sharding) = counting {
+            return self.finish_sharded(task, terminal, &now, sharding).await;
         }
         let steps = [
             RunStep::Count,

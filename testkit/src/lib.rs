@@ -33,7 +33,7 @@ use conveyor_worker::backoff::Backoff;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
-use conveyor_worker::domain::model::shard_of;
+use conveyor_worker::domain::model::{ShardSizes, Sharding};
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::store::attributes::{self, Item};
@@ -341,24 +341,27 @@ impl Stack {
         self.put(item).await;
     }
 
-    /// A running run counted in `shards` counter shards (data contract v2) for these tasks,
-    /// each shard sized by the tasks that fall in it, as a producer writes them.
-    pub async fn put_sharded_run(&self, job: &str, run: &str, tasks: &[String], shards: u32) {
-        let mut totals = vec![0_u64; shards as usize];
-        for task in tasks {
-            totals[shard_of(&id(task), shards) as usize] += 1;
-        }
+    /// A running run counted in `shards` counter shards and `groups` groups (data contract
+    /// v2) for these tasks, each counter sized by the tasks that fall in it, as a producer
+    /// writes them.
+    pub async fn put_sharded_run(
+        &self,
+        (job, run): (&str, &str),
+        tasks: &[String],
+        (shards, groups): (u32, u32),
+    ) {
+        let ids: Vec<Id> = tasks.iter().map(|t| id(t)).collect();
+        let sizes = ShardSizes::of(Sharding { shards, groups }, &ids);
         let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
         let (job, run) = (id(job), id(run));
-        let total = tasks.len() as u64;
         store
-            .create_run((&job, &run), total, &totals)
+            .create_run((&job, &run), ids.len() as u64, Some(&sizes))
             .await
             .expect("create the run");
         store
-            .create_shards(&job, &run, &totals)
+            .create_counters(&job, &run, &sizes)
             .await
-            .expect("create the shards");
+            .expect("create the counters");
     }
 
     /// The run's counters as (succeeded, failed, remaining): its own, or its shards' added
@@ -383,6 +386,68 @@ impl Stack {
         };
         let [succeeded, failed, remaining] = counters.map(|name| sum(&items, name));
         (succeeded, failed, remaining)
+    }
+
+    /// What is wrong with a sharded run's counter tree (nothing for a run without one):
+    /// each group must count as left exactly its shards with tasks left, the run exactly its
+    /// groups (or shards) with something left, and no counter may be below zero.
+    pub async fn counter_tree_faults(&self, job: &str, run: &str) -> Vec<String> {
+        let item = self.run_item(job, run).await;
+        let (shards, groups) = (item.n("counter_shards"), item.n("counter_groups"));
+        let Some(shards) = shards.filter(|n| *n > 0) else {
+            return Vec::new();
+        };
+        let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
+        let (job, run) = (id(job), id(run));
+        let read = |items: Result<Vec<Item>, _>, left: &str| -> Vec<(u64, i64)> {
+            let items = items.expect("read the counters");
+            let index = |i: &Item| {
+                attributes::string(i, "pk")?
+                    .rsplit('#')
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            let counted = |i: &Item| Some((index(i)?, attributes::number::<i64>(i, left)?));
+            items.iter().filter_map(counted).collect()
+        };
+        let shards = read(
+            store.shard_items(&job, &run, shards as u32).await,
+            "tasks_remaining",
+        );
+        let groups = groups.unwrap_or(0);
+        let groups = read(
+            store.group_items(&job, &run, groups as u32).await,
+            "shards_remaining",
+        );
+        let open = |children: &[(u64, i64)], parent: Option<(u64, u64)>| -> i64 {
+            let mine = |i: &u64| parent.is_none_or(|(g, n)| i % n == g);
+            children
+                .iter()
+                .filter(|(i, left)| mine(i) && *left > 0)
+                .count() as i64
+        };
+        let mut faults: Vec<String> = shards
+            .iter()
+            .chain(&groups)
+            .filter(|(_, left)| *left < 0)
+            .map(|(i, left)| format!("counter {i} has {left} left"))
+            .collect();
+        let count = groups.len() as u64;
+        for (g, left) in &groups {
+            if *left != open(&shards, Some((*g, count))) {
+                faults.push(format!("group {g} counts {left} shards left"));
+            }
+        }
+        let (name, children) = match groups.is_empty() {
+            true => ("shards_remaining", &shards),
+            false => ("groups_remaining", &groups),
+        };
+        let left = item.n(name).map(|n| n as i64);
+        if left != Some(open(children, None)) {
+            faults.push(format!("the run counts {name} {left:?}"));
+        }
+        faults
     }
 
     /// Every task of a run: (task id, item), through the run's partition.

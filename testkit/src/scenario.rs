@@ -34,8 +34,9 @@ pub struct Scenario {
     /// The worker meets AWS through the production-like layer (`scripts/prodlike.py`):
     /// transaction conflicts, stale reads, S3's limits and 409s.
     pub production_like: bool,
-    /// The run's counter shards (data contract v2); 0 counts on the run item (v1).
-    pub shards: u32,
+    /// The run's counter shards and groups (data contract v2); no shards: the run item
+    /// counts (v1).
+    pub counters: (u32, u32),
 }
 
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
@@ -107,7 +108,7 @@ pub async fn run(scenario: Scenario) -> Report {
     } else {
         Stack::new().await
     };
-    let prepared = prepare_on(stack, scenario.tasks, scenario.policy, scenario.shards).await;
+    let prepared = prepare_on(stack, scenario.tasks, scenario.policy, scenario.counters).await;
     let (stats, seconds) = prepared.drain(scenario).await;
     let acked = stats.acked.lock().expect("no poller panicked").clone();
     let mut report = prepared
@@ -163,23 +164,23 @@ async fn queues(stack: &Stack) -> (Queue, Queue) {
 /// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
 /// three times more, shuffled.
 pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
-    prepare_on(Stack::new().await, total, policy, 0).await
+    prepare_on(Stack::new().await, total, policy, (0, 0)).await
 }
 
-/// [`prepare`] on a given stack, the run counted in `shards` counter shards (0: on the run
-/// item).
+/// [`prepare`] on a given stack, the run counted in `counters` (shards, groups; no shards:
+/// on the run item).
 pub async fn prepare_on(
     stack: Stack,
     total: usize,
     policy: DuplicatePolicy,
-    shards: u32,
+    counters: (u32, u32),
 ) -> Prepared {
     let site = Site::start().await;
     let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
     stack.put_job(JOB, "active").await;
-    match shards {
-        0 => stack.put_counted_run(JOB, RUN, total as u32).await,
-        n => stack.put_sharded_run(JOB, RUN, &ids, n).await,
+    match counters {
+        (0, _) => stack.put_counted_run(JOB, RUN, total as u32).await,
+        counters => stack.put_sharded_run((JOB, RUN), &ids, counters).await,
     }
     let mut tasks = Vec::new();
     for (i, id) in ids.into_iter().enumerate() {
@@ -357,14 +358,8 @@ impl Prepared {
             counted, states,
             "{policy:?}: (succeeded, failed, remaining)"
         );
-        if let Some(shards) = run.n("counter_shards") {
-            let left = run.n("shards_remaining");
-            assert_eq!(
-                left == Some(0),
-                unfinished == 0,
-                "{policy:?}: {left:?} of {shards}"
-            );
-        }
+        let faults = stack.counter_tree_faults(JOB, RUN).await;
+        assert!(faults.is_empty(), "{policy:?}: {faults:?}");
         if unfinished == 0 {
             assert_eq!(run.status(), Some("completed"), "{policy:?}");
             assert_eq!(run.n("times_completed"), Some(1), "{policy:?}");
@@ -374,9 +369,10 @@ impl Prepared {
         }
 
         let fetches = tasks.iter().map(|(_, path)| site.hits(path)).sum();
-        let shards = match run.n("counter_shards") {
-            Some(n) => format!(" (in {n} counter shards)"),
-            None => String::new(),
+        let shards = match (run.n("counter_shards"), run.n("counter_groups")) {
+            (Some(n), Some(g)) => format!(" (in {n} counter shards, {g} groups)"),
+            (Some(n), None) => format!(" (in {n} counter shards)"),
+            _ => String::new(),
         };
         let counters = format!(
             "run {}{shards}: {} succeeded, {} failed, {} remaining, completed {} time(s)",

@@ -5,7 +5,8 @@
 //! the dead-letter queue), that the run's counters equal the task states and the run completed
 //! exactly once, that every stored result matches its task, and that no message was lost;
 //! under both duplicate policies, with fetches per task compared. The converge run counts
-//! into 8 counter shards (data contract v2), the lease run on its run item (v1). The worker meets AWS
+//! in a counter tree of 8 shards in 3 groups (data contract v2), the lease run on its run
+//! item (v1); the tree's every count must add up. The worker meets AWS
 //! through the production-like layer (`scripts/prodlike.py`): transactions on the run item
 //! overlap and are cancelled, reads may be stale, S3 answers 409 to racing PUTs.
 //! `CHAOS_TASKS=N` changes the number of tasks per policy.
@@ -16,7 +17,7 @@ use conveyor_testkit::chaos::Faults;
 use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_worker::config::DuplicatePolicy;
 
-fn scenario(policy: DuplicatePolicy, shards: u32) -> Scenario {
+fn scenario(policy: DuplicatePolicy, counters: (u32, u32)) -> Scenario {
     Scenario {
         tasks: std::env::var("CHAOS_TASKS")
             .ok()
@@ -30,7 +31,7 @@ fn scenario(policy: DuplicatePolicy, shards: u32) -> Scenario {
         }),
         crash_rate: 0.03,
         production_like: true,
-        shards,
+        counters,
     }
 }
 
@@ -49,8 +50,8 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
         }
     }));
     let (converge, lease) = tokio::join!(
-        scenario::run(scenario(DuplicatePolicy::Converge, 8)),
-        scenario::run(scenario(DuplicatePolicy::Lease, 0))
+        scenario::run(scenario(DuplicatePolicy::Converge, (8, 3))),
+        scenario::run(scenario(DuplicatePolicy::Lease, (0, 0)))
     );
 
     for report in [&converge, &lease] {

@@ -391,12 +391,12 @@ async fn polls_summary_counts_what_went_to_the_dead_letter_queue() {
 
 #[tokio::test]
 async fn requeue_in_a_sharded_run_reopens_its_shard_and_draining_completes_the_run_again() {
-    // Arrange: a run counted in two shards; "bad" failed on its last attempt while its site
-    // was down, and the run completed.
+    // Arrange: a run counted in two shards in one group; "bad" failed on its last attempt
+    // while its site was down, and the run completed.
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_job(JOB, "active").await;
     stack
-        .put_sharded_run(JOB, RUN, &["fine".into(), "bad".into()], 2)
+        .put_sharded_run((JOB, RUN), &["fine".into(), "bad".into()], (2, 1))
         .await;
     stack
         .put_task("fine", &site.url("/page/fine"), "pending")
@@ -415,17 +415,22 @@ async fn requeue_in_a_sharded_run_reopens_its_shard_and_draining_completes_the_r
     let reopened = stack.run_item(JOB, RUN).await;
     poll_until_drained(&stack, &queue.url).await;
 
-    // Assert: reopened with its shard, then completed a second time; progress sums shards.
+    // Assert: reopened with its shard and group, then completed a second time; progress
+    // sums shards.
     assert!(
         requeued.contains("1 failed tasks set back to pending"),
         "{requeued}"
     );
     assert_eq!(reopened.status(), Some("running"));
-    assert_eq!(reopened.n("shards_remaining"), Some(1));
+    assert_eq!(reopened.n("groups_remaining"), Some(1));
     assert!(progress.contains("tasks_remaining  1"), "{progress}");
     assert!(progress.contains("tasks_failed     0"), "{progress}");
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.status(), Some("completed"));
     assert_eq!(run.n("times_completed"), Some(2));
     assert_eq!(stack.run_counters(JOB, RUN).await, (2, 0, 0));
+    assert_eq!(
+        stack.counter_tree_faults(JOB, RUN).await,
+        Vec::<String>::new()
+    );
 }

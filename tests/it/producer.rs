@@ -113,8 +113,8 @@ async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("tasks_total"), Some(LIST as u64));
     assert_eq!(
-        run.n("counter_shards"),
-        Some(2),
+        (run.n("counter_shards"), run.n("counter_groups")),
+        (Some(32), None),
         "the default for 500 tasks"
     );
     assert_eq!(stack.run_counters(JOB, RUN).await, (0, 0, LIST as u64));
@@ -125,6 +125,37 @@ async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
     let named: HashSet<String> = messages.iter().filter_map(|m| m.body.clone()).collect();
     assert_eq!(named.len(), LIST, "every task has its message");
     assert!(messages.len() <= LIST + 100, "{} messages", messages.len());
+}
+
+#[tokio::test]
+async fn a_submitted_counter_tree_adds_up_and_a_resumed_submit_keeps_it() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let queue = Queue::create(&stack, 60).await;
+    let urls: Vec<String> = (0..40).map(|i| site.url(&format!("/page/p{i}"))).collect();
+    let file = list(&urls);
+    let mut first = submit_args(&queue, &file);
+    first.extend(["--counter-shards", "8", "--counter-groups", "3"]);
+    let mut again = submit_args(&queue, &file);
+    again.extend(["--counter-shards", "5"]);
+
+    succeeded(&ops(&stack, &first).await);
+    succeeded(&ops(&stack, &again).await);
+    let submitted = stack.run_item(JOB, RUN).await;
+    let tree = stack.counter_tree_faults(JOB, RUN).await;
+    poll_until_drained(&stack, &queue.url).await;
+
+    let counters = |run: &TaskItem| (run.n("counter_shards"), run.n("counter_groups"));
+    assert_eq!(
+        counters(&submitted),
+        (Some(8), Some(3)),
+        "the first submit's"
+    );
+    assert_eq!(submitted.n("groups_remaining"), Some(3));
+    assert_eq!(tree, Vec::<String>::new());
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (40, 0, 0));
 }
 
 /// A submitted run of two fine pages and a gone one, drained by the worker.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::converge::Converged;
-use conveyor_worker::domain::model::Counting;
+use conveyor_worker::domain::model::{Counting, Sharding};
 use conveyor_worker::store::results::S3ResultStore;
 use conveyor_worker::store::tasks::DynamoTaskStore;
 use conveyor_worker::store::{attributes, keys};
@@ -395,11 +395,15 @@ async fn in_a_sharded_run_a_success_replacing_a_failure_moves_its_shards_count()
     let stack = Stack::new().await;
     stack.put_job(JOB, "active").await;
     stack
-        .put_sharded_run(JOB, RUN, &["t1".into(), "t2".into()], 4)
+        .put_sharded_run((JOB, RUN), &["t1".into(), "t2".into()], (4, 0))
         .await;
     let key = processing_task(&stack).await;
 
-    converging_counted(&stack, Counting::Shards(4), async |stores| {
+    let sharding = Sharding {
+        shards: 4,
+        groups: 0,
+    };
+    converging_counted(&stack, Counting::Shards(sharding), async |stores| {
         stores
             .fail(&task_ref("t1"), &key, not_found())
             .await

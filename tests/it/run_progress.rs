@@ -109,12 +109,12 @@ async fn a_run_cancelled_mid_scrape_counts_its_task_but_stays_cancelled() {
     assert_eq!(run.n("tasks_succeeded"), Some(1));
 }
 
-/// A job with a running run counted in `shards` counter shards over `n` tasks (`t00`...),
+/// A job with a running run counted in `counters` (shards, groups) over `n` tasks (`t00`...),
 /// each a fine page but every fifth, gone (404); the task ids.
-async fn sharded_run(stack: &Stack, site: &Site, n: usize, shards: u32) -> Vec<String> {
+async fn sharded_run(stack: &Stack, site: &Site, n: usize, counters: (u32, u32)) -> Vec<String> {
     let tasks: Vec<String> = (0..n).map(|i| format!("t{i:02}")).collect();
     stack.put_job(JOB, "active").await;
-    stack.put_sharded_run(JOB, RUN, &tasks, shards).await;
+    stack.put_sharded_run((JOB, RUN), &tasks, counters).await;
     for (i, task) in tasks.iter().enumerate() {
         let page = if i % 5 == 4 {
             "/status/404".into()
@@ -129,7 +129,7 @@ async fn sharded_run(stack: &Stack, site: &Site, n: usize, shards: u32) -> Vec<S
 #[tokio::test]
 async fn a_sharded_run_counts_every_task_once_and_its_last_shard_completes_it_once() {
     let (stack, site) = (Stack::new().await, Site::start().await);
-    let tasks = sharded_run(&stack, &site, 24, 4).await;
+    let tasks = sharded_run(&stack, &site, 24, (6, 2)).await;
     let workers: Vec<_> = (0..3).map(|_| stack.worker()).collect();
 
     // Every task delivered three times at once, then once more after it finished.
@@ -144,36 +144,42 @@ async fn a_sharded_run_counts_every_task_once_and_its_last_shard_completes_it_on
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.status(), Some("completed"));
     assert_eq!(run.n("times_completed"), Some(1));
-    assert_eq!(run.n("shards_remaining"), Some(0));
+    assert_eq!(run.n("groups_remaining"), Some(0));
     assert_eq!(
         run.n("tasks_remaining"),
         None,
-        "the run item counts shards, not tasks"
+        "the run item counts groups, not tasks"
+    );
+    assert_eq!(
+        stack.counter_tree_faults(JOB, RUN).await,
+        Vec::<String>::new()
     );
 }
 
 #[tokio::test]
 async fn a_sharded_run_completes_only_with_its_last_task_whichever_shard_it_is_in() {
-    let (stack, site) = (Stack::new().await, Site::start().await);
-    let tasks = sharded_run(&stack, &site, 12, 3).await;
-    let (last, first) = tasks.split_last().expect("tasks");
+    for (counters, left) in [((3, 0), "shards_remaining"), ((4, 2), "groups_remaining")] {
+        let (stack, site) = (Stack::new().await, Site::start().await);
+        let tasks = sharded_run(&stack, &site, 12, counters).await;
+        let (last, first) = tasks.split_last().expect("tasks");
 
-    run_batch(&stack.worker(), first.iter().map(|t| delivery(t)).collect()).await;
-    let before = stack.run_item(JOB, RUN).await;
-    run_batch(&stack.worker(), vec![delivery(last)]).await;
+        run_batch(&stack.worker(), first.iter().map(|t| delivery(t)).collect()).await;
+        let before = stack.run_item(JOB, RUN).await;
+        run_batch(&stack.worker(), vec![delivery(last)]).await;
 
-    assert_eq!(before.status(), Some("running"));
-    assert_eq!(before.n("shards_remaining"), Some(1));
-    let run = stack.run_item(JOB, RUN).await;
-    assert_eq!(run.status(), Some("completed"));
-    assert_eq!(run.n("times_completed"), Some(1));
-    assert_eq!(stack.run_counters(JOB, RUN).await, (10, 2, 0));
+        assert_eq!(before.status(), Some("running"), "{counters:?}");
+        assert_eq!(before.n(left), Some(1), "{counters:?}");
+        let run = stack.run_item(JOB, RUN).await;
+        assert_eq!(run.status(), Some("completed"), "{counters:?}");
+        assert_eq!(run.n("times_completed"), Some(1), "{counters:?}");
+        assert_eq!(stack.run_counters(JOB, RUN).await, (10, 2, 0));
+    }
 }
 
 #[tokio::test]
 async fn a_sharded_run_cancelled_midway_counts_its_tasks_but_stays_cancelled() {
     let (stack, site) = (Stack::new().await, Site::start().await);
-    let tasks = sharded_run(&stack, &site, 6, 2).await;
+    let tasks = sharded_run(&stack, &site, 6, (2, 0)).await;
     let worker = stack.worker();
     run_batch(&worker, vec![delivery(&tasks[0])]).await; // the run is wanted: kept
     stack.put_run(JOB, RUN, "cancelled").await;
@@ -219,7 +225,7 @@ async fn a_run_is_read_once_per_worker_while_it_is_wanted_and_again_when_it_was_
 async fn a_sharded_run_costs_no_more_requests_per_task_and_a_kept_run_one_fewer() {
     // Three tasks in one shard: the last of them is the shard's and the run's last.
     let (stack, site) = (Stack::new().await, Site::start().await);
-    let tasks = sharded_run(&stack, &site, 3, 1).await;
+    let tasks = sharded_run(&stack, &site, 3, (1, 0)).await;
     let worker = stack.worker();
     let mut calls = Vec::new();
 

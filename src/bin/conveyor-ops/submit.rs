@@ -39,9 +39,14 @@ pub struct SubmitArgs {
     skip_invalid: bool,
     /// Counter shards of the run (data contract v2): each counts its share of the tasks, so
     /// a run completes thousands of tasks a second; 0 counts on the run item alone (v1).
-    /// Default: none under 500 tasks, else one per 250 tasks, at most 4,096.
+    /// Default: none under 100 tasks, else one per 16 tasks, at most 16,384.
     #[arg(long)]
     counter_shards: Option<u32>,
+    /// Counter groups between the shards and the run (0: none), so that the shards that
+    /// finish together at the end of a run do not all write the run item. Default: one per
+    /// 64 shards past 64.
+    #[arg(long)]
+    counter_groups: Option<u32>,
     /// How often to print progress when the output is not a terminal.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     progress_every: Duration,
@@ -65,10 +70,8 @@ pub async fn run(args: SubmitArgs) -> Outcome {
     let reporter = Reporter::new(total, "tasks submitted", args.progress_every);
     let report = |done| reporter.set(done);
     let runs = (&args.job, &args.run);
-    let shards = args
-        .counter_shards
-        .unwrap_or_else(|| submit::default_shards(list.urls.len()));
-    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, shards, &report).await?;
+    let sharding = submit::sharding(total, args.counter_shards, args.counter_groups);
+    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, sharding, &report).await?;
     reporter.finish();
     println!(
         "run {}/{}: {} tasks, {} created, {} messages sent{}",
