@@ -16,7 +16,7 @@ export SAM_CLI_TELEMETRY := 0
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
 test: lint
-	scripts/with-moto cargo test --locked
+	scripts/with-moto cargo test --locked --workspace
 
 ## run: the sample events through the function under cargo lambda watch, then a whole run
 run: $(VENV)/.run
@@ -32,11 +32,13 @@ build: $(VENV)/.build
 	sam build
 	python scripts/check_package.py .aws-sam/build/WorkerFunction/bootstrap
 
-## bench: the figures against their floors, into BENCHMARKS.md and docs/concurrency.svg
+## bench: the figures against their floors, and the run progress simulation, into BENCHMARKS.md
+## and docs/*.svg (`target/release/simulate` alone redoes the simulation's part, in half a minute)
 bench: build $(VENV)/.test
 	cargo build --locked --release --workspace --bins
 	cargo bench --locked --bench pipeline
 	scripts/with-moto target/release/bench
+	target/release/simulate
 
 ## lint: the quick checks alone
 lint: $(VENV)/.test

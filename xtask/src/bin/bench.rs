@@ -18,6 +18,7 @@ use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, System
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
+use xtask::simulation;
 
 /// The workspace's root (this crate is `xtask/` in it).
 fn workspace() -> std::path::PathBuf {
@@ -97,7 +98,12 @@ async fn main() -> Result<()> {
 
     let chart = concurrency_chart(&sweep);
     std::fs::write("docs/concurrency.svg", chart)?;
-    let report = report(&figures, &sweep);
+    // The simulation's section (`simulate`) is kept as it was.
+    let old = std::fs::read_to_string("BENCHMARKS.md").unwrap_or_default();
+    let report = match simulation::report::section(&old) {
+        Some(kept) => simulation::report::splice(&report(&figures, &sweep), &format!("{kept}\n")),
+        None => report(&figures, &sweep),
+    };
     std::fs::write("BENCHMARKS.md", &report)?;
     println!("{report}");
     Ok(())

@@ -1,0 +1,3 @@
+//! conveyor-worker's tooling as a library: the run progress simulation (`make bench`).
+
+pub mod simulation;
