@@ -6,6 +6,7 @@
 pub mod chaos;
 pub mod demo;
 pub mod memory;
+pub mod pause;
 pub mod queue;
 pub mod scenario;
 pub mod site;

@@ -422,3 +422,91 @@ async fn in_a_sharded_run_a_success_replacing_a_failure_moves_its_shards_count()
     assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 1));
     assert_eq!(stack.run_item(JOB, RUN).await.status(), Some("running"));
 }
+
+/// Two tasks of a run counted in two shards of one group, the first shard's task failed.
+async fn two_shards_one_group(stack: &Stack) -> (String, String, Sharding) {
+    let sharding = Sharding {
+        shards: 2,
+        groups: 1,
+    };
+    let ids: Vec<String> = (1..20).map(|i| format!("t{i}")).collect();
+    let in_shard = |s: u32| {
+        ids.iter()
+            .find(|id| sharding.shard_of(&task_ref(id).task_id) == s)
+            .expect("one of 19 ids in each of two shards")
+            .clone()
+    };
+    let (reopened, last) = (in_shard(0), in_shard(1));
+    stack.put_job(JOB, "active").await;
+    stack
+        .put_sharded_run((JOB, RUN), &[reopened.clone(), last.clone()], (2, 1))
+        .await;
+    for id in [&reopened, &last] {
+        stack
+            .put_task(id, "http://site.example/a", "processing")
+            .await;
+    }
+    (reopened, last, sharding)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_reopened_while_its_last_shard_counts_itself_done_keeps_the_run_open() {
+    let stack = Stack::new().await;
+    let (reopened, last, sharding) = two_shards_one_group(&stack).await;
+    let counting = Counting::Shards(sharding);
+    let key = |id: &str| conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref(id));
+    converging_counted(&stack, counting, async |stores| {
+        let (task, key) = (task_ref(&reopened), key(&reopened));
+        let failed = stores.fail(&task, &key, not_found()).await;
+        failed.expect("fail the first shard's task");
+    })
+    .await;
+    // The last task's write: its shard (refused: the last), the shard's last with the
+    // group's count (refused: the group's last too), then the group's last with the run's.
+    // Just before that third transaction, an operator re-queues the failed task.
+    let (pause, paused) = pause::PauseBefore::new("TransactWriteItems", 3);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config(&endpoint()).await)
+        .interceptor(pause)
+        .build();
+    let tasks = DynamoTaskStore::new(aws_sdk_dynamodb::Client::from_conf(config), &stack.table);
+    let results = stack.worker().results;
+    let finishing = tokio::spawn(async move {
+        let conflicts = std::sync::atomic::AtomicU64::new(0);
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        let stores = conveyor_worker::converge::Stores {
+            tasks: &tasks,
+            results: &results,
+            patience: conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts),
+            counting,
+        };
+        let (task, key) = (task_ref(&last), key(&last));
+        stores.fail(&task, &key, not_found()).await
+    });
+
+    paused.reached().await;
+    let (operator, task) = (stack.worker(), task_ref(&reopened));
+    let requeued = operator.tasks.requeue_failed(&task, Some(counting)).await;
+    requeued.expect("requeue");
+    paused.resume();
+    finishing
+        .await
+        .expect("no panic")
+        .expect("fail the last task");
+
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("running"), "a task is pending again");
+    assert_eq!(run.n("times_completed"), None);
+    assert_eq!(
+        stack.counter_tree_faults(JOB, RUN).await,
+        Vec::<String>::new()
+    );
+    converging_counted(&stack, counting, async |stores| {
+        let (task, key) = (task_ref(&reopened), key(&reopened));
+        let failed = stores.fail(&task, &key, not_found()).await;
+        failed.expect("fail the re-queued task again");
+    })
+    .await;
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.status(), Some("completed"));
+    assert_eq!(run.n("times_completed"), Some(1));
+}
