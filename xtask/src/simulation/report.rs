@@ -152,27 +152,38 @@ fn variations() -> Vec<(String, Params)> {
     rows
 }
 
+/// Whole runs: each size on the run item and as submitted by default; the largest also in
+/// shards without groups (their last tasks all write the run item at the end).
 fn whole_runs() -> Vec<(String, Params)> {
-    RUN_SIZES
+    let largest = RUN_SIZES[RUN_SIZES.len() - 1];
+    let no_groups = Counting::Shards {
+        shards: 16_384,
+        groups: 0,
+    };
+    let mut runs: Vec<(String, Params)> = RUN_SIZES
         .into_iter()
         .flat_map(|tasks| {
             let tree = match sharding(tasks, None, None) {
                 Some(Sharding { shards, groups }) => Counting::Shards { shards, groups },
                 None => Counting::RunItem,
             };
-            [Counting::RunItem, tree].map(|counting| {
-                let params = Params {
-                    in_flight: TARGET_IN_FLIGHT,
-                    counting,
-                    tasks: Some(tasks),
-                    seconds: 100_000.0,
-                    warmup: 0.0,
-                    ..Params::default()
-                };
-                (counting_label(counting), params)
-            })
+            [Counting::RunItem, tree].map(|counting| whole_run(tasks, counting))
         })
-        .collect()
+        .collect();
+    runs.push(whole_run(largest, no_groups));
+    runs
+}
+
+fn whole_run(tasks: u64, counting: Counting) -> (String, Params) {
+    let params = Params {
+        in_flight: TARGET_IN_FLIGHT,
+        counting,
+        tasks: Some(tasks),
+        seconds: 100_000.0,
+        warmup: 0.0,
+        ..Params::default()
+    };
+    (counting_label(counting), params)
 }
 
 fn counting_label(counting: Counting) -> String {
