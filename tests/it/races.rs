@@ -263,15 +263,43 @@ where
     F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
 {
     let worker = stack.worker();
+    converging_over((&worker.tasks, &worker.results), counting, converge).await;
+}
+
+/// [`converging_counted`] over these stores.
+async fn converging_over<F>(
+    (tasks, results): (&DynamoTaskStore, &S3ResultStore),
+    counting: Counting,
+    converge: F,
+) where
+    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+{
     let conflicts = std::sync::atomic::AtomicU64::new(0);
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
     let stores = conveyor_worker::converge::Stores {
-        tasks: &worker.tasks,
-        results: &worker.results,
+        tasks,
+        results,
         patience: conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts),
         counting,
     };
     converge(&stores).await;
+}
+
+/// t1 fails (its delivery found nothing stored), then another delivery's page is stored
+/// and must win.
+async fn fail_then_succeed(
+    stores: &conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>,
+    key: &conveyor_worker::domain::ids::ResultKey,
+) {
+    let failed = stores.fail(&task_ref("t1"), key, not_found()).await;
+    failed.expect("fail");
+    let won = stores
+        .succeed(&task_ref("t1"), key, &page(b"the page"))
+        .await;
+    assert_eq!(
+        won.expect("succeed"),
+        Converged::Succeeded { adopted: false }
+    );
 }
 
 /// Task t1, claimed by a delivery that is past its fetch; its result key.
@@ -308,17 +336,7 @@ async fn a_success_that_lost_the_write_to_a_failure_replaces_it_and_moves_the_co
     let key = processing_task(&stack).await;
 
     converging(&stack, async |stores| {
-        stores
-            .fail(&task_ref("t1"), &key, not_found())
-            .await
-            .expect("fail");
-        let won = stores
-            .succeed(&task_ref("t1"), &key, &page(b"the page"))
-            .await;
-        assert_eq!(
-            won.expect("succeed"),
-            Converged::Succeeded { adopted: false }
-        );
+        fail_then_succeed(stores, &key).await;
     })
     .await;
 
@@ -404,17 +422,7 @@ async fn in_a_sharded_run_a_success_replacing_a_failure_moves_its_shards_count()
         groups: 0,
     };
     converging_counted(&stack, Counting::Shards(sharding), async |stores| {
-        stores
-            .fail(&task_ref("t1"), &key, not_found())
-            .await
-            .expect("fail");
-        let won = stores
-            .succeed(&task_ref("t1"), &key, &page(b"the page"))
-            .await;
-        assert_eq!(
-            won.expect("succeed"),
-            Converged::Succeeded { adopted: false }
-        );
+        fail_then_succeed(stores, &key).await;
     })
     .await;
 
@@ -471,16 +479,12 @@ async fn a_group_reopened_while_its_last_shard_counts_itself_done_keeps_the_run_
     let tasks = DynamoTaskStore::new(aws_sdk_dynamodb::Client::from_conf(config), &stack.table);
     let results = stack.worker().results;
     let finishing = tokio::spawn(async move {
-        let conflicts = std::sync::atomic::AtomicU64::new(0);
-        let until = tokio::time::Instant::now() + Duration::from_secs(30);
-        let stores = conveyor_worker::converge::Stores {
-            tasks: &tasks,
-            results: &results,
-            patience: conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts),
-            counting,
-        };
-        let (task, key) = (task_ref(&last), key(&last));
-        stores.fail(&task, &key, not_found()).await
+        converging_over((&tasks, &results), counting, async |stores| {
+            let (task, key) = (task_ref(&last), key(&last));
+            let failed = stores.fail(&task, &key, not_found()).await;
+            failed.expect("fail the last task");
+        })
+        .await;
     });
 
     paused.reached().await;
@@ -488,10 +492,7 @@ async fn a_group_reopened_while_its_last_shard_counts_itself_done_keeps_the_run_
     let requeued = operator.tasks.requeue_failed(&task, Some(counting)).await;
     requeued.expect("requeue");
     paused.resume();
-    finishing
-        .await
-        .expect("no panic")
-        .expect("fail the last task");
+    finishing.await.expect("the last task's write");
 
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.status(), Some("running"), "a task is pending again");

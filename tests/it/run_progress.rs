@@ -25,14 +25,9 @@ async fn every_task_is_counted_once_and_the_last_one_completes_the_run() {
     let tasks = ["ok-1", "ok-2", "ok-3", "gone"];
     let workers: Vec<_> = (0..3).map(|_| stack.worker()).collect();
 
-    // Every task delivered three times at once, then once more after it finished.
-    let batches = workers
-        .iter()
-        .map(|w| run_batch(w, tasks.iter().map(|t| delivery(t)).collect()));
-    let replies = join_all(batches).await;
-    let late = run_batch(&workers[0], tasks.iter().map(|t| delivery(t)).collect()).await;
+    let all_acked = delivered_by_every_worker_at_once_then_again(&workers, &tasks).await;
 
-    assert!(replies.iter().chain([&late]).all(|r| retried(r).is_empty()));
+    assert!(all_acked);
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("tasks_remaining"), Some(0));
     assert_eq!(run.n("tasks_succeeded"), Some(3));
@@ -132,14 +127,9 @@ async fn a_sharded_run_counts_every_task_once_and_its_last_shard_completes_it_on
     let tasks = sharded_run(&stack, &site, 24, (6, 2)).await;
     let workers: Vec<_> = (0..3).map(|_| stack.worker()).collect();
 
-    // Every task delivered three times at once, then once more after it finished.
-    let batches = workers
-        .iter()
-        .map(|w| run_batch(w, tasks.iter().map(|t| delivery(t)).collect()));
-    let replies = join_all(batches).await;
-    let late = run_batch(&workers[0], tasks.iter().map(|t| delivery(t)).collect()).await;
+    let all_acked = delivered_by_every_worker_at_once_then_again(&workers, &tasks).await;
 
-    assert!(replies.iter().chain([&late]).all(|r| retried(r).is_empty()));
+    assert!(all_acked);
     assert_eq!(stack.run_counters(JOB, RUN).await, (20, 4, 0));
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.status(), Some("completed"));
@@ -261,4 +251,16 @@ async fn a_sharded_run_costs_no_more_requests_per_task_and_a_kept_run_one_fewer(
             .collect::<Vec<_>>()
     );
     assert_eq!(stack.run_item(JOB, RUN).await.status(), Some("completed"));
+}
+
+/// Every task delivered by every worker at once (a batch each), then once more after it
+/// finished; whether every delivery was acknowledged.
+async fn delivered_by_every_worker_at_once_then_again<T: AsRef<str>>(
+    workers: &[TestWorker],
+    tasks: &[T],
+) -> bool {
+    let batch = || tasks.iter().map(|t| delivery(t.as_ref())).collect();
+    let replies = join_all(workers.iter().map(|w| run_batch(w, batch()))).await;
+    let late = run_batch(&workers[0], batch()).await;
+    replies.iter().chain([&late]).all(|r| retried(r).is_empty())
 }
