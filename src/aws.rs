@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::contract::Outcome;
 use crate::metrics::{self, MetricsSettings};
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
+use crate::store::hosts::HostStore;
 use crate::store::queue::{SqsVisibility, Visibility};
 use crate::store::results::{ResultStore, S3ResultStore};
 use crate::store::tasks::{DynamoTaskStore, TaskStore};
@@ -135,7 +136,9 @@ impl AwsWorker {
     }
 }
 
-impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord for Worker<T, R, F, V> {
+impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
+    for Worker<T, R, F, V>
+{
     async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
         Worker::process(self, record, invocation).await
     }

@@ -3,6 +3,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::polite::Politeness;
+use crate::polite::limits::HostLimits;
+use crate::polite::robots::agent_token;
+use crate::store::hosts::MAX_SLOTS;
+
 /// Why the cold start cannot go on.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +75,8 @@ pub struct Config {
     pub parents_ttl: Duration,
     /// The function's memory in MB, as Lambda sets it (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`).
     pub function_memory_mb: Option<u64>,
+    /// Per-host limits shared by the fleet, and robots.txt.
+    pub politeness: Politeness,
 }
 
 /// Memory the process needs besides the bodies in flight (runtime, TLS, SDK clients, logs):
@@ -143,9 +150,15 @@ impl Config {
             function_memory_mb: env
                 .get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
                 .and_then(|m| m.parse().ok()),
+            politeness: env.politeness()?,
         })
     }
 }
+
+/// A host nobody asked about gets one request a second and two at once: about what a
+/// person clicking through the site costs it, and a slow site is not piled on.
+pub const HOST_MAX_RPS: f64 = 1.0;
+pub const HOST_MAX_INFLIGHT: u32 = 2;
 
 struct Env<'a, F>(&'a F);
 
@@ -190,6 +203,44 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 value: self.get(name).unwrap_or_default(),
                 expected: EXPECTED,
             })
+        }
+    }
+
+    fn politeness(&self) -> Result<Politeness, ConfigError> {
+        let rps: f64 = self.parsed(
+            "HOST_MAX_RPS",
+            HOST_MAX_RPS,
+            "requests a second, 0 for none",
+        )?;
+        if !(0.0..=10_000.0).contains(&rps) {
+            return Err(self.invalid("HOST_MAX_RPS", "requests a second, 0 to 10000"));
+        }
+        let inflight: u32 =
+            self.parsed("HOST_MAX_INFLIGHT", HOST_MAX_INFLIGHT, "a whole number")?;
+        if inflight > MAX_SLOTS {
+            return Err(self.invalid("HOST_MAX_INFLIGHT", "a whole number, 0 to 64"));
+        }
+        let user_agent = self
+            .get("USER_AGENT")
+            .unwrap_or_else(|| "conveyor-worker".into());
+        Ok(Politeness {
+            limits: HostLimits {
+                max_rps: (rps > 0.0).then_some(rps),
+                max_inflight: (inflight > 0).then_some(inflight),
+            },
+            obey_robots: self.parsed("OBEY_ROBOTS", true, "true or false")?,
+            robots_ttl: self.millis("ROBOTS_TTL_MS", 86_400_000)?,
+            robots_retry: self.millis("ROBOTS_RETRY_MS", 60_000)?,
+            max_sleep: self.millis("POLITE_SLEEP_MAX_MS", 1_000)?,
+            agent: agent_token(&user_agent),
+        })
+    }
+
+    fn invalid(&self, name: &'static str, expected: &'static str) -> ConfigError {
+        ConfigError::Invalid {
+            name,
+            value: self.get(name).unwrap_or_default(),
+            expected,
         }
     }
 
@@ -239,6 +290,25 @@ mod tests {
         assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
         assert!(!config.allow_private_networks);
         assert_eq!(config.allowed_ports, None);
+        let polite = config.politeness;
+        assert_eq!(polite.limits.max_rps, Some(1.0));
+        assert_eq!(polite.limits.max_inflight, Some(2));
+        assert!(polite.obey_robots);
+        assert_eq!(polite.agent, "conveyor-worker");
+    }
+
+    #[test]
+    fn host_limits_of_zero_mean_none_and_out_of_range_ones_are_refused() {
+        let with = |rps: &str, inflight: &str| {
+            let mut vars = REQUIRED.to_vec();
+            vars.extend([("HOST_MAX_RPS", rps), ("HOST_MAX_INFLIGHT", inflight)]);
+            config(&vars).map(|c| c.politeness.limits)
+        };
+
+        assert!(with("0", "0").unwrap().is_none());
+        assert_eq!(with("2.5", "4").unwrap().max_rps, Some(2.5));
+        assert!(with("-1", "4").is_err());
+        assert!(with("1", "65").is_err());
     }
 
     #[test]

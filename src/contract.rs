@@ -60,6 +60,18 @@ pub enum Outcome {
     Panicked,
     /// The invocation ran out of time before this record finished.
     OutOfTime,
+    /// The task's host had no room (its rate, slots or cooldown, shared by the fleet) or its
+    /// robots.txt is not known yet: not claimed, not fetched. A fresh copy of the message was
+    /// sent, due after `delay`, so the wait burns no receive on the way to the dead-letter
+    /// queue; this delivery is done.
+    PoliteRequeued { delay: Duration },
+    /// As [`Outcome::PoliteRequeued`], but held back through its visibility instead (a FIFO
+    /// queue, whose order a copy would break, or the copy could not be sent). `booked`: the
+    /// start the host's schedule booked for it, carried by the copy.
+    PoliteHeld {
+        delay: Duration,
+        booked: Option<u64>,
+    },
     /// Too little time was left before the cutoff to fetch the page and still store it:
     /// not fetched (or the fetch stopped at its budget), and made visible again at once for
     /// an invocation with time to spare.
@@ -77,6 +89,8 @@ impl Outcome {
             Outcome::LostRace => Reply::Ack,
             Outcome::Poison(_) => Reply::Ack,
             Outcome::NotWanted(_) => Reply::Ack,
+            Outcome::PoliteRequeued { .. } => Reply::Ack,
+            Outcome::PoliteHeld { .. } => Reply::Retry,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
             Outcome::LeaseHeld { .. } => Reply::Retry,
@@ -98,6 +112,8 @@ impl Outcome {
             Outcome::LostRace => "lost_race",
             Outcome::Poison(_) => "poison",
             Outcome::NotWanted(_) => "not_wanted",
+            Outcome::PoliteRequeued { .. } => "polite_requeued",
+            Outcome::PoliteHeld { .. } => "polite_held",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
             Outcome::LeaseHeld { .. } => "lease_held",

@@ -1,5 +1,5 @@
-//! The guard: one read decides whether a delivery has any work left, and a conditional claim
-//! makes it this delivery's.
+//! The guard: one read decides whether a delivery has any work left (and a cached read
+//! whether its job and run still want it), and a conditional claim makes it this delivery's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,56 +10,76 @@ use tokio::time::Instant;
 use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, Parents, TaskStatus};
+use crate::polite::JobPoliteness;
 use crate::retry::Patience;
 use crate::store::error::AwsError;
 use crate::store::tasks::{Claim, Lease, TaskStore};
 
-/// What the guard lets through.
+/// What a run's job and run say of its tasks while they want work: how the run counts
+/// them, and the job's politeness.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Wanted {
+    pub counting: Counting,
+    pub politeness: JobPoliteness,
+}
+
+/// What the guard's reads let through.
+#[derive(Debug)]
+pub enum Checked {
+    /// Work is wanted: fetch `url` (after the claim).
+    Wanted { url: Option<String>, wanted: Wanted },
+    /// Nothing to do; the outcome says why.
+    Skipped(Outcome),
+}
+
+/// What the claim lets through.
 #[derive(Debug)]
 pub enum Admission {
-    /// Claimed: scrape `url` and converge. `redelivery` when an earlier delivery had claimed
-    /// it; `counting` is how its run counts it.
-    Admitted {
-        url: Option<String>,
-        redelivery: bool,
-        counting: Counting,
-    },
+    /// Claimed: scrape and converge. `redelivery` when an earlier delivery had claimed it.
+    Admitted { redelivery: bool },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
 }
 
 /// Reads the task (a terminal task costs this one read and nothing else), then whether its
-/// job and run want work (a cached yes, or a read), then claims it (tried again while a
-/// transaction on the task is in flight). Every read is strongly consistent: an answer that
-/// leads to an ack must see the latest write.
+/// job and run want work (a cached yes, or a read). Every read is strongly consistent: an
+/// answer that leads to an ack must see the latest write.
 #[tracing::instrument(skip_all)]
-pub async fn admit<S: TaskStore>(
+pub async fn check<S: TaskStore>(
     store: &S,
     parents: &ParentsCache,
+    task: &TaskRef,
+) -> Result<Checked, AwsError> {
+    let Some(current) = store.load_task(task).await? else {
+        return Ok(Checked::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)));
+    };
+    if current.status.is_terminal() {
+        return Ok(Checked::Skipped(Outcome::AlreadyTerminal));
+    }
+    Ok(match parents.wanted(store, task).await? {
+        Ok(wanted) => Checked::Wanted {
+            url: current.url,
+            wanted,
+        },
+        Err(why) => Checked::Skipped(Outcome::NotWanted(why)),
+    })
+}
+
+/// Claims the task for this delivery (tried again while a transaction on the task is in
+/// flight).
+#[tracing::instrument(skip_all)]
+pub async fn claim<S: TaskStore>(
+    store: &S,
     task: &TaskRef,
     (now, lease): (SystemTime, Option<Lease<'_>>),
     patience: &Patience<'_>,
 ) -> Result<Admission, AwsError> {
-    let Some(current) = store.load_task(task).await? else {
-        return Ok(Admission::Skipped(Outcome::NotWanted(
-            NotWanted::TaskMissing,
-        )));
-    };
-    if current.status.is_terminal() {
-        return Ok(Admission::Skipped(Outcome::AlreadyTerminal));
-    }
-    let counting = match parents.wanted(store, task).await? {
-        Ok(counting) => counting,
-        Err(why) => return Ok(Admission::Skipped(Outcome::NotWanted(why))),
-    };
     Ok(
         match patience.retry(|| store.claim(task, now, lease)).await? {
             Claim::Claimed { attempts, was } => {
                 tracing::debug!(attempts, was = was.as_str(), "claimed");
                 Admission::Admitted {
-                    url: current.url,
                     redelivery: was == TaskStatus::Processing,
-                    counting,
                 }
             }
             Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
@@ -82,7 +102,7 @@ pub struct ParentsCache {
 
 /// A run's kept yes: when it was read, and how the run counts. The lock is held across the
 /// read, so the tasks of a run that arrive together make one read, not one each.
-type Kept = tokio::sync::Mutex<Option<(Instant, Counting)>>;
+type Kept = tokio::sync::Mutex<Option<(Instant, Wanted)>>;
 
 /// Runs kept at once; past it, the expired go (and all, if none has).
 const MOST_RUNS: usize = 1024;
@@ -102,25 +122,25 @@ impl ParentsCache {
         &self,
         store: &S,
         task: &TaskRef,
-    ) -> Result<Result<Counting, NotWanted>, AwsError> {
+    ) -> Result<Result<Wanted, NotWanted>, AwsError> {
         if self.ttl.is_zero() {
             let parents = store.load_parents(task).await?;
-            return Ok(unwanted(&parents).map_or(Ok(parents.counting), Err));
+            return Ok(unwanted(&parents).map_or(Ok(wanted(&parents)), Err));
         }
         let kept = self.entry(task);
         let mut kept = kept.lock().await;
-        if let Some((at, counting)) = *kept
+        if let Some((at, wanted)) = *kept
             && at.elapsed() < self.ttl
         {
-            return Ok(Ok(counting));
+            return Ok(Ok(wanted));
         }
         let parents = store.load_parents(task).await?;
         if let Some(why) = unwanted(&parents) {
             *kept = None;
             return Ok(Err(why));
         }
-        *kept = Some((Instant::now(), parents.counting));
-        Ok(Ok(parents.counting))
+        *kept = Some((Instant::now(), wanted(&parents)));
+        Ok(Ok(wanted(&parents)))
     }
 
     /// The run's entry, made if it has none.
@@ -138,6 +158,13 @@ impl ParentsCache {
         }
         let run = (task.job_id.clone(), task.run_id.clone());
         runs.entry(run).or_default().clone()
+    }
+}
+
+fn wanted(parents: &Parents) -> Wanted {
+    Wanted {
+        counting: parents.counting,
+        politeness: parents.politeness,
     }
 }
 

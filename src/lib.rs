@@ -4,7 +4,7 @@
 //!
 //! | | modules |
 //! |---|---|
-//! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
+//! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`polite`] (the host's turn for the fleet, robots.txt) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
 //! | one record, a batch | [`worker`] runs one record to its [`Outcome`]; [`batch`] runs a batch within its deadline and builds the partial batch reply |
 //! | around the records | [`retry`] (conflicts tried again), [`backoff`] (when a retry is due), [`metrics`] (EMF), [`config`] (the environment) |
 //! | the stores | [`store`]: the ports with their DynamoDB, S3 and SQS adapters, every write expression, AWS errors classified |
@@ -22,6 +22,7 @@ pub mod domain;
 pub mod guard;
 pub mod metrics;
 pub mod ops;
+pub mod polite;
 pub mod retry;
 pub mod scraper;
 pub mod store;

@@ -37,6 +37,20 @@ pub struct Measures {
     bytes_stored: AtomicU64,
     /// Writes that met a concurrent change and were tried again (`retry::Patience`).
     pub conflicts: AtomicU64,
+    pub polite: PoliteMeasures,
+}
+
+/// What politeness did in one invocation (`polite::Gate`).
+#[derive(Debug, Default)]
+pub struct PoliteMeasures {
+    /// Time slept waiting for a host's schedule inside the invocation.
+    pub slept_ms: AtomicU64,
+    /// 429s and 503s that set a host's cooldown for the fleet.
+    pub cooldowns: AtomicU64,
+    /// robots.txt fetched for the fleet.
+    pub robots_fetches: AtomicU64,
+    /// URLs robots.txt forbids (their tasks failed).
+    pub robots_disallowed: AtomicU64,
 }
 
 impl Measures {
@@ -73,6 +87,13 @@ pub struct Tally {
     /// Writes that met a concurrent change (a DynamoDB transaction in flight on the same
     /// item, S3's 409) and were tried again.
     pub conflicts: u64,
+    /// Records whose host had no room, held without an attempt (`Outcome::PoliteRequeued`,
+    /// `Outcome::PoliteHeld`).
+    pub polite_holds: u64,
+    pub polite_slept_ms: u64,
+    pub host_cooldowns: u64,
+    pub robots_fetches: u64,
+    pub robots_disallowed: u64,
 }
 
 impl Tally {
@@ -86,6 +107,10 @@ impl Tally {
                 .unwrap_or_else(PoisonError::into_inner),
             bytes_stored: measures.bytes_stored.into_inner(),
             conflicts: measures.conflicts.into_inner(),
+            polite_slept_ms: measures.polite.slept_ms.into_inner(),
+            host_cooldowns: measures.polite.cooldowns.into_inner(),
+            robots_fetches: measures.polite.robots_fetches.into_inner(),
+            robots_disallowed: measures.polite.robots_disallowed.into_inner(),
             ..Tally::default()
         };
         for outcome in outcomes {
@@ -96,6 +121,12 @@ impl Tally {
 
     /// The one counter an outcome adds to.
     fn counter(&mut self, outcome: &Outcome) -> &mut u64 {
+        if matches!(
+            outcome,
+            Outcome::PoliteRequeued { .. } | Outcome::PoliteHeld { .. }
+        ) {
+            return &mut self.polite_holds;
+        }
         if outcome.reply() == Reply::Retry {
             return &mut self.retried;
         }
@@ -125,8 +156,15 @@ impl Tally {
             ("FailedPermanently", self.failed),
             ("Retried", self.retried),
             ("Conflicts", self.conflicts),
+            ("PoliteHolds", self.polite_holds),
+            ("HostCooldowns", self.host_cooldowns),
+            ("RobotsFetches", self.robots_fetches),
+            ("RobotsDisallowed", self.robots_disallowed),
         ];
-        let mut first = vec![("BytesStored", "Bytes", json!(self.bytes_stored))];
+        let mut first = vec![
+            ("BytesStored", "Bytes", json!(self.bytes_stored)),
+            ("PoliteWait", "Milliseconds", json!(self.polite_slept_ms)),
+        ];
         first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
         let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
         if let Some(chunk) = latencies.next() {
@@ -276,16 +314,33 @@ mod tests {
             },
             Outcome::GroupHeld,
             Outcome::OutOfTime,
+            Outcome::PoliteRequeued {
+                delay: Duration::from_secs(3),
+            },
+            Outcome::PoliteHeld {
+                delay: Duration::from_secs(3),
+                booked: None,
+            },
         ];
         let measures = Measures::default();
         measures.fetched(Duration::from_millis(120));
         measures.stored(36);
         measures.conflicts.fetch_add(3, Ordering::Relaxed);
+        measures.polite.slept_ms.fetch_add(250, Ordering::Relaxed);
+        measures.polite.cooldowns.fetch_add(1, Ordering::Relaxed);
+        measures
+            .polite
+            .robots_fetches
+            .fetch_add(1, Ordering::Relaxed);
+        measures
+            .polite
+            .robots_disallowed
+            .fetch_add(1, Ordering::Relaxed);
 
         let tally = Tally::of(&outcomes, measures);
 
         let expected = Tally {
-            records: 10,
+            records: 12,
             succeeded: 2,
             duplicate_guarded: 2,
             poison: 1,
@@ -295,6 +350,11 @@ mod tests {
             fetch_ms: vec![120.0],
             bytes_stored: 36,
             conflicts: 3,
+            polite_holds: 2,
+            polite_slept_ms: 250,
+            host_cooldowns: 1,
+            robots_fetches: 1,
+            robots_disallowed: 1,
         };
         assert_eq!(tally, expected);
     }

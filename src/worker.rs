@@ -13,13 +13,16 @@ use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
+use crate::domain::model::Counting;
 use crate::domain::model::{Failure, Page};
 use crate::domain::time::rfc3339;
-use crate::guard::{self, Admission, ParentsCache};
+use crate::guard::{self, Admission, Checked, ParentsCache};
 use crate::metrics::Measures;
+use crate::polite::{Entry, Gate, Permit, Politeness};
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{FetchError, Fetcher, Retry};
 use crate::store::error::AwsError;
+use crate::store::hosts::HostStore;
 use crate::store::queue::{QueueRef, Visibility};
 use crate::store::results::ResultStore;
 use crate::store::tasks::{Lease, TaskStore};
@@ -39,6 +42,8 @@ pub struct RecordSettings {
     pub parents_ttl: Duration,
     pub backoff: Backoff,
     pub duplicate_policy: DuplicatePolicy,
+    /// Per-host limits shared by the fleet, and robots.txt.
+    pub politeness: Politeness,
 }
 
 impl From<&Config> for RecordSettings {
@@ -53,12 +58,13 @@ impl From<&Config> for RecordSettings {
             parents_ttl: config.parents_ttl,
             backoff: config.into(),
             duplicate_policy: config.duplicate_policy,
+            politeness: config.politeness.clone(),
         }
     }
 }
 
 /// The worker's ports and settings, built once per cold start, and what a sandbox keeps
-/// between invocations (the parents cache).
+/// between invocations (the parents cache, the hosts' views and robots.txt).
 #[derive(Debug)]
 pub struct Worker<T, R, F, V> {
     pub tasks: T,
@@ -67,12 +73,14 @@ pub struct Worker<T, R, F, V> {
     pub visibility: V,
     pub settings: RecordSettings,
     pub parents: ParentsCache,
+    pub gate: Gate,
 }
 
 impl<T, R, F, V> Worker<T, R, F, V> {
     pub fn new(tasks: T, results: R, fetcher: F, visibility: V, settings: RecordSettings) -> Self {
         Self {
             parents: ParentsCache::new(settings.parents_ttl),
+            gate: Gate::new(settings.politeness.clone()),
             tasks,
             results,
             fetcher,
@@ -82,7 +90,7 @@ impl<T, R, F, V> Worker<T, R, F, V> {
     }
 }
 
-impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
+impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
     /// Processes one record within the invocation. Never fails: every end is an outcome.
     pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
         let task = match message::parse_body(record.body.as_deref()) {
@@ -95,10 +103,12 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         span.record("task_id", task.task_id.as_str());
         let receives = receive_count(record);
         let owner = self.lease_owner(invocation, record);
+        let booked = message::booking(record.body.as_deref());
         let outcome = self
-            .process_task(&task, receives, invocation, owner.as_deref())
+            .process_task(&task, (receives, booked), invocation, owner.as_deref())
             .await
             .unwrap_or_else(Outcome::Store);
+        let outcome = self.requeue_politely(record, outcome).await;
         if let Some(owner) = owner.as_deref()
             && ends_without_terminal_write(&outcome)
         {
@@ -141,7 +151,32 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
                 Some(self.settings.backoff.delay(None, receives))
             }
             Outcome::NoTimeLeft => Some(Duration::ZERO),
+            Outcome::PoliteHeld { delay, .. } => Some(*delay),
             _ => None,
+        }
+    }
+
+    /// A record its host has no room for is sent again as a fresh copy, due after its wait,
+    /// so waiting burns no receive toward the dead-letter queue; not on a FIFO queue (a copy
+    /// would lose its place), nor if the copy cannot be sent (then held back instead).
+    async fn requeue_politely(&self, record: &SqsMessage, outcome: Outcome) -> Outcome {
+        let Outcome::PoliteHeld { delay, booked } = outcome else {
+            return outcome;
+        };
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), record.body.as_deref()) else {
+            return outcome;
+        };
+        if arn.ends_with(".fifo") {
+            return outcome;
+        }
+        let body = message::with_booking(body, booked);
+        match self.visibility.requeue(&queue, &body, delay).await {
+            Ok(()) => Outcome::PoliteRequeued { delay },
+            Err(err) => {
+                tracing::warn!(error = %err, "could not send the held record again; held back instead");
+                outcome
+            }
         }
     }
 
@@ -192,44 +227,111 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
     async fn process_task(
         &self,
         task: &TaskRef,
-        receives: u32,
+        (receives, booked): (u32, Option<u64>),
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
         if self.fetch_budget(invocation).is_none() {
             return Ok(Outcome::NoTimeLeft);
         }
+        let (url, wanted) = match guard::check(&self.tasks, &self.parents, task).await? {
+            Checked::Wanted { url, wanted } => (url, wanted),
+            Checked::Skipped(outcome) => return Ok(outcome),
+        };
+        let Some(budget) = self.fetch_budget(invocation) else {
+            return Ok(Outcome::NoTimeLeft);
+        };
+        let entry = match url.as_deref() {
+            Some(url) => {
+                let ports = (&self.tasks, &self.fetcher);
+                let measures = &invocation.measures;
+                let job = &wanted.politeness;
+                self.gate
+                    .enter(ports, (url, booked), job, budget, measures)
+                    .await?
+            }
+            None => Entry::Go(Permit::default()),
+        };
+        let permit = match entry {
+            Entry::Go(permit) => Some(permit),
+            Entry::Hold(delay, why) => {
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    ?why,
+                    "the host has no room"
+                );
+                return Ok(Outcome::PoliteHeld {
+                    delay,
+                    booked: None,
+                });
+            }
+            Entry::Booked { start, delay } => {
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    start,
+                    "the host's start booked"
+                );
+                return Ok(Outcome::PoliteHeld {
+                    delay,
+                    booked: Some(start),
+                });
+            }
+            Entry::Disallowed => None,
+        };
+        let work = Work {
+            url,
+            counting: wanted.counting,
+            permit,
+            receives,
+        };
+        self.claimed(task, work, invocation, owner).await
+    }
+
+    /// Claims the task, then adopts a stored page, or fetches (unless robots.txt forbids
+    /// it) and converges; the host's permit is given back after the fetch, or at once when
+    /// there is none.
+    async fn claimed(
+        &self,
+        task: &TaskRef,
+        work: Work,
+        invocation: &Invocation,
+        owner: Option<&str>,
+    ) -> Result<Outcome, AwsError> {
         let lease = owner.map(|owner| Lease {
             owner,
             until: invocation.deadline,
         });
-        let final_attempt = receives >= self.settings.max_attempts;
+        let final_attempt = work.receives >= self.settings.max_attempts;
         let patience = Patience::new(
             invocation.cutoff,
             self.conflict_retries(final_attempt),
             &invocation.measures.conflicts,
         );
         let claim = (SystemTime::now(), lease);
-        let admitted = guard::admit(&self.tasks, &self.parents, task, claim, &patience).await?;
-        let (url, redelivery, counting) = match admitted {
-            Admission::Admitted {
-                url,
-                redelivery,
-                counting,
-            } => (url, redelivery, counting),
-            Admission::Skipped(outcome) => return Ok(outcome),
+        let admitted = guard::claim(&self.tasks, task, claim, &patience).await;
+        let redelivery = match admitted {
+            Ok(Admission::Admitted { redelivery }) => redelivery,
+            other => {
+                self.leave(work.permit, None, invocation).await;
+                return other.map(|a| match a {
+                    Admission::Skipped(outcome) => outcome,
+                    Admission::Admitted { .. } => Outcome::LostRace,
+                });
+            }
         };
         let stores = Stores {
             tasks: &self.tasks,
             results: &self.results,
             patience,
-            counting,
+            counting: work.counting,
         };
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
+            self.leave(work.permit, None, invocation).await;
             return Ok(outcome_of(converged, redelivery, false));
         }
         let Some(budget) = self.fetch_budget(invocation) else {
+            self.leave(work.permit, None, invocation).await;
             return Ok(Outcome::NoTimeLeft);
         };
         let attempt = Attempt {
@@ -237,9 +339,33 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
             final_attempt,
             budget,
         };
-        let fetched = self.fetch(url.as_deref(), budget, invocation).await;
+        let fetched = match work.permit {
+            Some(permit) => {
+                let fetched = self.fetch(work.url.as_deref(), budget, invocation).await;
+                let answer = fetched
+                    .as_ref()
+                    .err()
+                    .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
+                self.leave(Some(permit), answer, invocation).await;
+                fetched
+            }
+            None => Err(FetchError::permanent(DISALLOWED)),
+        };
         self.converge(&stores, task, &key, fetched, attempt, &invocation.measures)
             .await
+    }
+
+    async fn leave(
+        &self,
+        permit: Option<Permit>,
+        answer: Option<(u16, Option<Duration>)>,
+        invocation: &Invocation,
+    ) {
+        if let Some(permit) = permit {
+            self.gate
+                .leave(&self.tasks, permit, answer, &invocation.measures)
+                .await;
+        }
     }
 
     /// On the final attempt a conflict that persists would send the message to the
@@ -318,6 +444,18 @@ impl<T: TaskStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V>
         Ok(outcome_of(converged, attempt.redelivery, gave_up))
     }
 }
+
+/// What the guard's reads and the gate gave a delivery to work on.
+struct Work {
+    url: Option<String>,
+    counting: Counting,
+    /// The host's permit to fetch; `None`: robots.txt forbids the URL.
+    permit: Option<Permit>,
+    receives: u32,
+}
+
+/// The reason a task robots.txt forbids fails with.
+pub const DISALLOWED: &str = "disallowed by robots.txt";
 
 /// What a delivery knows of its attempt at a task.
 #[derive(Debug, Clone, Copy)]

@@ -34,6 +34,29 @@ pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
     })
 }
 
+/// The worker's own field: the start a host's schedule booked for the task (ms since the
+/// epoch), carried by the copy of a message sent again while its host had no room.
+const BOOKING: &str = "polite_start";
+
+/// The booking a body carries, if any (a producer's body has none).
+pub fn booking(body: Option<&str>) -> Option<u64> {
+    let value: Value = serde_json::from_str(body?).ok()?;
+    value.get(BOOKING)?.as_u64()
+}
+
+/// `body` carrying `booked` (or none: an earlier booking is dropped); a body that is no
+/// JSON object is returned as it is.
+pub fn with_booking(body: &str, booked: Option<u64>) -> String {
+    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
+        return body.to_owned();
+    };
+    match booked {
+        Some(start) => fields.insert(BOOKING.into(), start.into()),
+        None => fields.remove(BOOKING),
+    };
+    Value::Object(fields).to_string()
+}
+
 fn id_field(fields: &Map<String, Value>, name: &str) -> Result<Id, Poison> {
     match fields.get(name) {
         None => Err(Poison(format!("{name} is missing"))),
@@ -100,5 +123,18 @@ mod tests {
                 .0
                 .contains("longer than 128")
         );
+    }
+
+    #[test]
+    fn a_booking_rides_along_the_body_and_leaves_the_task_as_it_was() {
+        let body = r#"{"job_id":"j","run_id":"r","task_id":"t","extra":1}"#;
+
+        let booked = with_booking(body, Some(1_700_000_000_000));
+        let unbooked = with_booking(&booked, None);
+
+        assert_eq!(booking(Some(&booked)), Some(1_700_000_000_000));
+        assert_eq!(parse_body(Some(&booked)), parse_body(Some(body)));
+        assert_eq!(booking(Some(&unbooked)), None);
+        assert_eq!(with_booking("not json", Some(1)), "not json");
     }
 }

@@ -52,11 +52,13 @@ pub struct Task {
 
 /// The statuses of a task's job and run (`None`: the item is gone), and how the run counts
 /// its tasks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Parents {
     pub job_status: Option<String>,
     pub run_status: Option<String>,
     pub counting: Counting,
+    /// The job's own host limits and robots.txt choice.
+    pub politeness: crate::polite::JobPoliteness,
 }
 
 /// Where a task is counted when it ends: its run's own item (data contract v1), or one of

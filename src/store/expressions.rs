@@ -1,5 +1,6 @@
 //! Every DynamoDB write expression, in one place: the claim and its lease, the lease's
-//! release, the task's terminal write and its run's count, and the operator's re-queue.
+//! release, the task's terminal write and its run's count, the operator's re-queue, and a
+//! host's shared schedule, slots and robots.txt fetch.
 //! Each states exactly the names and values it uses (DynamoDB refuses unused ones).
 
 use std::collections::HashMap;
@@ -59,9 +60,10 @@ impl Expression {
 
     /// As an `UpdateItem` request.
     pub(crate) fn apply_to(self, request: UpdateItemFluentBuilder) -> UpdateItemFluentBuilder {
+        let condition = (!self.condition.is_empty()).then_some(self.condition);
         request
             .update_expression(self.update)
-            .condition_expression(self.condition)
+            .set_condition_expression(condition)
             .set_expression_attribute_names(non_empty(self.names))
             .set_expression_attribute_values(non_empty(self.values))
     }
@@ -404,4 +406,79 @@ pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
     .value(":running", s("running"))
     .value(":cancelled", s("cancelled"))
     .value(":now", s(now))
+}
+
+/// A host's schedule taken for one fetch (`polite::limits::decide`, as conditions): no
+/// cooldown in force; the rate's next start reserved (`busy`: the schedule runs ahead of now
+/// and stays within the fetch's horizon, so the start is the old next start; else it starts
+/// now); the in-flight slot free or lapsed.
+pub(crate) fn host_take(ask: &crate::polite::limits::Ask, busy: bool) -> Expression {
+    let mut sets = Vec::new();
+    let mut conditions = vec!["(attribute_not_exists(cooldown_until) OR cooldown_until <= :now)"];
+    let mut expression = Expression::new(String::new(), "");
+    if let Some(interval) = ask.interval {
+        expression = if busy {
+            sets.push("next_start = next_start + :interval");
+            conditions.push("next_start >= :now AND next_start <= :horizon");
+            expression
+                .value(":horizon", n(ask.horizon))
+                .value(":interval", n(interval))
+        } else {
+            sets.push("next_start = :first_next");
+            conditions.push("(attribute_not_exists(next_start) OR next_start < :now)");
+            expression.value(":first_next", n(ask.now + interval))
+        };
+    }
+    if let Some((slot, until)) = ask.slot {
+        sets.push("#slot = :until");
+        conditions.push("(attribute_not_exists(#slot) OR #slot <= :now)");
+        expression = expression
+            .name("#slot", &format!("slot_{slot}"))
+            .value(":until", n(until));
+    }
+    sets.push("touched_at = :now");
+    expression.update = format!("SET {}", sets.join(", "));
+    expression.condition = conditions.join(" AND ");
+    expression.value(":now", n(ask.now))
+}
+
+/// A fetch's end at a host: its slot given back (if still its own) and, when the host
+/// pushed back, the cooldown and slowdown every sandbox then obeys.
+pub(crate) fn host_leave(
+    slot: Option<(usize, u64)>,
+    push_back: Option<(u64, f64)>,
+    now: u64,
+) -> Expression {
+    let mut expression = Expression::new(String::new(), "");
+    let mut clauses = Vec::new();
+    if let Some((until, slowdown)) = push_back {
+        clauses.push(
+            "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now".to_owned(),
+        );
+        expression = expression
+            .value(":cooldown", n(until))
+            .value(":slowdown", n(slowdown))
+            .value(":now", n(now));
+    }
+    if let Some((slot, until)) = slot {
+        clauses.push("REMOVE #slot".to_owned());
+        expression.condition = "#slot = :mine".into();
+        expression = expression
+            .name("#slot", &format!("slot_{slot}"))
+            .value(":mine", n(until));
+    }
+    expression.update = clauses.join(" ");
+    expression
+}
+
+/// The one fleet-wide fetch of a host's robots.txt: taken while none is fresh and nobody
+/// else is fetching it.
+pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
+    Expression::new(
+        "SET lease_until = :until".into(),
+        "(attribute_not_exists(expires_at) OR expires_at <= :now) \
+         AND (attribute_not_exists(lease_until) OR lease_until <= :now)",
+    )
+    .value(":now", n(now))
+    .value(":until", n(until))
 }

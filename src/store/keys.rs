@@ -1,7 +1,7 @@
 //! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`);
 //! a job and its runs share the job's (`JOB#<job>`); each counter shard and counter group of
-//! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`). Keys
-//! are strings `pk` and `sk`.
+//! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`), and so
+//! does each host the fleet fetches from (`HOST#<host:port>`). Keys are strings `pk` and `sk`.
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::store::attributes::{Item, s};
@@ -28,6 +28,11 @@ pub fn run_sort(run: &Id) -> String {
 /// The task id in a task item's sort key.
 pub fn task_of_sort(sort: &str) -> Option<&str> {
     sort.strip_prefix("TASK#")
+}
+
+/// A host's items (its schedule `HOST`, its robots.txt `ROBOTS`), in a partition of its own.
+pub fn host_key(host: &str, sort: &str) -> Item {
+    key(format!("HOST#{host}"), sort.into())
 }
 
 /// An item's key.

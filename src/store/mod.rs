@@ -6,6 +6,7 @@
 pub mod attributes;
 pub mod error;
 pub mod expressions;
+pub mod hosts;
 pub mod keys;
 pub mod queue;
 pub mod results;

@@ -81,7 +81,19 @@ pub trait Visibility: Send + Sync {
         receipt_handle: &str,
         delay: Duration,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// Sends a fresh copy of a message, due after `delay` (at most SQS's 15 minutes): its
+    /// receive count starts again.
+    fn requeue(
+        &self,
+        queue: &QueueRef,
+        body: &str,
+        delay: Duration,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
+
+/// SQS delays a message at most 15 minutes.
+pub const SQS_MAX_DELAY: Duration = Duration::from_secs(900);
 
 /// [`Visibility`] through SQS `ChangeMessageVisibility`.
 #[derive(Debug, Clone)]
@@ -117,6 +129,20 @@ impl Visibility for SqsVisibility {
             .map_err(|e| AwsError::from_sdk("ChangeMessageVisibility", e))?;
         Ok(())
     }
+
+    #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = delay.as_secs()))]
+    async fn requeue(&self, queue: &QueueRef, body: &str, delay: Duration) -> Result<(), AwsError> {
+        let seconds = delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32;
+        self.client
+            .send_message()
+            .queue_url(queue.url(self.endpoint.as_deref()))
+            .message_body(body)
+            .delay_seconds(seconds)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+        Ok(())
+    }
 }
 
 /// A queue as operators and the local event source mapping use it.
@@ -126,10 +152,12 @@ pub struct SqsQueue {
     url: String,
 }
 
-/// The approximate counts that make up a queue's depth.
-const DEPTH: [QueueAttributeName; 2] = [
+/// The approximate counts that make up a queue's depth: visible, in flight, and delayed (a
+/// record its host had no room for is sent again with a delay).
+const DEPTH: [QueueAttributeName; 3] = [
     QueueAttributeName::ApproximateNumberOfMessages,
     QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+    QueueAttributeName::ApproximateNumberOfMessagesDelayed,
 ];
 
 impl SqsQueue {
@@ -144,7 +172,7 @@ impl SqsQueue {
         &self.url
     }
 
-    /// Messages visible or in flight, by the queue's own approximate counts.
+    /// Messages visible, in flight or delayed, by the queue's own approximate counts.
     pub async fn depth(&self) -> Result<u64, AwsError> {
         let out = self
             .client

@@ -19,6 +19,7 @@ use aws_sdk_dynamodb::types::{
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::time::rfc3339;
+use crate::polite::JobPoliteness;
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, AwsFault, cancellation_fault};
 use crate::store::expressions::{self, Expression, Over, RunStep};
@@ -152,7 +153,10 @@ impl TaskStore for DynamoTaskStore {
         let asked = KeysAndAttributes::builder()
             .keys(keys::job_key(&task.job_id))
             .keys(keys::run_key(&task.job_id, &task.run_id))
-            .projection_expression("sk, #status, counter_shards, counter_groups")
+            .projection_expression(
+                "sk, #status, counter_shards, counter_groups, \
+                 host_max_rps, host_max_inflight, obey_robots",
+            )
             .expression_attribute_names("#status", "status")
             .consistent_read(true)
             .build()
@@ -177,7 +181,10 @@ impl TaskStore for DynamoTaskStore {
         for item in items.unwrap_or_default() {
             let status = string(&item, "status").map(str::to_owned);
             match string(&item, "sk") {
-                Some(keys::JOB_SORT) => parents.job_status = status,
+                Some(keys::JOB_SORT) => {
+                    parents.job_status = status;
+                    parents.politeness = job_politeness(&item);
+                }
                 Some(sk) if sk == run_sort => {
                     parents.run_status = status;
                     parents.counting = Counting::of(
@@ -417,6 +424,29 @@ pub(crate) fn is_condition_failure<R>(err: &SdkError<UpdateItemError, R>) -> boo
 /// that was fine).
 pub(crate) fn cancellation_codes(reasons: &[CancellationReason]) -> Vec<&str> {
     reasons.iter().map(|r| r.code().unwrap_or("None")).collect()
+}
+
+/// A job's own politeness, each attribute taken only when it is in range (else the
+/// fleet's setting stands, with a warning).
+fn job_politeness(job: &Item) -> JobPoliteness {
+    let rps = number::<f64>(job, "host_max_rps");
+    let inflight = number::<u32>(job, "host_max_inflight");
+    let politeness = JobPoliteness {
+        max_rps: rps.filter(|r| (0.0..=10_000.0).contains(r)),
+        max_inflight: inflight.filter(|n| *n <= crate::store::hosts::MAX_SLOTS),
+        obey_robots: job
+            .get("obey_robots")
+            .and_then(|v| v.as_bool().ok())
+            .copied(),
+    };
+    if politeness.max_rps != rps || politeness.max_inflight != inflight {
+        tracing::warn!(
+            ?rps,
+            ?inflight,
+            "a job's host limits are out of range: the fleet's apply"
+        );
+    }
+    politeness
 }
 
 /// A task item that is `failed` and names no stored result.

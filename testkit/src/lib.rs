@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod demo;
 pub mod memory;
 pub mod pause;
+pub mod polite_site;
 pub mod queue;
 pub mod scenario;
 pub mod site;
@@ -35,6 +36,7 @@ use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
 use conveyor_worker::domain::model::{ShardSizes, Sharding};
+use conveyor_worker::polite::Politeness;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::store::attributes::{self, Item};
@@ -628,6 +630,8 @@ pub struct WorkerTuning {
     pub duplicate_policy: DuplicatePolicy,
     /// AWS faults injected into the worker's DynamoDB, S3 and SQS clients.
     pub faults: Option<chaos::Faults>,
+    /// Off unless a test turns it on (the politeness tests).
+    pub politeness: Politeness,
 }
 
 impl WorkerTuning {
@@ -643,6 +647,7 @@ impl WorkerTuning {
             parents_ttl: self.parents_ttl,
             backoff: self.backoff,
             duplicate_policy: self.duplicate_policy,
+            politeness: self.politeness.clone(),
         }
     }
 }
@@ -666,6 +671,7 @@ impl Default for WorkerTuning {
             },
             duplicate_policy: DuplicatePolicy::Converge,
             faults: None,
+            politeness: Politeness::off(),
         }
     }
 }

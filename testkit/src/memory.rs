@@ -15,8 +15,10 @@ use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
 };
+use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::scraper::{FetchError, Fetcher};
 use conveyor_worker::store::error::AwsError;
+use conveyor_worker::store::hosts::{HostStore, Robots, RobotsRecord, Taken};
 use conveyor_worker::store::queue::{QueueRef, Visibility};
 use conveyor_worker::store::results::{NewResult, Put, ResultStore};
 use conveyor_worker::store::tasks::{Claim, Finish, Lease, TaskStore};
@@ -67,6 +69,8 @@ struct MemoryTask {
 #[derive(Debug, Default)]
 pub struct MemoryTasks {
     tasks: Mutex<HashMap<TaskRef, MemoryTask>>,
+    hosts: Mutex<HashMap<Host, HostState>>,
+    robots: Mutex<HashMap<Host, (RobotsRecord, Millis)>>,
     /// Requests served, like the adapter's one request per method.
     pub requests: AtomicU64,
 }
@@ -228,10 +232,95 @@ impl ResultStore for MemoryResults {
     }
 }
 
-/// Hold-backs, counted and otherwise ignored.
+/// The hosts' shared state in one process: the schedule's rule applied under a lock, as
+/// the adapter's conditions apply it in DynamoDB.
+impl HostStore for MemoryTasks {
+    async fn take_host(
+        &self,
+        host: &Host,
+        ask: &Ask,
+        _seen: &HostState,
+    ) -> Result<Taken, AwsError> {
+        self.served();
+        let mut hosts = lock(&self.hosts);
+        let state = hosts.entry(host.clone()).or_default();
+        let ask = ask.repicked(state);
+        let (grant, after) = decide(state, &ask);
+        *state = after.clone();
+        let slot = matches!(grant, Grant::StartAt(_))
+            .then_some(ask.slot)
+            .flatten();
+        Ok((grant, after, slot))
+    }
+
+    async fn host(&self, host: &Host) -> Result<HostState, AwsError> {
+        self.served();
+        Ok(lock(&self.hosts).get(host).cloned().unwrap_or_default())
+    }
+
+    async fn leave_host(
+        &self,
+        host: &Host,
+        slot: Option<(usize, Millis)>,
+        push_back: Option<(Millis, f64)>,
+        now: Millis,
+    ) -> Result<(), AwsError> {
+        self.served();
+        let mut hosts = lock(&self.hosts);
+        let state = hosts.entry(host.clone()).or_default();
+        if let Some((slot, until)) = slot
+            && state.slots.get(slot).copied().flatten() == Some(until)
+        {
+            state.slots[slot] = None;
+        }
+        if let Some((until, slowdown)) = push_back {
+            state.cooldown_until = Some(until);
+            state.slowdown = Some((slowdown, now));
+        }
+        Ok(())
+    }
+
+    async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, AwsError> {
+        self.served();
+        Ok(lock(&self.robots)
+            .get(host)
+            .map(|(record, _)| record.clone()))
+    }
+
+    async fn take_robots_fetch(
+        &self,
+        host: &Host,
+        now: Millis,
+        until: Millis,
+    ) -> Result<bool, AwsError> {
+        self.served();
+        let mut robots = lock(&self.robots);
+        let taken = robots
+            .get(host)
+            .is_some_and(|(r, lease)| r.expires_at > now || *lease > now);
+        if !taken {
+            let stale = RobotsRecord {
+                rules: Robots::Unavailable,
+                expires_at: 0,
+            };
+            let record = robots.get(host).map_or(stale, |(r, _)| r.clone());
+            robots.insert(host.clone(), (record, until));
+        }
+        Ok(!taken)
+    }
+
+    async fn put_robots(&self, host: &Host, record: &RobotsRecord) -> Result<(), AwsError> {
+        self.served();
+        lock(&self.robots).insert(host.clone(), (record.clone(), 0));
+        Ok(())
+    }
+}
+
+/// Hold-backs and fresh copies, counted and otherwise ignored.
 #[derive(Debug, Default)]
 pub struct NoHold {
     pub holds: AtomicU64,
+    pub requeued: AtomicU64,
 }
 
 impl Visibility for NoHold {
@@ -242,6 +331,16 @@ impl Visibility for NoHold {
         _delay: Duration,
     ) -> Result<(), AwsError> {
         self.holds.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn requeue(
+        &self,
+        _queue: &QueueRef,
+        _body: &str,
+        _delay: Duration,
+    ) -> Result<(), AwsError> {
+        self.requeued.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -86,7 +86,7 @@ pub const INVOCATION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The worker's settings for this stack, as the function and `conveyor-ops` read them from
 /// the environment.
-pub fn worker_env(stack: &Stack) -> [(&'static str, String); 7] {
+pub fn worker_env(stack: &Stack) -> [(&'static str, String); 10] {
     [
         ("TABLE_NAME", stack.table.clone()),
         ("RESULTS_BUCKET", stack.bucket.clone()),
@@ -97,6 +97,11 @@ pub fn worker_env(stack: &Stack) -> [(&'static str, String); 7] {
         // Flaky pages come back within seconds rather than minutes.
         ("RETRY_BACKOFF_BASE_MS", "200".into()),
         ("RETRY_BACKOFF_MAX_MS", "2000".into()),
+        // No host limits or robots.txt against the local site: these runs measure the rest
+        // (tests/it/politeness.rs measures them).
+        ("HOST_MAX_RPS", "0".into()),
+        ("HOST_MAX_INFLIGHT", "0".into()),
+        ("OBEY_ROBOTS", "false".into()),
     ]
 }
 
@@ -244,6 +249,7 @@ impl Prepared {
             visibility: base.visibility,
             settings: base.settings,
             parents: base.parents,
+            gate: base.gate,
         };
         let settings = MappingSettings {
             queue_arn: queue.arn.clone(),

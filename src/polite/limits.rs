@@ -1,0 +1,346 @@
+//! A host's shared limits as pure arithmetic: the rate as a schedule of start times (GCRA:
+//! each fetch reserves the next start, one interval after the last), in-flight slots with
+//! leases that lapse by themselves, and a cooldown after the host pushed back.
+
+/// Milliseconds since the Unix epoch: the one clock every sandbox shares.
+pub type Millis = u64;
+
+/// A host: its lower-case name and port, as the URL gives them (`example.com:443`). At most
+/// 260 bytes (a DNS name is at most 253), so it is safe in a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Host(String);
+
+impl Host {
+    /// The host of an absolute http(s) URL; `None` for anything else.
+    pub fn of(url: &url::Url) -> Option<Self> {
+        let name = url.host_str()?.to_ascii_lowercase();
+        let port = url.port_or_known_default()?;
+        let host = format!("{name}:{port}");
+        (host.len() <= 260).then_some(Self(host))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// How hard the fleet may press one host. `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLimits {
+    pub max_rps: Option<f64>,
+    pub max_inflight: Option<u32>,
+}
+
+impl HostLimits {
+    pub fn none() -> Self {
+        Self {
+            max_rps: None,
+            max_inflight: None,
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.max_rps.is_none() && self.max_inflight.is_none()
+    }
+
+    /// With robots.txt's `Crawl-delay` (seconds): the host's rate if that is lower.
+    pub fn with_crawl_delay(self, delay_s: Option<f64>) -> Self {
+        let Some(delay) = delay_s.filter(|d| *d > 0.0) else {
+            return self;
+        };
+        let rate = 1.0 / delay.min(MAX_CRAWL_DELAY_S);
+        Self {
+            max_rps: Some(self.max_rps.map_or(rate, |r| r.min(rate))),
+            ..self
+        }
+    }
+}
+
+/// A `Crawl-delay` past this is taken as this (one fetch a minute).
+const MAX_CRAWL_DELAY_S: f64 = 60.0;
+/// The slowdown after a 429 or 503 at most, and how fast it wears off (halves).
+pub const MAX_SLOWDOWN: f64 = 64.0;
+pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
+/// A cooldown without `Retry-After` lasts at least this long.
+pub const MIN_COOLDOWN_MS: Millis = 1_000;
+
+/// A host's shared state, as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostState {
+    /// The earliest start of the next fetch (the theoretical arrival time).
+    pub next_start: Option<Millis>,
+    /// In-flight slot `i` held until this time (a crashed holder's lapses by itself).
+    pub slots: Vec<Option<Millis>>,
+    /// No fetch starts before this.
+    pub cooldown_until: Option<Millis>,
+    /// The slowdown factor set by the host's last push-back, and when.
+    pub slowdown: Option<(f64, Millis)>,
+}
+
+impl HostState {
+    /// The slowdown in force at `now`: halving every half-life, never under 1.
+    pub fn slowdown_at(&self, now: Millis) -> f64 {
+        let Some((factor, at)) = self.slowdown else {
+            return 1.0;
+        };
+        let age = now.saturating_sub(at) as f64;
+        (factor * 0.5_f64.powf(age / SLOWDOWN_HALF_LIFE_MS)).max(1.0)
+    }
+
+    /// A slot free at `now` among the first `max` (`Some(0)` when there is no limit).
+    pub fn free_slot(&self, max: Option<u32>, now: Millis) -> Option<Option<usize>> {
+        let Some(max) = max else {
+            return Some(None);
+        };
+        let free = (0..max as usize).find(|&i| {
+            self.slots
+                .get(i)
+                .copied()
+                .flatten()
+                .is_none_or(|until| until <= now)
+        });
+        free.map(Some)
+    }
+}
+
+/// What one fetch asks of a host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    pub now: Millis,
+    /// Its interval: 1 / rate, times the slowdown in force (`None`: no rate limit).
+    pub interval: Option<Millis>,
+    /// The latest start it will wait for (it sleeps until its start).
+    pub horizon: Millis,
+    /// The slot it takes, until when (`None`: no in-flight limit).
+    pub slot: Option<(usize, Millis)>,
+    /// The host's slots for this fetch (its in-flight limit; 0: none).
+    pub slots: u32,
+}
+
+impl Ask {
+    /// The same ask for a slot free in `state`, if its own is taken and another is free.
+    pub fn repicked(&self, state: &HostState) -> Self {
+        let Some((slot, until)) = self.slot else {
+            return *self;
+        };
+        let taken = |i: usize| {
+            state
+                .slots
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(|u| u > self.now)
+        };
+        if !taken(slot) {
+            return *self;
+        }
+        let free = (0..self.slots as usize).find(|&i| !taken(i));
+        Self {
+            slot: Some((free.unwrap_or(slot), until)),
+            ..*self
+        }
+    }
+}
+
+/// The answer to an [`Ask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Start at this time (now or within the horizon).
+    StartAt(Millis),
+    /// The schedule's next start is this, past the horizon: nothing taken.
+    Later(Millis),
+    /// Not now: the host is cooling down, or the slot is taken; come back after about this
+    /// long.
+    Wait(Millis),
+}
+
+/// The interval between starts at `max_rps` with a slowdown.
+pub fn interval(max_rps: Option<f64>, slowdown: f64) -> Option<Millis> {
+    max_rps.map(|rps| ((1_000.0 / rps) * slowdown).ceil().max(1.0) as Millis)
+}
+
+/// The schedule's answer and the state after it: the rule the DynamoDB conditions encode.
+pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
+    let now = ask.now;
+    if let Some(until) = state.cooldown_until.filter(|u| *u > now) {
+        return (Grant::Wait(until - now), state.clone());
+    }
+    if let Some((slot, _)) = ask.slot
+        && let Some(Some(until)) = state.slots.get(slot)
+        && *until > now
+    {
+        return (Grant::Wait(SLOT_RETRY_MS), state.clone());
+    }
+    let start = state.next_start.map_or(now, |next| next.max(now));
+    if start > ask.horizon {
+        return (Grant::Later(start), state.clone());
+    }
+    let mut after = state.clone();
+    if let Some(interval) = ask.interval {
+        after.next_start = Some(start + interval);
+    }
+    if let Some((slot, until)) = ask.slot {
+        if after.slots.len() <= slot {
+            after.slots.resize(slot + 1, None);
+        }
+        after.slots[slot] = Some(until);
+    }
+    (Grant::StartAt(start), after)
+}
+
+impl Grant {
+    /// A grant the host kept refusing under contention becomes a short wait.
+    pub fn waiting(self) -> Self {
+        match self {
+            Grant::StartAt(_) => Grant::Wait(CONTENDED_RETRY_MS),
+            wait => wait,
+        }
+    }
+}
+
+/// How long a fetch that lost the host's schedule to others twice waits before it asks again.
+pub const CONTENDED_RETRY_MS: Millis = 250;
+
+/// How long a fetch that found every slot taken waits before it asks again.
+pub const SLOT_RETRY_MS: Millis = 1_000;
+
+/// The host pushed back (429 or 503): the slowdown doubles (from what is in force), and no
+/// fetch starts until `Retry-After` or, without one, one slowed interval (at least a second).
+pub fn push_back(
+    state: &HostState,
+    now: Millis,
+    max_rps: Option<f64>,
+    retry_after: Option<Millis>,
+) -> (Millis, f64) {
+    let slowdown = (state.slowdown_at(now) * 2.0).min(MAX_SLOWDOWN);
+    let slowed = interval(max_rps.or(Some(1.0)), slowdown).unwrap_or(MIN_COOLDOWN_MS);
+    let cooldown = retry_after.unwrap_or(slowed.max(MIN_COOLDOWN_MS));
+    (now + cooldown, slowdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(now: Millis, interval: Millis, horizon: Millis) -> Ask {
+        Ask {
+            now,
+            interval: Some(interval),
+            horizon: now + horizon,
+            slot: None,
+            slots: 0,
+        }
+    }
+
+    #[test]
+    fn starts_are_one_interval_apart_so_any_second_holds_at_most_rate_plus_one() {
+        let mut state = HostState::default();
+        let mut starts = Vec::new();
+
+        // 40 fetches asking every 10 ms at 5 a second, each willing to wait 10 s.
+        for i in 0..40 {
+            let (grant, after) = decide(&state, &ask(i * 10, 200, 10_000));
+            state = after;
+            if let Grant::StartAt(at) = grant {
+                starts.push(at);
+            }
+        }
+
+        assert_eq!(starts.len(), 40);
+        for window in 0..8_000 {
+            let inside = starts
+                .iter()
+                .filter(|s| (window..=window + 1_000).contains(*s))
+                .count();
+            assert!(
+                inside <= 6,
+                "{inside} starts in [{window}, {}]",
+                window + 1_000
+            );
+        }
+    }
+
+    #[test]
+    fn past_the_horizon_a_fetch_waits_until_its_turn_and_reserves_nothing() {
+        let state = HostState {
+            next_start: Some(5_000),
+            ..HostState::default()
+        };
+
+        let (grant, after) = decide(&state, &ask(1_000, 200, 1_000));
+
+        assert_eq!(grant, Grant::Later(5_000));
+        assert_eq!(after, state);
+    }
+
+    #[test]
+    fn an_idle_host_starts_now_and_a_cooldown_holds_everyone() {
+        let idle = HostState {
+            next_start: Some(10),
+            ..HostState::default()
+        };
+        let cooling = HostState {
+            cooldown_until: Some(4_000),
+            ..HostState::default()
+        };
+
+        assert_eq!(decide(&idle, &ask(1_000, 200, 0)).0, Grant::StartAt(1_000));
+        assert_eq!(
+            decide(&cooling, &ask(1_000, 200, 60_000)).0,
+            Grant::Wait(3_000)
+        );
+    }
+
+    #[test]
+    fn a_slot_is_taken_until_released_or_lapsed() {
+        let held = HostState {
+            slots: vec![Some(5_000), None],
+            ..HostState::default()
+        };
+        let take = |slot, now| Ask {
+            now,
+            interval: None,
+            horizon: now,
+            slot: Some((slot, now + 30_000)),
+            slots: 2,
+        };
+
+        assert_eq!(held.free_slot(Some(2), 1_000), Some(Some(1)));
+        assert_eq!(held.free_slot(Some(1), 1_000), None);
+        assert_eq!(decide(&held, &take(0, 1_000)).0, Grant::Wait(SLOT_RETRY_MS));
+        assert_eq!(decide(&held, &take(0, 5_000)).0, Grant::StartAt(5_000));
+        assert_eq!(take(0, 1_000).repicked(&held).slot, Some((1, 31_000)));
+    }
+
+    #[test]
+    fn a_push_back_doubles_the_slowdown_which_wears_off_by_half_lives() {
+        let state = HostState::default();
+
+        let (until, slowdown) = push_back(&state, 0, Some(5.0), Some(3_000));
+        let slowed = HostState {
+            slowdown: Some((slowdown, 0)),
+            ..state
+        };
+
+        assert_eq!((until, slowdown), (3_000, 2.0));
+        assert_eq!(push_back(&slowed, 0, Some(5.0), None), (1_000, 4.0));
+        assert_eq!(slowed.slowdown_at(60_000), 1.0);
+        assert!((slowed.slowdown_at(30_000) - 2.0_f64.sqrt()).abs() < 1e-9);
+        assert_eq!(interval(Some(5.0), 2.0), Some(400));
+    }
+
+    #[test]
+    fn crawl_delay_lowers_the_rate_never_raises_it() {
+        let limits = HostLimits {
+            max_rps: Some(5.0),
+            max_inflight: Some(4),
+        };
+
+        assert_eq!(limits.with_crawl_delay(Some(2.0)).max_rps, Some(0.5));
+        assert_eq!(limits.with_crawl_delay(Some(0.1)).max_rps, Some(5.0));
+        assert_eq!(
+            HostLimits::none().with_crawl_delay(Some(1.0)).max_rps,
+            Some(1.0)
+        );
+    }
+}

@@ -1,0 +1,176 @@
+//! robots.txt (RFC 9309) for one host: what the fleet's fetch of it means, and whether a URL
+//! may be fetched under it.
+
+use std::sync::Arc;
+
+use crate::domain::model::Page;
+use crate::polite::limits::Millis;
+use crate::scraper::FetchError;
+use crate::store::hosts::{Robots, RobotsRecord};
+
+/// robots.txt as a sandbox keeps it: parsed once.
+#[derive(Clone)]
+pub enum Parsed {
+    Rules(Arc<texting_robots::Robot>),
+    AllowAll,
+    Unavailable,
+}
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Parsed::Rules(_) => "Rules",
+            Parsed::AllowAll => "AllowAll",
+            Parsed::Unavailable => "Unavailable",
+        })
+    }
+}
+
+/// What robots.txt says of one URL.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// Fetch it; `Crawl-delay` in seconds if the file sets one for us.
+    Allowed {
+        crawl_delay: Option<f64>,
+    },
+    Disallowed,
+    /// The host could not say: nothing is fetched from it for now.
+    Unavailable,
+}
+
+impl Parsed {
+    /// `agent`: the product token of our user-agent (what `User-agent:` lines name).
+    pub fn of(robots: &Robots, agent: &str) -> Self {
+        match robots {
+            // A file the parser refuses is read as no file (RFC 9309: parse what can be).
+            Robots::Rules(body) => match texting_robots::Robot::new(agent, body) {
+                Ok(robot) => Parsed::Rules(Arc::new(robot)),
+                Err(_) => Parsed::AllowAll,
+            },
+            Robots::AllowAll => Parsed::AllowAll,
+            Robots::Unavailable => Parsed::Unavailable,
+        }
+    }
+
+    pub fn verdict(&self, url: &str) -> Verdict {
+        match self {
+            Parsed::Rules(robot) if robot.allowed(url) => Verdict::Allowed {
+                crawl_delay: robot.delay.map(f64::from),
+            },
+            Parsed::Rules(_) => Verdict::Disallowed,
+            Parsed::AllowAll => Verdict::Allowed { crawl_delay: None },
+            Parsed::Unavailable => Verdict::Unavailable,
+        }
+    }
+}
+
+/// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429) means no
+/// rules, for `ttl`; a 429, 5xx or no answer means nothing allowed, until `retry`.
+pub fn record_of(
+    fetched: &Result<Page, FetchError>,
+    now: Millis,
+    (ttl, retry): (Millis, Millis),
+) -> RobotsRecord {
+    let (rules, lasts) = match fetched {
+        Ok(page) => (Robots::Rules(page.body.to_vec()), ttl),
+        Err(err) => match err.http_status {
+            Some(status) if (400..500).contains(&status) && status != 429 => {
+                (Robots::AllowAll, ttl)
+            }
+            _ => (Robots::Unavailable, retry),
+        },
+    };
+    RobotsRecord {
+        rules,
+        expires_at: now + lasts,
+    }
+}
+
+/// The robots.txt of a URL's host (scheme, host and port; RFC 9309 2.3).
+pub fn robots_url(url: &url::Url) -> Option<String> {
+    let host = url.host_str()?;
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    Some(format!("{}://{host}{port}/robots.txt", url.scheme()))
+}
+
+/// The product token of a user-agent (`conveyor-worker/0.1 (+https://…)` →
+/// `conveyor-worker`): what a robots.txt's `User-agent:` lines match.
+pub fn agent_token(user_agent: &str) -> String {
+    let token: String = user_agent
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect();
+    if token.is_empty() { "*".into() } else { token }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(body: &str) -> Result<Page, FetchError> {
+        Ok(Page {
+            url: "http://h/robots.txt".into(),
+            http_status: 200,
+            final_url: "http://h/robots.txt".into(),
+            content_type: "text/plain".into(),
+            body: body.as_bytes().to_vec().into(),
+        })
+    }
+
+    fn status(code: u16) -> Result<Page, FetchError> {
+        let mut err = FetchError::permanent(format!("HTTP {code}"));
+        err.http_status = Some(code);
+        Err(err)
+    }
+
+    #[test]
+    fn rules_for_our_agent_decide_and_crawl_delay_is_read() {
+        let file = "User-agent: conveyor-worker\nDisallow: /private\nCrawl-delay: 2\n\n\
+                    User-agent: *\nDisallow: /\n";
+        let record = record_of(&page(file), 0, (100, 10));
+        let parsed = Parsed::of(&record.rules, "conveyor-worker");
+
+        assert_eq!(parsed.verdict("http://h/private/a"), Verdict::Disallowed);
+        assert_eq!(
+            parsed.verdict("http://h/public"),
+            Verdict::Allowed {
+                crawl_delay: Some(2.0)
+            }
+        );
+        assert_eq!(record.expires_at, 100);
+    }
+
+    #[test]
+    fn a_missing_file_allows_all_and_an_unavailable_one_allows_nothing_until_retry() {
+        let missing = record_of(&status(404), 0, (100, 10));
+        let failing = record_of(&status(503), 0, (100, 10));
+        let throttled = record_of(&status(429), 0, (100, 10));
+        let unreachable = record_of(
+            &Err(FetchError::transient("connection refused")),
+            0,
+            (100, 10),
+        );
+
+        assert_eq!(
+            (missing.rules.clone(), missing.expires_at),
+            (Robots::AllowAll, 100)
+        );
+        for record in [failing, throttled, unreachable] {
+            assert_eq!((record.rules, record.expires_at), (Robots::Unavailable, 10));
+        }
+    }
+
+    #[test]
+    fn the_agent_token_is_the_product_name_and_the_file_sits_at_the_hosts_root() {
+        let url = url::Url::parse("https://Example.com:8443/a/b?c").unwrap();
+
+        assert_eq!(
+            agent_token("conveyor-worker/0.1 (+https://x)"),
+            "conveyor-worker"
+        );
+        assert_eq!(
+            robots_url(&url).as_deref(),
+            Some("https://example.com:8443/robots.txt")
+        );
+    }
+}
