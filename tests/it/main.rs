@@ -8,6 +8,7 @@ mod cold_start;
 mod fetching;
 mod observability;
 mod ops;
+mod politeness;
 mod producer;
 mod production;
 mod races;

@@ -1,0 +1,293 @@
+//! A polite fleet end to end: several sandboxes (each a worker with its own caches, polling
+//! the emulator's queue with 16 records in flight) against logged local sites, with the
+//! hosts' shared state in the emulator's table.
+
+use std::time::{Duration, Instant};
+
+use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::queue::Queue;
+use conveyor_testkit::*;
+use conveyor_worker::batch::BatchLimits;
+use conveyor_worker::ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Watch};
+use conveyor_worker::polite::Politeness;
+use conveyor_worker::polite::limits::HostLimits;
+use conveyor_worker::store::queue::SqsQueue;
+
+const SANDBOXES: usize = 3;
+
+/// Politeness as the tests turn it on: these limits, robots.txt obeyed, fetched again after
+/// a failed fetch in two seconds.
+fn polite(max_rps: Option<f64>, max_inflight: Option<u32>) -> Politeness {
+    Politeness {
+        limits: HostLimits {
+            max_rps,
+            max_inflight,
+        },
+        obey_robots: true,
+        robots_retry: Duration::from_secs(2),
+        agent: "conveyor-worker".into(),
+        ..Politeness::off()
+    }
+}
+
+/// A run of a task per path, on each path's site, and its queue (dead-letter after the
+/// worker's attempts), every task sent once.
+async fn run_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue) {
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, pages.len() as u32).await;
+    let mut bodies = Vec::new();
+    for (i, (site, path)) in pages.iter().enumerate() {
+        let id = format!("t{i:03}");
+        stack.put_task(&id, &site.url(path), "pending").await;
+        bodies.push(body(&id));
+    }
+    let dlq = Queue::create(stack, 30).await;
+    let queue = Queue::create_with_dlq(stack, 10, &dlq, MAX_ATTEMPTS).await;
+    for chunk in bodies.chunks(10) {
+        queue.send_batch(stack, chunk).await;
+    }
+    (queue, dlq)
+}
+
+/// Drains the queue with [`SANDBOXES`] sandboxes at once; how long it took.
+async fn drain(stack: &Stack, queue: &Queue, politeness: Politeness) -> Duration {
+    let workers: Vec<_> = (0..SANDBOXES)
+        .map(|_| stack.worker_with(|t| t.politeness = politeness.clone()))
+        .collect();
+    let settings = MappingSettings {
+        queue_arn: queue.arn.clone(),
+        pollers: 1,
+        batch_size: 10,
+        wait_seconds: 0,
+        timeout: Duration::from_secs(8),
+        limits: BatchLimits {
+            max_concurrency: 16,
+            deadline_margin: Duration::from_millis(500),
+        },
+    };
+    let sqs = SqsQueue::new(stack.sqs.clone(), &queue.url);
+    let started = Instant::now();
+    let sandboxes = workers.iter().map(|worker| async {
+        let stats = MappingStats::default();
+        let watch = Watch {
+            check_every: Duration::from_millis(300),
+            report_every: Duration::from_secs(60),
+            until_drained: true,
+            limit: Some(Duration::from_secs(120)),
+            report: &|_: &local_mapping::Progress<'_>| {},
+        };
+        let stop = std::future::pending();
+        local_mapping::run_watched(&sqs, worker, &settings, &stats, &watch, stop).await
+    });
+    let ended = futures_util::future::join_all(sandboxes).await;
+    assert!(ended.iter().all(|e| *e == Ended::Drained), "{ended:?}");
+    started.elapsed()
+}
+
+async fn statuses(stack: &Stack, n: usize) -> Vec<String> {
+    let mut statuses = Vec::new();
+    for i in 0..n {
+        let task = stack.task(&format!("t{i:03}")).await;
+        statuses.push(task.status().unwrap_or("missing").to_owned());
+    }
+    println!("statuses: {statuses:?}");
+    statuses
+}
+
+fn pages<'a>(site: &'a PoliteSite, prefix: &str, n: usize) -> Vec<(&'a PoliteSite, String)> {
+    (0..n).map(|i| (site, format!("/{prefix}/{i}"))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart() {
+    let stack = Stack::new().await;
+    let slow = Behaviour {
+        page_time: Duration::from_millis(1_500),
+        ..Behaviour::default()
+    };
+    let (a, b) = (
+        PoliteSite::start(slow).await,
+        PoliteSite::start(Behaviour::default()).await,
+    );
+    let mut work = pages(&a, "page", 20);
+    work.extend(pages(&b, "page", 20));
+    let (queue, dlq) = run_of(&stack, &work).await;
+    stack.calls.clear();
+
+    let took = drain(&stack, &queue, polite(Some(5.0), Some(4))).await;
+
+    assert!(statuses(&stack, 40).await.iter().all(|s| s == "successful"));
+    assert_eq!(dlq.depth(&stack).await, 0);
+    for site in [&a, &b] {
+        assert!(
+            site.most_started_within(Duration::from_secs(1)) <= 6,
+            "5 a second, +1"
+        );
+        assert!(site.most_in_flight() <= 4);
+        assert_eq!(site.hits("/robots.txt"), 1, "once for the fleet");
+    }
+    // The slow host (4 at once, 1.5 s a page: under 3 a second) does not hold the quick
+    // one back: it reaches its own rate.
+    assert!(b.most_started_within(Duration::from_secs(1)) >= 5);
+    let calls = stack.calls.calls();
+    let requests = calls.len() as f64 / 40.0;
+    let mut by_operation = std::collections::BTreeMap::new();
+    for call in &calls {
+        *by_operation.entry(call.as_str()).or_insert(0) += 1;
+    }
+    println!("politeness: requests by operation {by_operation:?}");
+    println!(
+        "politeness: 40 tasks on two hosts at 5/s and 4 at once in {took:?}, {requests:.2} AWS requests a task"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_429_with_retry_after_holds_the_host_for_every_sandbox() {
+    let stack = Stack::new().await;
+    let refusing = Behaviour {
+        refuse_next: (1, 3),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(refusing).await;
+    let (queue, dlq) = run_of(&stack, &pages(&site, "page", 30)).await;
+
+    drain(&stack, &queue, polite(Some(20.0), Some(8))).await;
+
+    assert!(statuses(&stack, 30).await.iter().all(|s| s == "successful"));
+    assert_eq!(dlq.depth(&stack).await, 0);
+    let visits = site.visits();
+    let refused = visits
+        .iter()
+        .find(|v| v.path.starts_with("/page"))
+        .expect("a page visit");
+    // Fetches granted before the 429 was recorded for the fleet (one DynamoDB write after
+    // the answer) still go: none starts later within Retry-After.
+    let recorded = refused.ended + Duration::from_millis(250);
+    let quiet_until = refused.ended + Duration::from_secs(3);
+    let during = visits
+        .iter()
+        .filter(|v| v.started > recorded && v.started < quiet_until)
+        .count();
+    assert_eq!(during, 0, "no request from any sandbox within Retry-After");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn robots_txt_is_fetched_once_for_the_fleet_and_a_disallowed_path_never() {
+    let stack = Stack::new().await;
+    let rules = Behaviour {
+        robots: (200, "User-agent: *\nDisallow: /private\n".into()),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(rules).await;
+    let mut work = pages(&site, "page", 20);
+    work.extend(pages(&site, "private", 5));
+    let (queue, dlq) = run_of(&stack, &work).await;
+
+    drain(&stack, &queue, polite(Some(50.0), Some(8))).await;
+
+    let statuses = statuses(&stack, 25).await;
+    assert!(statuses[..20].iter().all(|s| s == "successful"));
+    assert!(statuses[20..].iter().all(|s| s == "failed"));
+    assert_eq!(
+        stack.task("t020").await.s("error"),
+        Some("disallowed by robots.txt")
+    );
+    assert_eq!(site.hits("/private"), 0);
+    assert_eq!(site.hits("/robots.txt"), 1);
+    assert_eq!(dlq.depth(&stack).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_robots_txt_answering_503_holds_the_hosts_tasks_then_they_proceed() {
+    let stack = Stack::new().await;
+    let failing = Behaviour {
+        robots: (503, String::new()),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(failing).await;
+    let (queue, dlq) = run_of(&stack, &pages(&site, "page", 20)).await;
+    let recovering = {
+        let site = site.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            site.set(|b| b.robots = (200, "User-agent: *\nAllow: /\n".into()));
+        }
+    };
+
+    let (_, took) = tokio::join!(
+        recovering,
+        drain(&stack, &queue, polite(Some(50.0), Some(8)))
+    );
+
+    assert!(statuses(&stack, 20).await.iter().all(|s| s == "successful"));
+    assert_eq!(dlq.depth(&stack).await, 0);
+    let visits = site.visits();
+    let first_page = visits
+        .iter()
+        .find(|v| v.path.starts_with("/page"))
+        .expect("pages");
+    let robots: Vec<_> = visits.iter().filter(|v| v.path == "/robots.txt").collect();
+    assert!(robots.len() >= 2, "fetched again after its retry time");
+    assert!(
+        first_page.started > robots[robots.len() - 1].ended,
+        "no page before robots.txt answered"
+    );
+    println!(
+        "politeness: robots.txt 503 then 200: {} robots fetches, drained in {took:?}",
+        robots.len()
+    );
+}
+
+/// Tasks `t{from}`..`t{to}` of the run, pending on `site`'s pages, delivered once.
+async fn delivered(
+    stack: &Stack,
+    site: &PoliteSite,
+    (from, to): (usize, usize),
+) -> Vec<aws_lambda_events::event::sqs::SqsMessage> {
+    let mut records = Vec::new();
+    for i in from..to {
+        let id = format!("t{i:03}");
+        stack
+            .put_task(&id, &site.url(&format!("/page/{i}")), "pending")
+            .await;
+        records.push(delivery(&id));
+    }
+    records
+}
+
+#[tokio::test]
+async fn with_limits_on_a_task_of_a_warm_sandbox_costs_six_aws_requests() {
+    let stack = Stack::new().await;
+    let quick = Behaviour {
+        page_time: Duration::from_millis(5),
+        robots: (200, "User-agent: *\nAllow: /\n".into()),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(quick).await;
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, 40).await;
+    let polite_worker = stack.worker_with(|t| t.politeness = polite(Some(100.0), Some(16)));
+    let plain_worker = stack.worker();
+    let warm_up = delivered(&stack, &site, (0, 10)).await;
+    run_batch(&polite_worker, warm_up).await;
+    let (polite_batch, plain_batch) = (
+        delivered(&stack, &site, (10, 25)).await,
+        delivered(&stack, &site, (25, 40)).await,
+    );
+    stack.calls.clear();
+
+    let started = Instant::now();
+    let reply = run_batch(&polite_worker, polite_batch).await;
+    let polite_took = started.elapsed();
+    let calls = stack.calls.calls().len();
+    let started = Instant::now();
+    run_batch(&plain_worker, plain_batch).await;
+    let plain_took = started.elapsed();
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(calls, 15 * 6, "{:?}", stack.calls.calls());
+    let extra = (polite_took.as_secs_f64() - plain_took.as_secs_f64()) * 1e3 / 15.0;
+    println!(
+        "politeness: 6 AWS requests a task with limits on; 15 tasks in {polite_took:?} against {plain_took:?} without ({extra:.1} ms a task, 16 at once, against the emulator)"
+    );
+}
