@@ -16,7 +16,7 @@ use crate::domain::message::{self, Poison};
 use crate::domain::model::Counting;
 use crate::domain::model::{Failure, Page};
 use crate::domain::time::rfc3339;
-use crate::guard::{self, Admission, Checked, ParentsCache};
+use crate::guard::{self, Admission, Checked, ParentsCache, Wanted};
 use crate::metrics::Measures;
 use crate::polite::{Entry, Gate, Permit, Politeness};
 use crate::retry::{Patience, RetryPolicy};
@@ -241,42 +241,10 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         let Some(budget) = self.fetch_budget(invocation) else {
             return Ok(Outcome::NoTimeLeft);
         };
-        let entry = match url.as_deref() {
-            Some(url) => {
-                let ports = (&self.tasks, &self.fetcher);
-                let measures = &invocation.measures;
-                let job = &wanted.politeness;
-                self.gate
-                    .enter(ports, (url, booked), job, budget, measures)
-                    .await?
-            }
-            None => Entry::Go(Permit::default()),
-        };
-        let permit = match entry {
-            Entry::Go(permit) => Some(permit),
-            Entry::Hold(delay, why) => {
-                tracing::info!(
-                    delay_ms = delay.as_millis() as u64,
-                    ?why,
-                    "the host has no room"
-                );
-                return Ok(Outcome::PoliteHeld {
-                    delay,
-                    booked: None,
-                });
-            }
-            Entry::Booked { start, delay } => {
-                tracing::info!(
-                    delay_ms = delay.as_millis() as u64,
-                    start,
-                    "the host's start booked"
-                );
-                return Ok(Outcome::PoliteHeld {
-                    delay,
-                    booked: Some(start),
-                });
-            }
-            Entry::Disallowed => None,
+        let entered = self.enter_host(url.as_deref(), &wanted, booked, budget, invocation);
+        let permit = match entered.await? {
+            Ok(permit) => permit,
+            Err(held) => return Ok(held),
         };
         let work = Work {
             url,
@@ -285,6 +253,47 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             receives,
         };
         self.claimed(task, work, invocation, owner).await
+    }
+
+    /// The host's turn for this record (`Ok(None)`: robots.txt forbids the URL), or the
+    /// outcome of waiting for it.
+    async fn enter_host(
+        &self,
+        url: Option<&str>,
+        wanted: &Wanted,
+        booked: Option<u64>,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Result<Result<Option<Permit>, Outcome>, AwsError> {
+        let Some(url) = url else {
+            return Ok(Ok(Some(Permit::default())));
+        };
+        let ports = (&self.tasks, &self.fetcher);
+        let job = &wanted.politeness;
+        let entry = self
+            .gate
+            .enter(ports, (url, booked), job, budget, &invocation.measures);
+        let (delay, booked) = match entry.await? {
+            Entry::Go(permit) => return Ok(Ok(Some(permit))),
+            Entry::Disallowed => return Ok(Ok(None)),
+            Entry::Hold(delay, why) => {
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    ?why,
+                    "the host has no room"
+                );
+                (delay, None)
+            }
+            Entry::Booked { start, delay } => {
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    start,
+                    "the host's start booked"
+                );
+                (delay, Some(start))
+            }
+        };
+        Ok(Err(Outcome::PoliteHeld { delay, booked }))
     }
 
     /// Claims the task, then adopts a stored page, or fetches (unless robots.txt forbids
@@ -308,16 +317,12 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             &invocation.measures.conflicts,
         );
         let claim = (SystemTime::now(), lease);
-        let admitted = guard::claim(&self.tasks, task, claim, &patience).await;
-        let redelivery = match admitted {
+        let redelivery = match guard::claim(&self.tasks, task, claim, &patience).await {
             Ok(Admission::Admitted { redelivery }) => redelivery,
-            other => {
-                self.leave(work.permit, None, invocation).await;
-                return other.map(|a| match a {
-                    Admission::Skipped(outcome) => outcome,
-                    Admission::Admitted { .. } => Outcome::LostRace,
-                });
+            Ok(Admission::Skipped(outcome)) => {
+                return self.left(work.permit, Ok(outcome), invocation).await;
             }
+            Err(err) => return self.left(work.permit, Err(err), invocation).await,
         };
         let stores = Stores {
             tasks: &self.tasks,
@@ -327,32 +332,53 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         };
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
-            self.leave(work.permit, None, invocation).await;
-            return Ok(outcome_of(converged, redelivery, false));
+            let adopted = Ok(outcome_of(converged, redelivery, false));
+            return self.left(work.permit, adopted, invocation).await;
         }
         let Some(budget) = self.fetch_budget(invocation) else {
-            self.leave(work.permit, None, invocation).await;
-            return Ok(Outcome::NoTimeLeft);
+            return self
+                .left(work.permit, Ok(Outcome::NoTimeLeft), invocation)
+                .await;
         };
         let attempt = Attempt {
             redelivery,
             final_attempt,
             budget,
         };
-        let fetched = match work.permit {
-            Some(permit) => {
-                let fetched = self.fetch(work.url.as_deref(), budget, invocation).await;
-                let answer = fetched
-                    .as_ref()
-                    .err()
-                    .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
-                self.leave(Some(permit), answer, invocation).await;
-                fetched
-            }
-            None => Err(FetchError::permanent(DISALLOWED)),
-        };
+        let fetched = self.fetch_polite(work, budget, invocation).await;
         self.converge(&stores, task, &key, fetched, attempt, &invocation.measures)
             .await
+    }
+
+    /// Fetches with the host's permit, given back with the answer after; without one
+    /// (robots.txt forbids the URL), fails for good without a request.
+    async fn fetch_polite(
+        &self,
+        work: Work,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Result<Page, FetchError> {
+        let Some(permit) = work.permit else {
+            return Err(FetchError::permanent(DISALLOWED));
+        };
+        let fetched = self.fetch(work.url.as_deref(), budget, invocation).await;
+        let answer = fetched
+            .as_ref()
+            .err()
+            .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
+        self.leave(Some(permit), answer, invocation).await;
+        fetched
+    }
+
+    /// `ended`, once the permit of a record that did not fetch is given back.
+    async fn left(
+        &self,
+        permit: Option<Permit>,
+        ended: Result<Outcome, AwsError>,
+        invocation: &Invocation,
+    ) -> Result<Outcome, AwsError> {
+        self.leave(permit, None, invocation).await;
+        ended
     }
 
     async fn leave(
