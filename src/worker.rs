@@ -167,10 +167,12 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), record.body.as_deref()) else {
             return outcome;
         };
-        if arn.ends_with(".fifo") {
+        // Past its waits, it is held back through its visibility: a host that never has
+        // room (a robots.txt that never answers) ends in the dead-letter queue, not in a loop.
+        if arn.ends_with(".fifo") || message::polite_waits(Some(body)) >= MAX_POLITE_WAITS {
             return outcome;
         }
-        let body = message::with_booking(body, booked);
+        let body = message::for_next_wait(body, booked);
         match self.visibility.requeue(&queue, &body, delay).await {
             Ok(()) => Outcome::PoliteRequeued { delay },
             Err(err) => {
@@ -479,6 +481,10 @@ struct Work {
     permit: Option<Permit>,
     receives: u32,
 }
+
+/// Waits as fresh copies a message may have (about 100 minutes of a robots.txt retried every
+/// minute); after them a wait is a visibility hold, which counts toward the dead-letter queue.
+pub const MAX_POLITE_WAITS: u32 = 100;
 
 /// The reason a task robots.txt forbids fails with.
 pub const DISALLOWED: &str = "disallowed by robots.txt";

@@ -34,19 +34,31 @@ pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
     })
 }
 
-/// The worker's own field: the start a host's schedule booked for the task (ms since the
-/// epoch), carried by the copy of a message sent again while its host had no room.
+/// The worker's own fields, carried by the copy of a message sent again while its host had
+/// no room: the start the host's schedule booked for it (ms since the epoch), and how many
+/// such waits it has had. A producer's body has neither.
 const BOOKING: &str = "polite_start";
+const WAITS: &str = "polite_waits";
 
-/// The booking a body carries, if any (a producer's body has none).
+/// The booking a body carries, if any.
 pub fn booking(body: Option<&str>) -> Option<u64> {
-    let value: Value = serde_json::from_str(body?).ok()?;
-    value.get(BOOKING)?.as_u64()
+    field(body, BOOKING)
 }
 
-/// `body` carrying `booked` (or none: an earlier booking is dropped); a body that is no
-/// JSON object is returned as it is.
-pub fn with_booking(body: &str, booked: Option<u64>) -> String {
+/// The politeness waits a body has had.
+pub fn polite_waits(body: Option<&str>) -> u32 {
+    field(body, WAITS).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+fn field(body: Option<&str>, name: &str) -> Option<u64> {
+    let value: Value = serde_json::from_str(body?).ok()?;
+    value.get(name)?.as_u64()
+}
+
+/// `body` for its next wait: carrying `booked` (or none: an earlier booking is dropped) and
+/// one wait more; a body that is no JSON object is returned as it is.
+pub fn for_next_wait(body: &str, booked: Option<u64>) -> String {
+    let waits = polite_waits(Some(body)).saturating_add(1);
     let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
         return body.to_owned();
     };
@@ -54,6 +66,7 @@ pub fn with_booking(body: &str, booked: Option<u64>) -> String {
         Some(start) => fields.insert(BOOKING.into(), start.into()),
         None => fields.remove(BOOKING),
     };
+    fields.insert(WAITS.into(), waits.into());
     Value::Object(fields).to_string()
 }
 
@@ -126,15 +139,19 @@ mod tests {
     }
 
     #[test]
-    fn a_booking_rides_along_the_body_and_leaves_the_task_as_it_was() {
+    fn a_booking_and_the_waits_ride_along_the_body_and_leave_the_task_as_it_was() {
         let body = r#"{"job_id":"j","run_id":"r","task_id":"t","extra":1}"#;
 
-        let booked = with_booking(body, Some(1_700_000_000_000));
-        let unbooked = with_booking(&booked, None);
+        let booked = for_next_wait(body, Some(1_700_000_000_000));
+        let unbooked = for_next_wait(&booked, None);
 
         assert_eq!(booking(Some(&booked)), Some(1_700_000_000_000));
         assert_eq!(parse_body(Some(&booked)), parse_body(Some(body)));
         assert_eq!(booking(Some(&unbooked)), None);
-        assert_eq!(with_booking("not json", Some(1)), "not json");
+        assert_eq!(
+            (polite_waits(Some(body)), polite_waits(Some(&unbooked))),
+            (0, 2)
+        );
+        assert_eq!(for_next_wait("not json", Some(1)), "not json");
     }
 }

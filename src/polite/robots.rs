@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::domain::model::Page;
 use crate::polite::limits::Millis;
-use crate::scraper::FetchError;
+use crate::scraper::{FetchError, Retry};
 use crate::store::hosts::{Robots, RobotsRecord};
 
 /// robots.txt as a sandbox keeps it: parsed once.
@@ -64,8 +64,9 @@ impl Parsed {
     }
 }
 
-/// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429) means no
-/// rules, for `ttl`; a 429, 5xx or no answer means nothing allowed, until `retry`.
+/// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429), or a fetch
+/// our own rules refuse, means no rules, for `ttl`; a 429, 5xx or no answer means nothing
+/// allowed, until `retry`.
 pub fn record_of(
     fetched: &Result<Page, FetchError>,
     now: Millis,
@@ -77,6 +78,9 @@ pub fn record_of(
             Some(status) if (400..500).contains(&status) && status != 429 => {
                 (Robots::AllowAll, ttl)
             }
+            // Refused before any answer, for good (an address that is not public, a file
+            // over the cap): the tasks' own fetches meet the same rule and fail by it.
+            None if err.retry == Retry::Permanent => (Robots::AllowAll, ttl),
             _ => (Robots::Unavailable, retry),
         },
     };
@@ -150,11 +154,17 @@ mod tests {
             0,
             (100, 10),
         );
+        let refused = record_of(
+            &Err(FetchError::permanent("address is not public")),
+            0,
+            (100, 10),
+        );
 
         assert_eq!(
             (missing.rules.clone(), missing.expires_at),
             (Robots::AllowAll, 100)
         );
+        assert_eq!(refused.rules, Robots::AllowAll);
         for record in [failing, throttled, unreachable] {
             assert_eq!((record.rules, record.expires_at), (Robots::Unavailable, 10));
         }

@@ -2,7 +2,7 @@
 //! the emulator's queue with 16 records in flight) against logged local sites, with the
 //! hosts' shared state in the emulator's table.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
@@ -292,4 +292,69 @@ async fn with_limits_on_a_task_of_a_warm_sandbox_costs_six_aws_requests() {
     println!(
         "politeness: 6 AWS requests a task with limits on; 15 tasks in {polite_took:?} against {plain_took:?} without ({extra:.1} ms a task, 16 at once, against the emulator)"
     );
+}
+
+/// A host cooling down for `seconds` more, as another sandbox's 429 would have left it.
+async fn cooling(stack: &Stack, site: &PoliteSite, seconds: u64) {
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let until = SystemTime::now() + Duration::from_secs(seconds);
+    let until = until
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let mut item = conveyor_worker::store::keys::host_key(&host, "HOST");
+    item.insert(
+        "cooldown_until".into(),
+        conveyor_worker::store::attributes::n(until),
+    );
+    let put = stack
+        .dynamodb
+        .put_item()
+        .table_name(&stack.table)
+        .set_item(Some(item));
+    put.send().await.expect("put the host item");
+}
+
+#[tokio::test]
+async fn a_wait_is_a_fresh_copy_due_later_until_its_waits_run_out() {
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t000", &site.url("/page/0"), "pending")
+        .await;
+    cooling(&stack, &site, 4).await;
+    let queue = Queue::create(&stack, 30).await;
+    let worker = stack.worker_with(|t| t.politeness = polite(Some(5.0), Some(2)));
+    let on_queue = |body: String| {
+        let mut record = record("m1", &body, 1);
+        record.event_source_arn = Some(queue.arn.clone());
+        record
+    };
+    let worn = r#"{"job_id":"job-1","run_id":"run-1","task_id":"t000","polite_waits":100}"#;
+
+    let first = run_batch(&worker, vec![on_queue(body("t000"))]).await;
+    let copy = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(10))
+        .await;
+    let last = run_batch(&worker, vec![on_queue(worn.into())]).await;
+
+    assert!(retried(&first).is_empty(), "acked: its copy waits instead");
+    assert!(
+        copy.1 >= Duration::from_secs(3),
+        "due after the cooldown, not before"
+    );
+    let copied = copy.0.body.as_deref();
+    assert_eq!(conveyor_worker::domain::message::polite_waits(copied), 1);
+    assert_eq!(
+        retried(&last),
+        vec!["m1"],
+        "held back: toward the dead-letter queue"
+    );
+    assert_eq!(
+        stack.task("t000").await.status(),
+        Some("pending"),
+        "never claimed"
+    );
+    assert_eq!(site.hits("/page"), 0);
 }
