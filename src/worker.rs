@@ -337,6 +337,15 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             let adopted = Ok(outcome_of(converged, redelivery, false));
             return self.left(work.permit, adopted, invocation).await;
         }
+        // The host's start is slept here, after the claim, so the claim's time is not added
+        // to it; a cooldown set meanwhile holds the record (claimed) instead.
+        let work = match self.ready(work, invocation).await? {
+            Ok(work) => work,
+            Err(delay) => {
+                let booked = None;
+                return Ok(Outcome::PoliteHeld { delay, booked });
+            }
+        };
         let Some(budget) = self.fetch_budget(invocation) else {
             return self
                 .left(work.permit, Ok(Outcome::NoTimeLeft), invocation)
@@ -370,6 +379,28 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
         self.leave(Some(permit), answer, invocation).await;
         fetched
+    }
+
+    /// The work once its host's start has come (`Err`: the host is cooling down; the permit
+    /// was given back).
+    async fn ready(
+        &self,
+        mut work: Work,
+        invocation: &Invocation,
+    ) -> Result<Result<Work, Duration>, AwsError> {
+        let Some(permit) = work.permit.take() else {
+            return Ok(Ok(work));
+        };
+        let measures = &invocation.measures;
+        Ok(
+            match self.gate.ready(&self.tasks, permit, measures).await? {
+                Ok(permit) => {
+                    work.permit = Some(permit);
+                    Ok(work)
+                }
+                Err(delay) => Err(delay),
+            },
+        )
     }
 
     /// `ended`, once the permit of a record that did not fetch is given back.

@@ -79,11 +79,13 @@ pub enum HoldReason {
     Robots,
 }
 
-/// A fetch let through: its host and slot.
+/// A fetch let through: its host and slot, and the start it may not go before (slept in
+/// [`Gate::ready`], after the claim, so the claim's time is not added to the start).
 #[derive(Debug, Default)]
 pub struct Permit {
     host: Option<(Host, Option<f64>)>,
     slot: Option<(usize, Millis)>,
+    start: Millis,
 }
 
 /// The gate and what this sandbox knows of hosts between invocations (a view is refreshed
@@ -110,6 +112,10 @@ const ROBOTS_WAIT: Duration = Duration::from_secs(2);
 const ROBOTS_TIMEOUT: Duration = Duration::from_secs(10);
 /// A slot is held this much past its fetch's budget, for the time to give it back.
 const SLOT_MARGIN_MS: Millis = 5_000;
+/// The cooldown is read this long before a slept start.
+const READ_LEAD_MS: Millis = 100;
+/// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
+const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// Starts are booked at most this far ahead (SQS delays a message at most 15 minutes).
 const MOST_BOOKED_AHEAD_MS: Millis = 900_000;
 /// A booked record comes back this much before its start (SQS delays whole seconds and
@@ -169,46 +175,42 @@ impl Gate {
         }
         match booked {
             Some(start) => {
-                self.take_booked(store, &host, limits, (start, budget), measures)
+                self.take_booked(store, &host, limits, (start, budget))
                     .await
             }
-            None => self.take(store, &host, limits, budget, measures).await,
+            None => self.take(store, &host, limits, budget).await,
         }
     }
 
-    /// A booked start: slept until, then the slot alone is taken (the schedule was taken
-    /// when it was booked). A booking missed by more than its interval is void: the record
-    /// asks again like any other.
+    /// A booked start: the slot alone is taken (the schedule was taken when it was booked),
+    /// and the permit starts at the booking. A booking missed by more than its interval is
+    /// void: the record asks again like any other.
     async fn take_booked<S: HostStore>(
         &self,
         store: &S,
         host: &Host,
         limits: HostLimits,
         (start, budget): (Millis, Duration),
-        measures: &Measures,
     ) -> Result<Entry, AwsError> {
         let now = now_ms();
         let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
         if now > start + interval {
-            return self.take(store, host, limits, budget, measures).await;
+            return self.take(store, host, limits, budget).await;
         }
         if start > now + BOOKING_LEAD_MS + millis(self.settings.max_sleep) {
             let delay = Duration::from_millis(start - now - BOOKING_LEAD_MS);
             return Ok(Entry::Booked { start, delay });
         }
-        let slept = Duration::from_millis(start.saturating_sub(now));
-        measures.polite.slept_ms.fetch_add(millis(slept), ORDER);
-        tokio::time::sleep(slept).await;
         let unscheduled = HostLimits {
             max_rps: None,
             ..limits
         };
-        let entry = self
-            .take(store, host, unscheduled, budget, measures)
-            .await?;
+        // The slot alone (its take checks the cooldown too); the start is the booked one.
+        let entry = self.take(store, host, unscheduled, budget).await?;
         Ok(match entry {
             Entry::Go(mut permit) => {
                 permit.host = Some((host.clone(), limits.max_rps));
+                permit.start = start;
                 Entry::Go(permit)
             }
             other => other,
@@ -224,7 +226,6 @@ impl Gate {
         host: &Host,
         limits: HostLimits,
         budget: Duration,
-        measures: &Measures,
     ) -> Result<Entry, AwsError> {
         if limits.is_none() {
             return Ok(Entry::Go(Permit::default()));
@@ -267,40 +268,65 @@ impl Gate {
         match start {
             Ok(at) => {
                 let host = Some((host.clone(), limits.max_rps));
-                let permit = Permit { host, slot };
-                self.sleep_until(store, permit, at, measures).await
+                Ok(Entry::Go(Permit {
+                    host,
+                    slot,
+                    start: at,
+                }))
             }
             Err(wait) => Ok(Entry::Hold(jittered(wait), HoldReason::Host)),
         }
     }
 
-    /// Sleeps until a granted start; a host that pushed back meanwhile (another sandbox saw
-    /// its 429 or 503) is read before the fetch, and its cooldown obeyed.
-    async fn sleep_until<S: HostStore>(
+    /// Sleeps until the permit's start; a host that pushed back meanwhile (another sandbox
+    /// saw its 429 or 503) is read before the fetch and its cooldown obeyed: the permit is
+    /// given back and the wait answered instead.
+    pub async fn ready<S: HostStore>(
         &self,
         store: &S,
         permit: Permit,
-        at: Millis,
         measures: &Measures,
-    ) -> Result<Entry, AwsError> {
-        let wait = at.saturating_sub(now_ms());
-        if wait == 0 {
-            return Ok(Entry::Go(permit));
-        }
-        measures.polite.slept_ms.fetch_add(wait, ORDER);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
-        let Some((host, _)) = &permit.host else {
-            return Ok(Entry::Go(permit));
+    ) -> Result<Result<Permit, Duration>, AwsError> {
+        let Some((host, max_rps)) = permit.host.clone() else {
+            return Ok(Ok(permit));
         };
-        let cooldown = store.host(host).await?.cooldown_until;
-        let now = now_ms();
-        match cooldown.filter(|until| *until > now) {
-            Some(until) => {
-                let wait = jittered(until - now);
+        let wait = permit.start.saturating_sub(now_ms());
+        if wait > 0 {
+            measures.polite.slept_ms.fetch_add(wait, ORDER);
+            // The read is made just before the start, not after it.
+            tokio::time::sleep(Duration::from_millis(wait.saturating_sub(READ_LEAD_MS))).await;
+            let cooldown = store.host(&host).await?.cooldown_until;
+            let now = now_ms();
+            if let Some(until) = cooldown.filter(|until| *until > now) {
                 self.leave(store, permit, None, measures).await;
-                Ok(Entry::Hold(wait, HoldReason::Host))
+                return Ok(Err(jittered(until - now)));
             }
-            None => Ok(Entry::Go(permit)),
+            tokio::time::sleep(Duration::from_millis(permit.start.saturating_sub(now))).await;
+        }
+        // A start missed by more than its interval (the claim took that long) is void: the
+        // fetch would bunch with the next ones. The schedule is taken again, once.
+        let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
+        if now_ms() <= permit.start.saturating_add(interval) {
+            return Ok(Ok(permit));
+        }
+        let schedule = HostLimits {
+            max_rps,
+            max_inflight: None,
+        };
+        match self.take(store, &host, schedule, AGAIN_BUDGET).await? {
+            Entry::Go(again) => {
+                let wait = again.start.saturating_sub(now_ms());
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                Ok(Ok(Permit {
+                    start: again.start,
+                    ..permit
+                }))
+            }
+            Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => {
+                self.leave(store, permit, None, measures).await;
+                Ok(Err(wait))
+            }
+            Entry::Disallowed => Ok(Ok(permit)),
         }
     }
 
@@ -460,12 +486,16 @@ impl Gate {
                 ROBOTS_WAIT.as_millis() as Millis
             ))));
         }
-        let permit = match self.take(store, host, limits, budget, measures).await? {
+        let permit = match self.take(store, host, limits, budget).await? {
             Entry::Go(permit) => permit,
             Entry::Hold(wait, _) => return Ok(Err(RobotsSays::Wait(wait))),
             // The robots.txt fetch does not keep a booking: its lease lapses first.
             Entry::Booked { delay, .. } => return Ok(Err(RobotsSays::Wait(delay))),
             Entry::Disallowed => return Ok(Err(RobotsSays::Disallowed)),
+        };
+        let permit = match self.ready(store, permit, measures).await? {
+            Ok(permit) => permit,
+            Err(wait) => return Ok(Err(RobotsSays::Wait(wait))),
         };
         let robots_url = robots::robots_url(url).unwrap_or_default();
         let fetched = fetcher.fetch(&robots_url, budget.min(ROBOTS_TIMEOUT)).await;

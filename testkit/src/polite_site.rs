@@ -94,18 +94,26 @@ impl PoliteSite {
 
     /// The most requests that started within any window of `width` (both ends included).
     pub fn most_started_within(&self, width: Duration) -> usize {
-        let mut starts: Vec<Instant> = self.visits().iter().map(|v| v.started).collect();
-        starts.sort();
-        (0..starts.len())
-            .map(|i| {
-                starts[i..]
-                    .iter()
-                    .take_while(|s| **s - starts[i] <= width)
-                    .count()
-            })
-            .max()
-            .unwrap_or(0)
+        most_started_within(&[self], width)
     }
+}
+
+/// The most requests that started within any window of `width` on these sites together.
+pub fn most_started_within(sites: &[&PoliteSite], width: Duration) -> usize {
+    let mut starts: Vec<Instant> = sites
+        .iter()
+        .flat_map(|site| site.visits().into_iter().map(|v| v.started))
+        .collect();
+    starts.sort();
+    (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|s| **s - starts[i] <= width)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
