@@ -87,19 +87,14 @@ impl HostState {
         (factor * 0.5_f64.powf(age / SLOWDOWN_HALF_LIFE_MS)).max(1.0)
     }
 
-    /// A slot free at `now` among the first `max` (`Some(0)` when there is no limit).
-    pub fn free_slot(&self, max: Option<u32>, now: Millis) -> Option<Option<usize>> {
-        let Some(max) = max else {
-            return Some(None);
-        };
-        let free = (0..max as usize).find(|&i| {
-            self.slots
-                .get(i)
-                .copied()
-                .flatten()
-                .is_none_or(|until| until <= now)
-        });
-        free.map(Some)
+    /// When slot `i` is held until (0: free).
+    pub fn slot_until(&self, i: usize) -> Millis {
+        self.slots.get(i).copied().flatten().unwrap_or(0)
+    }
+
+    /// Whether slot `i` is held at `now` (a lapsed one is free).
+    pub fn slot_taken(&self, i: usize, now: Millis) -> bool {
+        self.slot_until(i) > now
     }
 }
 
@@ -123,14 +118,7 @@ impl Ask {
         let Some((slot, until)) = self.slot else {
             return *self;
         };
-        let taken = |i: usize| {
-            state
-                .slots
-                .get(i)
-                .copied()
-                .flatten()
-                .is_some_and(|u| u > self.now)
-        };
+        let taken = |i: usize| state.slot_taken(i, self.now);
         if !taken(slot) {
             return *self;
         }
@@ -166,8 +154,7 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
         return (Grant::Wait(until - now), state.clone());
     }
     if let Some((slot, _)) = ask.slot
-        && let Some(Some(until)) = state.slots.get(slot)
-        && *until > now
+        && state.slot_taken(slot, now)
     {
         return (Grant::Wait(SLOT_RETRY_MS), state.clone());
     }
@@ -305,8 +292,8 @@ mod tests {
             slots: 2,
         };
 
-        assert_eq!(held.free_slot(Some(2), 1_000), Some(Some(1)));
-        assert_eq!(held.free_slot(Some(1), 1_000), None);
+        assert!(held.slot_taken(0, 1_000) && !held.slot_taken(1, 1_000));
+        assert!(!held.slot_taken(0, 5_000), "lapsed");
         assert_eq!(decide(&held, &take(0, 1_000)).0, Grant::Wait(SLOT_RETRY_MS));
         assert_eq!(decide(&held, &take(0, 5_000)).0, Grant::StartAt(5_000));
         assert_eq!(take(0, 1_000).repicked(&held).slot, Some((1, 31_000)));

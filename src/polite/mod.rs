@@ -554,10 +554,13 @@ impl RobotsSays {
 /// all ask for the same one), else the one whose lease ends first (the view may be stale:
 /// the host's item decides).
 fn pick_slot(seen: &HostState, max: u32, now: Millis) -> usize {
-    let until = |i: usize| seen.slots.get(i).copied().flatten().unwrap_or(0);
-    let free: Vec<usize> = (0..max as usize).filter(|&i| until(i) <= now).collect();
+    let free: Vec<usize> = (0..max as usize)
+        .filter(|&i| !seen.slot_taken(i, now))
+        .collect();
     if free.is_empty() {
-        (0..max as usize).min_by_key(|&i| until(i)).unwrap_or(0)
+        (0..max as usize)
+            .min_by_key(|&i| seen.slot_until(i))
+            .unwrap_or(0)
     } else {
         free[fastrand::usize(..free.len())]
     }

@@ -269,7 +269,7 @@ impl HostStore for MemoryTasks {
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
         if let Some((slot, until)) = slot
-            && state.slots.get(slot).copied().flatten() == Some(until)
+            && state.slot_until(slot) == until
         {
             state.slots[slot] = None;
         }
