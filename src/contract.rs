@@ -72,6 +72,10 @@ pub enum Outcome {
         delay: Duration,
         booked: Option<u64>,
     },
+    /// A final attempt that ended for a reason of ours (no time left, a store error) was
+    /// sent again as a fresh copy, due after `delay`, carrying the receives spent: the task
+    /// still gets its last try; this delivery is done.
+    SentAgain { delay: Duration },
     /// Too little time was left before the cutoff to fetch the page and still store it:
     /// not fetched (or the fetch stopped at its budget), and made visible again at once for
     /// an invocation with time to spare.
@@ -90,6 +94,7 @@ impl Outcome {
             Outcome::Poison(_) => Reply::Ack,
             Outcome::NotWanted(_) => Reply::Ack,
             Outcome::PoliteRequeued { .. } => Reply::Ack,
+            Outcome::SentAgain { .. } => Reply::Ack,
             Outcome::PoliteHeld { .. } => Reply::Retry,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
@@ -113,6 +118,7 @@ impl Outcome {
             Outcome::Poison(_) => "poison",
             Outcome::NotWanted(_) => "not_wanted",
             Outcome::PoliteRequeued { .. } => "polite_requeued",
+            Outcome::SentAgain { .. } => "sent_again",
             Outcome::PoliteHeld { .. } => "polite_held",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
@@ -174,6 +180,9 @@ mod tests {
             Outcome::LostRace,
             Outcome::Poison(Poison("not JSON".into())),
             Outcome::NotWanted(NotWanted::RunNotRunning),
+            Outcome::SentAgain {
+                delay: Duration::ZERO,
+            },
         ];
         for outcome in retried {
             assert_eq!(outcome.reply(), Reply::Retry, "{outcome:?}");

@@ -127,7 +127,8 @@ impl Tally {
         ) {
             return &mut self.polite_holds;
         }
-        if outcome.reply() == Reply::Retry {
+        // A final attempt sent again as a copy is a retry, whatever SQS is told of it.
+        if outcome.reply() == Reply::Retry || matches!(outcome, Outcome::SentAgain { .. }) {
             return &mut self.retried;
         }
         match outcome {

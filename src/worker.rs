@@ -101,7 +101,7 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         span.record("job_id", task.job_id.as_str());
         span.record("run_id", task.run_id.as_str());
         span.record("task_id", task.task_id.as_str());
-        let receives = receive_count(record);
+        let receives = receive_count(record) + message::receives_before(record.body.as_deref());
         let owner = self.lease_owner(invocation, record);
         let booked = message::booking(record.body.as_deref());
         let outcome = self
@@ -114,6 +114,7 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         {
             self.release(&task, owner).await;
         }
+        let outcome = self.send_again(record, outcome, receives).await;
         if let Some(delay) = self.hold_for(&outcome, receives) {
             self.hold(record, delay).await;
         }
@@ -177,6 +178,37 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             Ok(()) => Outcome::PoliteRequeued { delay },
             Err(err) => {
                 tracing::warn!(error = %err, "could not send the held record again; held back instead");
+                outcome
+            }
+        }
+    }
+
+    /// A final attempt that ended for a reason of ours, not the page's (too little time
+    /// left to fetch, a store error), is sent again as a fresh copy carrying the receives
+    /// spent before it: the task still gets its last try instead of the dead-letter queue.
+    /// Bounded ([`MAX_COPIES`]), and not on a FIFO queue; if the copy cannot be sent, the
+    /// outcome stands (the message comes back and meets the redrive policy).
+    async fn send_again(&self, record: &SqsMessage, outcome: Outcome, receives: u32) -> Outcome {
+        let ours = matches!(outcome, Outcome::NoTimeLeft | Outcome::Store(_));
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let body = record.body.as_deref();
+        if !ours
+            || receives < self.settings.max_attempts
+            || arn.ends_with(".fifo")
+            || message::copies(body) >= MAX_COPIES
+        {
+            return outcome;
+        }
+        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), body) else {
+            return outcome;
+        };
+        let delay = self.hold_for(&outcome, receives).unwrap_or_default();
+        // This receive did not try the page: it is not counted.
+        let body = message::for_another_try(body, receives.saturating_sub(1));
+        match self.visibility.requeue(&queue, &body, delay).await {
+            Ok(()) => Outcome::SentAgain { delay },
+            Err(err) => {
+                tracing::warn!(error = %err, "could not send the final attempt again");
                 outcome
             }
         }
@@ -530,6 +562,10 @@ struct Attempt {
     /// The fetch's time budget.
     budget: Duration,
 }
+
+/// Copies a message may have after final attempts that ended for reasons of ours; past them,
+/// it meets the queue's redrive policy like any other.
+pub const MAX_COPIES: u32 = 10;
 
 /// A fetch given less time than this would mostly time out: not started.
 pub const MIN_FETCH: Duration = Duration::from_secs(1);

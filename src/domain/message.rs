@@ -50,6 +50,34 @@ pub fn polite_waits(body: Option<&str>) -> u32 {
     field(body, WAITS).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// Carried by the copy of a message sent again after a final attempt that ended for a reason
+/// of ours (no time left, a store error), not the page's: the receives earlier copies spent
+/// on the task, and how many such copies there have been.
+const RECEIVES_BEFORE: &str = "receives_before";
+const COPIES: &str = "copies";
+
+/// The receives earlier copies of this message spent (0 for a producer's body).
+pub fn receives_before(body: Option<&str>) -> u32 {
+    field(body, RECEIVES_BEFORE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// How many times this message was sent again after a final attempt of ours.
+pub fn copies(body: Option<&str>) -> u32 {
+    field(body, COPIES).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// `body` for a copy that has `spent` receives behind it and one copy more; a body that is
+/// no JSON object is returned as it is.
+pub fn for_another_try(body: &str, spent: u32) -> String {
+    let copies = copies(Some(body)).saturating_add(1);
+    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
+        return body.to_owned();
+    };
+    fields.insert(RECEIVES_BEFORE.into(), spent.into());
+    fields.insert(COPIES.into(), copies.into());
+    Value::Object(fields).to_string()
+}
+
 fn field(body: Option<&str>, name: &str) -> Option<u64> {
     let value: Value = serde_json::from_str(body?).ok()?;
     value.get(name)?.as_u64()
@@ -153,5 +181,21 @@ mod tests {
             (0, 2)
         );
         assert_eq!(for_next_wait("not json", Some(1)), "not json");
+    }
+
+    #[test]
+    fn a_copy_carries_the_receives_spent_and_counts_itself() {
+        let body = r#"{"job_id":"j","run_id":"r","task_id":"t"}"#;
+
+        let first = for_another_try(body, 4);
+        let second = for_another_try(&first, 4);
+
+        assert_eq!(parse_body(Some(&second)), parse_body(Some(body)));
+        assert_eq!((receives_before(Some(body)), copies(Some(body))), (0, 0));
+        assert_eq!(
+            (receives_before(Some(&second)), copies(Some(&second))),
+            (4, 2)
+        );
+        assert_eq!(for_another_try("not json", 4), "not json");
     }
 }

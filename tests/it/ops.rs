@@ -90,6 +90,8 @@ async fn poll_until_drained_ends_every_task_of_a_run_exactly_once() {
         .args(["--limit", "2m", "--timeout", "10s", "--wait-seconds", "1"])
         .args(["--progress-every", "1s"])
         .envs(scenario::worker_env(&prepared.stack))
+        // What each record came to, told if an assertion fails.
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -109,13 +111,10 @@ async fn poll_until_drained_ends_every_task_of_a_run_exactly_once() {
     );
     assert!(stdout.contains(" queued "), "progress lines: {stdout}");
     let report = prepared.check(None, 0.0, "").await;
-    assert_eq!(
-        report.successful + report.failed,
-        TASKS,
-        "{}",
-        report.line()
-    );
-    assert_eq!(report.dead_lettered, 0, "{}", report.line());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let told = format!("{}\n{stdout}{stderr}", report.line());
+    assert_eq!(report.successful + report.failed, TASKS, "{told}");
+    assert_eq!(report.dead_lettered, 0, "{told}");
     assert!(
         report.counters.starts_with("run completed:"),
         "{}",

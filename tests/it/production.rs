@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::batch::process_batch;
+use conveyor_worker::domain::message;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::store::{attributes, keys};
 
@@ -257,6 +258,35 @@ async fn no_fetch_starts_without_time_left_to_store_its_page() {
         ["ChangeMessageVisibility"],
         "made visible at once"
     );
+}
+
+#[tokio::test]
+async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last_try() {
+    // Arrange: a message whose receive is the final attempt (earlier copies spent the rest).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/down/a"), "pending").await;
+    let queue = Queue::create(&stack, 60).await;
+    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1);
+    queue.send(&stack, &spent).await;
+    let last = queue.receive(&stack).await.expect("the final attempt");
+    let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(2));
+
+    // Act: no time left to fetch; then the copy, with time.
+    let reply = run_batch_with(&worker, vec![last], Duration::from_millis(2500)).await;
+    let copy = queue.receive(&stack).await.expect("a fresh copy");
+    let again = run_batch_with(&worker, vec![copy.clone()], Duration::from_secs(30)).await;
+
+    // Assert: acked, not dead-lettered; the copy kept the receives and failed the task as the
+    // final attempt it is.
+    assert!(retried(&reply).is_empty(), "the copy replaces it");
+    let copy_body = copy.body.as_deref();
+    assert_eq!(message::receives_before(copy_body), MAX_ATTEMPTS - 1);
+    assert_eq!(message::copies(copy_body), 2);
+    assert!(retried(&again).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("failed"), "{task:?}");
+    assert_eq!(site.hits("/down/a"), 1, "one fetch, on the last try");
 }
 
 #[tokio::test]
