@@ -12,10 +12,10 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench lint clean
+.PHONY: test run stack build bench lint clean tinyproxy
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
-test: lint
+test: lint tinyproxy
 	scripts/with-moto cargo test --locked --workspace
 
 ## run: the sample events through the function under cargo lambda watch, then a whole run
@@ -48,6 +48,10 @@ lint: $(VENV)/.test
 	sam validate --lint --template template.yaml
 	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
 	python scripts/check_package.py --self-test
+
+## tinyproxy: the forward proxy the proxy tests run against (Debian's tinyproxy-bin)
+tinyproxy:
+	scripts/need-tinyproxy
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)

@@ -18,10 +18,14 @@ use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
 use crate::config::Config;
 use crate::contract::Outcome;
 use crate::metrics::{self, MetricsSettings};
+use crate::scraper::proxy::ProxySecret;
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
+use crate::store::error::AwsError;
 use crate::store::hosts::HostStore;
 use crate::store::queue::{SqsVisibility, Visibility};
 use crate::store::results::{ResultStore, S3ResultStore};
+use crate::store::secrets;
+use crate::store::spend::SpendStore;
 use crate::store::tasks::{DynamoTaskStore, TaskStore};
 use crate::worker::Worker;
 
@@ -56,6 +60,18 @@ pub async fn sdk_config(trust: Trust) -> SdkConfig {
         loader
     };
     loader.load().await
+}
+
+/// The proxies' credentials, from `PROXY_SECRET_ARN` (none without it).
+pub async fn proxy_secret(config: &Config, sdk: &SdkConfig) -> Result<ProxySecret, AwsError> {
+    let Some(arn) = config.proxy_secret_arn.as_deref() else {
+        return Ok(ProxySecret::default());
+    };
+    if config.proxies.is_empty() {
+        tracing::warn!("PROXY_SECRET_ARN is set but PROXY_URLS is not: fetches go direct");
+    }
+    let client = aws_sdk_secretsmanager::Client::new(sdk);
+    secrets::proxy_secret(&client, arn).await
 }
 
 /// Whether the environment holds credentials, as Lambda's always does (the function role's).
@@ -117,7 +133,11 @@ pub struct BuildError(#[from] reqwest::Error);
 
 impl AwsWorker {
     /// Builds every client once, from the configuration and the SDK config.
-    pub fn from_config(config: &Config, sdk: &SdkConfig) -> Result<Self, BuildError> {
+    pub fn from_config(
+        config: &Config,
+        sdk: &SdkConfig,
+        secret: &ProxySecret,
+    ) -> Result<Self, BuildError> {
         if config.allow_private_networks {
             tracing::warn!(
                 "ALLOW_PRIVATE_NETWORKS=true: pages on private and loopback addresses will be fetched"
@@ -129,14 +149,14 @@ impl AwsWorker {
         Ok(Worker::new(
             DynamoTaskStore::new(dynamodb, &config.table_name),
             S3ResultStore::new(s3, &config.results_bucket),
-            HttpFetcher::new(&FetchSettings::from(config))?,
+            HttpFetcher::new(&FetchSettings::from(config), secret)?,
             SqsVisibility::new(sqs, sdk.endpoint_url().map(str::to_owned)),
             config.into(),
         ))
     }
 }
 
-impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
     for Worker<T, R, F, V>
 {
     async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {

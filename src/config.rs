@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::polite::Politeness;
 use crate::polite::limits::HostLimits;
 use crate::polite::robots::agent_token;
+use crate::scraper::proxy::Tiers;
 use crate::store::hosts::MAX_SLOTS;
 
 /// Why the cold start cannot go on.
@@ -19,6 +20,9 @@ pub enum ConfigError {
         value: String,
         expected: &'static str,
     },
+    /// Said without the value, which may hold a credential.
+    #[error("PROXY_URLS is not valid: {0}")]
+    Proxies(String),
 }
 
 /// What a delivery does when another one holds the same task at the same moment.
@@ -77,6 +81,12 @@ pub struct Config {
     pub function_memory_mb: Option<u64>,
     /// Per-host limits shared by the fleet, and robots.txt.
     pub politeness: Politeness,
+    /// The proxy tiers every fetch goes through (none: direct).
+    pub proxies: Tiers,
+    /// The Secrets Manager secret holding the proxies' credentials, read once per cold start.
+    pub proxy_secret_arn: Option<String>,
+    /// How long a host keeps the proxy it was given in a tier.
+    pub proxy_session: Duration,
 }
 
 /// Memory the process needs besides the bodies in flight (runtime, TLS, SDK clients, logs):
@@ -151,6 +161,10 @@ impl Config {
                 .get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
                 .and_then(|m| m.parse().ok()),
             politeness: env.politeness()?,
+            proxies: Tiers::parse(&env.get("PROXY_URLS").unwrap_or_default())
+                .map_err(ConfigError::Proxies)?,
+            proxy_secret_arn: env.get("PROXY_SECRET_ARN"),
+            proxy_session: env.millis("PROXY_SESSION_MS", 600_000)?,
         })
     }
 }
@@ -335,6 +349,26 @@ mod tests {
         assert_eq!(config(&vars).unwrap().results_prefix, "results/");
         vars.push(("RESULTS_PREFIX", ""));
         assert_eq!(config(&vars).unwrap().results_prefix, "");
+    }
+
+    #[test]
+    fn proxy_tiers_are_read_and_a_credential_in_them_is_never_echoed() {
+        let mut vars = REQUIRED.to_vec();
+        vars.push((
+            "PROXY_URLS",
+            "http://dc1:3128,http://dc2:3128;http://resi:8000",
+        ));
+        let read = config(&vars).unwrap();
+        assert_eq!(read.proxies.len(), 2);
+        assert_eq!(read.proxy_session, Duration::from_secs(600));
+
+        let mut vars = REQUIRED.to_vec();
+        vars.push(("PROXY_URLS", "http://me:hunter2@dc1:3128"));
+        let err = config(&vars).unwrap_err().to_string();
+        assert!(
+            err.starts_with("PROXY_URLS") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 
     #[test]

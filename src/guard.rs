@@ -16,11 +16,12 @@ use crate::store::error::AwsError;
 use crate::store::tasks::{Claim, Lease, TaskStore};
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
-/// them, and the job's politeness.
+/// them, the job's politeness, and the run's budget for the paid proxy tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Wanted {
     pub counting: Counting,
     pub politeness: JobPoliteness,
+    pub paid_budget: Option<u64>,
 }
 
 /// What the guard's reads let through.
@@ -165,6 +166,7 @@ fn wanted(parents: &Parents) -> Wanted {
     Wanted {
         counting: parents.counting,
         politeness: parents.politeness,
+        paid_budget: parents.paid_budget,
     }
 }
 

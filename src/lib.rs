@@ -15,6 +15,7 @@
 pub mod aws;
 pub mod backoff;
 pub mod batch;
+pub mod budget;
 pub mod config;
 pub mod contract;
 pub mod converge;

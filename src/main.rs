@@ -14,7 +14,11 @@ async fn main() -> Result<(), Error> {
         Err(err) => return Err(aws::fail_init("ConfigError", err).await),
     };
     let sdk = aws::sdk_config(aws::Trust::CompiledIn).await;
-    let worker = match AwsWorker::from_config(&config, &sdk) {
+    let secret = match aws::proxy_secret(&config, &sdk).await {
+        Ok(secret) => secret,
+        Err(err) => return Err(aws::fail_init("ProxySecretError", err).await),
+    };
+    let worker = match AwsWorker::from_config(&config, &sdk, &secret) {
         Ok(worker) => worker,
         Err(err) => return Err(aws::fail_init("BuildError", err).await),
     };

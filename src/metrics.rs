@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::Config;
 use crate::contract::{Outcome, Reply};
+use crate::domain::spend::{MAX_TIERS, Spend};
 
 /// EMF caps the values of one metric in one document.
 pub const MAX_VALUES_PER_METRIC: usize = 100;
@@ -38,6 +39,8 @@ pub struct Measures {
     /// Writes that met a concurrent change and were tried again (`retry::Patience`).
     pub conflicts: AtomicU64,
     pub polite: PoliteMeasures,
+    /// Requests and bytes through each proxy tier (task fetches and robots.txt alike).
+    spend: Mutex<Spend>,
 }
 
 /// What politeness did in one invocation (`polite::Gate`).
@@ -64,7 +67,21 @@ impl Measures {
     pub fn stored(&self, bytes: u64) {
         self.bytes_stored.fetch_add(bytes, Ordering::Relaxed);
     }
+
+    /// A fetch spent this through proxies.
+    pub fn spent(&self, spend: &Spend) {
+        let mut all = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
+        *all = all.plus(spend);
+    }
 }
+
+/// The metrics of each proxy tier, by tier (static names, as EMF wants them).
+const TIER_METRICS: [(&str, &str); MAX_TIERS] = [
+    ("ProxyRequestsTier1", "ProxyBytesTier1"),
+    ("ProxyRequestsTier2", "ProxyBytesTier2"),
+    ("ProxyRequestsTier3", "ProxyBytesTier3"),
+    ("ProxyRequestsTier4", "ProxyBytesTier4"),
+];
 
 /// What one invocation did, by the ack contract.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -94,6 +111,8 @@ pub struct Tally {
     pub host_cooldowns: u64,
     pub robots_fetches: u64,
     pub robots_disallowed: u64,
+    /// Requests and body bytes through each proxy tier.
+    pub spend: Spend,
 }
 
 impl Tally {
@@ -111,6 +130,10 @@ impl Tally {
             host_cooldowns: measures.polite.cooldowns.into_inner(),
             robots_fetches: measures.polite.robots_fetches.into_inner(),
             robots_disallowed: measures.polite.robots_disallowed.into_inner(),
+            spend: measures
+                .spend
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner),
             ..Tally::default()
         };
         for outcome in outcomes {
@@ -167,6 +190,12 @@ impl Tally {
             ("PoliteWait", "Milliseconds", json!(self.polite_slept_ms)),
         ];
         first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
+        for (tier, spend) in self.spend.spent() {
+            // `spent` yields tiers 1 to MAX_TIERS: always an index of the table.
+            let (requests, bytes) = TIER_METRICS[tier - 1];
+            first.push((requests, "Count", json!(spend.requests)));
+            first.push((bytes, "Bytes", json!(spend.bytes)));
+        }
         let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
         if let Some(chunk) = latencies.next() {
             first.push(("FetchLatency", "Milliseconds", json!(chunk)));
@@ -338,6 +367,11 @@ mod tests {
             .robots_disallowed
             .fetch_add(1, Ordering::Relaxed);
 
+        let mut spend = Spend::default();
+        spend.add(2, 2, 300);
+        measures.spent(&spend);
+        measures.spent(&spend);
+
         let tally = Tally::of(&outcomes, measures);
 
         let expected = Tally {
@@ -356,8 +390,13 @@ mod tests {
             host_cooldowns: 1,
             robots_fetches: 1,
             robots_disallowed: 1,
+            spend: spend.plus(&spend),
         };
         assert_eq!(tally, expected);
+        let document = &tally.documents(&settings(), "r", SystemTime::UNIX_EPOCH)[0];
+        assert_eq!(document["ProxyBytesTier2"], 600);
+        assert_eq!(document["ProxyRequestsTier2"], 4);
+        assert!(document.get("ProxyBytesTier1").is_none());
     }
 
     #[test]

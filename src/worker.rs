@@ -7,25 +7,28 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::batch::Invocation;
+use crate::budget::PaidAllowances;
 use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
-use crate::domain::model::Counting;
 use crate::domain::model::{Failure, Page};
+use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
 use crate::guard::{self, Admission, Checked, ParentsCache, Wanted};
 use crate::metrics::Measures;
 use crate::polite::{Entry, Gate, Permit, Politeness};
 use crate::retry::{Patience, RetryPolicy};
-use crate::scraper::{FetchError, Fetcher, Retry};
+use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry};
 use crate::store::error::AwsError;
 use crate::store::hosts::HostStore;
 use crate::store::queue::{QueueRef, Visibility};
 use crate::store::results::ResultStore;
+use crate::store::spend::SpendStore;
 use crate::store::tasks::{Lease, TaskStore};
+use sha2::{Digest, Sha256};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]
@@ -44,6 +47,8 @@ pub struct RecordSettings {
     pub duplicate_policy: DuplicatePolicy,
     /// Per-host limits shared by the fleet, and robots.txt.
     pub politeness: Politeness,
+    /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
+    pub proxy_tiers: usize,
 }
 
 impl From<&Config> for RecordSettings {
@@ -59,6 +64,7 @@ impl From<&Config> for RecordSettings {
             backoff: config.into(),
             duplicate_policy: config.duplicate_policy,
             politeness: config.politeness.clone(),
+            proxy_tiers: config.proxies.len(),
         }
     }
 }
@@ -74,6 +80,8 @@ pub struct Worker<T, R, F, V> {
     pub settings: RecordSettings,
     pub parents: ParentsCache,
     pub gate: Gate,
+    /// This sandbox's shares of runs' paid-tier budgets.
+    pub paid: PaidAllowances,
 }
 
 impl<T, R, F, V> Worker<T, R, F, V> {
@@ -81,6 +89,7 @@ impl<T, R, F, V> Worker<T, R, F, V> {
         Self {
             parents: ParentsCache::new(settings.parents_ttl),
             gate: Gate::new(settings.politeness.clone()),
+            paid: PaidAllowances::default(),
             tasks,
             results,
             fetcher,
@@ -90,7 +99,9 @@ impl<T, R, F, V> Worker<T, R, F, V> {
     }
 }
 
-impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker<T, R, F, V> {
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
     /// Processes one record within the invocation. Never fails: every end is an outcome.
     pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
         let task = match message::parse_body(record.body.as_deref()) {
@@ -103,9 +114,13 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         span.record("task_id", task.task_id.as_str());
         let receives = receive_count(record) + message::receives_before(record.body.as_deref());
         let owner = self.lease_owner(invocation, record);
-        let booked = message::booking(record.body.as_deref());
+        let delivery = Delivery {
+            receives,
+            booked: message::booking(record.body.as_deref()),
+            id: delivery_id(record, receives),
+        };
         let outcome = self
-            .process_task(&task, (receives, booked), invocation, owner.as_deref())
+            .process_task(&task, &delivery, invocation, owner.as_deref())
             .await
             .unwrap_or_else(Outcome::Store);
         let outcome = self.requeue_politely(record, outcome).await;
@@ -261,7 +276,7 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
     async fn process_task(
         &self,
         task: &TaskRef,
-        (receives, booked): (u32, Option<u64>),
+        delivery: &Delivery,
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
@@ -275,6 +290,7 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         let Some(budget) = self.fetch_budget(invocation) else {
             return Ok(Outcome::NoTimeLeft);
         };
+        let booked = delivery.booked;
         let entered = self.enter_host(url.as_deref(), &wanted, booked, budget, invocation);
         let permit = match entered.await? {
             Ok(permit) => permit,
@@ -282,9 +298,10 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         };
         let work = Work {
             url,
-            counting: wanted.counting,
+            wanted,
             permit,
-            receives,
+            receives: delivery.receives,
+            delivery: delivery.id.clone(),
         };
         self.claimed(task, work, invocation, owner).await
     }
@@ -362,7 +379,7 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             tasks: &self.tasks,
             results: &self.results,
             patience,
-            counting: work.counting,
+            counting: work.wanted.counting,
         };
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
@@ -388,29 +405,96 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
             final_attempt,
             budget,
         };
-        let fetched = self.fetch_polite(work, budget, invocation).await;
+        let fetched = self.fetch_polite(task, work, budget, invocation).await;
         self.converge(&stores, task, &key, fetched, attempt, &invocation.measures)
             .await
     }
 
     /// Fetches with the host's permit, given back with the answer after; without one
-    /// (robots.txt forbids the URL), fails for good without a request.
+    /// (robots.txt forbids the URL), fails for good without a request. What the fetch spent
+    /// through proxies is recorded before anything else.
     async fn fetch_polite(
         &self,
-        work: Work,
+        task: &TaskRef,
+        mut work: Work,
         budget: Duration,
         invocation: &Invocation,
     ) -> Result<Page, FetchError> {
-        let Some(permit) = work.permit else {
+        let Some(permit) = work.permit.take() else {
             return Err(FetchError::permanent(DISALLOWED));
         };
-        let fetched = self.fetch(work.url.as_deref(), budget, invocation).await;
+        let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
+        self.account(task, &work, &fetched.spend).await;
         let answer = fetched
+            .page
             .as_ref()
             .err()
             .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
         self.leave(Some(permit), answer, invocation).await;
-        fetched
+        fetched.page
+    }
+
+    /// The fetch, with the paid proxy tier held back while the run has a budget for it:
+    /// asked only once the other tiers are blocked, and only while this sandbox holds (or
+    /// can reserve) some of that budget.
+    async fn fetch_budgeted(
+        &self,
+        task: &TaskRef,
+        work: &Work,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let url = work.url.as_deref();
+        let (Some(run_budget), paid @ 1..) = (work.wanted.paid_budget, self.settings.proxy_tiers)
+        else {
+            return self.fetch(url, Ask::within(budget), invocation).await;
+        };
+        let started = Instant::now();
+        let withheld = Ask {
+            paid_tier: false,
+            ..Ask::within(budget)
+        };
+        let first = self.fetch(url, withheld, invocation).await;
+        if !first.wants_paid_tier {
+            return first;
+        }
+        match self.paid.may_use(&self.tasks, task, run_budget).await {
+            Ok(true) => {}
+            Ok(false) => return first,
+            Err(err) => {
+                let reason = format!("the paid tier's budget could not be read: {err}");
+                return Fetched::unspent(Err(FetchError::ours(reason)));
+            }
+        }
+        let ask = Ask {
+            budget: budget.saturating_sub(started.elapsed()),
+            first_tier: paid,
+            paid_tier: true,
+        };
+        let last = self.fetch(url, ask, invocation).await;
+        Fetched {
+            spend: first.spend.plus(&last.spend),
+            ..last
+        }
+    }
+
+    /// Records what a fetch spent through proxies into its run's counters, once for this
+    /// delivery, and takes the paid tier's bytes from this sandbox's share of the run's
+    /// budget. A record that fails after the SDK's retries is logged with its spend.
+    async fn account(&self, task: &TaskRef, work: &Work, spend: &Spend) {
+        if spend.is_zero() {
+            return;
+        }
+        if work.wanted.paid_budget.is_some() {
+            let paid = spend.tier(self.settings.proxy_tiers);
+            self.paid.spent(task, paid.bytes);
+        }
+        let recorded = self
+            .tasks
+            .record_spend(task, work.wanted.counting, spend, &work.delivery);
+        if let Err(err) = recorded.await {
+            tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
+        }
     }
 
     /// The work once its host's start has come (`Err`: the host is cooling down; the permit
@@ -482,16 +566,14 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         (left >= MIN_FETCH).then(|| left.min(self.settings.scrape_timeout))
     }
 
-    async fn fetch(
-        &self,
-        url: Option<&str>,
-        budget: Duration,
-        invocation: &Invocation,
-    ) -> Result<Page, FetchError> {
-        let url = url.ok_or_else(|| FetchError::permanent("task has no url"))?;
+    async fn fetch(&self, url: Option<&str>, ask: Ask, invocation: &Invocation) -> Fetched {
+        let Some(url) = url else {
+            return Fetched::unspent(Err(FetchError::permanent("task has no url")));
+        };
         let started = Instant::now();
-        let fetched = self.fetcher.fetch(url, budget).await;
+        let fetched = self.fetcher.fetch(url, ask).await;
         invocation.measures.fetched(started.elapsed());
+        invocation.measures.spent(&fetched.spend);
         fetched
     }
 
@@ -520,7 +602,8 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
         if err.timed_out && attempt.budget < self.settings.scrape_timeout {
             return Ok(Outcome::NoTimeLeft);
         }
-        if err.retry == Retry::Transient && !attempt.final_attempt {
+        // A failure of ours is never the page's, whatever the attempt.
+        if err.retry == Retry::Ours || (err.retry == Retry::Transient && !attempt.final_attempt) {
             return Ok(Outcome::ScrapeTransient {
                 reason: err.reason,
                 retry_after: err.retry_after,
@@ -539,10 +622,28 @@ impl<T: TaskStore + HostStore, R: ResultStore, F: Fetcher, V: Visibility> Worker
 /// What the guard's reads and the gate gave a delivery to work on.
 struct Work {
     url: Option<String>,
-    counting: Counting,
+    wanted: Wanted,
     /// The host's permit to fetch; `None`: robots.txt forbids the URL.
     permit: Option<Permit>,
     receives: u32,
+    /// Names this delivery (its spend is recorded once).
+    delivery: String,
+}
+
+/// One delivery of a task: its receive count (earlier copies' included), the host's start a
+/// copy carries, and a name for it.
+struct Delivery {
+    receives: u32,
+    booked: Option<u64>,
+    id: String,
+}
+
+/// A name for this delivery, at most 36 characters (a DynamoDB idempotency token): the same
+/// for the same message and receive, different for any other.
+fn delivery_id(record: &SqsMessage, receives: u32) -> String {
+    let message = record.message_id.as_deref().unwrap_or_default();
+    let digest = Sha256::digest(format!("{message}#{receives}").as_bytes());
+    hex::encode(&digest[..16])
 }
 
 /// Waits as fresh copies a message may have (about 100 minutes of a robots.txt retried every

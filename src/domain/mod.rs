@@ -5,4 +5,5 @@ pub mod bounds;
 pub mod ids;
 pub mod message;
 pub mod model;
+pub mod spend;
 pub mod time;

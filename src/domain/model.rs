@@ -59,6 +59,8 @@ pub struct Parents {
     pub counting: Counting,
     /// The job's own host limits and robots.txt choice.
     pub politeness: crate::polite::JobPoliteness,
+    /// The run's budget, in bytes, for the paid (last) proxy tier (`paid_tier_budget_bytes`).
+    pub paid_budget: Option<u64>,
 }
 
 /// Where a task is counted when it ends: its run's own item (data contract v1), or one of

@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 
 use crate::domain::ids::Id;
 use crate::domain::model::Counting;
+use crate::domain::spend::{MAX_TIERS, Spend};
 use crate::store::attributes::{Item, number, string, text};
 use crate::store::error::AwsError;
+use crate::store::expressions::spend_names;
 use crate::store::runs::counting_of;
 use crate::store::tasks::DynamoTaskStore;
 
@@ -46,7 +48,7 @@ impl RunProgress {
 }
 
 /// The run item's attributes that tell its progress.
-const RUN_FIELDS: [&str; 13] = [
+const RUN_FIELDS: [&str; 15] = [
     "status",
     "counter_shards",
     "counter_groups",
@@ -60,6 +62,8 @@ const RUN_FIELDS: [&str; 13] = [
     "created_at",
     "updated_at",
     "completed_at",
+    "paid_tier_budget_bytes",
+    "paid_tier_reserved_bytes",
 ];
 
 /// The run item and every task of the run (one Query, paged).
@@ -100,13 +104,33 @@ pub async fn run_fields(
         .iter()
         .filter_map(|f| Some((f.to_string(), text(item.get(*f)?)?)))
         .collect();
+    let mut counters = vec![item.clone()];
     if let Some(Counting::Shards(sharding)) = counting_of(&item) {
         let shards = tasks.shard_items(job, run, sharding.shards).await?;
         for (counter, sum) in shard_sums(&shards) {
             fields.insert(counter.into(), sum.to_string());
         }
+        counters.extend(shards);
+    }
+    for (tier, spent) in spend_of(&counters).spent() {
+        let (requests, bytes) = spend_names(tier);
+        fields.insert(requests, spent.requests.to_string());
+        fields.insert(bytes, spent.bytes.to_string());
     }
     Ok(fields)
+}
+
+/// What a run spent through each proxy tier: on its run item (v1) or its shards (v2).
+pub fn spend_of(counters: &[Item]) -> Spend {
+    let mut spend = Spend::default();
+    for item in counters {
+        for tier in 1..=MAX_TIERS {
+            let (requests, bytes) = spend_names(tier);
+            let requests = number::<u64>(item, &requests).unwrap_or(0);
+            spend.add(tier, requests, number::<u64>(item, &bytes).unwrap_or(0));
+        }
+    }
+    spend
 }
 
 /// The counters of a run's shards, added up.

@@ -15,7 +15,7 @@ use robots::{Parsed, Verdict};
 
 use crate::domain::time::epoch_millis;
 use crate::metrics::Measures;
-use crate::scraper::Fetcher;
+use crate::scraper::{self, Fetcher};
 use crate::store::error::AwsError;
 use crate::store::hosts::{HostStore, RobotsRecord};
 
@@ -498,7 +498,11 @@ impl Gate {
             Err(wait) => return Ok(Err(RobotsSays::Wait(wait))),
         };
         let robots_url = robots::robots_url(url).unwrap_or_default();
-        let fetched = fetcher.fetch(&robots_url, budget.min(ROBOTS_TIMEOUT)).await;
+        let ask = scraper::Ask::within(budget.min(ROBOTS_TIMEOUT));
+        let fetched = fetcher.fetch(&robots_url, ask).await;
+        // Metered for the fleet, not charged to a run: one robots.txt serves them all.
+        measures.spent(&fetched.spend);
+        let fetched = fetched.page;
         measures.polite.robots_fetches.fetch_add(1, ORDER);
         let answer = fetched
             .as_ref()

@@ -2,7 +2,9 @@
 //! public internet, and says whether a failure is worth another delivery.
 
 mod classify;
+mod egress;
 pub mod policy;
+pub mod proxy;
 
 pub use classify::{classify_status, retry_after};
 pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
@@ -18,12 +20,20 @@ use url::Url;
 use crate::config::Config;
 use crate::domain::bounds::{ContentType, UrlText};
 use crate::domain::model::Page;
+use crate::domain::spend::Spend;
+use egress::Routes;
+use proxy::{ProxySecret, Tiers};
 
 /// Whether a failed fetch is worth another delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
+    /// The site's transient failure: retried, and on the final attempt the task fails.
     Transient,
+    /// The page can never be had: the task fails.
     Permanent,
+    /// A failure of ours (a proxy's credentials, gateway or tunnel), not the page's: retried,
+    /// and never the task's failure, whatever the attempt.
+    Ours,
 }
 
 /// A fetch that produced no page. `reason` is short and goes on the task as `error`.
@@ -38,6 +48,9 @@ pub struct FetchError {
     pub retry_after: Option<Duration>,
     /// The fetch ran out of its time budget (connect or total).
     pub timed_out: bool,
+    /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
+    /// `Retry-After`, a connection the proxy could not make); the next tier may get through.
+    pub blocked: bool,
 }
 
 impl FetchError {
@@ -49,6 +62,10 @@ impl FetchError {
         Self::new(Retry::Transient, reason)
     }
 
+    pub fn ours(reason: impl Into<String>) -> Self {
+        Self::new(Retry::Ours, reason)
+    }
+
     fn new(retry: Retry, reason: impl Into<String>) -> Self {
         Self {
             retry,
@@ -56,18 +73,59 @@ impl FetchError {
             http_status: None,
             retry_after: None,
             timed_out: false,
+            blocked: false,
+        }
+    }
+}
+
+/// What a fetch may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// The most time the fetch may take.
+    pub budget: Duration,
+    /// The proxy tier to start from (1-based).
+    pub first_tier: usize,
+    /// Whether the last (paid) proxy tier may be used: held back while a run has a budget
+    /// for it, until the other tiers are blocked and the budget has room.
+    pub paid_tier: bool,
+}
+
+impl Ask {
+    /// Every tier, within `budget`.
+    pub fn within(budget: Duration) -> Self {
+        Self {
+            budget,
+            first_tier: 1,
+            paid_tier: true,
+        }
+    }
+}
+
+/// A fetch's page or failure, and what it spent through proxies on the way.
+#[derive(Debug)]
+pub struct Fetched {
+    pub page: Result<Page, FetchError>,
+    pub spend: Spend,
+    /// The tiers asked were blocked (or there were none but the paid one) and the paid tier
+    /// was held back: it alone may still get the page.
+    pub wants_paid_tier: bool,
+}
+
+impl Fetched {
+    /// A fetch that sent nothing through a proxy.
+    pub fn unspent(page: Result<Page, FetchError>) -> Self {
+        Self {
+            page,
+            spend: Spend::default(),
+            wants_paid_tier: false,
         }
     }
 }
 
 /// Fetches pages.
 pub trait Fetcher: Send + Sync {
-    /// Fetches `url`, giving up after `budget`.
-    fn fetch(
-        &self,
-        url: &str,
-        budget: Duration,
-    ) -> impl Future<Output = Result<Page, FetchError>> + Send;
+    /// Fetches `url` as `ask` allows.
+    fn fetch(&self, url: &str, ask: Ask) -> impl Future<Output = Fetched> + Send;
 }
 
 /// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
@@ -82,6 +140,9 @@ pub struct FetchSettings {
     pub user_agent: String,
     pub allow_private_networks: bool,
     pub allowed_ports: Option<Vec<u16>>,
+    /// Proxy tiers (none: fetches go direct) and how long a host keeps its proxy.
+    pub proxies: Tiers,
+    pub proxy_session: Duration,
 }
 
 impl From<&Config> for FetchSettings {
@@ -93,29 +154,44 @@ impl From<&Config> for FetchSettings {
             user_agent: config.user_agent.clone(),
             allow_private_networks: config.allow_private_networks,
             allowed_ports: config.allowed_ports.clone(),
+            proxies: config.proxies.clone(),
+            proxy_session: config.proxy_session,
         }
     }
 }
 
-/// [`Fetcher`] over one pooled reqwest client (rustls), built once per cold start.
-#[derive(Debug, Clone)]
+/// [`Fetcher`] over pooled reqwest clients (rustls), built once per cold start: one direct,
+/// or one per proxy of `PROXY_URLS`.
+#[derive(Clone)]
 pub struct HttpFetcher {
     client: reqwest::Client,
+    routes: Option<Arc<Routes>>,
     policy: Arc<AddressPolicy>,
+    lookup: Arc<dyn Lookup>,
     max_body_bytes: u64,
 }
 
+impl std::fmt::Debug for HttpFetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpFetcher")
+            .field("proxied", &self.routes.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl HttpFetcher {
-    /// The production fetcher: the settings' address policy and the system resolver.
-    pub fn new(settings: &FetchSettings) -> Result<Self, reqwest::Error> {
+    /// The production fetcher: the settings' address policy, the system resolver, and the
+    /// proxies' credentials from `secret`.
+    pub fn new(settings: &FetchSettings, secret: &ProxySecret) -> Result<Self, reqwest::Error> {
         let policy = AddressPolicy::new(
             settings.allow_private_networks,
             settings.allowed_ports.clone(),
         );
-        Self::with_policy(settings, policy, Arc::new(SystemLookup))
+        Self::with_policy(settings, policy, Arc::new(SystemLookup))?.with_proxies(settings, secret)
     }
 
-    /// A fetcher with its own policy and resolver (tests use a trusted address and a table).
+    /// A direct fetcher with its own policy and resolver (tests use a trusted address and a
+    /// table).
     pub fn with_policy(
         settings: &FetchSettings,
         policy: AddressPolicy,
@@ -135,26 +211,34 @@ impl HttpFetcher {
         });
         let resolver = GuardedResolver {
             policy: policy.clone(),
-            lookup,
+            lookup: lookup.clone(),
         };
-        // Mozilla's roots, compiled in: no reading and parsing of the system's certificate
-        // store at every cold start (10+ ms), and the same trust on every host.
-        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-            .iter()
-            .filter_map(|der| reqwest::Certificate::from_der(der).ok());
-        let client = reqwest::Client::builder()
-            .tls_certs_only(roots)
-            .user_agent(settings.user_agent.clone())
-            .connect_timeout(settings.connect_timeout)
+        let client = client_builder(settings)
             .redirect(redirects)
             .dns_resolver(Arc::new(resolver))
             .no_proxy()
             .build()?;
         Ok(Self {
             client,
+            routes: None,
             policy,
+            lookup,
             max_body_bytes: settings.max_body_bytes,
         })
+    }
+
+    /// Sends every fetch through the settings' proxy tiers (none: stays direct).
+    pub fn with_proxies(
+        mut self,
+        settings: &FetchSettings,
+        secret: &ProxySecret,
+    ) -> Result<Self, reqwest::Error> {
+        if settings.proxies.is_empty() {
+            return Ok(self);
+        }
+        let routes = Routes::new(settings, secret, self.policy.clone(), self.lookup.clone())?;
+        self.routes = Some(Arc::new(routes));
+        Ok(self)
     }
 
     /// Reads the (decoded) body, refusing it as soon as it passes the cap: never more than
@@ -163,6 +247,7 @@ impl HttpFetcher {
         &self,
         mut response: reqwest::Response,
         http_status: u16,
+        received: &mut u64,
     ) -> Result<Bytes, FetchError> {
         let too_big = || FetchError {
             http_status: Some(http_status),
@@ -182,22 +267,43 @@ impl HttpFetcher {
             .await
             .map_err(|e| classify::classify_error(&e))?
         {
+            *received += chunk.len() as u64;
             body.extend(&chunk).map_err(|_| too_big())?;
         }
         Ok(body.into_bytes())
     }
-}
 
-impl Fetcher for HttpFetcher {
-    #[tracing::instrument(skip_all, fields(%url))]
-    async fn fetch(&self, url: &str, budget: Duration) -> Result<Page, FetchError> {
-        if url.len() > MAX_URL_BYTES {
-            return Err(FetchError::permanent(format!(
-                "url is longer than {MAX_URL_BYTES} bytes"
-            )));
+    /// The page a response holds, or why it holds none; the body bytes read are added to
+    /// `received`.
+    async fn page_of(
+        &self,
+        response: reqwest::Response,
+        requested: String,
+        received: &mut u64,
+    ) -> Result<Page, FetchError> {
+        if let Some(refusal) = refusal(&response) {
+            return Err(refusal);
         }
-        let parsed = Url::parse(url)
-            .map_err(|e| FetchError::permanent(format!("url does not parse: {e}")))?;
+        let status = response.status().as_u16();
+        let final_url = UrlText::new(response.url().as_str());
+        let content_type = ContentType::new(
+            response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/octet-stream"),
+        );
+        let body = self.read_body(response, status, received).await?;
+        Ok(Page {
+            url: requested,
+            http_status: status,
+            final_url,
+            content_type,
+            body,
+        })
+    }
+
+    async fn fetch_direct(&self, parsed: Url, budget: Duration) -> Result<Page, FetchError> {
         self.policy
             .check_url(&parsed)
             .map_err(|refused| FetchError::permanent(refused.to_string()))?;
@@ -209,36 +315,59 @@ impl Fetcher for HttpFetcher {
             .send()
             .await
             .map_err(|e| classify::classify_error(&e))?;
-        let status = response.status();
-        if let Some(retry) = classify_status(status) {
-            // A redirect still standing here is one reqwest would not follow (not http(s)).
-            let unfollowed = if status.is_redirection() {
-                " (redirect not followed)"
-            } else {
-                ""
-            };
-            return Err(FetchError {
-                http_status: Some(status.as_u16()),
-                retry_after: retry_after(response.headers(), SystemTime::now()),
-                ..FetchError::new(retry, format!("HTTP {}{unfollowed}", status.as_u16()))
-            });
+        self.page_of(response, requested, &mut 0).await
+    }
+}
+
+/// Why a response holds no page (its status), if it holds none.
+fn refusal(response: &reqwest::Response) -> Option<FetchError> {
+    let status = response.status();
+    let retry = classify_status(status)?;
+    // A redirect still standing here is one not followed (not http(s), no Location).
+    let unfollowed = if status.is_redirection() {
+        " (redirect not followed)"
+    } else {
+        ""
+    };
+    Some(FetchError {
+        http_status: Some(status.as_u16()),
+        retry_after: retry_after(response.headers(), SystemTime::now()),
+        ..FetchError::new(retry, format!("HTTP {}{unfollowed}", status.as_u16()))
+    })
+}
+
+/// What every client shares: Mozilla's roots, compiled in (no reading and parsing of the
+/// system's certificate store at every cold start, 10+ ms, and the same trust on every
+/// host), the user agent, the connect timeout.
+fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
+    let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+        .iter()
+        .filter_map(|der| reqwest::Certificate::from_der(der).ok());
+    reqwest::Client::builder()
+        .tls_certs_only(roots)
+        .user_agent(settings.user_agent.clone())
+        .connect_timeout(settings.connect_timeout)
+}
+
+impl Fetcher for HttpFetcher {
+    #[tracing::instrument(skip_all, fields(%url))]
+    async fn fetch(&self, url: &str, ask: Ask) -> Fetched {
+        if url.len() > MAX_URL_BYTES {
+            return Fetched::unspent(Err(FetchError::permanent(format!(
+                "url is longer than {MAX_URL_BYTES} bytes"
+            ))));
         }
-        let final_url = UrlText::new(response.url().as_str());
-        let content_type = ContentType::new(
-            response
-                .headers()
-                .get(reqwest::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/octet-stream"),
-        );
-        let body = self.read_body(response, status.as_u16()).await?;
-        Ok(Page {
-            url: requested,
-            http_status: status.as_u16(),
-            final_url,
-            content_type,
-            body,
-        })
+        let parsed = match Url::parse(url) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                let reason = format!("url does not parse: {e}");
+                return Fetched::unspent(Err(FetchError::permanent(reason)));
+            }
+        };
+        match &self.routes {
+            Some(routes) => routes.fetch(self, parsed, ask).await,
+            None => Fetched::unspent(self.fetch_direct(parsed, ask.budget).await),
+        }
     }
 }
 

@@ -28,6 +28,10 @@ pub enum Refused {
     Name { name: String, ip: IpAddr },
     #[error("more than {0} redirects")]
     TooManyRedirects(usize),
+    #[error("{0} is a proxy of PROXY_URLS, not a page")]
+    Proxy(String),
+    #[error("a proxy's client resolves only its proxy, not {0}")]
+    NotTheProxy(String),
 }
 
 /// What may be fetched.

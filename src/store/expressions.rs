@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
 
 use crate::domain::model::{TaskStatus, Terminal};
+use crate::domain::spend::Spend;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::store::attributes::{Item, n, s};
 use crate::store::tasks::Lease;
@@ -481,4 +482,42 @@ pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
     )
     .value(":now", n(now))
     .value(":until", n(until))
+}
+
+/// The names of tier `tier`'s spend on a counter item: requests and body bytes received.
+pub fn spend_names(tier: usize) -> (String, String) {
+    (
+        format!("proxy_requests_t{tier}"),
+        format!("proxy_bytes_t{tier}"),
+    )
+}
+
+/// One delivery's spend added to an existing counter item (run or shard).
+pub(crate) fn spend(spend: &Spend) -> Expression {
+    let mut adds = Vec::new();
+    let mut values = Vec::new();
+    for (tier, spent) in spend.spent() {
+        let (requests, bytes) = spend_names(tier);
+        adds.push(format!("{requests} :r{tier}, {bytes} :b{tier}"));
+        values.push((format!(":r{tier}"), spent.requests));
+        values.push((format!(":b{tier}"), spent.bytes));
+    }
+    let update = format!("ADD {}", adds.join(", "));
+    values.into_iter().fold(
+        Expression::new(update, "attribute_exists(pk)"),
+        |e, (k, v)| e.value(&k, n(v)),
+    )
+}
+
+/// A chunk of the run's paid-tier budget reserved, while what is reserved is below it.
+pub(crate) fn reserve_paid(chunk: u64) -> Expression {
+    Expression::new(
+        "SET paid_tier_reserved_bytes = if_not_exists(paid_tier_reserved_bytes, :zero) + :chunk"
+            .into(),
+        "attribute_exists(paid_tier_budget_bytes) AND \
+         (attribute_not_exists(paid_tier_reserved_bytes) \
+         OR paid_tier_reserved_bytes < paid_tier_budget_bytes)",
+    )
+    .value(":zero", n(0))
+    .value(":chunk", n(chunk))
 }

@@ -11,5 +11,7 @@ pub mod keys;
 pub mod queue;
 pub mod results;
 pub mod runs;
+pub mod secrets;
 pub mod shards;
+pub mod spend;
 pub mod tasks;

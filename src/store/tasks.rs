@@ -154,7 +154,7 @@ impl TaskStore for DynamoTaskStore {
             .keys(keys::job_key(&task.job_id))
             .keys(keys::run_key(&task.job_id, &task.run_id))
             .projection_expression(
-                "sk, #status, counter_shards, counter_groups, \
+                "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
                  host_max_rps, host_max_inflight, obey_robots",
             )
             .expression_attribute_names("#status", "status")
@@ -191,6 +191,7 @@ impl TaskStore for DynamoTaskStore {
                         number(&item, "counter_shards"),
                         number(&item, "counter_groups"),
                     );
+                    parents.paid_budget = number(&item, "paid_tier_budget_bytes");
                 }
                 _ => {}
             }

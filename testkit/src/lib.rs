@@ -5,6 +5,7 @@
 
 pub mod chaos;
 pub mod demo;
+pub mod forward_proxy;
 pub mod memory;
 pub mod pause;
 pub mod polite_site;
@@ -38,6 +39,7 @@ use conveyor_worker::domain::ids::{Id, TaskRef};
 use conveyor_worker::domain::model::{ShardSizes, Sharding};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::retry::RetryPolicy;
+use conveyor_worker::scraper::proxy::{ProxySecret, Tiers};
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
 use conveyor_worker::store::attributes::{self, Item};
 use conveyor_worker::store::keys;
@@ -295,6 +297,8 @@ impl Stack {
             user_agent: "conveyor-worker-tests".into(),
             allow_private_networks: tuning.allow_private_networks,
             allowed_ports: None,
+            proxies: tuning.proxies.clone(),
+            proxy_session: Duration::from_secs(600),
         };
         let policy = AddressPolicy::new(tuning.allow_private_networks, None)
             .trusting(tuning.trusted.iter().copied());
@@ -308,7 +312,9 @@ impl Stack {
                 &self.table,
             ),
             S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
-            HttpFetcher::with_policy(&settings, policy, lookup).expect("build the HTTP client"),
+            HttpFetcher::with_policy(&settings, policy, lookup)
+                .and_then(|direct| direct.with_proxies(&settings, &tuning.proxy_secret))
+                .expect("build the HTTP clients"),
             SqsVisibility::new(
                 aws_sdk_sqs::Client::from_conf(sqs_config),
                 Some(self.worker_endpoint.clone()),
@@ -632,6 +638,9 @@ pub struct WorkerTuning {
     pub faults: Option<chaos::Faults>,
     /// Off unless a test turns it on (the politeness tests).
     pub politeness: Politeness,
+    /// Proxy tiers (none: direct) and their credentials.
+    pub proxies: Tiers,
+    pub proxy_secret: ProxySecret,
 }
 
 impl WorkerTuning {
@@ -648,6 +657,7 @@ impl WorkerTuning {
             backoff: self.backoff,
             duplicate_policy: self.duplicate_policy,
             politeness: self.politeness.clone(),
+            proxy_tiers: self.proxies.len(),
         }
     }
 }
@@ -672,6 +682,8 @@ impl Default for WorkerTuning {
             duplicate_policy: DuplicatePolicy::Converge,
             faults: None,
             politeness: Politeness::off(),
+            proxies: Tiers::default(),
+            proxy_secret: ProxySecret::default(),
         }
     }
 }

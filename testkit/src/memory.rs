@@ -11,16 +11,19 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use conveyor_worker::domain::ids::Id;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
 };
+use conveyor_worker::domain::spend::Spend;
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
-use conveyor_worker::scraper::{FetchError, Fetcher};
+use conveyor_worker::scraper::{self, Fetched, Fetcher};
 use conveyor_worker::store::error::AwsError;
 use conveyor_worker::store::hosts::{HostStore, Robots, RobotsRecord, Taken};
 use conveyor_worker::store::queue::{QueueRef, Visibility};
 use conveyor_worker::store::results::{NewResult, Put, ResultStore};
+use conveyor_worker::store::spend::SpendStore;
 use conveyor_worker::store::tasks::{Claim, Finish, Lease, TaskStore};
 use conveyor_worker::worker::Worker;
 
@@ -73,6 +76,8 @@ pub struct MemoryTasks {
     robots: Mutex<HashMap<Host, (RobotsRecord, Millis)>>,
     /// Requests served, like the adapter's one request per method.
     pub requests: AtomicU64,
+    /// Spend recorded, by delivery (each counted once).
+    pub spend: Mutex<HashMap<String, Spend>>,
 }
 
 impl MemoryTasks {
@@ -234,6 +239,25 @@ impl ResultStore for MemoryResults {
 
 /// The hosts' shared state in one process: the schedule's rule applied under a lock, as
 /// the adapter's conditions apply it in DynamoDB.
+impl SpendStore for MemoryTasks {
+    async fn record_spend(
+        &self,
+        _task: &TaskRef,
+        _counting: Counting,
+        spend: &Spend,
+        delivery: &str,
+    ) -> Result<(), AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        lock(&self.spend).insert(delivery.to_owned(), *spend);
+        Ok(())
+    }
+
+    async fn reserve_paid(&self, _job: &Id, _run: &Id, _chunk: u64) -> Result<bool, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
 impl HostStore for MemoryTasks {
     async fn take_host(
         &self,
@@ -353,16 +377,16 @@ pub struct MemoryPages {
 }
 
 impl Fetcher for MemoryPages {
-    async fn fetch(&self, url: &str, _budget: Duration) -> Result<Page, FetchError> {
+    async fn fetch(&self, url: &str, _ask: scraper::Ask) -> Fetched {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
-        Ok(Page {
+        Fetched::unspent(Ok(Page {
             url: url.to_owned(),
             http_status: 200,
             final_url: url.into(),
             content_type: "text/html".into(),
             body: self.body.clone(),
-        })
+        }))
     }
 }

@@ -250,6 +250,7 @@ impl Prepared {
             settings: base.settings,
             parents: base.parents,
             gate: base.gate,
+            paid: base.paid,
         };
         let settings = MappingSettings {
             queue_arn: queue.arn.clone(),

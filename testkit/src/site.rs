@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -19,6 +19,12 @@ pub const BIG_BODY: usize = 64 * 1024;
 
 #[derive(Clone, Default)]
 struct Hits(Arc<Mutex<HashMap<String, usize>>>);
+
+/// Who asked for what (path and peer, in order), and how many body bytes were served.
+#[derive(Clone, Default)]
+struct Served(Arc<Mutex<ServedLog>>);
+
+type ServedLog = (Vec<(String, IpAddr)>, u64);
 
 impl Hits {
     /// Counts this hit of `path` and returns how many there have been, this one included.
@@ -40,6 +46,7 @@ impl Hits {
 pub struct Site {
     pub addr: SocketAddr,
     hits: Hits,
+    served: Served,
 }
 
 impl Site {
@@ -51,7 +58,7 @@ impl Site {
     /// A site on another loopback address (127.0.0.0/8 all routes to this machine), which a
     /// test can trust as "public" while 127.0.0.1 stays private.
     pub async fn start_on(ip: IpAddr) -> Self {
-        let hits = Hits::default();
+        let (hits, served) = (Hits::default(), Served::default());
         let app = Router::new()
             .route("/page/{name}", get(page))
             .route("/status/{code}", get(status))
@@ -71,7 +78,9 @@ impl Site {
             .route("/long-type/{n}", get(long_type))
             .route("/long-redirect/{n}", get(long_redirect))
             .route("/trickle/{size}", get(trickle))
+            .route("/blocks/{ip}/{name}", get(blocks))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
+            .layer(middleware::from_fn_with_state(served.clone(), serve_count))
             .with_state(hits.clone());
         let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
@@ -79,8 +88,9 @@ impl Site {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { addr, hits }
+        Self { addr, hits, served }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -90,6 +100,51 @@ impl Site {
     /// How often `path` was requested.
     pub fn hits(&self, path: &str) -> usize {
         self.hits.get(path)
+    }
+
+    /// The addresses requests came from, in order, with their paths.
+    pub fn peers(&self) -> Vec<(String, IpAddr)> {
+        self.served
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    /// Body bytes served (of every response whose length was known).
+    pub fn bytes_served(&self) -> u64 {
+        self.served.0.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+}
+
+async fn serve_count(State(served): State<Served>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    let response = next.run(request).await;
+    let bytes = http_body::Body::size_hint(response.body())
+        .exact()
+        .unwrap_or(0);
+    let mut served = served.0.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(peer) = peer {
+        served.0.push((path, peer));
+    }
+    served.1 += bytes;
+    response
+}
+
+/// 403 to requests from `ip` (a proxy tier's egress a site has blocked), the page to others.
+async fn blocks(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((ip, name)): Path<(IpAddr, String)>,
+) -> Response {
+    if peer.ip() == ip {
+        (StatusCode::FORBIDDEN, "blocked").into_response()
+    } else {
+        format!("page {name}, through {}", peer.ip()).into_response()
     }
 }
 

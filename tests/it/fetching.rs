@@ -15,10 +15,10 @@ use conveyor_testkit::*;
 use conveyor_worker::scraper::Lookup;
 use futures_util::future::BoxFuture;
 
-const PUBLIC: [u8; 4] = [127, 0, 0, 2];
+pub(crate) const PUBLIC: [u8; 4] = [127, 0, 0, 2];
 
 /// Names a test resolves without DNS traffic.
-struct Names(HashMap<&'static str, Vec<IpAddr>>);
+pub(crate) struct Names(HashMap<&'static str, Vec<IpAddr>>);
 
 impl Lookup for Names {
     fn lookup(&self, host: String) -> BoxFuture<'static, io::Result<Vec<IpAddr>>> {
@@ -29,7 +29,7 @@ impl Lookup for Names {
     }
 }
 
-fn names() -> Arc<Names> {
+pub(crate) fn names() -> Arc<Names> {
     let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
     Arc::new(Names(HashMap::from([
         ("localhost", vec![ip("127.0.0.1"), ip("::1")]),
@@ -55,12 +55,27 @@ async fn redirects_and_names_that_lead_inside_are_refused_and_nothing_inside_is_
     let public = Site::start_on(PUBLIC.into()).await;
     let inside = Site::start().await; // 127.0.0.1: must never be hit
     stack.put_active_run().await;
+    let cases = inward(&public, &inside);
+    for (task, url) in &cases {
+        stack.put_task(task, url, "pending").await;
+    }
+    let records = cases.iter().map(|(task, _)| delivery(task)).collect();
+
+    let reply = run_batch(&strict_worker(&stack), records).await;
+
+    assert_refused(&stack, &reply, &cases).await;
+    assert_eq!(inside.hits("/page/in"), 0, "nothing inside was reached");
+}
+
+/// Every way in from `public` to `inside` (127.0.0.1) we know of: redirect hops spelling
+/// the address, names resolving to it, schemes and credentials.
+pub(crate) fn inward(public: &Site, inside: &Site) -> Vec<(&'static str, String)> {
     let port = inside.addr.port();
     let hop = |target: &str| {
         let target = url::form_urlencoded::byte_serialize(target.as_bytes()).collect::<String>();
         public.url(&format!("/redirect-to?url={target}"))
     };
-    let cases = [
+    vec![
         (
             "hop-literal",
             hop(&format!("http://127.0.0.1:{port}/page/in")),
@@ -97,23 +112,28 @@ async fn redirects_and_names_that_lead_inside_are_refused_and_nothing_inside_is_
             "credentials",
             format!("http://user:pw@public.test:{}/page/x", public.addr.port()),
         ),
-    ];
-    for (task, url) in &cases {
-        stack.put_task(task, url, "pending").await;
-    }
-    let records = cases.iter().map(|(task, _)| delivery(task)).collect();
+    ]
+}
 
-    let reply = run_batch(&strict_worker(&stack), records).await;
-
-    assert!(retried(&reply).is_empty(), "refusals are permanent");
+/// Every case was refused for good, as a refusal.
+pub(crate) async fn assert_refused(
+    stack: &Stack,
+    reply: &aws_lambda_events::event::sqs::SqsBatchResponse,
+    cases: &[(&str, String)],
+) {
+    assert!(retried(reply).is_empty(), "refusals are permanent");
     for (task, _) in cases {
         let item = stack.task(task).await;
         assert_eq!(item.status(), Some("failed"), "{task}");
         let error = item.s("error").unwrap_or_default();
-        let refused = ["not on the public internet", "not followed", "credentials"];
+        let refused = [
+            "not on the public internet",
+            "not followed",
+            "credentials",
+            "not a page",
+        ];
         assert!(refused.iter().any(|r| error.contains(r)), "{task}: {error}");
     }
-    assert_eq!(inside.hits("/page/in"), 0, "nothing inside was reached");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ mod ops;
 mod politeness;
 mod producer;
 mod production;
+mod proxies;
 mod races;
 mod retry_timing;
 mod run_progress;

@@ -60,7 +60,8 @@ pub async fn run(args: PollArgs) -> Outcome {
         .into());
     }
     let sdk = aws::sdk_config(aws::Trust::System).await;
-    let worker = AwsWorker::from_config(&config, &sdk)?;
+    let secret = aws::proxy_secret(&config, &sdk).await?;
+    let worker = AwsWorker::from_config(&config, &sdk, &secret)?;
     let queue = queue(&sdk, &args.queue_url);
     let settings = MappingSettings {
         queue_arn: queue.arn().await?.ok_or("the queue did not say its ARN")?,

@@ -123,6 +123,8 @@ fn http_fetcher() -> HttpFetcher {
         user_agent: "conveyor-worker-bench".into(),
         allow_private_networks: true,
         allowed_ports: None,
+        proxies: Default::default(),
+        proxy_session: Duration::from_secs(600),
     };
     let policy = AddressPolicy::new(true, None);
     HttpFetcher::with_policy(&fetch, policy, Arc::new(SystemLookup)).expect("an HTTP client")

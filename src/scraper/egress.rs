@@ -1,0 +1,392 @@
+//! Fetching through proxy tiers: the target checked here before anything is sent, the
+//! host's sticky proxy in each tier, redirects followed hop by hop (each hop checked
+//! again), blocks escalated to the next tier, the proxy's own failures kept apart from the
+//! site's, and every request and body byte metered.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use reqwest::dns::{Name, Resolve, Resolving};
+use reqwest::redirect;
+use tokio::time::Instant;
+use url::Url;
+
+use super::proxy::{ProxyAddr, ProxySecret, sticky};
+use super::{
+    AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
+    classify, client_builder, refusal,
+};
+use crate::domain::model::Page;
+use crate::domain::spend::Spend;
+
+/// The reason a task fails when only the paid tier could fetch it and the run's budget for
+/// that tier is spent.
+pub const PAID_TIER_SPENT: &str = "the run's budget for the paid proxy tier is spent";
+
+/// How long a target's name may take to resolve here before the proxy is left to resolve it.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most of an error or redirect body read (and metered) before the connection is let go.
+const DRAIN_BYTES: usize = 64 * 1024;
+
+/// One client per proxy, by tier.
+pub(super) struct Routes {
+    tiers: Vec<Vec<Route>>,
+    policy: Arc<AddressPolicy>,
+    lookup: Arc<dyn Lookup>,
+    max_redirects: usize,
+    session: Duration,
+}
+
+struct Route {
+    addr: ProxyAddr,
+    client: reqwest::Client,
+}
+
+/// Requests sent and body bytes received through one proxy.
+#[derive(Debug, Default, Clone, Copy)]
+struct Meter {
+    requests: u64,
+    bytes: u64,
+}
+
+impl Routes {
+    pub(super) fn new(
+        settings: &FetchSettings,
+        secret: &ProxySecret,
+        policy: Arc<AddressPolicy>,
+        lookup: Arc<dyn Lookup>,
+    ) -> Result<Self, reqwest::Error> {
+        let mut tiers = Vec::new();
+        for (tier, proxies) in settings.proxies.iter() {
+            let routes = proxies
+                .iter()
+                .map(|addr| Route::new(settings, secret.for_proxy(tier, addr), addr, &lookup))
+                .collect::<Result<Vec<_>, _>>()?;
+            tiers.push(routes);
+        }
+        Ok(Self {
+            tiers,
+            policy,
+            lookup,
+            max_redirects: settings.max_redirects,
+            session: settings.proxy_session,
+        })
+    }
+
+    /// Tries the tiers in order while the answer looks like a block, within the budget.
+    pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask) -> Fetched {
+        if let Err(refused) = self.check_target(&url).await {
+            return Fetched::unspent(Err(FetchError::permanent(refused.to_string())));
+        }
+        let usable = self.tiers.len() - usize::from(!ask.paid_tier);
+        let withheld = usable < self.tiers.len();
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let (started, mut spend) = (Instant::now(), Spend::default());
+        let mut tier = ask.first_tier.max(1);
+        while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
+            let left = ask.budget.saturating_sub(started.elapsed());
+            let (page, meter) = self.via(fetcher, route, url.clone(), left).await;
+            spend.add(tier, meter.requests, meter.bytes);
+            match page {
+                Err(err) if err.blocked && tier < usable => {
+                    let proxy = route.addr.label();
+                    tracing::info!(tier, %proxy, reason = %err.reason, "blocked: the next tier");
+                }
+                Err(err) if err.blocked && withheld => {
+                    let reason = format!("{}; {PAID_TIER_SPENT}", err.reason);
+                    let page = Err(FetchError { reason, ..err });
+                    return Fetched {
+                        page,
+                        spend,
+                        wants_paid_tier: true,
+                    };
+                }
+                page => {
+                    return Fetched {
+                        page,
+                        spend,
+                        wants_paid_tier: false,
+                    };
+                }
+            }
+            tier += 1;
+        }
+        // No tier could be asked: the one tier there is, is the paid one.
+        let page = Err(FetchError::permanent(PAID_TIER_SPENT));
+        Fetched {
+            page,
+            spend,
+            wants_paid_tier: withheld,
+        }
+    }
+
+    /// The proxy of `tier` (1-based) `host` sticks to now.
+    fn route(&self, tier: usize, host: &str) -> Option<&Route> {
+        let routes = self.tiers.get(tier.checked_sub(1)?)?;
+        let addrs: Vec<&ProxyAddr> = routes.iter().map(|r| &r.addr).collect();
+        routes.get(sticky(host, &addrs, SystemTime::now(), self.session))
+    }
+
+    /// Checked here, before anything is sent, since the proxy resolves the name: the URL's
+    /// scheme, port and literal address as for a direct fetch; not a proxy's own address;
+    /// and a name that resolves here to any address that is not public is refused (one that
+    /// does not resolve here is the proxy's to resolve).
+    async fn check_target(&self, url: &Url) -> Result<(), Refused> {
+        self.policy.check_url(url)?;
+        let host = url.host_str().unwrap_or_default();
+        let target = format!("{host}:{}", url.port_or_known_default().unwrap_or_default());
+        if self
+            .tiers
+            .iter()
+            .flatten()
+            .any(|r| r.addr.label() == target)
+        {
+            return Err(Refused::Proxy(target));
+        }
+        let Some(url::Host::Domain(name)) = url.host() else {
+            return Ok(());
+        };
+        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
+        let Ok(Ok(ips)) = resolved.await else {
+            return Ok(());
+        };
+        match ips
+            .into_iter()
+            .find(|&ip| self.policy.check_ip(ip).is_err())
+        {
+            Some(ip) => Err(Refused::Name {
+                name: name.to_owned(),
+                ip,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// One tier's try: the request and its redirects through `route`'s proxy.
+    async fn via(
+        &self,
+        fetcher: &HttpFetcher,
+        route: &Route,
+        mut url: Url,
+        budget: Duration,
+    ) -> (Result<Page, FetchError>, Meter) {
+        let (requested, started) = (url.to_string(), Instant::now());
+        let tunnelled = url.scheme() == "https";
+        let mut meter = Meter::default();
+        for _ in 0..=self.max_redirects {
+            let left = budget.saturating_sub(started.elapsed());
+            meter.requests += 1;
+            let response = match route.client.get(url.clone()).timeout(left).send().await {
+                Ok(response) => response,
+                Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
+            };
+            if let Some(next) = redirect_target(&response) {
+                meter.bytes += drain(response).await;
+                if let Err(refused) = self.check_target(&next).await {
+                    return (Err(FetchError::permanent(refused.to_string())), meter);
+                }
+                url = next;
+                continue;
+            }
+            if let Some(refused) = refusal(&response) {
+                meter.bytes += drain(response).await;
+                return (Err(answered(refused, tunnelled)), meter);
+            }
+            let page = fetcher.page_of(response, requested, &mut meter.bytes).await;
+            return (page, meter);
+        }
+        let refused = Refused::TooManyRedirects(self.max_redirects);
+        (Err(FetchError::permanent(refused.to_string())), meter)
+    }
+}
+
+impl Route {
+    fn new(
+        settings: &FetchSettings,
+        credentials: Option<&super::proxy::Credentials>,
+        addr: &ProxyAddr,
+        lookup: &Arc<dyn Lookup>,
+    ) -> Result<Self, reqwest::Error> {
+        let mut proxy = reqwest::Proxy::all(addr.url().as_str())?;
+        if let Some(credentials) = credentials {
+            proxy = proxy.basic_auth(&credentials.username, &credentials.password);
+        }
+        let resolver = ProxyResolver {
+            name: addr.name().map(str::to_owned),
+            lookup: lookup.clone(),
+        };
+        let client = client_builder(settings)
+            // Followed here, hop by hop, each hop checked as the first was.
+            .redirect(redirect::Policy::none())
+            .dns_resolver(Arc::new(resolver))
+            .proxy(proxy)
+            .build()?;
+        Ok(Self {
+            addr: addr.clone(),
+            client,
+        })
+    }
+}
+
+/// A proxy's client resolves the proxy's own name and nothing else: its address is exempt
+/// from the public-internet rule only as the proxy (the target's name goes to the proxy).
+struct ProxyResolver {
+    name: Option<String>,
+    lookup: Arc<dyn Lookup>,
+}
+
+impl Resolve for ProxyResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let (wanted, lookup) = (self.name.clone(), self.lookup.clone());
+        Box::pin(async move {
+            let name = name.as_str().to_owned();
+            if wanted.as_deref() != Some(name.as_str()) {
+                return Err(Box::new(Refused::NotTheProxy(name)) as _);
+            }
+            let ips = lookup.lookup(name).await?;
+            let addrs = ips.into_iter().map(|ip| std::net::SocketAddr::new(ip, 0));
+            Ok(Box::new(addrs.collect::<Vec<_>>().into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Where a redirect that can be followed goes: a 301, 302, 303, 307 or 308 whose `Location`
+/// is an http(s) URL (relative to the response's).
+fn redirect_target(response: &reqwest::Response) -> Option<Url> {
+    let followed = [301, 302, 303, 307, 308];
+    if !followed.contains(&response.status().as_u16()) {
+        return None;
+    }
+    let location = response.headers().get(reqwest::header::LOCATION)?;
+    let next = response.url().join(location.to_str().ok()?).ok()?;
+    matches!(next.scheme(), "http" | "https").then_some(next)
+}
+
+/// Reads up to [`DRAIN_BYTES`] of a body no page is made of, for the meter.
+async fn drain(mut response: reqwest::Response) -> u64 {
+    let mut read = 0;
+    while read < DRAIN_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            _ => break,
+        }
+    }
+    read as u64
+}
+
+/// An answer that came through the proxy. Inside a CONNECT tunnel (https) it is the site's;
+/// in absolute form (http) a 407, and a 502, 503 or 504 without `Retry-After`, are the
+/// proxy's own: failures of ours, never the page's. A 403, or a 429 without `Retry-After`,
+/// is a block the next tier may pass.
+fn answered(err: FetchError, tunnelled: bool) -> FetchError {
+    let status = err.http_status.unwrap_or_default();
+    let paced = err.retry_after.is_some();
+    match status {
+        403 => FetchError {
+            blocked: true,
+            ..err
+        },
+        429 if !paced => FetchError {
+            blocked: true,
+            ..err
+        },
+        407 if !tunnelled => FetchError {
+            http_status: Some(407),
+            ..FetchError::ours("proxy: authentication required (HTTP 407)")
+        },
+        502..=504 if !tunnelled && !paced => FetchError {
+            retry: Retry::Ours,
+            reason: format!("proxy: gateway failure ({})", err.reason),
+            ..err
+        },
+        _ => err,
+    }
+}
+
+/// A request through the proxy that got no answer. hyper-util does not export its tunnel
+/// error, so its three refusals are told apart by the text it gives them (pinned by
+/// tests/it/proxies.rs against a real proxy): a CONNECT answered 407, a CONNECT refused
+/// otherwise (the proxy could not or would not connect: a block), no connection to the proxy
+/// at all (the next tier may be up).
+fn transport_failure(err: &reqwest::Error, proxy: &ProxyAddr, tunnelled: bool) -> FetchError {
+    let text = chain(err);
+    let label = proxy.label();
+    if text.contains("tunnel error: proxy authorization required") {
+        FetchError {
+            http_status: Some(407),
+            ..FetchError::ours(format!("proxy {label}: authentication required (HTTP 407)"))
+        }
+    } else if text.contains("tunnel error: unsuccessful") {
+        FetchError {
+            blocked: true,
+            ..FetchError::ours(format!("proxy {label}: CONNECT refused"))
+        }
+    } else if (text.contains("tunnel error: failed to create underlying connection")
+        || (err.is_connect() && !tunnelled))
+        && !err.is_timeout()
+    {
+        FetchError {
+            blocked: true,
+            ..FetchError::ours(format!("proxy {label}: no connection"))
+        }
+    } else {
+        classify::classify_error(err)
+    }
+}
+
+/// An error and its sources, as one line.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut current = err.source();
+    while let Some(e) = current {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        current = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::StatusCode;
+
+    fn at(status: u16, retry_after: Option<u64>) -> FetchError {
+        FetchError {
+            http_status: Some(status),
+            retry_after: retry_after.map(Duration::from_secs),
+            ..FetchError::new(
+                classify::classify_status(StatusCode::from_u16(status).unwrap())
+                    .unwrap_or(Retry::Permanent),
+                format!("HTTP {status}"),
+            )
+        }
+    }
+
+    #[test]
+    fn answers_through_a_proxy_follow_the_escalation_table() {
+        // (status, Retry-After, tunnelled) -> (retry, blocked)
+        let table = [
+            (403, None, false, Retry::Permanent, true),
+            (403, None, true, Retry::Permanent, true),
+            (429, None, false, Retry::Transient, true),
+            (429, Some(5), false, Retry::Transient, false),
+            (407, None, false, Retry::Ours, false),
+            (502, None, false, Retry::Ours, false),
+            (503, None, false, Retry::Ours, false),
+            (504, None, false, Retry::Ours, false),
+            (503, Some(5), false, Retry::Transient, false),
+            (503, None, true, Retry::Transient, false),
+            (404, None, false, Retry::Permanent, false),
+        ];
+        for (status, after, tunnelled, retry, blocked) in table {
+            let err = answered(at(status, after), tunnelled);
+            assert_eq!(
+                (err.retry, err.blocked),
+                (retry, blocked),
+                "{status} {after:?} {tunnelled}"
+            );
+        }
+    }
+}

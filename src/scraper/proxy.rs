@@ -1,0 +1,297 @@
+//! Proxy egress: the tiers `PROXY_URLS` names, their credentials (from Secrets Manager,
+//! never logged), and the proxy of a tier a host sticks to for a session.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use url::Url;
+
+pub use crate::domain::spend::MAX_TIERS;
+
+/// The most proxies one tier may list.
+pub const MAX_PER_TIER: usize = 64;
+
+/// One proxy: `http://host:port` or `https://host:port`, nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyAddr {
+    url: Url,
+}
+
+impl ProxyAddr {
+    /// A proxy URL from `PROXY_URLS`; credentials are refused (they belong in the secret).
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let url = Url::parse(raw.trim()).map_err(|e| format!("{raw:?} does not parse: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("{raw:?} is not an http or https proxy"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            // Not echoed: it holds a credential.
+            return Err("a proxy URL holds credentials: keep them in PROXY_SECRET_ARN".into());
+        }
+        if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
+            return Err(format!("{raw:?} is not scheme://host:port"));
+        }
+        Ok(Self { url })
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// `host:port`: how logs and the secret name this proxy.
+    pub fn label(&self) -> String {
+        let host = self.url.host_str().unwrap_or_default();
+        let port = self.url.port_or_known_default().unwrap_or_default();
+        format!("{host}:{port}")
+    }
+
+    /// The host the proxy's client resolves (IPv6 without brackets); `None` for a literal.
+    pub fn name(&self) -> Option<&str> {
+        match self.url.host()? {
+            url::Host::Domain(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// The ordered tiers of `PROXY_URLS`: `;` between tiers, `,` between the proxies of one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tiers(Vec<Vec<ProxyAddr>>);
+
+impl Tiers {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let mut tiers = Vec::new();
+        for tier in raw.split(';').filter(|t| !t.trim().is_empty()) {
+            let proxies = tier
+                .split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(ProxyAddr::parse)
+                .collect::<Result<Vec<_>, _>>()?;
+            if proxies.len() > MAX_PER_TIER {
+                return Err(format!("a tier lists more than {MAX_PER_TIER} proxies"));
+            }
+            tiers.push(proxies);
+        }
+        if tiers.len() > MAX_TIERS {
+            return Err(format!("more than {MAX_TIERS} tiers"));
+        }
+        Ok(Self(tiers))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many tiers there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Tier `tier` (1-based) and its proxies.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[ProxyAddr])> {
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i + 1, p.as_slice()))
+    }
+}
+
+/// The user name and password of a proxy. Neither is ever printed.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+/// The secret `PROXY_SECRET_ARN` names, a JSON object: `username` and `password` for every
+/// proxy, `tiers` (a list, in tier order, `null` to skip one) for a tier's, `proxies` (by
+/// `host:port`) for one proxy's; the most specific wins. A proxy none of them covers gets no
+/// credentials.
+#[derive(Clone, Default)]
+pub struct ProxySecret {
+    all: Option<Credentials>,
+    tiers: Vec<Option<Credentials>>,
+    proxies: HashMap<String, Credentials>,
+}
+
+/// The secret as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Written {
+    username: Option<String>,
+    password: Option<String>,
+    #[serde(default)]
+    tiers: Vec<Option<Credentials>>,
+    #[serde(default)]
+    proxies: HashMap<String, Credentials>,
+}
+
+impl fmt::Debug for ProxySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProxySecret(<redacted>)")
+    }
+}
+
+impl ProxySecret {
+    /// Reads the secret's string. The error never quotes it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let written: Written = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "the proxy secret is not the JSON object docs/proxies.md describes ({:?} at line {}, column {})",
+                e.classify(),
+                e.line(),
+                e.column()
+            )
+        })?;
+        let all = match (written.username, written.password) {
+            (Some(username), Some(password)) => Some(Credentials { username, password }),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "the proxy secret has a username without a password, or the reverse".into(),
+                );
+            }
+        };
+        Ok(Self {
+            all,
+            tiers: written.tiers,
+            proxies: written.proxies,
+        })
+    }
+
+    /// The credentials of `proxy` in `tier` (1-based), if any.
+    pub fn for_proxy(&self, tier: usize, proxy: &ProxyAddr) -> Option<&Credentials> {
+        let tier = tier.checked_sub(1).and_then(|i| self.tiers.get(i));
+        self.proxies
+            .get(&proxy.label())
+            .or(tier.and_then(Option::as_ref))
+            .or(self.all.as_ref())
+    }
+}
+
+/// The proxy of a tier a host uses now: the same one from every sandbox for a whole session
+/// (rendezvous hashing of host, proxy and session), so a site sees one address per session
+/// and its cookies and rate limits line up; each host's sessions end at its own moment.
+pub fn sticky<P: Borrow<ProxyAddr>>(
+    host: &str,
+    proxies: &[P],
+    now: SystemTime,
+    session: Duration,
+) -> usize {
+    let seconds = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let length = session.as_secs().max(1);
+    let offset = score(&[host.as_bytes()]) % length;
+    let window = (seconds + offset) / length;
+    let window = window.to_be_bytes();
+    (0..proxies.len())
+        .max_by_key(|&i| {
+            let label = proxies[i].borrow().label();
+            score(&[host.as_bytes(), label.as_bytes(), &window])
+        })
+        .unwrap_or(0)
+}
+
+fn score(parts: &[&[u8]]) -> u64 {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    let digest = hash.finalize();
+    let mut first = [0_u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_split_on_semicolons_and_proxies_on_commas() {
+        let tiers = Tiers::parse("http://dc1:3128, http://dc2:3128;https://resi:8000").unwrap();
+
+        let labels: Vec<Vec<String>> = tiers
+            .iter()
+            .map(|(_, proxies)| proxies.iter().map(ProxyAddr::label).collect())
+            .collect();
+        assert_eq!(labels, [vec!["dc1:3128", "dc2:3128"], vec!["resi:8000"]]);
+        assert!(Tiers::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn proxy_urls_with_credentials_or_paths_are_refused_without_echoing_them() {
+        let err = Tiers::parse("http://user:hunter2@dc1:3128").unwrap_err();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(Tiers::parse("socks5://dc1:1080").is_err());
+        assert!(Tiers::parse("http://dc1:3128/path").is_err());
+        assert!(Tiers::parse("http://a:1;http://b:1;http://c:1;http://d:1;http://e:1").is_err());
+    }
+
+    #[test]
+    fn the_most_specific_credentials_win_and_none_are_ever_printed() {
+        let secret = ProxySecret::parse(
+            r#"{"username":"all","password":"p0",
+                "tiers":[null,{"username":"t2","password":"p2"}],
+                "proxies":{"resi:8000":{"username":"one","password":"p3"}}}"#,
+        )
+        .unwrap();
+        let dc = ProxyAddr::parse("http://dc1:3128").unwrap();
+        let resi = ProxyAddr::parse("http://resi:8000").unwrap();
+        let other = ProxyAddr::parse("http://resi2:8000").unwrap();
+
+        let user = |tier, proxy| secret.for_proxy(tier, proxy).map(|c| c.username.as_str());
+        assert_eq!(user(1, &dc), Some("all"));
+        assert_eq!(user(2, &other), Some("t2"));
+        assert_eq!(user(2, &resi), Some("one"));
+        assert!(!format!("{secret:?}{:?}", secret.for_proxy(1, &dc)).contains("p0"));
+        for bad in [
+            r#"{"username": 7, "password": "s3cret"}"#,
+            r#"{"username": "u", "pasword": "s3cret"}"#,
+            r#"{"password": "s3cret"}"#,
+            r#"{"proxies": {"dc1:3128": {"username": "u"}}, "password": "s3cret"}"#,
+        ] {
+            let err = ProxySecret::parse(bad).unwrap_err();
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_host_sticks_to_one_proxy_for_a_session_and_hosts_spread() {
+        let proxies: Vec<ProxyAddr> = (0..8)
+            .map(|i| ProxyAddr::parse(&format!("http://dc{i}:3128")).unwrap())
+            .collect();
+        let session = Duration::from_secs(600);
+        let at = |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+
+        let picks: Vec<usize> = (0..600)
+            .map(|s| sticky("shop.example", &proxies, at(1_000_000 + s), session))
+            .collect();
+        let changes = picks.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(changes <= 1, "one session boundary at most: {changes}");
+        let mut used = std::collections::HashSet::new();
+        for host in 0..64 {
+            used.insert(sticky(
+                &format!("h{host}.example"),
+                &proxies,
+                at(0),
+                session,
+            ));
+        }
+        assert!(used.len() >= 6, "hosts spread over the tier: {used:?}");
+        assert_eq!(sticky("a", &proxies[..1], at(0), session), 0);
+    }
+}

@@ -1,0 +1,368 @@
+//! Fetching through proxies, against real forward proxies (tinyproxy, each connecting out
+//! from its own loopback address as a pool's egress would): every fetch goes through them,
+//! credentials come from the secret, blocks climb the tiers, the proxy's own failures are
+//! never the task's, the address rules still hold, and the spend adds up to what was served.
+
+use std::net::IpAddr;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
+use conveyor_testkit::*;
+use conveyor_worker::scraper::proxy::{ProxySecret, Tiers};
+use conveyor_worker::store::keys;
+
+use crate::fetching::{PUBLIC, assert_refused, inward, names};
+use crate::ops::{ops, succeeded};
+
+/// The egress addresses of the tiers: a datacenter pool, then a residential one.
+const DATACENTER: [u8; 4] = [127, 0, 0, 3];
+const RESIDENTIAL: [u8; 4] = [127, 0, 0, 4];
+
+fn credentials() -> String {
+    serde_json::json!({ "username": USER, "password": PASSWORD }).to_string()
+}
+
+/// A worker whose fetches go through `tiers` (`;` between them), with `secret` if any.
+fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> TestWorker {
+    let tiers = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
+    let secret = secret.map(|s| ProxySecret::parse(s).expect("a proxy secret"));
+    stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.proxy_secret = secret.unwrap_or_default();
+    })
+}
+
+/// The run's spend through `tier`: requests and bytes.
+async fn spend(stack: &Stack, tier: usize) -> (Option<u64>, Option<u64>) {
+    let run = stack.run_item(JOB, RUN).await;
+    let requests = run.n(&format!("proxy_requests_t{tier}"));
+    (requests, run.n(&format!("proxy_bytes_t{tier}")))
+}
+
+/// A TCP server that records who connected and hangs up (an https site whose handshake
+/// never completes: enough to see where a tunnel came from).
+async fn tls_site_peers() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<IpAddr>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a listener");
+    let addr = listener.local_addr().expect("an address");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((_, peer)) = listener.accept().await {
+            let _ = tx.send(peer.ip());
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn every_fetch_goes_through_the_proxy_and_the_bytes_metered_are_the_bytes_served() {
+    // Arrange
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    stack.put_active_run().await;
+    let pages = [
+        "/bytes/1000",
+        "/bytes/15000",
+        "/page/a",
+        "/redirect/2",
+        "/status/404",
+    ];
+    for (i, path) in pages.iter().enumerate() {
+        stack
+            .put_task(&format!("t{i}"), &site.url(path), "pending")
+            .await;
+    }
+    let worker = proxied(&stack, &[proxy.url()], Some(&credentials()));
+
+    // Act
+    let reply = run_batch(&worker, deliveries(pages.len())).await;
+
+    // Assert: the site saw only the proxy; the run's spend is what the site served.
+    assert!(retried(&reply).is_empty());
+    for i in 0..4 {
+        let task = stack.task(&format!("t{i}")).await;
+        assert_eq!(task.status(), Some("successful"), "t{i}: {task:?}");
+    }
+    let peers = site.peers();
+    assert_eq!(peers.len(), pages.len() + 2, "two redirect hops: {peers:?}");
+    assert!(peers.iter().all(|(_, ip)| *ip == proxy.egress), "{peers:?}");
+    let served = site.bytes_served();
+    assert!(served > 16_000);
+    assert_eq!(
+        spend(&stack, 1).await,
+        (Some(peers.len() as u64), Some(served))
+    );
+    assert_eq!(
+        proxy.requests().len(),
+        peers.len(),
+        "{:?}",
+        proxy.requests()
+    );
+    let progress = succeeded(&ops(&stack, &["progress", "--job", JOB, "--run", RUN]).await);
+    for line in [
+        format!("  proxy_bytes_t1   {served}"),
+        format!("  proxy_requests_t1 {}", peers.len()),
+    ] {
+        assert!(
+            progress.lines().any(|l| l == line),
+            "{line:?} in\n{progress}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_https_target_is_reached_through_a_connect_tunnel() {
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    let (tls, mut peers) = tls_site_peers().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &format!("https://{tls}/secure"), "pending")
+        .await;
+    let worker = proxied(&stack, &[proxy.url()], Some(&credentials()));
+
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // The handshake fails (the site speaks no TLS): the site's transient failure, after a
+    // tunnel the proxy opened from its own address.
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(peers.try_recv().ok(), Some(proxy.egress));
+    let requests = proxy.requests();
+    assert_eq!(
+        requests,
+        [format!("CONNECT {tls} HTTP/1.1")],
+        "{requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_asking_for_credentials_is_a_failure_of_ours_and_never_the_tasks() {
+    // Arrange: the proxy wants credentials; the worker has none. Final attempts both.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    let (tls, mut tls_peers) = tls_site_peers().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("plain", &site.url("/page/a"), "pending")
+        .await;
+    stack
+        .put_task("tunnel", &format!("https://{tls}/a"), "pending")
+        .await;
+    let records = ["plain", "tunnel"].map(|t| record(t, &body(t), MAX_ATTEMPTS));
+
+    // Act
+    let reply = run_batch(&proxied(&stack, &[proxy.url()], None), records.into()).await;
+
+    // Assert: retried (407 to a request and to a CONNECT alike), not failed, nothing reached.
+    assert_eq!(retried(&reply), ["plain", "tunnel"]);
+    for task in ["plain", "tunnel"] {
+        assert_eq!(
+            stack.task(task).await.status(),
+            Some("processing"),
+            "{task}"
+        );
+    }
+    assert!(site.peers().is_empty());
+    assert!(tls_peers.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn a_block_on_the_first_tier_is_tried_again_on_the_next_at_once() {
+    // Arrange: the site blocks the datacenter pool's address.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
+    stack.put_active_run().await;
+    let blocked = format!("/blocks/{}/x", datacenter.egress);
+    stack.put_task("t1", &site.url(&blocked), "pending").await;
+    stack
+        .put_task("t2", &site.url("/retry-after/7"), "pending")
+        .await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t1"), delivery("t2")]).await;
+
+    // Assert: t1 climbed to the residential tier and succeeded; a 429 that says when to
+    // come back is waited for, not escalated.
+    assert_eq!(retried(&reply), ["t2"]);
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    let climbed: Vec<IpAddr> = site
+        .peers()
+        .into_iter()
+        .filter(|(path, _)| *path == blocked)
+        .map(|(_, ip)| ip)
+        .collect();
+    assert_eq!(climbed, [datacenter.egress, residential.egress]);
+    assert_eq!(residential.requests().len(), 1, "t2 never reached tier 2");
+    assert_eq!(spend(&stack, 1).await.0, Some(2));
+    assert_eq!(spend(&stack, 2).await.0, Some(1));
+}
+
+#[tokio::test]
+async fn a_tier_whose_proxy_is_down_gives_way_to_the_next_and_the_last_ones_fault_is_ours() {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
+    // Nothing listens on port 1.
+    let down = "http://127.0.0.1:1".to_owned();
+    stack.put_active_run().await;
+    stack.put_task("up", &site.url("/page/up"), "pending").await;
+    stack
+        .put_task("none", &site.url("/page/none"), "pending")
+        .await;
+
+    let climbed = run_batch(
+        &proxied(&stack, &[down.clone(), residential.url()], None),
+        vec![delivery("up")],
+    )
+    .await;
+    let last = record("none", &body("none"), MAX_ATTEMPTS);
+    let stuck = run_batch(&proxied(&stack, &[down], None), vec![last]).await;
+
+    assert!(retried(&climbed).is_empty());
+    assert_eq!(stack.task("up").await.status(), Some("successful"));
+    assert_eq!(
+        retried(&stuck),
+        ["none"],
+        "the proxy's fault, on the final attempt too"
+    );
+    assert_eq!(stack.task("none").await.status(), Some("processing"));
+}
+
+#[tokio::test]
+async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() {
+    // Arrange: the strict rules; the proxy itself (on private 127.0.0.1) is exempt only as
+    // the proxy, named `localhost` so its name is resolved too.
+    let stack = Stack::new().await;
+    let public = Site::start_on(PUBLIC.into()).await;
+    let inside = Site::start().await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    // A second tier on the trusted "public" address: only the proxy rule refuses it.
+    let public_proxy = ForwardProxy::start_on(PUBLIC.into(), RESIDENTIAL.into(), false).await;
+    stack.put_active_run().await;
+    let proxy_url = format!("http://localhost:{}", proxy.addr.port());
+    let mut cases = inward(&public, &inside);
+    cases.push(("proxy-itself", format!("{proxy_url}/")));
+    cases.push(("proxy-literal", format!("{}/", proxy.url())));
+    cases.push(("proxy-public", format!("{}/", public_proxy.url())));
+    for (task, url) in &cases {
+        stack.put_task(task, url, "pending").await;
+    }
+    stack
+        .put_task("public", &public.url("/page/out"), "pending")
+        .await;
+    let tiers = Tiers::parse(&format!("{proxy_url};{}", public_proxy.url())).expect("proxy URLs");
+    let worker = stack.worker_with(|t| {
+        t.allow_private_networks = false;
+        t.trusted = vec![PUBLIC.into()];
+        t.lookup = Some(names());
+        t.proxies = tiers;
+    });
+    let records = cases.iter().map(|(task, _)| delivery(task)).collect();
+
+    // Act
+    let reply = run_batch(&worker, records).await;
+    let out = run_batch(&worker, vec![delivery("public")]).await;
+
+    // Assert: every case refused before it was sent; the public page came through.
+    assert_refused(&stack, &reply, &cases).await;
+    assert_eq!(inside.hits("/page/in"), 0, "nothing inside was reached");
+    let asked = proxy.requests();
+    assert!(
+        asked.iter().all(|r| r.contains(&public.addr.to_string())),
+        "only the public site was asked for: {asked:?}"
+    );
+    assert!(public_proxy.requests().is_empty());
+    assert!(retried(&out).is_empty());
+    assert_eq!(stack.task("public").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_using_it() {
+    // Arrange: a budget of one byte for the residential (paid) tier.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
+    stack.put_active_run().await;
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
+        .update_expression("SET paid_tier_budget_bytes = :one")
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect("set the run's budget");
+    for i in 0..3 {
+        let path = format!("/blocks/{}/{i}", datacenter.egress);
+        stack
+            .put_task(&format!("t{i}"), &site.url(&path), "pending")
+            .await;
+    }
+    stack
+        .put_task("free", &site.url("/page/free"), "pending")
+        .await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+
+    // Act: one at a time.
+    for task in ["t0", "t1", "t2", "free"] {
+        run_batch(&worker, vec![delivery(task)]).await;
+    }
+
+    // Assert: the first blocked task took the budget; the others failed, saying why; the
+    // free tier still serves.
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    for task in ["t1", "t2"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"));
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("HTTP 403") && error.contains("budget"),
+            "{error}"
+        );
+    }
+    assert_eq!(stack.task("free").await.status(), Some("successful"));
+    assert_eq!(residential.requests().len(), 1);
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(1));
+    assert_eq!(spend(&stack, 2).await.0, Some(1));
+}
+
+#[tokio::test]
+async fn a_duplicate_fetch_is_spend_counted_and_a_redelivery_that_adopts_adds_nothing() {
+    // Arrange: two copies of one task at the same moment; the page takes 300 ms, so both
+    // fetch.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &site.url("/varying/a"), "pending")
+        .await;
+    // A task an earlier delivery fetched and stored, then crashed before its end.
+    stack
+        .put_task("t2", &site.url("/varying/b"), "processing")
+        .await;
+    stack
+        .put_object(&Stack::key("t2"), b"stored before", 200)
+        .await;
+    let worker = proxied(&stack, &[proxy.url()], None);
+    let copies = vec![record("m1", &body("t1"), 1), record("m2", &body("t1"), 1)];
+
+    // Act: both copies; a redelivery of t1 after its end; the redelivery of t2.
+    let both = run_batch(&worker, copies).await;
+    let after = run_batch(&worker, vec![record("m3", &body("t1"), 2)]).await;
+    let adopted = run_batch(&worker, vec![record("m4", &body("t2"), 2)]).await;
+
+    // Assert: two fetches, both paid for, both counted; the redeliveries fetched nothing.
+    assert!(retried(&both).is_empty() && retried(&after).is_empty());
+    assert!(retried(&adopted).is_empty());
+    assert_eq!(stack.task("t2").await.status(), Some("successful"));
+    assert_eq!(site.hits("/varying/a"), 2);
+    assert_eq!(site.hits("/varying/b"), 0);
+    assert_eq!(spend(&stack, 1).await, (Some(2), Some(site.bytes_served())));
+}
