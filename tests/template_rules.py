@@ -131,6 +131,20 @@ def everything_is_encrypted_and_private(template, _):
     return problems
 
 
+def statements(role):
+    """A role's statements, each with the condition it is granted under (None: always);
+    a statement under `!If` counts in each branch that grants one."""
+    for policy in props(role).get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            if "Fn::If" in statement:
+                condition, *branches = statement["Fn::If"]
+                for branch in branches:
+                    if isinstance(branch, dict) and "Effect" in branch:
+                        yield condition, branch
+            else:
+                yield None, statement
+
+
 def least_privilege(template, _):
     problems = []
     for name, function in of_type(template, "AWS::Serverless::Function").items():
@@ -139,19 +153,46 @@ def least_privilege(template, _):
     for name, role in of_type(template, "AWS::IAM::Role").items():
         if props(role).get("ManagedPolicyArns"):
             problems.append(f"role {name} attaches managed policies")
-        for policy in props(role).get("Policies", []):
-            for statement in policy["PolicyDocument"]["Statement"]:
-                sid = statement.get("Sid", "?")
-                actions = statement.get("Action", [])
-                actions = actions if isinstance(actions, list) else [actions]
-                if "NotAction" in statement or "NotResource" in statement:
-                    problems.append(f"{name}/{sid} uses NotAction or NotResource")
-                if any("*" in a for a in actions):
-                    problems.append(f"{name}/{sid} has a wildcard action")
-                resources = statement.get("Resource")
-                resources = resources if isinstance(resources, list) else [resources]
-                if any(r == "*" or r == "arn:aws:*" for r in resources):
-                    problems.append(f"{name}/{sid} applies to every resource")
+        for _, statement in statements(role):
+            sid = statement.get("Sid", "?")
+            actions = statement.get("Action", [])
+            actions = actions if isinstance(actions, list) else [actions]
+            if "NotAction" in statement or "NotResource" in statement:
+                problems.append(f"{name}/{sid} uses NotAction or NotResource")
+            if any("*" in a for a in actions):
+                problems.append(f"{name}/{sid} has a wildcard action")
+            resources = statement.get("Resource")
+            resources = resources if isinstance(resources, list) else [resources]
+            if any(r == "*" or r == "arn:aws:*" for r in resources):
+                problems.append(f"{name}/{sid} applies to every resource")
+    return problems
+
+
+PROXY_SECRET = {"Fn::If": ["CreateProxySecret", {"Ref": "ProxySecret"},
+                           {"Fn::Sub": "${ProxySecretArn}"}]}
+
+
+def the_proxy_secret_alone_is_readable(template, _):
+    """Secrets Manager: GetSecretValue of the proxies' secret, only with proxies on, and
+    that secret is the one the function is told to read."""
+    problems = []
+    granted = [(condition, statement)
+               for role in of_type(template, "AWS::IAM::Role").values()
+               for condition, statement in statements(role)
+               if "secretsmanager" in json.dumps(statement.get("Action"))]
+    if len(granted) != 1:
+        problems.append(f"{len(granted)} statements grant Secrets Manager, not one")
+    for condition, statement in granted:
+        if statement.get("Action") != "secretsmanager:GetSecretValue":
+            problems.append(f"Secrets Manager actions {statement.get('Action')}")
+        if condition != "UseProxies":
+            problems.append("the proxy secret is readable without proxies")
+        if statement.get("Resource") != PROXY_SECRET:
+            problems.append(f"readable secrets: {statement.get('Resource')}")
+    variables = props(template["Resources"]["WorkerFunction"])["Environment"]["Variables"]
+    told = variables.get("PROXY_SECRET_ARN", {}).get("Fn::If", [None, None])[1]
+    if told != PROXY_SECRET:
+        problems.append(f"the function reads {told}, not the secret it may read")
     return problems
 
 
@@ -287,6 +328,7 @@ RULES = [
     dead_letter_queue_keeps_repeat_failures,
     everything_is_encrypted_and_private,
     least_privilege,
+    the_proxy_secret_alone_is_readable,
     alarms_cover_what_an_operator_must_know,
     outputs_feed_the_runbook,
     function_settings_are_ones_the_worker_reads,
@@ -316,6 +358,11 @@ def first_statement(t):
     return resource(t, "WorkerRole")["Policies"][0]["PolicyDocument"]["Statement"][1]
 
 
+def proxy_statement(t):
+    listed = resource(t, "WorkerRole")["Policies"][0]["PolicyDocument"]["Statement"]
+    return next(s["Fn::If"][1] for s in listed if "Fn::If" in s)
+
+
 # One breakage per rule, each of a kind the rule exists to catch.
 BREAKAGES = {
     visibility_covers_six_timeouts_and_the_window:
@@ -328,6 +375,9 @@ BREAKAGES = {
         lambda t: resource(t, "TasksDeadLetterQueue").pop("SqsManagedSseEnabled"),
     least_privilege:
         lambda t: first_statement(t).__setitem__("Action", "sqs:*"),
+    the_proxy_secret_alone_is_readable:
+        lambda t: proxy_statement(t).__setitem__(
+            "Resource", {"Fn::Sub": "arn:${AWS::Partition}:secretsmanager:*"}),
     alarms_cover_what_an_operator_must_know:
         lambda t: t["Resources"].pop("OldestMessageAgeAlarm"),
     outputs_feed_the_runbook:
