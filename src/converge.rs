@@ -1,6 +1,7 @@
 //! Converge: every delivery of a task lands on one S3 key, and the task record always
 //! describes the object that is actually stored there.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -8,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
+use crate::domain::spend::Spend;
 use crate::retry::Patience;
 use crate::store::error::AwsError;
 use crate::store::results::{NewResult, Put, ResultStore};
@@ -24,13 +26,35 @@ pub enum Converged {
     LostRace,
 }
 
-/// The stores a task converges in, how long a conflicting write may be tried again, and how
-/// the task's run counts it.
+/// The stores a task converges in, how long a conflicting write may be tried again, how
+/// the task's run counts it, and what the delivery's fetch spent (added to that count in the
+/// terminal write, when it is made).
 pub struct Stores<'a, T, R> {
     pub tasks: &'a T,
     pub results: &'a R,
     pub patience: Patience<'a>,
     pub counting: Counting,
+    pub spend: Spend,
+    /// The terminal write counted `spend`.
+    spend_counted: AtomicBool,
+}
+
+impl<'a, T, R> Stores<'a, T, R> {
+    pub fn new(tasks: &'a T, results: &'a R, patience: Patience<'a>, counting: Counting) -> Self {
+        Self {
+            tasks,
+            results,
+            patience,
+            counting,
+            spend: Spend::default(),
+            spend_counted: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a terminal write of this delivery counted its spend.
+    pub fn spend_counted(&self) -> bool {
+        self.spend_counted.load(Ordering::Relaxed)
+    }
 }
 
 impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
@@ -141,12 +165,15 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             written => (written, terminal),
         };
         Ok(match written? {
-            Finish::Written { .. } => match terminal {
-                Terminal::Succeeded(_) => Converged::Succeeded { adopted: false },
-                Terminal::Failed(f) => Converged::Failed {
-                    reason: f.reason.to_string(),
-                },
-            },
+            Finish::Written { spend_counted, .. } => {
+                self.spend_counted.store(spend_counted, Ordering::Relaxed);
+                match terminal {
+                    Terminal::Succeeded(_) => Converged::Succeeded { adopted: false },
+                    Terminal::Failed(f) => Converged::Failed {
+                        reason: f.reason.to_string(),
+                    },
+                }
+            }
             Finish::LostRace => Converged::LostRace,
         })
     }
@@ -154,8 +181,9 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
         self.patience
             .retry(|| {
+                let counter = (self.counting, &self.spend);
                 self.tasks
-                    .finish(task, terminal, self.counting, SystemTime::now())
+                    .finish(task, terminal, counter, SystemTime::now())
             })
             .await
     }

@@ -15,7 +15,6 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
 use crate::domain::model::{Failure, Page};
-use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
 use crate::guard::{self, Admission, Checked, ParentsCache, Wanted};
 use crate::metrics::Measures;
@@ -375,12 +374,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             Err(err) => return self.left(work.permit, Err(err), invocation).await,
         };
-        let stores = Stores {
-            tasks: &self.tasks,
-            results: &self.results,
-            patience,
-            counting: work.wanted.counting,
-        };
+        let mut stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
             let adopted = Ok(outcome_of(converged, redelivery, false));
@@ -405,33 +399,43 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             final_attempt,
             budget,
         };
+        let delivery = work.delivery.clone();
         let fetched = self.fetch_polite(task, work, budget, invocation).await;
-        self.converge(&stores, task, &key, fetched, attempt, &invocation.measures)
-            .await
+        stores.spend = fetched.spend;
+        let measures = &invocation.measures;
+        let converged = self.converge(&stores, task, &key, fetched.page, attempt, measures);
+        let converged = converged.await;
+        if !stores.spend_counted() {
+            self.record_spend(task, &stores, &delivery).await;
+        }
+        converged
     }
 
     /// Fetches with the host's permit, given back with the answer after; without one
-    /// (robots.txt forbids the URL), fails for good without a request. What the fetch spent
-    /// through proxies is recorded before anything else.
+    /// (robots.txt forbids the URL), fails for good without a request. The paid tier's
+    /// bytes are taken from this sandbox's share of the run's budget.
     async fn fetch_polite(
         &self,
         task: &TaskRef,
         mut work: Work,
         budget: Duration,
         invocation: &Invocation,
-    ) -> Result<Page, FetchError> {
+    ) -> Fetched {
         let Some(permit) = work.permit.take() else {
-            return Err(FetchError::permanent(DISALLOWED));
+            return Fetched::unspent(Err(FetchError::permanent(DISALLOWED)));
         };
         let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
-        self.account(task, &work, &fetched.spend).await;
+        if work.wanted.paid_budget.is_some() {
+            let paid = fetched.spend.tier(self.settings.proxy_tiers);
+            self.paid.spent(task, paid.bytes);
+        }
         let answer = fetched
             .page
             .as_ref()
             .err()
             .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
         self.leave(Some(permit), answer, invocation).await;
-        fetched.page
+        fetched
     }
 
     /// The fetch, with the paid proxy tier held back while the run has a budget for it:
@@ -479,19 +483,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// Records what a fetch spent through proxies into its run's counters, once for this
-    /// delivery, and takes the paid tier's bytes from this sandbox's share of the run's
-    /// budget. A record that fails after the SDK's retries is logged with its spend.
-    async fn account(&self, task: &TaskRef, work: &Work, spend: &Spend) {
+    /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
+    /// without counters). A record that fails after the SDK's retries is logged with it.
+    async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>, delivery: &str) {
+        let spend = &stores.spend;
         if spend.is_zero() {
             return;
         }
-        if work.wanted.paid_budget.is_some() {
-            let paid = spend.tier(self.settings.proxy_tiers);
-            self.paid.spent(task, paid.bytes);
-        }
         let recorded = self
             .tasks
-            .record_spend(task, work.wanted.counting, spend, &work.delivery);
+            .record_spend(task, stores.counting, spend, delivery);
         if let Err(err) = recorded.await {
             tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
         }

@@ -43,6 +43,30 @@ impl Expression {
         self
     }
 
+    /// With one delivery's spend added to the item (a counter item: the run or a shard),
+    /// in the same `ADD` clause as its counts.
+    pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {
+        let mut adds = Vec::new();
+        for (tier, spent) in spend.spent() {
+            let (requests, bytes) = spend_names(tier);
+            adds.push(format!("{requests} :spent_r{tier}, {bytes} :spent_b{tier}"));
+            self = self
+                .value(&format!(":spent_r{tier}"), n(spent.requests))
+                .value(&format!(":spent_b{tier}"), n(spent.bytes));
+        }
+        if adds.is_empty() {
+            return self;
+        }
+        let adds = adds.join(", ");
+        self.update = match self.update.split_once("ADD ") {
+            Some((before, after)) => format!("{before}ADD {adds}, {after}"),
+            None => format!("{} ADD {adds}", self.update)
+                .trim_start()
+                .to_owned(),
+        };
+        self
+    }
+
     /// As one item of a transaction.
     pub(crate) fn into_update(self, table: &str, key: Item) -> Update {
         Update::builder()
@@ -492,21 +516,9 @@ pub fn spend_names(tier: usize) -> (String, String) {
     )
 }
 
-/// One delivery's spend added to an existing counter item (run or shard).
+/// One delivery's spend added to an existing counter item (run or shard), alone.
 pub(crate) fn spend(spend: &Spend) -> Expression {
-    let mut adds = Vec::new();
-    let mut values = Vec::new();
-    for (tier, spent) in spend.spent() {
-        let (requests, bytes) = spend_names(tier);
-        adds.push(format!("{requests} :r{tier}, {bytes} :b{tier}"));
-        values.push((format!(":r{tier}"), spent.requests));
-        values.push((format!(":b{tier}"), spent.bytes));
-    }
-    let update = format!("ADD {}", adds.join(", "));
-    values.into_iter().fold(
-        Expression::new(update, "attribute_exists(pk)"),
-        |e, (k, v)| e.value(&k, n(v)),
-    )
+    Expression::new(String::new(), "attribute_exists(pk)").with_spend(spend)
 }
 
 /// A chunk of the run's paid-tier budget reserved, while what is reserved is below it.

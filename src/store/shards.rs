@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Sharding, TaskStatus, Terminal};
+use crate::domain::spend::Spend;
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, cancellation_fault};
 use crate::store::expressions::{self, Expression, Over, RunStep};
@@ -119,7 +120,7 @@ impl DynamoTaskStore {
     pub(crate) async fn finish_sharded(
         &self,
         task: &TaskRef,
-        terminal: &Terminal,
+        (terminal, spend): (&Terminal, &Spend),
         now: &str,
         sharding: Sharding,
     ) -> Result<Finish, AwsError> {
@@ -128,7 +129,8 @@ impl DynamoTaskStore {
         // Each refusal says what the refusing counter is now: two tries per level suffice
         // unless counters keep changing underneath, which is a conflict to try again.
         for _ in 0..2 * path.nodes.len() + 2 {
-            let next = match self.count_on_path(terminal, now, &path, step).await? {
+            let counted = self.count_on_path((terminal, spend), now, &path, step);
+            let next = match counted.await? {
                 Counted::Written => return Ok(written(step)),
                 Counted::TaskRefused {
                     failed_without_result: true,
@@ -147,7 +149,7 @@ impl DynamoTaskStore {
     /// One transaction: the task's terminal write, and its counters as `step` says.
     async fn count_on_path(
         &self,
-        terminal: &Terminal,
+        (terminal, spend): (&Terminal, &Spend),
         now: &str,
         path: &Path<'_>,
         step: Step,
@@ -165,6 +167,12 @@ impl DynamoTaskStore {
                 .collect(),
         };
         for (level, counter) in counters.into_iter().enumerate() {
+            // The shard (level 0) takes the delivery's spend, in the task's own transaction.
+            let counter = if level == 0 {
+                counter.with_spend(spend)
+            } else {
+                counter
+            };
             updates.push(counter.into_update(&self.table, path.key(level)));
         }
         match self.transact(updates).await {
@@ -237,7 +245,10 @@ fn written(step: Step) -> Finish {
     if completed_run {
         tracing::info!("the run is complete");
     }
-    Finish::Written { completed_run }
+    Finish::Written {
+        completed_run,
+        spend_counted: true,
+    }
 }
 
 /// A cancelled counted terminal write: whose condition failed, and the step the counter

@@ -18,6 +18,7 @@ use aws_sdk_dynamodb::types::{
 
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
 use crate::polite::JobPoliteness;
 use crate::store::attributes::{Item, number, string};
@@ -48,8 +49,12 @@ pub enum Claim {
 /// The result of the terminal write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// The task is terminal and counted; `completed_run` when it was its run's last task.
-    Written { completed_run: bool },
+    /// The task is terminal and counted; `completed_run` when it was its run's last task;
+    /// `spend_counted` when the delivery's spend was added in the same write.
+    Written {
+        completed_run: bool,
+        spend_counted: bool,
+    },
     /// Another delivery made the terminal write first; the task is left as it made it.
     LostRace,
 }
@@ -87,12 +92,13 @@ pub trait TaskStore: Send + Sync {
 
     /// The one terminal write: only a task still pending or processing can take it, except
     /// that a stored result may replace a failure that has none (a success that raced a
-    /// failure and lost the write: a stored result always wins).
+    /// failure and lost the write: a stored result always wins). The delivery's `spend` is
+    /// added to the counter the task counts in, in the same write, when there is one.
     fn finish(
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        counting: Counting,
+        counter: (Counting, &Spend),
         now: SystemTime,
     ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
 }
@@ -252,12 +258,14 @@ impl TaskStore for DynamoTaskStore {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        counting: Counting,
+        (counting, spend): (Counting, &Spend),
         now: SystemTime,
     ) -> Result<Finish, AwsError> {
         let now = rfc3339(now);
         if let Counting::Shards(sharding) = counting {
-            return self.finish_sharded(task, terminal, &now, sharding).await;
+            return self
+                .finish_sharded(task, (terminal, spend), &now, sharding)
+                .await;
         }
         let steps = [
             RunStep::Count,
@@ -265,18 +273,25 @@ impl TaskStore for DynamoTaskStore {
             RunStep::CountOnly,
         ];
         for step in steps {
-            match self.finish_counted(task, terminal, &now, step).await? {
+            match self
+                .finish_counted(task, (terminal, spend), &now, step)
+                .await?
+            {
                 Counted::Written => {
                     let completed_run = step == RunStep::CountAndComplete;
                     if completed_run {
                         tracing::info!("the run is complete");
                     }
-                    return Ok(Finish::Written { completed_run });
+                    let spend_counted = true;
+                    return Ok(Finish::Written {
+                        completed_run,
+                        spend_counted,
+                    });
                 }
                 Counted::TaskRefused {
                     failed_without_result: true,
                 } if terminal.status() == TaskStatus::Successful => {
-                    return self.replace_failure(task, terminal, &now).await;
+                    return self.replace_failure(task, (terminal, spend), &now).await;
                 }
                 Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
                 Counted::RunRefused => continue,
@@ -318,7 +333,7 @@ impl DynamoTaskStore {
     async fn finish_counted(
         &self,
         task: &TaskRef,
-        terminal: &Terminal,
+        (terminal, spend): (&Terminal, &Spend),
         now: &str,
         step: RunStep,
     ) -> Result<Counted, AwsError> {
@@ -329,6 +344,7 @@ impl DynamoTaskStore {
         let task_update = expressions::task_terminal(terminal, now, over)
             .into_update(&self.table, keys::task_key(task));
         let run_update = expressions::run_count(step, terminal, now)
+            .with_spend(spend)
             .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
         let result = self
             .client
@@ -348,13 +364,14 @@ impl DynamoTaskStore {
     async fn replace_failure(
         &self,
         task: &TaskRef,
-        terminal: &Terminal,
+        (terminal, spend): (&Terminal, &Spend),
         now: &str,
     ) -> Result<Finish, AwsError> {
-        let recounted = self.finish_counted(task, terminal, now, RunStep::Recount);
+        let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);
         let replaced = match recounted.await? {
             Counted::Written => Finish::Written {
                 completed_run: false,
+                spend_counted: true,
             },
             Counted::TaskRefused { .. } => Finish::LostRace,
             Counted::RunRefused => {
@@ -381,6 +398,7 @@ impl DynamoTaskStore {
         match result {
             Ok(_) => Ok(Finish::Written {
                 completed_run: false,
+                spend_counted: false,
             }),
             Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(finish)", err)),

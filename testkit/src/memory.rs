@@ -159,7 +159,7 @@ impl TaskStore for MemoryTasks {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        _counting: Counting,
+        (_counting, spend): (Counting, &Spend),
         _now: SystemTime,
     ) -> Result<Finish, AwsError> {
         self.served();
@@ -172,8 +172,12 @@ impl TaskStore for MemoryTasks {
                 entry.status = terminal.status();
                 entry.terminal = Some(terminal.clone());
                 entry.lease = None;
+                if !spend.is_zero() {
+                    lock(&self.spend).insert(format!("finish of {task:?}"), *spend);
+                }
                 Ok(Finish::Written {
                     completed_run: false,
+                    spend_counted: true,
                 })
             }
             _ => Ok(Finish::LostRace),

@@ -140,6 +140,29 @@ async fn an_https_target_is_reached_through_a_connect_tunnel() {
 }
 
 #[tokio::test]
+async fn a_host_sticks_to_one_proxy_of_its_tier() {
+    // Arrange: a tier of two proxies, eight pages of one host.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let first = ForwardProxy::start(DATACENTER.into(), false).await;
+    let second = ForwardProxy::start([127, 0, 0, 5].into(), false).await;
+    stack.put_active_run().await;
+    for i in 0..8 {
+        let page = site.url(&format!("/page/{i}"));
+        stack.put_task(&format!("t{i}"), &page, "pending").await;
+    }
+    let tier = format!("{},{}", first.url(), second.url());
+
+    // Act
+    let reply = run_batch(&proxied(&stack, &[tier], None), deliveries(8)).await;
+
+    // Assert: every request of the host came from one proxy's address.
+    assert!(retried(&reply).is_empty());
+    let peers: std::collections::HashSet<IpAddr> =
+        site.peers().into_iter().map(|(_, ip)| ip).collect();
+    assert_eq!(peers.len(), 1, "{peers:?}");
+}
+
+#[tokio::test]
 async fn a_proxy_asking_for_credentials_is_a_failure_of_ours_and_never_the_tasks() {
     // Arrange: the proxy wants credentials; the worker has none. Final attempts both.
     let (stack, site) = (Stack::new().await, Site::start().await);
@@ -365,4 +388,69 @@ async fn a_duplicate_fetch_is_spend_counted_and_a_redelivery_that_adopts_adds_no
     assert_eq!(site.hits("/varying/a"), 2);
     assert_eq!(site.hits("/varying/b"), 0);
     assert_eq!(spend(&stack, 1).await, (Some(2), Some(site.bytes_served())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_task_costs_no_aws_request_more_and_its_spend_lands_on_its_shard() {
+    // Arrange: a sharded run; 30 tasks fetched direct, 30 through the proxy, warm sandboxes
+    // (and tasks left over, so no shard counts its last one here).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    let ids: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    stack.put_job(JOB, "active").await;
+    stack.put_sharded_run((JOB, RUN), &ids, (4, 0)).await;
+    for id in &ids {
+        let page = format!("/bytes/{}", 2000 + id.len());
+        stack.put_task(id, &site.url(&page), "pending").await;
+    }
+    let direct = stack.worker();
+    let through = proxied(&stack, &[proxy.url()], Some(&credentials()));
+    run_batch(&direct, vec![delivery("t60")]).await;
+    run_batch(&through, vec![delivery("t61")]).await;
+
+    // Act: one task at a time, so each fetch's time is its own.
+    let timed = |from: usize| {
+        (from..from + 30)
+            .map(|i| delivery(&format!("t{i}")))
+            .collect::<Vec<_>>()
+    };
+    let (direct_batch, proxied_batch) = (timed(0), timed(30));
+    stack.calls.clear();
+    let direct_ms = fetch_times(&direct, direct_batch).await;
+    let direct_calls = stack.calls.calls().len();
+    stack.calls.clear();
+    let proxied_ms = fetch_times(&through, proxied_batch).await;
+    let proxied_calls = stack.calls.calls().len();
+
+    // Assert: the same AWS requests; the spend on the shards (none on the run item).
+    assert_eq!(proxied_calls, direct_calls, "{:?}", stack.calls.calls());
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("proxy_requests_t1"), None);
+    let progress = succeeded(&ops(&stack, &["progress", "--job", JOB, "--run", RUN]).await);
+    assert!(
+        progress.lines().any(|l| l == "  proxy_requests_t1 31"),
+        "{progress}"
+    );
+    let added = proxied_ms - direct_ms;
+    println!(
+        "proxy: {:.1} AWS requests a task either way; fetch median {direct_ms:.2} ms direct, {proxied_ms:.2} ms through tinyproxy (+{added:.2} ms, loopback)",
+        direct_calls as f64 / 30.0
+    );
+    assert!(added < 50.0, "the proxy adds {added:.1} ms a fetch");
+}
+
+/// Runs `records` one batch each; the median time of a whole record, in ms.
+async fn fetch_times(
+    worker: &TestWorker,
+    records: Vec<aws_lambda_events::event::sqs::SqsMessage>,
+) -> f64 {
+    let mut times = Vec::new();
+    for record in records {
+        let started = std::time::Instant::now();
+        let reply = run_batch(worker, vec![record]).await;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        assert!(retried(&reply).is_empty());
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }

@@ -173,7 +173,12 @@ async fn a_terminal_write_refused_by_the_task_condition_lost_the_race() {
     let store = tasks(&cancelled(&["ConditionalCheckFailed", "None"]));
 
     let finish = store
-        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
+        .finish(
+            &task(),
+            &failed(),
+            (Counting::Run, &Default::default()),
+            SystemTime::now(),
+        )
         .await
         .expect("an outcome");
 
@@ -185,7 +190,12 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
     let store = tasks(&cancelled(&["None", "TransactionConflict"]));
 
     let err = store
-        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
+        .finish(
+            &task(),
+            &failed(),
+            (Counting::Run, &Default::default()),
+            SystemTime::now(),
+        )
         .await
         .expect_err("a conflict");
 
@@ -197,7 +207,12 @@ async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_i
     let store = tasks(&cancelled(&["ValidationError", "None"]));
 
     let err = store
-        .finish(&task(), &failed(), Counting::Run, SystemTime::now())
+        .finish(
+            &task(),
+            &failed(),
+            (Counting::Run, &Default::default()),
+            SystemTime::now(),
+        )
         .await
         .expect_err("invalid");
 
@@ -339,12 +354,8 @@ async fn a_page_s3_refuses_as_invalid_fails_its_task_instead_of_coming_back() {
     let (tasks, results) = (tasks(&written), results(&refused));
     let conflicts = AtomicU64::new(0);
     let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    let stores = Stores {
-        tasks: &tasks,
-        results: &results,
-        patience: Patience::new(until, RetryPolicy::default(), &conflicts),
-        counting: Counting::Run,
-    };
+    let patience = Patience::new(until, RetryPolicy::default(), &conflicts);
+    let stores = Stores::new(&tasks, &results, patience, Counting::Run);
     let key = ResultKey::for_task("results/", &task());
 
     let converged = stores.succeed(&task(), &key, &page()).await;
