@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
@@ -27,7 +28,6 @@ use crate::store::queue::{QueueRef, Visibility};
 use crate::store::results::ResultStore;
 use crate::store::spend::SpendStore;
 use crate::store::tasks::{Lease, TaskStore};
-use sha2::{Digest, Sha256};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]
@@ -429,10 +429,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             let paid = fetched.spend.tier(self.settings.proxy_tiers);
             self.paid.spent(task, paid.bytes);
         }
+        // The site's answer, for its cooldown; a proxy's own (ours) says nothing of the site.
         let answer = fetched
             .page
             .as_ref()
             .err()
+            .filter(|e| e.retry != Retry::Ours)
             .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
         self.leave(Some(permit), answer, invocation).await;
         fetched
@@ -640,10 +642,12 @@ struct Delivery {
 }
 
 /// A name for this delivery, at most 36 characters (a DynamoDB idempotency token): the same
-/// for the same message and receive, different for any other.
+/// for the same receive of a message (its receipt handle, new at every receive), different
+/// for any other.
 fn delivery_id(record: &SqsMessage, receives: u32) -> String {
     let message = record.message_id.as_deref().unwrap_or_default();
-    let digest = Sha256::digest(format!("{message}#{receives}").as_bytes());
+    let receipt = record.receipt_handle.as_deref().unwrap_or_default();
+    let digest = Sha256::digest(format!("{message}#{receipt}#{receives}").as_bytes());
     hex::encode(&digest[..16])
 }
 

@@ -71,8 +71,8 @@ impl Tiers {
                 .filter(|p| !p.trim().is_empty())
                 .map(ProxyAddr::parse)
                 .collect::<Result<Vec<_>, _>>()?;
-            if proxies.len() > MAX_PER_TIER {
-                return Err(format!("a tier lists more than {MAX_PER_TIER} proxies"));
+            if proxies.is_empty() || proxies.len() > MAX_PER_TIER {
+                return Err(format!("a tier lists no proxy, or more than {MAX_PER_TIER}"));
             }
             tiers.push(proxies);
         }
@@ -238,6 +238,7 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         assert!(Tiers::parse("socks5://dc1:1080").is_err());
         assert!(Tiers::parse("http://dc1:3128/path").is_err());
+        assert!(Tiers::parse("http://dc1:3128;,").is_err());
         assert!(Tiers::parse("http://a:1;http://b:1;http://c:1;http://d:1;http://e:1").is_err());
     }
 

@@ -135,12 +135,8 @@ impl DynamoTaskStore {
         run: &Id,
         through: u64,
     ) -> Result<(), AwsError> {
-        let result = expressions::advance_submitted(through, &now())
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run)))
-            .send()
-            .await;
+        let advance = expressions::advance_submitted(through, &now());
+        let result = self.update_run((job, run), advance).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),

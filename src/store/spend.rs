@@ -83,12 +83,8 @@ impl SpendStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all, fields(chunk))]
     async fn reserve_paid(&self, job: &Id, run: &Id, chunk: u64) -> Result<bool, AwsError> {
-        let result = expressions::reserve_paid(chunk)
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run)))
-            .send()
-            .await;
+        let reserve = expressions::reserve_paid(chunk);
+        let result = self.update_run((job, run), reserve).send().await;
         match result {
             Ok(_) => Ok(true),
             Err(err) if is_condition_failure(&err) => Ok(false),

@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem,
 };
 
-use crate::domain::ids::TaskRef;
+use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
@@ -116,6 +116,18 @@ impl DynamoTaskStore {
             client,
             table: table.into(),
         }
+    }
+
+    /// An `UpdateItem` of the run item under this expression.
+    pub(crate) fn update_run(
+        &self,
+        (job, run): (&Id, &Id),
+        expression: Expression,
+    ) -> UpdateItemFluentBuilder {
+        expression
+            .apply_to(self.client.update_item())
+            .table_name(&self.table)
+            .set_key(Some(keys::run_key(job, run)))
     }
 
     /// An `UpdateItem` of the task under this expression.
