@@ -3,7 +3,7 @@
 //! again), blocks escalated to the next tier, the proxy's own failures kept apart from the
 //! site's, and every request and body byte metered.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use reqwest::dns::{Name, Resolve, Resolving};
@@ -34,13 +34,15 @@ pub(super) struct Routes {
     tiers: Vec<Vec<Route>>,
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
-    max_redirects: usize,
-    session: Duration,
+    settings: FetchSettings,
 }
 
+/// A proxy and its client, built at its first use (a sandbox uses the proxies its hosts
+/// stick to, not all of them; each client costs a TLS configuration).
 struct Route {
     addr: ProxyAddr,
-    client: reqwest::Client,
+    proxy: reqwest::Proxy,
+    client: OnceLock<Result<reqwest::Client, String>>,
 }
 
 /// Requests sent and body bytes received through one proxy.
@@ -61,7 +63,7 @@ impl Routes {
         for (tier, proxies) in settings.proxies.iter() {
             let routes = proxies
                 .iter()
-                .map(|addr| Route::new(settings, secret.for_proxy(tier, addr), addr, &lookup))
+                .map(|addr| Route::new(secret.for_proxy(tier, addr), addr))
                 .collect::<Result<Vec<_>, _>>()?;
             tiers.push(routes);
         }
@@ -69,8 +71,7 @@ impl Routes {
             tiers,
             policy,
             lookup,
-            max_redirects: settings.max_redirects,
-            session: settings.proxy_session,
+            settings: settings.clone(),
         })
     }
 
@@ -125,7 +126,12 @@ impl Routes {
     fn route(&self, tier: usize, host: &str) -> Option<&Route> {
         let routes = self.tiers.get(tier.checked_sub(1)?)?;
         let addrs: Vec<&ProxyAddr> = routes.iter().map(|r| &r.addr).collect();
-        routes.get(sticky(host, &addrs, SystemTime::now(), self.session))
+        routes.get(sticky(
+            host,
+            &addrs,
+            SystemTime::now(),
+            self.settings.proxy_session,
+        ))
     }
 
     /// Checked here, before anything is sent, since the proxy resolves the name: the URL's
@@ -174,10 +180,14 @@ impl Routes {
         let (requested, started) = (url.to_string(), Instant::now());
         let tunnelled = url.scheme() == "https";
         let mut meter = Meter::default();
-        for _ in 0..=self.max_redirects {
+        let client = match route.client(&self.settings, &self.lookup) {
+            Ok(client) => client,
+            Err(err) => return (Err(err), meter),
+        };
+        for _ in 0..=self.settings.max_redirects {
             let left = budget.saturating_sub(started.elapsed());
             meter.requests += 1;
-            let response = match route.client.get(url.clone()).timeout(left).send().await {
+            let response = match client.get(url.clone()).timeout(left).send().await {
                 Ok(response) => response,
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
@@ -196,36 +206,50 @@ impl Routes {
             let page = fetcher.page_of(response, requested, &mut meter.bytes).await;
             return (page, meter);
         }
-        let refused = Refused::TooManyRedirects(self.max_redirects);
+        let refused = Refused::TooManyRedirects(self.settings.max_redirects);
         (Err(FetchError::permanent(refused.to_string())), meter)
     }
 }
 
 impl Route {
     fn new(
-        settings: &FetchSettings,
         credentials: Option<&super::proxy::Credentials>,
         addr: &ProxyAddr,
-        lookup: &Arc<dyn Lookup>,
     ) -> Result<Self, reqwest::Error> {
         let mut proxy = reqwest::Proxy::all(addr.url().as_str())?;
         if let Some(credentials) = credentials {
             proxy = proxy.basic_auth(&credentials.username, &credentials.password);
         }
-        let resolver = ProxyResolver {
-            name: addr.name().map(str::to_owned),
-            lookup: lookup.clone(),
-        };
-        let client = client_builder(settings)
-            // Followed here, hop by hop, each hop checked as the first was.
-            .redirect(redirect::Policy::none())
-            .dns_resolver(Arc::new(resolver))
-            .proxy(proxy)
-            .build()?;
         Ok(Self {
             addr: addr.clone(),
-            client,
+            proxy,
+            client: OnceLock::new(),
         })
+    }
+
+    /// The proxy's client, built the first time it is asked for.
+    fn client(
+        &self,
+        settings: &FetchSettings,
+        lookup: &Arc<dyn Lookup>,
+    ) -> Result<&reqwest::Client, FetchError> {
+        let built = self.client.get_or_init(|| {
+            let resolver = ProxyResolver {
+                name: self.addr.name().map(str::to_owned),
+                lookup: lookup.clone(),
+            };
+            client_builder(settings)
+                // Followed here, hop by hop, each hop checked as the first was.
+                .redirect(redirect::Policy::none())
+                .dns_resolver(Arc::new(resolver))
+                .proxy(self.proxy.clone())
+                .build()
+                .map_err(|e| e.to_string())
+        });
+        let label = self.addr.label();
+        built
+            .as_ref()
+            .map_err(|e| FetchError::ours(format!("proxy {label}: no client: {e}")))
     }
 }
 

@@ -72,7 +72,9 @@ impl Tiers {
                 .map(ProxyAddr::parse)
                 .collect::<Result<Vec<_>, _>>()?;
             if proxies.is_empty() || proxies.len() > MAX_PER_TIER {
-                return Err(format!("a tier lists no proxy, or more than {MAX_PER_TIER}"));
+                return Err(format!(
+                    "a tier lists no proxy, or more than {MAX_PER_TIER}"
+                ));
             }
             tiers.push(proxies);
         }
