@@ -186,8 +186,7 @@ impl Routes {
         };
         for _ in 0..=self.settings.max_redirects {
             let left = budget.saturating_sub(started.elapsed());
-            meter.requests += 1;
-            let response = match client.get(url.clone()).timeout(left).send().await {
+            let response = match send(client, &url, left, &mut meter.requests).await {
                 Ok(response) => response,
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
@@ -273,6 +272,39 @@ impl Resolve for ProxyResolver {
             Ok(Box::new(addrs.collect::<Vec<_>>().into_iter()) as reqwest::dns::Addrs)
         })
     }
+}
+
+/// One request, sent once more at once if the peer (a proxy, a site) closed a pooled
+/// connection under it (the idle connection race: a GET, safe to repeat). Each request adds
+/// one to `requests`.
+pub(super) async fn send(
+    client: &reqwest::Client,
+    url: &Url,
+    left: Duration,
+    requests: &mut u64,
+) -> Result<reqwest::Response, reqwest::Error> {
+    *requests += 1;
+    match client.get(url.clone()).timeout(left).send().await {
+        Err(err) if closed_under_us(&err) => {
+            *requests += 1;
+            client.get(url.clone()).timeout(left).send().await
+        }
+        sent => sent,
+    }
+}
+
+/// The connection closed before the answer was complete, by hyper's own kind.
+fn closed_under_us(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// Where a redirect that can be followed goes: a 301, 302, 303, 307 or 308 whose `Location`

@@ -308,11 +308,7 @@ impl HttpFetcher {
             .check_url(&parsed)
             .map_err(|refused| FetchError::permanent(refused.to_string()))?;
         let requested = parsed.to_string();
-        let response = self
-            .client
-            .get(parsed)
-            .timeout(budget)
-            .send()
+        let response = egress::send(&self.client, &parsed, budget, &mut 0)
             .await
             .map_err(|e| classify::classify_error(&e))?;
         self.page_of(response, requested, &mut 0).await

@@ -278,6 +278,33 @@ pub async fn broken_server(reply: &'static [u8]) -> SocketAddr {
     addr
 }
 
+/// A server that hangs up unanswered on its first request (as a peer closes an idle
+/// connection a pool is reusing), then answers `ok` to every other; it says how many
+/// requests it was sent.
+pub async fn hangs_up_once() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a server on 127.0.0.1");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0_u8; 4096];
+            let _ = socket.read(&mut request).await;
+            if count.fetch_add(1, Ordering::Relaxed) > 0 {
+                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                let _ = socket.write_all(ok).await;
+            }
+        }
+    });
+    (addr, served)
+}
+
 /// 503 on the first two hits, then the page.
 async fn flaky(State(hits): State<Hits>, Path(name): Path<String>) -> Response {
     if hits.get(&format!("/flaky/{name}")) <= 2 {

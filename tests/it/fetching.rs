@@ -121,7 +121,12 @@ pub(crate) async fn assert_refused(
     reply: &aws_lambda_events::event::sqs::SqsBatchResponse,
     cases: &[(&str, String)],
 ) {
-    assert!(retried(reply).is_empty(), "refusals are permanent");
+    let retried = retried(reply);
+    let why: Vec<_> = futures_util::future::join_all(retried.iter().map(|t| stack.task(t))).await;
+    assert!(
+        retried.is_empty(),
+        "refusals are permanent: {retried:?} {why:?}"
+    );
     for (task, _) in cases {
         let item = stack.task(task).await;
         assert_eq!(item.status(), Some("failed"), "{task}");
@@ -250,4 +255,20 @@ async fn resets_and_cut_bodies_are_transient() {
             "{task}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_request_a_site_drops_unanswered_is_sent_once_more_at_once() {
+    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", &format!("http://{addr}/page"), "pending")
+        .await;
+
+    let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
+
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
 }

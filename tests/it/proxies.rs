@@ -454,3 +454,24 @@ async fn fetch_times(
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
+
+#[tokio::test]
+async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
+    // Arrange: a proxy stand-in that hangs up on its first request, then answers.
+    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", "http://127.0.0.1:9/page", "pending")
+        .await;
+    let worker = proxied(&stack, &[format!("http://{addr}")], None);
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Assert: answered on the second request, both paid for.
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(spend(&stack, 1).await, (Some(2), Some(2)));
+}
