@@ -374,7 +374,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             Err(err) => return self.left(work.permit, Err(err), invocation).await,
         };
-        let mut stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
+        let stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
             let adopted = Ok(outcome_of(converged, redelivery, false));
@@ -399,11 +399,27 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             final_attempt,
             budget,
         };
+        self.scrape(task, work, (stores, &key), attempt, invocation)
+            .await
+    }
+
+    /// Fetches and converges; what the fetch spent through proxies is counted in the
+    /// terminal write, or recorded alone when no terminal write of this delivery counted it.
+    async fn scrape(
+        &self,
+        task: &TaskRef,
+        work: Work,
+        (mut stores, key): (Stores<'_, T, R>, &ResultKey),
+        attempt: Attempt,
+        invocation: &Invocation,
+    ) -> Result<Outcome, AwsError> {
         let delivery = work.delivery.clone();
-        let fetched = self.fetch_polite(task, work, budget, invocation).await;
+        let fetched = self
+            .fetch_polite(task, work, attempt.budget, invocation)
+            .await;
         stores.spend = fetched.spend;
         let measures = &invocation.measures;
-        let converged = self.converge(&stores, task, &key, fetched.page, attempt, measures);
+        let converged = self.converge(&stores, task, key, fetched.page, attempt, measures);
         let converged = converged.await;
         if !stores.spend_counted() {
             self.record_spend(task, &stores, &delivery).await;
