@@ -75,7 +75,7 @@ async fn a_cold_start_without_its_table_reports_why_to_the_runtime_api_and_exits
 }
 
 /// A secret in the emulator holding `text`; its ARN.
-async fn secret(text: &str) -> String {
+pub(crate) async fn secret(text: &str) -> String {
     let sdk = conveyor_testkit::sdk_config(&conveyor_testkit::endpoint()).await;
     let client = aws_sdk_secretsmanager::Client::new(&sdk);
     let out = client

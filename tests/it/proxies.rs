@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
+use conveyor_testkit::scenario;
 use conveyor_testkit::*;
+use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::scraper::proxy::{ProxySecret, Tiers};
 use conveyor_worker::store::keys;
 
@@ -482,4 +484,42 @@ async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
     assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
     assert_eq!(spend(&stack, 1).await, (Some(2), Some(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
+    // Arrange: the chaos scenario's run (fine, flaky, gone, slow and dead pages, messages
+    // sent up to four times), drained by `conveyor-ops poll` configured as the function is:
+    // PROXY_URLS and a secret in Secrets Manager.
+    let prepared = scenario::prepare(30, DuplicatePolicy::Converge).await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    let secret = crate::cold_start::secret(&credentials()).await;
+
+    // Act
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+        .args([
+            "poll",
+            "--queue-url",
+            &prepared.queue.url,
+            "--until-drained",
+        ])
+        .args(["--limit", "2m", "--wait-seconds", "1"])
+        .envs(scenario::worker_env(&prepared.stack))
+        .env("PROXY_URLS", proxy.url())
+        .env("PROXY_SECRET_ARN", secret)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run conveyor-ops");
+
+    // Assert: every request the site saw came through the proxy and is counted once, its
+    // bytes too, whichever delivery made it and however it ended.
+    succeeded(&out);
+    let peers = prepared.site.peers();
+    assert!(peers.len() >= 30, "{}", peers.len());
+    assert!(peers.iter().all(|(_, ip)| *ip == proxy.egress), "{peers:?}");
+    let served = prepared.site.bytes_served();
+    let (requests, bytes) = spend(&prepared.stack, 1).await;
+    assert_eq!((requests, bytes), (Some(peers.len() as u64), Some(served)));
 }
