@@ -507,6 +507,8 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
         .envs(scenario::worker_env(&prepared.stack))
         .env("PROXY_URLS", proxy.url())
         .env("PROXY_SECRET_ARN", secret)
+        // Dead pages dead-letter in two seconds rather than eight.
+        .env("RETRY_BACKOFF_MAX_MS", "400")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
