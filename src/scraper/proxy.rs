@@ -19,6 +19,8 @@ pub const MAX_PER_TIER: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyAddr {
     url: Url,
+    /// `host:port`, made once: every fetch compares and hashes it.
+    label: String,
 }
 
 impl ProxyAddr {
@@ -35,7 +37,9 @@ impl ProxyAddr {
         if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
             return Err(format!("{raw:?} is not scheme://host:port"));
         }
-        Ok(Self { url })
+        let host = url.host_str().unwrap_or_default();
+        let label = format!("{host}:{}", url.port_or_known_default().unwrap_or_default());
+        Ok(Self { url, label })
     }
 
     pub fn url(&self) -> &Url {
@@ -43,10 +47,8 @@ impl ProxyAddr {
     }
 
     /// `host:port`: how logs and the secret name this proxy.
-    pub fn label(&self) -> String {
-        let host = self.url.host_str().unwrap_or_default();
-        let port = self.url.port_or_known_default().unwrap_or_default();
-        format!("{host}:{port}")
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// The host the proxy's client resolves (IPv6 without brackets); `None` for a literal.
@@ -175,7 +177,7 @@ impl ProxySecret {
     pub fn for_proxy(&self, tier: usize, proxy: &ProxyAddr) -> Option<&Credentials> {
         let tier = tier.checked_sub(1).and_then(|i| self.tiers.get(i));
         self.proxies
-            .get(&proxy.label())
+            .get(proxy.label())
             .or(tier.and_then(Option::as_ref))
             .or(self.all.as_ref())
     }
@@ -226,7 +228,7 @@ mod tests {
     fn tiers_split_on_semicolons_and_proxies_on_commas() {
         let tiers = Tiers::parse("http://dc1:3128, http://dc2:3128;https://resi:8000").unwrap();
 
-        let labels: Vec<Vec<String>> = tiers
+        let labels: Vec<Vec<&str>> = tiers
             .iter()
             .map(|(_, proxies)| proxies.iter().map(ProxyAddr::label).collect())
             .collect();
