@@ -275,8 +275,9 @@ impl Resolve for ProxyResolver {
 }
 
 /// One request, sent once more at once if the peer (a proxy, a site) closed a pooled
-/// connection under it (the idle connection race: a GET, safe to repeat). Each request adds
-/// one to `requests`.
+/// connection under it (the idle connection race: a GET, safe to repeat). It adds one to
+/// `requests` either way: a request closed before any answer was, in that race, never read
+/// (a proxy closing its idle connection), so only the one sent again can have gone further.
 pub(super) async fn send(
     client: &reqwest::Client,
     url: &Url,
@@ -286,7 +287,7 @@ pub(super) async fn send(
     *requests += 1;
     match client.get(url.clone()).timeout(left).send().await {
         Err(err) if closed_under_us(&err) => {
-            *requests += 1;
+            tracing::debug!("a pooled connection was closed under the request: sent once more");
             client.get(url.clone()).timeout(left).send().await
         }
         sent => sent,
