@@ -38,9 +38,13 @@ impl RunProgress {
     }
 
     /// The run ended (completed, cancelled, failed), or, for a run without counters, has no
-    /// task left to end.
+    /// task left to end. A counted run is followed until its status says so: its tasks are
+    /// read after its item, and in v2 the count climbs to the run a transaction at a time, so
+    /// every task can be seen ended while the run is still, rightly, `running`.
     pub fn ended(&self) -> bool {
+        let counted = self.run.contains_key("tasks_remaining");
         match self.run.get("status").map(String::as_str) {
+            Some("running") if counted => false,
             Some("running") | None => self.total() > 0 && self.finished() == self.total(),
             Some(_) => true,
         }
@@ -142,4 +146,38 @@ fn shard_sums(shards: &[Item]) -> [(&'static str, u64); 3] {
             .sum();
         (counter, sum)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(run: &[(&str, &str)], by_status: &[(&str, u64)]) -> RunProgress {
+        let owned = |(k, v): &(&str, &str)| (k.to_string(), v.to_string());
+        RunProgress {
+            run: run.iter().map(owned).collect(),
+            by_status: by_status.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+            failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_counted_run_has_ended_only_when_its_status_says_so() {
+        let all_done = [("successful", 2)];
+        let counting = [("status", "running"), ("tasks_remaining", "1")];
+        let completed = [("status", "completed"), ("tasks_remaining", "0")];
+
+        assert!(!progress(&counting, &all_done).ended());
+        assert!(progress(&completed, &all_done).ended());
+        assert!(progress(&[("status", "cancelled")], &[("pending", 2)]).ended());
+    }
+
+    #[test]
+    fn a_run_without_counters_has_ended_when_every_task_has() {
+        let running = [("status", "running")];
+
+        assert!(progress(&running, &[("successful", 1), ("failed", 1)]).ended());
+        assert!(!progress(&running, &[("successful", 1), ("processing", 1)]).ended());
+        assert!(!progress(&running, &[]).ended());
+    }
 }
