@@ -58,7 +58,8 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-fn find_cause<'a, T: std::error::Error + 'static>(
+/// The first error of type `T` in `err`'s chain of sources, `err` included.
+pub(super) fn find_cause<'a, T: std::error::Error + 'static>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a T> {
     let mut current = Some(err);

@@ -286,7 +286,7 @@ pub(super) async fn send(
 ) -> Result<reqwest::Response, reqwest::Error> {
     *requests += 1;
     match client.get(url.clone()).timeout(left).send().await {
-        Err(err) if closed_under_us(&err) => {
+        Err(err) if closed_unanswered(&err) => {
             tracing::debug!("a pooled connection was closed under the request: sent once more");
             client.get(url.clone()).timeout(left).send().await
         }
@@ -295,17 +295,8 @@ pub(super) async fn send(
 }
 
 /// The connection closed before the answer was complete, by hyper's own kind.
-fn closed_under_us(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if e.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
-        {
-            return true;
-        }
-        current = e.source();
-    }
-    false
+fn closed_unanswered(err: &reqwest::Error) -> bool {
+    classify::find_cause::<hyper::Error>(err).is_some_and(hyper::Error::is_incomplete_message)
 }
 
 /// Where a redirect that can be followed goes: a 301, 302, 303, 307 or 308 whose `Location`
