@@ -526,16 +526,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let Some(permit) = work.permit.take() else {
             return Ok(Ok(work));
         };
-        let measures = &invocation.measures;
-        Ok(
-            match self.gate.ready(&self.tasks, permit, measures).await? {
-                Ok(permit) => {
-                    work.permit = Some(permit);
-                    Ok(work)
-                }
-                Err(delay) => Err(delay),
-            },
-        )
+        let ready = self.gate.ready(&self.tasks, permit, &invocation.measures);
+        Ok(ready.await?.map(|permit| Work {
+            permit: Some(permit),
+            ..work
+        }))
     }
 
     /// `ended`, once the permit of a record that did not fetch is given back.

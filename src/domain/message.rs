@@ -47,7 +47,7 @@ pub fn booking(body: Option<&str>) -> Option<u64> {
 
 /// The politeness waits a body has had.
 pub fn polite_waits(body: Option<&str>) -> u32 {
-    field(body, WAITS).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+    count(body, WAITS)
 }
 
 /// Carried by the copy of a message sent again after a final attempt that ended for a reason
@@ -58,12 +58,12 @@ const COPIES: &str = "copies";
 
 /// The receives earlier copies of this message spent (0 for a producer's body).
 pub fn receives_before(body: Option<&str>) -> u32 {
-    field(body, RECEIVES_BEFORE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+    count(body, RECEIVES_BEFORE)
 }
 
 /// How many times this message was sent again after a final attempt of ours.
 pub fn copies(body: Option<&str>) -> u32 {
-    field(body, COPIES).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+    count(body, COPIES)
 }
 
 /// `body` for a copy that has `spent` receives behind it and one copy more; a body that is
@@ -76,6 +76,11 @@ pub fn for_another_try(body: &str, spent: u32) -> String {
     fields.insert(RECEIVES_BEFORE.into(), spent.into());
     fields.insert(COPIES.into(), copies.into());
     Value::Object(fields).to_string()
+}
+
+/// A count the worker keeps in the body (0 when absent; a larger one than fits is the most).
+fn count(body: Option<&str>, name: &str) -> u32 {
+    field(body, name).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 fn field(body: Option<&str>, name: &str) -> Option<u64> {
