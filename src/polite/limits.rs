@@ -158,7 +158,12 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
     {
         return (Grant::Wait(SLOT_RETRY_MS), state.clone());
     }
-    let start = state.next_start.map_or(now, |next| next.max(now));
+    // Without a rate the schedule does not apply: a slot alone is asked for (a booked start
+    // takes only its slot, whatever is booked after it).
+    let start = match ask.interval {
+        Some(_) => state.next_start.map_or(now, |next| next.max(now)),
+        None => now,
+    };
     if start > ask.horizon {
         return (Grant::Later(start), state.clone());
     }
@@ -297,6 +302,31 @@ mod tests {
         assert_eq!(decide(&held, &take(0, 1_000)).0, Grant::Wait(SLOT_RETRY_MS));
         assert_eq!(decide(&held, &take(0, 5_000)).0, Grant::StartAt(5_000));
         assert_eq!(take(0, 1_000).repicked(&held).slot, Some((1, 31_000)));
+    }
+
+    #[test]
+    fn a_slot_alone_is_granted_whatever_the_schedule_has_booked_ahead() {
+        let booked_far = HostState {
+            next_start: Some(3_600_000),
+            ..HostState::default()
+        };
+        let slot_only = Ask {
+            now: 1_000,
+            interval: None,
+            horizon: 1_000,
+            slot: Some((0, 40_000)),
+            slots: 2,
+        };
+
+        let (grant, after) = decide(&booked_far, &slot_only);
+
+        assert_eq!(grant, Grant::StartAt(1_000));
+        assert_eq!(
+            after.next_start,
+            Some(3_600_000),
+            "the schedule is left as it is"
+        );
+        assert_eq!(after.slot_until(0), 40_000);
     }
 
     #[test]
