@@ -173,6 +173,9 @@ impl Config {
 /// person clicking through the site costs it, and a slow site is not piled on.
 pub const HOST_MAX_RPS: f64 = 1.0;
 pub const HOST_MAX_INFLIGHT: u32 = 2;
+/// A task waits at most two days for its host: a one-host run of a day at the host's rate
+/// (86,400 tasks at 1 a second) completes, and a host that never has room fails its tasks.
+pub const POLITE_MAX_WAIT_MS: u64 = 48 * 3_600_000;
 
 struct Env<'a, F>(&'a F);
 
@@ -237,6 +240,9 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         let user_agent = self
             .get("USER_AGENT")
             .unwrap_or_else(|| "conveyor-worker".into());
+        // robots.txt gets its own timeout: 10 s, or the scrape timeout if that is shorter.
+        let scrape_timeout = self.millis("SCRAPE_TIMEOUT_MS", 30_000)?;
+        let robots_timeout = scrape_timeout.min(Duration::from_secs(10)).as_millis() as u64;
         Ok(Politeness {
             limits: HostLimits {
                 max_rps: (rps > 0.0).then_some(rps),
@@ -245,7 +251,9 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             obey_robots: self.parsed("OBEY_ROBOTS", true, "true or false")?,
             robots_ttl: self.millis("ROBOTS_TTL_MS", 86_400_000)?,
             robots_retry: self.millis("ROBOTS_RETRY_MS", 60_000)?,
+            robots_timeout: self.millis("ROBOTS_TIMEOUT_MS", robots_timeout)?,
             max_sleep: self.millis("POLITE_SLEEP_MAX_MS", 1_000)?,
+            max_wait: self.millis("POLITE_MAX_WAIT_MS", POLITE_MAX_WAIT_MS)?,
             agent: agent_token(&user_agent),
         })
     }

@@ -36,8 +36,14 @@ pub enum Checked {
 /// What the claim lets through.
 #[derive(Debug)]
 pub enum Admission {
-    /// Claimed: scrape and converge. `redelivery` when an earlier delivery had claimed it.
-    Admitted { redelivery: bool },
+    /// Claimed: scrape and converge. `redelivery` when an earlier delivery had claimed it;
+    /// `attempts`: the task's claims so far, this one included (every fetch follows one,
+    /// whatever copies and waits came between); `url`: the task's, as the claim found it.
+    Admitted {
+        redelivery: bool,
+        attempts: u32,
+        url: Option<String>,
+    },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
 }
@@ -77,10 +83,12 @@ pub async fn claim<S: TaskStore>(
 ) -> Result<Admission, AwsError> {
     Ok(
         match patience.retry(|| store.claim(task, now, lease)).await? {
-            Claim::Claimed { attempts, was } => {
+            Claim::Claimed { attempts, was, url } => {
                 tracing::debug!(attempts, was = was.as_str(), "claimed");
                 Admission::Admitted {
                     redelivery: was == TaskStatus::Processing,
+                    attempts,
+                    url,
                 }
             }
             Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),

@@ -15,16 +15,16 @@ use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
-use crate::domain::model::{Failure, Page};
-use crate::domain::time::rfc3339;
+use crate::domain::model::{Failure, Page, TaskStatus};
+use crate::domain::time::{epoch_millis, rfc3339};
 use crate::guard::{self, Admission, Checked, ParentsCache, Wanted};
 use crate::metrics::Measures;
-use crate::polite::{Entry, Gate, Permit, Politeness};
+use crate::polite::{Entry, Gate, HoldReason, Later, Permit, Politeness, Visit};
 use crate::retry::{Patience, RetryPolicy};
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry};
 use crate::store::error::AwsError;
 use crate::store::hosts::HostStore;
-use crate::store::queue::{QueueRef, Visibility};
+use crate::store::queue::{QueueRef, SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 use crate::store::results::ResultStore;
 use crate::store::spend::SpendStore;
 use crate::store::tasks::{Lease, TaskStore};
@@ -111,11 +111,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         span.record("job_id", task.job_id.as_str());
         span.record("run_id", task.run_id.as_str());
         span.record("task_id", task.task_id.as_str());
-        let receives = receive_count(record) + message::receives_before(record.body.as_deref());
+        let body = record.body.as_deref();
+        let receives = receive_count(record) + message::receives_before(body);
         let owner = self.lease_owner(invocation, record);
         let delivery = Delivery {
             receives,
-            booked: message::booking(record.body.as_deref()),
+            booked: message::booking(body),
+            waits: message::polite_waits(body),
+            wait_left: self.wait_left(body),
             id: delivery_id(record, receives),
         };
         let outcome = self
@@ -148,6 +151,15 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
+    /// How much longer this task may wait for its host: `POLITE_MAX_WAIT_MS` from its first
+    /// wait (which a copy's body carries).
+    fn wait_left(&self, body: Option<&str>) -> Duration {
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let waited = message::polite_since(body).map_or(0, |since| now.saturating_sub(since));
+        let max_wait = self.settings.politeness.max_wait;
+        max_wait.saturating_sub(Duration::from_millis(waited))
+    }
+
     /// How long a message to retry stays invisible before it comes back, if not the
     /// queue's own visibility timeout.
     fn hold_for(&self, outcome: &Outcome, receives: u32) -> Option<Duration> {
@@ -166,14 +178,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 Some(self.settings.backoff.delay(None, receives))
             }
             Outcome::NoTimeLeft => Some(Duration::ZERO),
-            Outcome::PoliteHeld { delay, .. } => Some(*delay),
+            Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
             _ => None,
         }
     }
 
-    /// A record its host has no room for is sent again as a fresh copy, due after its wait,
-    /// so waiting burns no receive toward the dead-letter queue; not on a FIFO queue (a copy
-    /// would lose its place), nor if the copy cannot be sent (then held back instead).
+    /// A record its host has no room for is sent again as a fresh copy, due after its wait
+    /// (at most SQS's 15 minutes), so waiting burns no receive toward the dead-letter queue.
+    /// A longer wait is held through the visibility timeout instead (up to
+    /// [`MAX_POLITE_HOLD`]) on the first receive of a copy that carries its booking, so a
+    /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
+    /// FIFO queue (a copy would lose its place), nor if the copy cannot be sent (then held
+    /// back instead).
     async fn requeue_politely(&self, record: &SqsMessage, outcome: Outcome) -> Outcome {
         let Outcome::PoliteHeld { delay, booked } = outcome else {
             return outcome;
@@ -182,12 +198,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), record.body.as_deref()) else {
             return outcome;
         };
-        // Past its waits, it is held back through its visibility: a host that never has
-        // room (a robots.txt that never answers) ends in the dead-letter queue, not in a loop.
-        if arn.ends_with(".fifo") || message::polite_waits(Some(body)) >= MAX_POLITE_WAITS {
+        let carries_booking = booked.is_some() && message::booking(Some(body)) == booked;
+        let first_receive = receive_count(record) == 1;
+        if arn.ends_with(".fifo") || (delay > SQS_MAX_DELAY && carries_booking && first_receive) {
             return outcome;
         }
-        let body = message::for_next_wait(body, booked);
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let body = message::for_next_wait(body, booked, now);
         match self.visibility.requeue(&queue, &body, delay).await {
             Ok(()) => Outcome::PoliteRequeued { delay },
             Err(err) => {
@@ -282,6 +299,41 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if self.fetch_budget(invocation).is_none() {
             return Ok(Outcome::NoTimeLeft);
         }
+        let Some(start) = delivery.booked else {
+            return self.process_fresh(task, delivery, invocation, owner).await;
+        };
+        // A copy come early (a wait past SQS's longest delay goes in hops) waits on, at no
+        // request; one come due is claimed as its guard; one that missed its start asks again
+        // like a fresh delivery.
+        if let Some(delay) = self.gate.parked(start) {
+            let booked = Some(start);
+            return Ok(Outcome::PoliteHeld { delay, booked });
+        }
+        let wanted = match self.parents.wanted(&self.tasks, task).await? {
+            Ok(wanted) => wanted,
+            Err(why) => return Ok(Outcome::NotWanted(why)),
+        };
+        if !self.gate.missed(start, &wanted.politeness) {
+            return self
+                .process_booked(task, delivery, wanted, invocation, owner)
+                .await;
+        }
+        tracing::info!(start, "a booked start missed: asked again");
+        let fresh = Delivery {
+            booked: None,
+            ..delivery.clone()
+        };
+        self.process_fresh(task, &fresh, invocation, owner).await
+    }
+
+    /// A delivery without a booking: the guard's reads, the host's turn, the claim.
+    async fn process_fresh(
+        &self,
+        task: &TaskRef,
+        delivery: &Delivery,
+        invocation: &Invocation,
+        owner: Option<&str>,
+    ) -> Result<Outcome, AwsError> {
         let (url, wanted) = match guard::check(&self.tasks, &self.parents, task).await? {
             Checked::Wanted { url, wanted } => (url, wanted),
             Checked::Skipped(outcome) => return Ok(outcome),
@@ -289,44 +341,56 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let Some(budget) = self.fetch_budget(invocation) else {
             return Ok(Outcome::NoTimeLeft);
         };
-        let booked = delivery.booked;
-        let entered = self.enter_host(url.as_deref(), &wanted, booked, budget, invocation);
-        let permit = match entered.await? {
-            Ok(permit) => permit,
+        let entered = self.enter_host(url.as_deref(), &wanted, delivery, budget, invocation);
+        let (permit, refused) = match entered.await? {
+            Ok(Ok(permit)) => (Some(permit), None),
+            Ok(Err(refused)) => (None, Some(refused)),
             Err(held) => return Ok(held),
         };
         let work = Work {
             url,
             wanted,
             permit,
+            refused,
             receives: delivery.receives,
             delivery: delivery.id.clone(),
         };
         self.claimed(task, work, invocation, owner).await
     }
 
-    /// The host's turn for this record (`Ok(None)`: robots.txt forbids the URL), or the
-    /// outcome of waiting for it.
+    /// The host's turn for this record (`Ok(Err(_))`: it fails without a request: our own
+    /// rules refuse the URL, robots.txt forbids it, or it waited too long), or the outcome
+    /// of waiting for it. The checks that need no network come first: a refused URL touches
+    /// neither the host's item nor robots.txt.
     async fn enter_host(
         &self,
         url: Option<&str>,
         wanted: &Wanted,
-        booked: Option<u64>,
+        delivery: &Delivery,
         budget: Duration,
         invocation: &Invocation,
-    ) -> Result<Result<Option<Permit>, Outcome>, AwsError> {
+    ) -> Result<Result<Result<Permit, FetchError>, Outcome>, AwsError> {
         let Some(url) = url else {
-            return Ok(Ok(Some(Permit::default())));
+            return Ok(Ok(Ok(Permit::default())));
         };
+        if let Some(refused) = self.fetcher.refuses(url) {
+            return Ok(Ok(Err(refused)));
+        }
         let ports = (&self.tasks, &self.fetcher);
+        let visit = Visit {
+            url,
+            booked: delivery.booked,
+            wait_left: delivery.wait_left,
+        };
         let job = &wanted.politeness;
         let entry = self
             .gate
-            .enter(ports, (url, booked), job, budget, &invocation.measures);
+            .enter(ports, visit, job, budget, &invocation.measures);
         let (delay, booked) = match entry.await? {
-            Entry::Go(permit) => return Ok(Ok(Some(permit))),
-            Entry::Disallowed => return Ok(Ok(None)),
+            Entry::Go(permit) => return Ok(Ok(Ok(permit))),
+            Entry::Disallowed => return Ok(Ok(Err(FetchError::permanent(DISALLOWED)))),
             Entry::Hold(delay, why) => {
+                let delay = backed_off(delay, why, delivery.waits);
                 tracing::info!(
                     delay_ms = delay.as_millis() as u64,
                     ?why,
@@ -343,12 +407,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 (delay, Some(start))
             }
         };
+        if delay > delivery.wait_left {
+            return Ok(Ok(Err(FetchError::permanent(WAITED_TOO_LONG))));
+        }
         Ok(Err(Outcome::PoliteHeld { delay, booked }))
     }
 
-    /// Claims the task, then adopts a stored page, or fetches (unless robots.txt forbids
-    /// it) and converges; the host's permit is given back after the fetch, or at once when
-    /// there is none.
+    /// Claims the task, then goes on as [`Worker::after_claim`]; the host's permit is given
+    /// back at once if the claim lets nothing through.
     async fn claimed(
         &self,
         task: &TaskRef,
@@ -356,24 +422,109 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
+        let claim = match self.claim(task, work.receives, invocation, owner).await {
+            Ok(Ok(claim)) => claim,
+            Ok(Err(outcome)) => return self.left(work.permit, Ok(outcome), invocation).await,
+            Err(err) => return self.left(work.permit, Err(err), invocation).await,
+        };
+        self.after_claim(task, work, claim, invocation).await
+    }
+
+    /// The claim of this delivery, or the outcome when it lets nothing through.
+    async fn claim(
+        &self,
+        task: &TaskRef,
+        receives: u32,
+        invocation: &Invocation,
+        owner: Option<&str>,
+    ) -> Result<Result<Claimed, Outcome>, AwsError> {
         let lease = owner.map(|owner| Lease {
             owner,
             until: invocation.deadline,
         });
-        let final_attempt = work.receives >= self.settings.max_attempts;
-        let patience = Patience::new(
-            invocation.cutoff,
-            self.conflict_retries(final_attempt),
-            &invocation.measures.conflicts,
-        );
+        let patience = self.patience(receives >= self.settings.max_attempts, invocation);
         let claim = (SystemTime::now(), lease);
-        let redelivery = match guard::claim(&self.tasks, task, claim, &patience).await {
-            Ok(Admission::Admitted { redelivery }) => redelivery,
-            Ok(Admission::Skipped(outcome)) => {
-                return self.left(work.permit, Ok(outcome), invocation).await;
-            }
-            Err(err) => return self.left(work.permit, Err(err), invocation).await,
+        Ok(
+            match guard::claim(&self.tasks, task, claim, &patience).await? {
+                Admission::Admitted {
+                    redelivery,
+                    attempts,
+                    url,
+                } => Ok(Claimed {
+                    redelivery,
+                    attempts,
+                    url,
+                }),
+                Admission::Skipped(outcome) => Err(outcome),
+            },
+        )
+    }
+
+    /// A booked copy come due: its claim is its guard (a task that is terminal or gone
+    /// refuses it, and the claim answers the task's URL), so the copy costs no read; then
+    /// its host's turn. A turn not given (a cooldown known here, a missed booking booked
+    /// again) gives the claim's attempt back.
+    async fn process_booked(
+        &self,
+        task: &TaskRef,
+        delivery: &Delivery,
+        wanted: Wanted,
+        invocation: &Invocation,
+        owner: Option<&str>,
+    ) -> Result<Outcome, AwsError> {
+        let claim = match self
+            .claim(task, delivery.receives, invocation, owner)
+            .await?
+        {
+            Ok(claim) => claim,
+            Err(Outcome::LostRace) => return Ok(Outcome::AlreadyTerminal),
+            Err(outcome) => return Ok(outcome),
         };
+        let Some(budget) = self.fetch_budget(invocation) else {
+            self.unclaim(task, &claim).await;
+            return Ok(Outcome::NoTimeLeft);
+        };
+        let url = claim.url.clone();
+        let entered = self.enter_host(url.as_deref(), &wanted, delivery, budget, invocation);
+        let (permit, refused) = match entered.await {
+            Ok(Ok(Ok(permit))) => (Some(permit), None),
+            Ok(Ok(Err(refused))) => (None, Some(refused)),
+            Ok(Err(held)) => {
+                self.unclaim(task, &claim).await;
+                return Ok(held);
+            }
+            Err(err) => {
+                self.unclaim(task, &claim).await;
+                return Err(err);
+            }
+        };
+        let work = Work {
+            url,
+            wanted,
+            permit,
+            refused,
+            receives: delivery.receives,
+            delivery: delivery.id.clone(),
+        };
+        self.after_claim(task, work, claim, invocation).await
+    }
+
+    /// After the claim: adopts a stored page, or sleeps until the host's start and fetches
+    /// (unless the task fails without a request) and converges. The claim's attempt is given
+    /// back when no fetch follows it.
+    async fn after_claim(
+        &self,
+        task: &TaskRef,
+        work: Work,
+        claim: Claimed,
+        invocation: &Invocation,
+    ) -> Result<Outcome, AwsError> {
+        let (redelivery, attempts) = (claim.redelivery, claim.attempts);
+        // Every fetch follows a claim: the task's claims count its attempts across copies and
+        // waits; this message's own receives bound it too, before the dead-letter queue.
+        let max_attempts = self.settings.max_attempts;
+        let final_attempt = work.receives >= max_attempts || attempts >= max_attempts;
+        let patience = self.patience(final_attempt, invocation);
         let stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
@@ -381,15 +532,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return self.left(work.permit, adopted, invocation).await;
         }
         // The host's start is slept here, after the claim, so the claim's time is not added
-        // to it; a cooldown set meanwhile holds the record (claimed) instead.
+        // to it; a cooldown set meanwhile holds the record instead.
         let work = match self.ready(work, invocation).await? {
             Ok(work) => work,
-            Err(delay) => {
-                let booked = None;
+            Err(Later { delay, booked }) => {
+                self.unclaim(task, &claim).await;
                 return Ok(Outcome::PoliteHeld { delay, booked });
             }
         };
         let Some(budget) = self.fetch_budget(invocation) else {
+            self.unclaim(task, &claim).await;
             return self
                 .left(work.permit, Ok(Outcome::NoTimeLeft), invocation)
                 .await;
@@ -427,9 +579,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         converged
     }
 
-    /// Fetches with the host's permit, given back with the answer after; without one
-    /// (robots.txt forbids the URL), fails for good without a request. The paid tier's
-    /// bytes are taken from this sandbox's share of the run's budget.
+    /// Fetches with the host's permit, given back with the answer after; without one (the
+    /// URL refused, robots.txt forbids it, it waited too long), fails for good without a
+    /// request. The paid tier's bytes are taken from this sandbox's share of the run's
+    /// budget.
     async fn fetch_polite(
         &self,
         task: &TaskRef,
@@ -438,7 +591,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
     ) -> Fetched {
         let Some(permit) = work.permit.take() else {
-            return Fetched::unspent(Err(FetchError::permanent(DISALLOWED)));
+            let refused = work.refused.take();
+            let refused = refused.unwrap_or_else(|| FetchError::permanent(DISALLOWED));
+            return Fetched::unspent(Err(refused));
         };
         let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
         if work.wanted.paid_budget.is_some() {
@@ -489,9 +644,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
         }
         let ask = Ask {
-            budget: budget.saturating_sub(started.elapsed()),
             first_tier: paid,
-            paid_tier: true,
+            ..Ask::within(budget.saturating_sub(started.elapsed()))
         };
         let last = self.fetch(url, ask, invocation).await;
         Fetched {
@@ -516,13 +670,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// The work once its host's start has come (`Err`: the host is cooling down; the permit
-    /// was given back).
+    /// The work once its host's start has come (`Err`: when to come back; the permit was
+    /// given back).
     async fn ready(
         &self,
         mut work: Work,
         invocation: &Invocation,
-    ) -> Result<Result<Work, Duration>, AwsError> {
+    ) -> Result<Result<Work, Later>, AwsError> {
         let Some(permit) = work.permit.take() else {
             return Ok(Ok(work));
         };
@@ -557,17 +711,28 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// On the final attempt a conflict that persists would send the message to the
-    /// dead-letter queue with the task unfinished: it is tried again until the cutoff.
-    fn conflict_retries(&self, final_attempt: bool) -> RetryPolicy {
-        let policy = self.settings.conflict_retries;
+    /// How conflicting writes are tried again. On the final attempt a conflict that
+    /// persists would send the message to the dead-letter queue with the task unfinished: it
+    /// is tried again until the cutoff.
+    fn patience<'i>(&self, final_attempt: bool, invocation: &'i Invocation) -> Patience<'i> {
+        let mut policy = self.settings.conflict_retries;
         if final_attempt {
-            RetryPolicy {
-                attempts: u32::MAX,
-                ..policy
-            }
+            policy.attempts = u32::MAX;
+        }
+        Patience::new(invocation.cutoff, policy, &invocation.measures.conflicts)
+    }
+
+    /// Gives back the attempt of a claim that was not followed by a fetch (and the status it
+    /// found, so the next delivery is not taken for a redelivery). A failure is logged: the
+    /// task then counts one attempt more than it was fetched.
+    async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
+        let was = if claim.redelivery {
+            TaskStatus::Processing
         } else {
-            policy
+            TaskStatus::Pending
+        };
+        if let Err(err) = self.tasks.unclaim(task, was).await {
+            tracing::warn!(error = %err, "could not give the claim's attempt back");
         }
     }
 
@@ -637,8 +802,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 struct Work {
     url: Option<String>,
     wanted: Wanted,
-    /// The host's permit to fetch; `None`: robots.txt forbids the URL.
+    /// The host's permit to fetch; `None`: the task fails without a request, for `refused`
+    /// (robots.txt forbids the URL when there is no reason).
     permit: Option<Permit>,
+    refused: Option<FetchError>,
     receives: u32,
     /// Names this delivery (its spend is recorded once).
     delivery: String,
@@ -646,9 +813,13 @@ struct Work {
 
 /// One delivery of a task: its receive count (earlier copies' included), the host's start a
 /// copy carries, and a name for it.
+#[derive(Debug, Clone)]
 struct Delivery {
     receives: u32,
     booked: Option<u64>,
+    /// Politeness waits earlier copies had, and how much longer it may wait.
+    waits: u32,
+    wait_left: Duration,
     id: String,
 }
 
@@ -662,12 +833,37 @@ fn delivery_id(record: &SqsMessage, receives: u32) -> String {
     hex::encode(&digest[..16])
 }
 
-/// Waits as fresh copies a message may have (about 100 minutes of a robots.txt retried every
-/// minute); after them a wait is a visibility hold, which counts toward the dead-letter queue.
-pub const MAX_POLITE_WAITS: u32 = 100;
+/// The longest a wait is held through the visibility timeout: SQS's 12 hours from the
+/// receive, less what the invocation may have taken of them.
+pub const MAX_POLITE_HOLD: Duration = SQS_MAX_VISIBILITY.saturating_sub(Duration::from_secs(3_600));
 
 /// The reason a task robots.txt forbids fails with.
 pub const DISALLOWED: &str = "disallowed by robots.txt";
+
+/// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` for its host.
+pub const WAITED_TOO_LONG: &str = "waited too long for its host";
+
+/// A wait for robots.txt (being fetched elsewhere, or not to be had) grows with the copy's
+/// waits past the first few, so a host whose robots.txt never answers costs a copy per task
+/// every 15 minutes, not every minute; a wait for the host's schedule, slots or cooldown is
+/// what the host says.
+fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
+    match why {
+        HoldReason::Robots => {
+            let backoff = Duration::from_secs(1 << waits.saturating_sub(4).min(10));
+            delay.max(backoff).min(SQS_MAX_DELAY)
+        }
+        HoldReason::Host => delay,
+    }
+}
+
+/// A claim made: whether an earlier delivery had claimed the task, the task's claims so far
+/// (this one included), and its URL.
+struct Claimed {
+    redelivery: bool,
+    attempts: u32,
+    url: Option<String>,
+}
 
 /// What a delivery knows of its attempt at a task.
 #[derive(Debug, Clone, Copy)]

@@ -35,10 +35,17 @@ pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
 }
 
 /// The worker's own fields, carried by the copy of a message sent again while its host had
-/// no room: the start the host's schedule booked for it (ms since the epoch), and how many
-/// such waits it has had. A producer's body has neither.
+/// no room: the start the host's schedule booked for it (ms since the epoch), how many such
+/// waits it has had, and when the first began (ms since the epoch). A producer's body has
+/// none.
 const BOOKING: &str = "polite_start";
 const WAITS: &str = "polite_waits";
+const SINCE: &str = "polite_since";
+
+/// When the task first waited for its host, if it has.
+pub fn polite_since(body: Option<&str>) -> Option<u64> {
+    field(body, SINCE)
+}
 
 /// The booking a body carries, if any.
 pub fn booking(body: Option<&str>) -> Option<u64> {
@@ -88,10 +95,12 @@ fn field(body: Option<&str>, name: &str) -> Option<u64> {
     value.get(name)?.as_u64()
 }
 
-/// `body` for its next wait: carrying `booked` (or none: an earlier booking is dropped) and
-/// one wait more; a body that is no JSON object is returned as it is.
-pub fn for_next_wait(body: &str, booked: Option<u64>) -> String {
+/// `body` for its next wait: carrying `booked` (or none: an earlier booking is dropped), one
+/// wait more, and when the first wait began (`now` if this is the first); a body that is no
+/// JSON object is returned as it is.
+pub fn for_next_wait(body: &str, booked: Option<u64>, now: u64) -> String {
     let waits = polite_waits(Some(body)).saturating_add(1);
+    let since = polite_since(Some(body)).unwrap_or(now);
     let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
         return body.to_owned();
     };
@@ -100,6 +109,7 @@ pub fn for_next_wait(body: &str, booked: Option<u64>) -> String {
         None => fields.remove(BOOKING),
     };
     fields.insert(WAITS.into(), waits.into());
+    fields.insert(SINCE.into(), since.into());
     Value::Object(fields).to_string()
 }
 
@@ -175,17 +185,23 @@ mod tests {
     fn a_booking_and_the_waits_ride_along_the_body_and_leave_the_task_as_it_was() {
         let body = r#"{"job_id":"j","run_id":"r","task_id":"t","extra":1}"#;
 
-        let booked = for_next_wait(body, Some(1_700_000_000_000));
-        let unbooked = for_next_wait(&booked, None);
+        let booked = for_next_wait(body, Some(1_700_000_000_000), 5);
+        let unbooked = for_next_wait(&booked, None, 9);
 
         assert_eq!(booking(Some(&booked)), Some(1_700_000_000_000));
+        assert_eq!(
+            polite_since(Some(&unbooked)),
+            Some(5),
+            "the first wait's start"
+        );
+        assert_eq!(polite_since(Some(body)), None);
         assert_eq!(parse_body(Some(&booked)), parse_body(Some(body)));
         assert_eq!(booking(Some(&unbooked)), None);
         assert_eq!(
             (polite_waits(Some(body)), polite_waits(Some(&unbooked))),
             (0, 2)
         );
-        assert_eq!(for_next_wait("not json", Some(1)), "not json");
+        assert_eq!(for_next_wait("not json", Some(1), 5), "not json");
     }
 
     #[test]

@@ -28,8 +28,13 @@ pub struct Politeness {
     pub robots_ttl: Duration,
     /// How long a robots.txt that could not be had (5xx, unreachable) holds its host.
     pub robots_retry: Duration,
+    /// The robots.txt fetch's own timeout (`ROBOTS_TIMEOUT_MS`).
+    pub robots_timeout: Duration,
     /// The longest wait for a host slept inside the invocation; a longer one is a hold.
     pub max_sleep: Duration,
+    /// The longest a task waits for its host in all (`POLITE_MAX_WAIT_MS`), from its first
+    /// wait; past it, the task fails ("waited too long for its host").
+    pub max_wait: Duration,
     /// The product token robots.txt groups are matched against.
     pub agent: String,
 }
@@ -42,7 +47,9 @@ impl Politeness {
             obey_robots: false,
             robots_ttl: Duration::from_secs(86_400),
             robots_retry: Duration::from_secs(60),
+            robots_timeout: Duration::from_secs(5),
             max_sleep: Duration::from_secs(1),
+            max_wait: Duration::from_secs(48 * 3_600),
             agent: "*".into(),
         }
     }
@@ -86,6 +93,38 @@ pub struct Permit {
     host: Option<(Host, Option<f64>)>,
     slot: Option<(usize, Millis)>,
     start: Millis,
+    /// A booked start: its slot (and the cooldown) is asked of the host's item just before
+    /// the start, in one write, not when the record arrives (the limits and the fetch's
+    /// budget to ask with).
+    at_start: Option<(HostLimits, Duration)>,
+    /// The latest start the record may be booked for, if its start is missed.
+    far: Millis,
+}
+
+/// A permit given back before its fetch: come back after `delay`, with the start booked
+/// meanwhile, if one was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Later {
+    pub delay: Duration,
+    pub booked: Option<Millis>,
+}
+
+impl Later {
+    fn after(delay: Duration) -> Self {
+        Self {
+            delay,
+            booked: None,
+        }
+    }
+}
+
+/// What a record brings to the gate: its URL, the start a copy carries (booked on an
+/// earlier delivery), and how much longer it may wait for its host.
+#[derive(Debug, Clone, Copy)]
+pub struct Visit<'a> {
+    pub url: &'a str,
+    pub booked: Option<Millis>,
+    pub wait_left: Duration,
 }
 
 /// The gate and what this sandbox knows of hosts between invocations (a view is refreshed
@@ -106,18 +145,20 @@ type KeptRobots = tokio::sync::Mutex<Option<(Parsed, Millis)>>;
 const MOST_HOSTS: usize = 4_096;
 /// A fleet-wide robots.txt fetch is its taker's for this long.
 const ROBOTS_LEASE_MS: Millis = 30_000;
-/// How long a record waits for another sandbox's robots.txt fetch.
+/// How long a record waits for another sandbox's robots.txt fetch, reading the fleet's copy
+/// this often meanwhile.
 const ROBOTS_WAIT: Duration = Duration::from_secs(2);
-/// A robots.txt fetch gets at most this long.
-const ROBOTS_TIMEOUT: Duration = Duration::from_secs(10);
+const ROBOTS_POLL: Duration = Duration::from_millis(250);
+/// How long a record that has too little time to fetch robots.txt waits for a fresh
+/// invocation.
+const ROBOTS_SHORT_WAIT_MS: Millis = 1_000;
 /// A slot is held this much past its fetch's budget, for the time to give it back.
 const SLOT_MARGIN_MS: Millis = 5_000;
-/// The cooldown is read this long before a slept start.
-const READ_LEAD_MS: Millis = 100;
+/// The host's item is asked this long before a slept start (a slot taken, or the cooldown
+/// read), so the answer is in before the start even from a loaded table.
+const READ_LEAD_MS: Millis = 250;
 /// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
-/// Starts are booked at most this far ahead (SQS delays a message at most 15 minutes).
-const MOST_BOOKED_AHEAD_MS: Millis = 900_000;
 /// A booked record comes back this much before its start (SQS delays whole seconds and
 /// delivers a moment late), and sleeps the rest.
 const BOOKING_LEAD_MS: Millis = 1_500;
@@ -145,18 +186,17 @@ impl Gate {
         }
     }
 
-    /// Whether `url` may be fetched now; sleeps a short wait for the host's schedule.
-    /// `booked`: the start the host's schedule booked for this record on an earlier
-    /// delivery, if any.
+    /// Whether the visit's URL may be fetched now (a short wait for the host's schedule is
+    /// slept in [`Gate::ready`]), else when to come back.
     pub async fn enter<S: HostStore, F: Fetcher>(
         &self,
         (store, fetcher): (&S, &F),
-        (url, booked): (&str, Option<Millis>),
+        visit: Visit<'_>,
         job: &JobPoliteness,
         budget: Duration,
         measures: &Measures,
     ) -> Result<Entry, AwsError> {
-        let parsed = url::Url::parse(url).ok();
+        let parsed = url::Url::parse(visit.url).ok();
         let Some((parsed, host)) = parsed.and_then(|u| Host::of(&u).map(|h| (u, h))) else {
             // The fetcher refuses what is no http(s) URL with a host.
             return Ok(Entry::Go(Permit::default()));
@@ -173,59 +213,75 @@ impl Gate {
                 RobotsSays::Wait(wait) => return Ok(Entry::Hold(wait, HoldReason::Robots)),
             }
         }
-        match booked {
-            Some(start) => {
-                self.take_booked(store, &host, limits, (start, budget))
-                    .await
-            }
-            None => self.take(store, &host, limits, budget).await,
-        }
-    }
-
-    /// A booked start: the slot alone is taken (the schedule was taken when it was booked),
-    /// and the permit starts at the booking. A booking missed by more than its interval is
-    /// void: the record asks again like any other.
-    async fn take_booked<S: HostStore>(
-        &self,
-        store: &S,
-        host: &Host,
-        limits: HostLimits,
-        (start, budget): (Millis, Duration),
-    ) -> Result<Entry, AwsError> {
-        let now = now_ms();
-        let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
-        if now > start + interval {
-            return self.take(store, host, limits, budget).await;
-        }
-        if start > now + BOOKING_LEAD_MS + millis(self.settings.max_sleep) {
-            let delay = Duration::from_millis(start - now - BOOKING_LEAD_MS);
-            return Ok(Entry::Booked { start, delay });
-        }
-        let unscheduled = HostLimits {
-            max_rps: None,
-            ..limits
+        let far = now_ms() + millis(visit.wait_left);
+        let booked = visit.booked;
+        let entry = match booked.and_then(|start| self.booked(&host, limits, (start, budget))) {
+            Some(entry) => entry,
+            None => self.take(store, &host, limits, budget, Some(far)).await?,
         };
-        // The slot alone (its take checks the cooldown too); the start is the booked one.
-        let entry = self.take(store, host, unscheduled, budget).await?;
         Ok(match entry {
-            Entry::Go(mut permit) => {
-                permit.host = Some((host.clone(), limits.max_rps));
-                permit.start = start;
-                Entry::Go(permit)
-            }
+            Entry::Go(permit) => Entry::Go(Permit { far, ..permit }),
             other => other,
         })
     }
 
+    /// Whether a copy booked for `start` missed it by more than the interval of the job's
+    /// limits (its booking is void: it would bunch with the next starts).
+    pub fn missed(&self, start: Millis, job: &JobPoliteness) -> bool {
+        let interval = limits::interval(self.limits(job).max_rps, 1.0).unwrap_or(0);
+        now_ms() > start + interval
+    }
+
+    /// How long a copy booked for `start` that came early waits on (none: it is due), at
+    /// no request.
+    pub fn parked(&self, start: Millis) -> Option<Duration> {
+        let now = now_ms();
+        (start > now + BOOKING_LEAD_MS + millis(self.settings.max_sleep))
+            .then(|| Duration::from_millis(start - now - BOOKING_LEAD_MS))
+    }
+
+    /// A booked start, without a request: come back nearer to it, or go at it (its slot is
+    /// asked for just before it, in [`Gate::ready`]). `None`: the booking was missed by more
+    /// than its interval and is void (the record asks again like any other).
+    fn booked(
+        &self,
+        host: &Host,
+        limits: HostLimits,
+        (start, budget): (Millis, Duration),
+    ) -> Option<Entry> {
+        let now = now_ms();
+        let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
+        if now > start + interval {
+            tracing::info!(late_ms = now - start, "a booked start missed: void");
+            return None;
+        }
+        if let Some(delay) = self.parked(start) {
+            return Some(Entry::Booked { start, delay });
+        }
+        // A cooldown this sandbox already knows of holds the record before it is claimed.
+        if let Some(until) = self.view(host).cooldown_until.filter(|u| *u > now) {
+            return Some(Entry::Hold(jittered(until - now), HoldReason::Host));
+        }
+        Some(Entry::Go(Permit {
+            host: Some((host.clone(), limits.max_rps)),
+            slot: None,
+            start,
+            at_start: Some((limits, budget)),
+            far: 0,
+        }))
+    }
+
     /// The host's schedule and a slot for one fetch: asked of the host's item unless this
     /// sandbox's view already shows a cooldown or a schedule full past the horizon (those
-    /// only move later), then slept until the start.
+    /// only move later), then slept until the start. A schedule full past the sleep books
+    /// the next start if it is before `far` (none: never books).
     async fn take<S: HostStore>(
         &self,
         store: &S,
         host: &Host,
         limits: HostLimits,
         budget: Duration,
+        far: Option<Millis>,
     ) -> Result<Entry, AwsError> {
         if limits.is_none() {
             return Ok(Entry::Go(Permit::default()));
@@ -254,15 +310,26 @@ impl Gate {
             slots: limits.max_inflight.unwrap_or(0),
         };
         let unslotted = Ask { slot: None, ..ask };
+        // A start later than now (the schedule runs ahead) takes its slot only just before
+        // it: a slot is held for the fetch, not for the sleep toward it.
         let (grant, state, slot) = match limits::decide(&seen, &unslotted).0 {
+            Grant::StartAt(at) if at > now => store.take_host(host, &unslotted, &seen).await?,
             Grant::StartAt(_) => store.take_host(host, &ask, &seen).await?,
             early => (early, seen, None),
         };
+        let at_start = (slot.is_none() && limits.max_inflight.is_some()).then_some((
+            HostLimits {
+                max_rps: None,
+                ..limits
+            },
+            budget,
+        ));
         self.remember(host, state);
-        let start = match grant {
-            Grant::Later(_) => return self.book(store, host, unslotted).await,
-            Grant::StartAt(at) => Ok(at),
-            Grant::Wait(wait) => Err(wait),
+        let start = match (grant, far) {
+            (Grant::Later(_), Some(far)) => return self.book(store, host, unslotted, far).await,
+            (Grant::Later(at), None) => Err(at - now),
+            (Grant::StartAt(at), _) => Ok(at),
+            (Grant::Wait(wait), _) => Err(wait),
         };
         drop(turn);
         match start {
@@ -272,39 +339,42 @@ impl Gate {
                     host,
                     slot,
                     start: at,
+                    at_start,
+                    far: 0,
                 }))
             }
             Err(wait) => Ok(Entry::Hold(jittered(wait), HoldReason::Host)),
         }
     }
 
-    /// Sleeps until the permit's start; a host that pushed back meanwhile (another sandbox
-    /// saw its 429 or 503) is read before the fetch and its cooldown obeyed: the permit is
-    /// given back and the wait answered instead.
+    /// Sleeps until the permit's start. Just before it, the host's item is asked again: a
+    /// booked start takes its slot there (one write, which checks the cooldown too), and a
+    /// slept one reads the cooldown; a host that pushed back meanwhile (another sandbox saw
+    /// its 429 or 503), or a slot still taken, gives the permit back and answers the wait.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
-        permit: Permit,
+        mut permit: Permit,
         measures: &Measures,
-    ) -> Result<Result<Permit, Duration>, AwsError> {
+    ) -> Result<Result<Permit, Later>, AwsError> {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
         let wait = permit.start.saturating_sub(now_ms());
-        if wait > 0 {
+        if wait > 0 || permit.at_start.is_some() {
             measures.polite.slept_ms.fetch_add(wait, ORDER);
-            // The read is made just before the start, not after it.
+            // The item is asked just before the start, not after it.
             tokio::time::sleep(Duration::from_millis(wait.saturating_sub(READ_LEAD_MS))).await;
-            let cooldown = store.host(&host).await?.cooldown_until;
-            let now = now_ms();
-            if let Some(until) = cooldown.filter(|until| *until > now) {
+            if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
                 self.leave(store, permit, None, measures).await;
-                return Ok(Err(jittered(until - now)));
+                return Ok(Err(Later::after(wait)));
             }
-            tokio::time::sleep(Duration::from_millis(permit.start.saturating_sub(now))).await;
+            let left = permit.start.saturating_sub(now_ms());
+            tokio::time::sleep(Duration::from_millis(left)).await;
         }
         // A start missed by more than its interval (the claim took that long) is void: the
-        // fetch would bunch with the next ones. The schedule is taken again, once.
+        // fetch would bunch with the next ones. The schedule is taken again, once (booked, if
+        // it is full past the sleep).
         let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
         if now_ms() <= permit.start.saturating_add(interval) {
             return Ok(Ok(permit));
@@ -313,7 +383,8 @@ impl Gate {
             max_rps,
             max_inflight: None,
         };
-        match self.take(store, &host, schedule, AGAIN_BUDGET).await? {
+        let far = Some(permit.far);
+        match self.take(store, &host, schedule, AGAIN_BUDGET, far).await? {
             Entry::Go(again) => {
                 let wait = again.start.saturating_sub(now_ms());
                 tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -322,24 +393,64 @@ impl Gate {
                     ..permit
                 }))
             }
-            Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => {
+            Entry::Hold(delay, _) => {
                 self.leave(store, permit, None, measures).await;
-                Ok(Err(wait))
+                Ok(Err(Later::after(delay)))
+            }
+            Entry::Booked { start, delay } => {
+                self.leave(store, permit, None, measures).await;
+                let booked = Some(start);
+                Ok(Err(Later { delay, booked }))
             }
             Entry::Disallowed => Ok(Ok(permit)),
         }
     }
 
-    /// The schedule is full past the sleep: book the next start (up to 15 minutes ahead),
-    /// so the record comes back once, at its turn, rather than asking again and again.
+    /// Just before the start: a booked start's slot (with an in-flight limit; the take
+    /// checks the cooldown), else the cooldown read. `Err`: how long to wait instead.
+    async fn at_start<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        permit: &mut Permit,
+    ) -> Result<Result<(), Duration>, AwsError> {
+        let now = now_ms();
+        if let Some((limits, budget)) = permit.at_start.take()
+            && limits.max_inflight.is_some()
+        {
+            let slot_only = HostLimits {
+                max_rps: None,
+                ..limits
+            };
+            return Ok(
+                match self.take(store, host, slot_only, budget, None).await? {
+                    Entry::Go(taken) => {
+                        permit.slot = taken.slot;
+                        Ok(())
+                    }
+                    Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => Err(wait),
+                    Entry::Disallowed => Ok(()),
+                },
+            );
+        }
+        let cooldown = store.host(host).await?.cooldown_until;
+        Ok(match cooldown.filter(|until| *until > now) {
+            Some(until) => Err(jittered(until - now)),
+            None => Ok(()),
+        })
+    }
+
+    /// The schedule is full past the sleep: book the next start (up to `far`), so the
+    /// record comes back once, at its turn, rather than asking again and again.
     async fn book<S: HostStore>(
         &self,
         store: &S,
         host: &Host,
         ask: Ask,
+        far: Millis,
     ) -> Result<Entry, AwsError> {
         let far = Ask {
-            horizon: ask.now + MOST_BOOKED_AHEAD_MS,
+            horizon: far,
             ..ask
         };
         let (grant, state, _) = store.take_host(host, &far, &self.view(host)).await?;
@@ -354,8 +465,9 @@ impl Gate {
         })
     }
 
-    /// The fetch is over: its slot back and, if the host answered 429 or 503, the cooldown
-    /// and slowdown every sandbox then obeys. A failure here is logged: a slot lapses.
+    /// The fetch is over: if the host answered 429 or 503, the cooldown and slowdown every
+    /// sandbox then obeys (from the host's item as it is, and only ever lengthening the
+    /// cooldown), then its slot back. A failure here is logged: a slot lapses.
     pub async fn leave<S: HostStore>(
         &self,
         store: &S,
@@ -366,40 +478,51 @@ impl Gate {
         let Some((host, max_rps)) = permit.host else {
             return;
         };
-        let now = now_ms();
-        let push_back = match answer {
-            Some((429 | 503, retry_after)) => {
-                measures.polite.cooldowns.fetch_add(1, ORDER);
-                let retry_after = retry_after.map(|d| d.as_millis() as Millis);
-                Some(limits::push_back(
-                    &self.view(&host),
-                    now,
-                    max_rps,
-                    retry_after,
-                ))
+        if let Some((429 | 503, retry_after)) = answer {
+            measures.polite.cooldowns.fetch_add(1, ORDER);
+            let retry_after = retry_after.map(|d| d.as_millis() as Millis);
+            if let Err(err) = self.push_back(store, &host, max_rps, retry_after).await {
+                tracing::warn!(error = %err, host = host.as_str(), "could not record the host's push-back");
             }
-            _ => None,
-        };
+        }
         let mut view = self.view(&host);
-        if let Some((slot, _)) = permit.slot
-            && let Some(kept) = view.slots.get_mut(slot)
-        {
+        let Some((slot, until)) = permit.slot else {
+            return;
+        };
+        if let Some(kept) = view.slots.get_mut(slot) {
             *kept = None;
         }
-        if let Some((until, slowdown)) = push_back {
-            view.cooldown_until = Some(until);
-            view.slowdown = Some((slowdown, now));
-            tracing::info!(
-                host = host.as_str(),
-                cooldown_ms = until - now,
-                slowdown,
-                "host pushed back"
-            );
-        }
         self.remember(&host, view);
-        if let Err(err) = store.leave_host(&host, permit.slot, push_back, now).await {
+        if let Err(err) = store.leave_host(&host, (slot, until)).await {
             tracing::warn!(error = %err, host = host.as_str(), "could not give the host's slot back; it lapses");
         }
+    }
+
+    /// A 429 or 503: the slowdown doubled from what the host's item has in force, the
+    /// cooldown from `Retry-After` (or one slowed interval), recorded unless a longer one
+    /// stands; this sandbox's view then shows whichever is in force.
+    async fn push_back<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        max_rps: Option<f64>,
+        retry_after: Option<Millis>,
+    ) -> Result<(), AwsError> {
+        let now = now_ms();
+        let mut state = store.host(host).await?;
+        let (until, slowdown) = limits::push_back(&state, now, max_rps, retry_after);
+        if store.push_back(host, (until, slowdown), now).await? {
+            state.cooldown_until = Some(until);
+            state.slowdown = Some((slowdown, now));
+        }
+        tracing::info!(
+            host = host.as_str(),
+            cooldown_ms = state.cooldown_until.unwrap_or(now).saturating_sub(now),
+            slowdown = state.slowdown_at(now),
+            "host pushed back"
+        );
+        self.remember(host, state);
+        Ok(())
     }
 
     /// The host's turn lock of this sandbox.
@@ -457,6 +580,11 @@ impl Gate {
                     self.fetch_robots((store, fetcher), host, url, limits, budget, measures);
                 match fetched.await? {
                     Ok(record) => record,
+                    Err(RobotsSays::Wait(wait)) => {
+                        // This sandbox's other records of the host wait as long, at once.
+                        *kept = Some((Parsed::Unavailable, now_ms() + millis(wait)));
+                        return Ok(RobotsSays::Wait(wait));
+                    }
                     Err(says) => return Ok(says),
                 }
             }
@@ -477,28 +605,31 @@ impl Gate {
         budget: Duration,
         measures: &Measures,
     ) -> Result<Result<RobotsRecord, RobotsSays>, AwsError> {
+        let timeout = self.settings.robots_timeout;
+        // The cooldown is read before the fleet's lease is taken, so a host cooling down
+        // holds no lease for the others to wait out.
         let now = now_ms();
+        if let Some(until) = store.host(host).await?.cooldown_until.filter(|u| *u > now) {
+            return Ok(Err(RobotsSays::Wait(jittered(until - now))));
+        }
         if !store
             .take_robots_fetch(host, now, now + ROBOTS_LEASE_MS)
             .await?
         {
-            return Ok(Err(RobotsSays::Wait(jittered(
-                ROBOTS_WAIT.as_millis() as Millis
-            ))));
+            return self.await_robots(store, host, budget).await;
         }
-        let permit = match self.take(store, host, limits, budget).await? {
-            Entry::Go(permit) => permit,
-            Entry::Hold(wait, _) => return Ok(Err(RobotsSays::Wait(wait))),
-            // The robots.txt fetch does not keep a booking: its lease lapses first.
-            Entry::Booked { delay, .. } => return Ok(Err(RobotsSays::Wait(delay))),
-            Entry::Disallowed => return Ok(Err(RobotsSays::Disallowed)),
-        };
-        let permit = match self.ready(store, permit, measures).await? {
-            Ok(permit) => permit,
-            Err(wait) => return Ok(Err(RobotsSays::Wait(wait))),
+        // Outside the schedule and the slots: one request a day for the whole fleet, which
+        // must not queue behind the starts the host's records have booked. Its push-back
+        // still cools the host.
+        let permit = Permit {
+            host: Some((host.clone(), limits.max_rps)),
+            ..Permit::default()
         };
         let robots_url = robots::robots_url(url).unwrap_or_default();
-        let ask = scraper::Ask::within(budget.min(ROBOTS_TIMEOUT));
+        let ask = scraper::Ask {
+            keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
+            ..scraper::Ask::within(budget.min(timeout))
+        };
         let fetched = fetcher.fetch(&robots_url, ask).await;
         // Metered for the fleet, not charged to a run: one robots.txt serves them all.
         measures.spent(&fetched.spend);
@@ -509,18 +640,46 @@ impl Gate {
             .err()
             .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
         self.leave(store, permit, answer, measures).await;
+        // Cut short by this record's budget, not by its own timeout: no answer of the site's.
+        // A record with time comes back for it (the lease lapses meanwhile).
+        if budget < timeout && fetched.as_ref().is_err_and(|e| e.timed_out) {
+            return Ok(Err(RobotsSays::Wait(jittered(ROBOTS_SHORT_WAIT_MS))));
+        }
         let lasts = (
             millis(self.settings.robots_ttl),
             millis(self.settings.robots_retry),
         );
         let record = robots::record_of(&fetched, now_ms(), lasts);
-        store.put_robots(host, &record).await?;
+        let record = store.put_robots(host, record).await?;
         tracing::info!(
             host = host.as_str(),
             rules = record.rules.kind(),
             "robots.txt fetched for the fleet"
         );
         Ok(Ok(record))
+    }
+
+    /// Another sandbox is fetching the host's robots.txt: its copy is read a few times within
+    /// [`ROBOTS_WAIT`] (the fetch takes moments), so the host's first records need not be sent
+    /// away to wait; then they wait as copies.
+    async fn await_robots<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        budget: Duration,
+    ) -> Result<Result<RobotsRecord, RobotsSays>, AwsError> {
+        let until = tokio::time::Instant::now() + ROBOTS_WAIT.min(budget / 2);
+        while tokio::time::Instant::now() + ROBOTS_POLL < until {
+            tokio::time::sleep(ROBOTS_POLL).await;
+            if let Some(record) = store
+                .robots(host)
+                .await?
+                .filter(|r| r.expires_at > now_ms())
+            {
+                return Ok(Ok(record));
+            }
+        }
+        Ok(Err(RobotsSays::Wait(jittered(millis(ROBOTS_WAIT)))))
     }
 
     /// The host's entry, made if it has none.

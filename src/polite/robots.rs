@@ -8,6 +8,10 @@ use crate::polite::limits::Millis;
 use crate::scraper::{FetchError, Retry};
 use crate::store::hosts::{Robots, RobotsRecord};
 
+/// How much of a robots.txt is read and parsed: RFC 9309 (2.5) asks parsers to read at
+/// least 500 KiB; the rest of a longer file is not fetched.
+pub const MAX_ROBOTS_BYTES: usize = 500 * 1024;
+
 /// robots.txt as a sandbox keeps it: parsed once.
 #[derive(Clone)]
 pub enum Parsed {
@@ -66,7 +70,8 @@ impl Parsed {
 
 /// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429), or a fetch
 /// our own rules refuse, means no rules, for `ttl`; a 429, 5xx or no answer means nothing
-/// allowed, until `retry`.
+/// allowed, until `retry`. A proxy's own answer (a 407, a gateway error, a refused CONNECT)
+/// is no answer of the site's: nothing is known, until `retry`.
 pub fn record_of(
     fetched: &Result<Page, FetchError>,
     now: Millis,
@@ -74,6 +79,7 @@ pub fn record_of(
 ) -> RobotsRecord {
     let (rules, lasts) = match fetched {
         Ok(page) => (Robots::Rules(page.body.to_vec()), ttl),
+        Err(err) if err.retry == Retry::Ours => (Robots::Unavailable, retry),
         Err(err) => match err.http_status {
             Some(status) if (400..500).contains(&status) && status != 429 => {
                 (Robots::AllowAll, ttl)
@@ -159,13 +165,21 @@ mod tests {
             0,
             (100, 10),
         );
+        let proxy_407 = record_of(
+            &Err(FetchError {
+                http_status: Some(407),
+                ..FetchError::ours("HTTP 407 from the proxy")
+            }),
+            0,
+            (100, 10),
+        );
 
         assert_eq!(
             (missing.rules.clone(), missing.expires_at),
             (Robots::AllowAll, 100)
         );
         assert_eq!(refused.rules, Robots::AllowAll);
-        for record in [failing, throttled, unreachable] {
+        for record in [failing, throttled, unreachable, proxy_407] {
             assert_eq!((record.rules, record.expires_at), (Robots::Unavailable, 10));
         }
     }

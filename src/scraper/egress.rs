@@ -87,7 +87,9 @@ impl Routes {
         let mut tier = ask.first_tier.max(1);
         while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
             let left = ask.budget.saturating_sub(started.elapsed());
-            let (page, meter) = self.via(fetcher, route, url.clone(), left).await;
+            let (page, meter) = self
+                .via(fetcher, route, url.clone(), (left, ask.keep_first))
+                .await;
             spend.add(tier, meter.requests, meter.bytes);
             match page {
                 Err(err) if err.blocked && tier < usable => {
@@ -175,7 +177,7 @@ impl Routes {
         fetcher: &HttpFetcher,
         route: &Route,
         mut url: Url,
-        budget: Duration,
+        (budget, keep_first): (Duration, Option<u64>),
     ) -> (Result<Page, FetchError>, Meter) {
         let (requested, started) = (url.to_string(), Instant::now());
         let tunnelled = url.scheme() == "https";
@@ -202,7 +204,8 @@ impl Routes {
                 meter.bytes += drain(response).await;
                 return (Err(answered(refused, tunnelled)), meter);
             }
-            let page = fetcher.page_of(response, requested, &mut meter.bytes).await;
+            let body = (&mut meter.bytes, keep_first);
+            let page = fetcher.page_of(response, requested, body).await;
             return (page, meter);
         }
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);

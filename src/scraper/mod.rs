@@ -88,6 +88,9 @@ pub struct Ask {
     /// Whether the last (paid) proxy tier may be used: held back while a run has a budget
     /// for it, until the other tiers are blocked and the budget has room.
     pub paid_tier: bool,
+    /// Keep the body's first this many bytes and stop reading (robots.txt), instead of
+    /// refusing a body over `MAX_BODY_BYTES`.
+    pub keep_first: Option<u64>,
 }
 
 impl Ask {
@@ -97,6 +100,7 @@ impl Ask {
             budget,
             first_tier: 1,
             paid_tier: true,
+            keep_first: None,
         }
     }
 }
@@ -126,6 +130,13 @@ impl Fetched {
 pub trait Fetcher: Send + Sync {
     /// Fetches `url` as `ask` allows.
     fn fetch(&self, url: &str, ask: Ask) -> impl Future<Output = Fetched> + Send;
+
+    /// Why `url` is refused before anything is sent or resolved (its length, its syntax,
+    /// scheme, credentials, port, a literal address), if it is: checked before the host's
+    /// turn is taken.
+    fn refuses(&self, _url: &str) -> Option<FetchError> {
+        None
+    }
 }
 
 /// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
@@ -242,12 +253,13 @@ impl HttpFetcher {
     }
 
     /// Reads the (decoded) body, refusing it as soon as it passes the cap: never more than
-    /// the cap is held for one record.
+    /// the cap is held for one record. With `keep_first`, the body's first bytes are kept
+    /// instead and the rest left unread.
     async fn read_body(
         &self,
         mut response: reqwest::Response,
         http_status: u16,
-        received: &mut u64,
+        (received, keep_first): (&mut u64, Option<u64>),
     ) -> Result<Bytes, FetchError> {
         let too_big = || FetchError {
             http_status: Some(http_status),
@@ -257,18 +269,25 @@ impl HttpFetcher {
             ))
         };
         let declared = response.content_length().unwrap_or(0);
-        if declared > self.max_body_bytes {
+        if declared > self.max_body_bytes && keep_first.is_none() {
             return Err(too_big());
         }
         // The declared length is only a hint (and absent when decoding); the cap is the limit.
-        let mut body = CappedBody::new(declared, self.max_body_bytes);
+        let cap = keep_first.unwrap_or(self.max_body_bytes);
+        let mut body = CappedBody::new(declared, cap);
         while let Some(chunk) = response
             .chunk()
             .await
             .map_err(|e| classify::classify_error(&e))?
         {
             *received += chunk.len() as u64;
-            body.extend(&chunk).map_err(|_| too_big())?;
+            if body.extend(&chunk).is_err() {
+                let Some(first) = keep_first else {
+                    return Err(too_big());
+                };
+                body.fill(&chunk, first);
+                break;
+            }
         }
         Ok(body.into_bytes())
     }
@@ -279,7 +298,7 @@ impl HttpFetcher {
         &self,
         response: reqwest::Response,
         requested: String,
-        received: &mut u64,
+        body: (&mut u64, Option<u64>),
     ) -> Result<Page, FetchError> {
         if let Some(refusal) = refusal(&response) {
             return Err(refusal);
@@ -293,7 +312,7 @@ impl HttpFetcher {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("application/octet-stream"),
         );
-        let body = self.read_body(response, status, received).await?;
+        let body = self.read_body(response, status, body).await?;
         Ok(Page {
             url: requested,
             http_status: status,
@@ -303,15 +322,28 @@ impl HttpFetcher {
         })
     }
 
-    async fn fetch_direct(&self, parsed: Url, budget: Duration) -> Result<Page, FetchError> {
+    async fn fetch_direct(&self, parsed: Url, ask: Ask) -> Result<Page, FetchError> {
+        let requested = parsed.to_string();
+        let response = egress::send(&self.client, &parsed, ask.budget, &mut 0)
+            .await
+            .map_err(|e| classify::classify_error(&e))?;
+        self.page_of(response, requested, (&mut 0, ask.keep_first))
+            .await
+    }
+
+    /// The checks that need no network: length, syntax, then scheme, credentials, port and
+    /// a literal address by the address policy.
+    fn checked(&self, url: &str) -> Result<Url, FetchError> {
+        if url.len() > MAX_URL_BYTES {
+            let reason = format!("url is longer than {MAX_URL_BYTES} bytes");
+            return Err(FetchError::permanent(reason));
+        }
+        let parsed = Url::parse(url)
+            .map_err(|e| FetchError::permanent(format!("url does not parse: {e}")))?;
         self.policy
             .check_url(&parsed)
             .map_err(|refused| FetchError::permanent(refused.to_string()))?;
-        let requested = parsed.to_string();
-        let response = egress::send(&self.client, &parsed, budget, &mut 0)
-            .await
-            .map_err(|e| classify::classify_error(&e))?;
-        self.page_of(response, requested, &mut 0).await
+        Ok(parsed)
     }
 }
 
@@ -348,22 +380,18 @@ fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
 impl Fetcher for HttpFetcher {
     #[tracing::instrument(skip_all, fields(%url))]
     async fn fetch(&self, url: &str, ask: Ask) -> Fetched {
-        if url.len() > MAX_URL_BYTES {
-            return Fetched::unspent(Err(FetchError::permanent(format!(
-                "url is longer than {MAX_URL_BYTES} bytes"
-            ))));
-        }
-        let parsed = match Url::parse(url) {
+        let parsed = match self.checked(url) {
             Ok(parsed) => parsed,
-            Err(e) => {
-                let reason = format!("url does not parse: {e}");
-                return Fetched::unspent(Err(FetchError::permanent(reason)));
-            }
+            Err(refused) => return Fetched::unspent(Err(refused)),
         };
         match &self.routes {
             Some(routes) => routes.fetch(self, parsed, ask).await,
-            None => Fetched::unspent(self.fetch_direct(parsed, ask.budget).await),
+            None => Fetched::unspent(self.fetch_direct(parsed, ask).await),
         }
+    }
+
+    fn refuses(&self, url: &str) -> Option<FetchError> {
+        self.checked(url).err()
     }
 }
 
@@ -403,6 +431,15 @@ impl CappedBody {
         }
         self.bytes.extend_from_slice(chunk);
         Ok(())
+    }
+
+    /// Fills the body to `first` bytes from `chunk` (the chunk that passed the cap).
+    pub fn fill(&mut self, chunk: &[u8], first: u64) {
+        let room = usize::try_from(first)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(self.bytes.len());
+        self.bytes
+            .extend_from_slice(&chunk[..room.min(chunk.len())]);
     }
 
     pub fn capacity(&self) -> usize {

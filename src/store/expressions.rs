@@ -124,6 +124,20 @@ pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>) -> Expression {
     .value(":one", n(1))
 }
 
+/// A claim's attempt given back, and the status it found, while the task is still
+/// processing.
+pub(crate) fn unclaim(was: TaskStatus) -> Expression {
+    Expression::new(
+        "SET #status = :was ADD attempts :minus_one".into(),
+        "#status = :processing AND attempts > :zero",
+    )
+    .name("#status", "status")
+    .value(":was", s(was.as_str()))
+    .value(":processing", s(TaskStatus::Processing.as_str()))
+    .value(":minus_one", n(-1))
+    .value(":zero", n(0))
+}
+
 /// The lease given up, if `owner` still holds it.
 pub(crate) fn release(owner: &str) -> Expression {
     Expression::new(
@@ -467,33 +481,23 @@ pub(crate) fn host_take(ask: &crate::polite::limits::Ask, busy: bool) -> Express
     expression.value(":now", n(ask.now))
 }
 
-/// A fetch's end at a host: its slot given back (if still its own) and, when the host
-/// pushed back, the cooldown and slowdown every sandbox then obeys.
-pub(crate) fn host_leave(
-    slot: Option<(usize, u64)>,
-    push_back: Option<(u64, f64)>,
-    now: u64,
-) -> Expression {
-    let mut expression = Expression::new(String::new(), "");
-    let mut clauses = Vec::new();
-    if let Some((until, slowdown)) = push_back {
-        clauses.push(
-            "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now".to_owned(),
-        );
-        expression = expression
-            .value(":cooldown", n(until))
-            .value(":slowdown", n(slowdown))
-            .value(":now", n(now));
-    }
-    if let Some((slot, until)) = slot {
-        clauses.push("REMOVE #slot".to_owned());
-        expression.condition = "#slot = :mine".into();
-        expression = expression
-            .name("#slot", &format!("slot_{slot}"))
-            .value(":mine", n(until));
-    }
-    expression.update = clauses.join(" ");
-    expression
+/// A fetch's end at a host: its slot given back, if still its own.
+pub(crate) fn host_leave((slot, until): (usize, u64)) -> Expression {
+    Expression::new("REMOVE #slot".into(), "#slot = :mine")
+        .name("#slot", &format!("slot_{slot}"))
+        .value(":mine", n(until))
+}
+
+/// The host pushed back: the cooldown and slowdown every sandbox then obeys, only if the
+/// cooldown ends later than the one in force (a push-back only lengthens it).
+pub(crate) fn host_push_back((until, slowdown): (u64, f64), now: u64) -> Expression {
+    Expression::new(
+        "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now".into(),
+        "attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown",
+    )
+    .value(":cooldown", n(until))
+    .value(":slowdown", n(slowdown))
+    .value(":now", n(now))
 }
 
 /// The one fleet-wide fetch of a host's robots.txt: taken while none is fresh and nobody

@@ -5,6 +5,7 @@
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
+use crate::polite::robots::MAX_ROBOTS_BYTES;
 use crate::store::attributes::{Item, n, number, s, string};
 use crate::store::error::AwsError;
 use crate::store::expressions;
@@ -13,8 +14,9 @@ use crate::store::tasks::{DynamoTaskStore, is_condition_failure};
 
 /// The most in-flight slots a host item keeps (`HOST_MAX_INFLIGHT` at most this).
 pub const MAX_SLOTS: u32 = 64;
-/// robots.txt bodies are kept up to this size (a DynamoDB item holds 400 KB).
-pub const MAX_ROBOTS_BYTES: usize = 350 * 1024;
+/// A robots.txt is kept gzipped in its item up to this size (a DynamoDB item holds 400 KB);
+/// a file that does not compress to it is kept to its first bytes that do.
+pub const MAX_KEPT_ROBOTS_BYTES: usize = 350 * 1024;
 
 /// What the fleet knows of a host's robots.txt, until `expires_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +27,7 @@ pub struct RobotsRecord {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Robots {
-    /// A robots.txt to obey (its first [`MAX_ROBOTS_BYTES`]).
+    /// A robots.txt to obey (its first [`crate::polite::robots::MAX_ROBOTS_BYTES`]).
     Rules(Vec<u8>),
     /// None there (4xx): everything allowed.
     AllowAll,
@@ -62,14 +64,22 @@ pub trait HostStore: Send + Sync {
     /// The host as it is now (a consistent read).
     fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, AwsError>> + Send;
 
-    /// Gives a fetch's slot back and records the host's push-back (cooldown end, slowdown).
+    /// Gives a fetch's slot back (if it is still the fetch's).
     fn leave_host(
         &self,
         host: &Host,
-        slot: Option<(usize, Millis)>,
-        push_back: Option<(Millis, f64)>,
-        now: Millis,
+        slot: (usize, Millis),
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// Records the host's push-back, `(cooldown end, slowdown)` computed from `seen` (the
+    /// item as read), only if it lengthens the cooldown in force: a later, weaker answer
+    /// never shortens it. False when a longer cooldown stood.
+    fn push_back(
+        &self,
+        host: &Host,
+        push_back: (Millis, f64),
+        now: Millis,
+    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
 
     fn robots(
         &self,
@@ -85,11 +95,13 @@ pub trait HostStore: Send + Sync {
         until: Millis,
     ) -> impl Future<Output = Result<bool, AwsError>> + Send;
 
+    /// Stores the fleet's copy; answers it as kept (a file cut to what the item holds), so
+    /// the sandbox that fetched it parses the same bytes as every other.
     fn put_robots(
         &self,
         host: &Host,
-        record: &RobotsRecord,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+        record: RobotsRecord,
+    ) -> impl Future<Output = Result<RobotsRecord, AwsError>> + Send;
 }
 
 /// A host item as the schedule reads it.
@@ -172,34 +184,35 @@ impl HostStore for DynamoTaskStore {
         Ok(out.item.as_ref().map(host_state).unwrap_or_default())
     }
 
-    async fn leave_host(
+    async fn leave_host(&self, host: &Host, slot: (usize, Millis)) -> Result<(), AwsError> {
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(host_key(host.as_str(), "HOST")));
+        match expressions::host_leave(slot).apply_to(request).send().await {
+            // A slot that lapsed is another fetch's now.
+            Ok(_) => Ok(()),
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(host)", err)),
+        }
+    }
+
+    async fn push_back(
         &self,
         host: &Host,
-        slot: Option<(usize, Millis)>,
-        push_back: Option<(Millis, f64)>,
+        push_back: (Millis, f64),
         now: Millis,
-    ) -> Result<(), AwsError> {
-        if slot.is_none() && push_back.is_none() {
-            return Ok(());
-        }
-        let send = |slot| {
-            let request = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .set_key(Some(host_key(host.as_str(), "HOST")));
-            expressions::host_leave(slot, push_back, now)
-                .apply_to(request)
-                .send()
-        };
-        match send(slot).await {
-            Ok(_) => Ok(()),
-            // The slot lapsed and is another fetch's now: only the push-back is left to say.
-            Err(err) if is_condition_failure(&err) && push_back.is_some() => send(None)
-                .await
-                .map(|_| ())
-                .map_err(|e| AwsError::from_sdk("UpdateItem(host)", e)),
-            Err(err) if is_condition_failure(&err) => Ok(()),
+    ) -> Result<bool, AwsError> {
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(host_key(host.as_str(), "HOST")));
+        let expression = expressions::host_push_back(push_back, now);
+        match expression.apply_to(request).send().await {
+            Ok(_) => Ok(true),
+            Err(err) if is_condition_failure(&err) => Ok(false),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(host)", err)),
         }
     }
@@ -239,28 +252,71 @@ impl HostStore for DynamoTaskStore {
         }
     }
 
-    async fn put_robots(&self, host: &Host, record: &RobotsRecord) -> Result<(), AwsError> {
+    async fn put_robots(
+        &self,
+        host: &Host,
+        record: RobotsRecord,
+    ) -> Result<RobotsRecord, AwsError> {
         let mut item = host_key(host.as_str(), "ROBOTS");
         item.insert("status".into(), s(record.rules.kind()));
         item.insert("expires_at".into(), n(record.expires_at));
-        if let Robots::Rules(body) = &record.rules {
-            let kept = &body[..body.len().min(MAX_ROBOTS_BYTES)];
-            item.insert("body".into(), AttributeValue::B(kept.to_vec().into()));
-        }
+        let record = match record.rules {
+            Robots::Rules(body) => {
+                let (kept, gzipped) = kept_robots(body);
+                item.insert("body_gz".into(), AttributeValue::B(gzipped.into()));
+                RobotsRecord {
+                    rules: Robots::Rules(kept),
+                    ..record
+                }
+            }
+            _ => record,
+        };
         self.client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item))
             .send()
             .await
-            .map(|_| ())
-            .map_err(|e| AwsError::from_sdk("PutItem(robots)", e))
+            .map_err(|e| AwsError::from_sdk("PutItem(robots)", e))?;
+        Ok(record)
     }
+}
+
+/// A robots.txt as its item keeps it: the body and its gzip, cut (by halves of what is
+/// left over) until the gzip fits in [`MAX_KEPT_ROBOTS_BYTES`].
+pub fn kept_robots(mut body: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+    loop {
+        let gzipped = gzip(&body);
+        if gzipped.len() <= MAX_KEPT_ROBOTS_BYTES {
+            return (body, gzipped);
+        }
+        let over = gzipped.len() - MAX_KEPT_ROBOTS_BYTES;
+        body.truncate(body.len().saturating_sub(over.max(body.len() / 16)));
+    }
+}
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(body);
+    encoder.finish().unwrap_or_default()
+}
+
+/// A kept body, at most [`MAX_ROBOTS_BYTES`] however it was written.
+fn gunzip(gzipped: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut body = Vec::new();
+    flate2::read::GzDecoder::new(gzipped)
+        .take(MAX_ROBOTS_BYTES as u64)
+        .read_to_end(&mut body)
+        .ok()?;
+    Some(body)
 }
 
 fn robots_record(item: &Item) -> Option<RobotsRecord> {
     let rules = match string(item, "status")? {
-        "rules" => Robots::Rules(item.get("body")?.as_b().ok()?.as_ref().to_vec()),
+        "rules" => Robots::Rules(gunzip(item.get("body_gz")?.as_b().ok()?.as_ref())?),
         "allow_all" => Robots::AllowAll,
         "unavailable" => Robots::Unavailable,
         _ => return None,
@@ -269,4 +325,28 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
         rules,
         expires_at: number(item, "expires_at")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_robots_txt_of_500_kib_is_kept_whole_and_an_incompressible_one_to_what_fits() {
+        let text: Vec<u8> = (0..MAX_ROBOTS_BYTES)
+            .map(|i| b"Disallow: /private/\n"[i % 20])
+            .collect();
+        let mut noise = vec![0u8; MAX_ROBOTS_BYTES];
+        fastrand::Rng::with_seed(7).fill(&mut noise);
+
+        let (kept_text, gz_text) = kept_robots(text.clone());
+        let (kept_noise, gz_noise) = kept_robots(noise.clone());
+
+        assert_eq!(kept_text, text);
+        assert_eq!(gunzip(&gz_text), Some(text));
+        assert!(gz_noise.len() <= MAX_KEPT_ROBOTS_BYTES);
+        assert!(kept_noise.len() > MAX_KEPT_ROBOTS_BYTES * 9 / 10);
+        assert_eq!(gunzip(&gz_noise), Some(kept_noise.clone()));
+        assert_eq!(&noise[..kept_noise.len()], &kept_noise[..]);
+    }
 }

@@ -34,10 +34,15 @@ pub struct Lease<'a> {
 }
 
 /// The result of trying to move a task to `processing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// This delivery may work on the task; `attempts` counts the claims so far, this one included.
-    Claimed { attempts: u32, was: TaskStatus },
+    /// This delivery may work on the task; `attempts` counts the claims so far, this one
+    /// included; `url` is the task's.
+    Claimed {
+        attempts: u32,
+        was: TaskStatus,
+        url: Option<String>,
+    },
     /// The task became terminal since the guard read it.
     AlreadyTerminal,
     /// The task item is gone.
@@ -88,6 +93,15 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: &TaskRef,
         owner: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// Gives back the attempt a claim counted, and the status it found (`was`), when no
+    /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
+    /// task is still processing.
+    fn unclaim(
+        &self,
+        task: &TaskRef,
+        was: TaskStatus,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
     /// The one terminal write: only a task still pending or processing can take it, except
@@ -235,7 +249,8 @@ impl TaskStore for DynamoTaskStore {
                 let old = out.attributes.unwrap_or_default();
                 let attempts = number(&old, "attempts").unwrap_or(0) + 1;
                 let was = status_of(&old)?;
-                Ok(Claim::Claimed { attempts, was })
+                let url = string(&old, "url").map(str::to_owned);
+                Ok(Claim::Claimed { attempts, was, url })
             }
             Err(err) => match err.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
@@ -247,6 +262,18 @@ impl TaskStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all)]
+    async fn unclaim(&self, task: &TaskRef, was: TaskStatus) -> Result<(), AwsError> {
+        let result = self
+            .update_task(task, expressions::unclaim(was))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(unclaim)", err)),
+        }
+    }
+
     async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
         let result = self
             .update_task(task, expressions::release(owner))

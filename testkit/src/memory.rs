@@ -146,7 +146,19 @@ impl TaskStore for MemoryTasks {
         Ok(Claim::Claimed {
             attempts: entry.attempts,
             was,
+            url: entry.url.clone(),
         })
+    }
+
+    async fn unclaim(&self, task: &TaskRef, was: TaskStatus) -> Result<(), AwsError> {
+        self.served();
+        if let Some(entry) = lock(&self.tasks).get_mut(task)
+            && entry.status == TaskStatus::Processing
+        {
+            entry.attempts = entry.attempts.saturating_sub(1);
+            entry.status = was;
+        }
+        Ok(())
     }
 
     async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
@@ -289,23 +301,35 @@ impl HostStore for MemoryTasks {
     async fn leave_host(
         &self,
         host: &Host,
-        slot: Option<(usize, Millis)>,
-        push_back: Option<(Millis, f64)>,
-        now: Millis,
+        (slot, until): (usize, Millis),
     ) -> Result<(), AwsError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
-        if let Some((slot, until)) = slot
-            && state.slot_until(slot) == until
-        {
+        if state.slot_until(slot) == until {
             state.slots[slot] = None;
         }
-        if let Some((until, slowdown)) = push_back {
-            state.cooldown_until = Some(until);
-            state.slowdown = Some((slowdown, now));
-        }
         Ok(())
+    }
+
+    async fn push_back(
+        &self,
+        host: &Host,
+        (until, slowdown): (Millis, f64),
+        now: Millis,
+    ) -> Result<bool, AwsError> {
+        self.served();
+        let mut hosts = lock(&self.hosts);
+        let state = hosts.entry(host.clone()).or_default();
+        if state
+            .cooldown_until
+            .is_some_and(|standing| standing >= until)
+        {
+            return Ok(false);
+        }
+        state.cooldown_until = Some(until);
+        state.slowdown = Some((slowdown, now));
+        Ok(true)
     }
 
     async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, AwsError> {
@@ -337,10 +361,14 @@ impl HostStore for MemoryTasks {
         Ok(!taken)
     }
 
-    async fn put_robots(&self, host: &Host, record: &RobotsRecord) -> Result<(), AwsError> {
+    async fn put_robots(
+        &self,
+        host: &Host,
+        record: RobotsRecord,
+    ) -> Result<RobotsRecord, AwsError> {
         self.served();
         lock(&self.robots).insert(host.clone(), (record.clone(), 0));
-        Ok(())
+        Ok(record)
     }
 }
 

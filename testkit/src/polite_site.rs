@@ -19,13 +19,15 @@ pub struct Visit {
     pub ended: Instant,
 }
 
-/// What the site answers: its robots.txt (status, body), how long a page takes, and how
-/// many of the next page requests it refuses with 429 and `Retry-After` seconds.
+/// What the site answers: its robots.txt (status, body), how long a page takes, how many
+/// of the next page requests it refuses with 429 and `Retry-After` seconds, and how many
+/// after those it answers with a bare 503 (after the page's time).
 #[derive(Debug, Clone)]
 pub struct Behaviour {
     pub robots: (u16, String),
     pub page_time: Duration,
     pub refuse_next: (usize, u64),
+    pub fail_next: usize,
 }
 
 impl Default for Behaviour {
@@ -34,6 +36,7 @@ impl Default for Behaviour {
             robots: (404, String::new()),
             page_time: Duration::from_millis(100),
             refuse_next: (0, 0),
+            fail_next: 0,
         }
     }
 }
@@ -127,8 +130,13 @@ async fn serve(State(log): State<Arc<Mutex<Log>>>, request: Request) -> Response
         log.in_flight += 1;
         log.most_in_flight = log.most_in_flight.max(log.in_flight);
         let behaviour = log.behaviour.clone();
-        if path != "/robots.txt" && log.behaviour.refuse_next.0 > 0 {
-            log.behaviour.refuse_next.0 -= 1;
+        if path != "/robots.txt" {
+            let next = &mut log.behaviour;
+            if next.refuse_next.0 > 0 {
+                next.refuse_next.0 -= 1;
+            } else {
+                next.fail_next = next.fail_next.saturating_sub(1);
+            }
         }
         behaviour
     };
@@ -154,5 +162,8 @@ async fn answer(path: &str, behaviour: &Behaviour) -> Response {
         return (StatusCode::TOO_MANY_REQUESTS, retry_after, "slow down").into_response();
     }
     tokio::time::sleep(behaviour.page_time).await;
+    if behaviour.fail_next > 0 {
+        return (StatusCode::SERVICE_UNAVAILABLE, "unavailable").into_response();
+    }
     format!("page {path}").into_response()
 }

@@ -8,6 +8,7 @@ mod cold_start;
 mod fetching;
 mod observability;
 mod ops;
+mod polite_defaults;
 mod politeness;
 mod producer;
 mod production;

@@ -32,8 +32,13 @@ fn polite(max_rps: Option<f64>, max_inflight: Option<u32>) -> Politeness {
 
 /// A run of a task per path, on each path's site, and its queue (dead-letter after the
 /// worker's attempts), every task sent once.
-async fn run_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue) {
+pub(crate) async fn run_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue) {
     stack.put_job(JOB, "active").await;
+    tasks_of(stack, pages).await
+}
+
+/// The run's tasks of [`run_of`], for a job already in place.
+pub(crate) async fn tasks_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue) {
     stack.put_counted_run(JOB, RUN, pages.len() as u32).await;
     let mut bodies = Vec::new();
     for (i, (site, path)) in pages.iter().enumerate() {
@@ -49,42 +54,93 @@ async fn run_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue
     (queue, dlq)
 }
 
+/// How many sandboxes drain a queue, each with how many pollers, and how long each
+/// invocation may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fleet {
+    pub sandboxes: usize,
+    pub pollers: usize,
+    pub timeout: Duration,
+    pub limit: Duration,
+}
+
+/// [`SANDBOXES`] sandboxes of one poller each, invocations of 8 s.
+const SMALL_FLEET: Fleet = Fleet {
+    sandboxes: SANDBOXES,
+    pollers: 1,
+    timeout: Duration::from_secs(8),
+    limit: Duration::from_secs(120),
+};
+
 /// Drains the queue with [`SANDBOXES`] sandboxes at once; how long it took.
 async fn drain(stack: &Stack, queue: &Queue, politeness: Politeness) -> Duration {
-    let workers: Vec<_> = (0..SANDBOXES)
+    drain_with(stack, queue, politeness, SMALL_FLEET).await.took
+}
+
+/// What a drain took: in all, and until the fleet had received as many messages as the
+/// queue held when it began (the mapping's delay in reading its backlog), if it did.
+pub(crate) struct Drained {
+    pub took: Duration,
+    pub backlog_read: Option<Duration>,
+}
+
+/// Drains the queue with `fleet`'s sandboxes at once, each a worker with its own caches and
+/// its own pollers (the local event source mapping), counted together.
+pub(crate) async fn drain_with(
+    stack: &Stack,
+    queue: &Queue,
+    politeness: Politeness,
+    fleet: Fleet,
+) -> Drained {
+    let backlog = queue.depth(stack).await;
+    let backlog_read = std::sync::OnceLock::new();
+    let workers: Vec<_> = (0..fleet.sandboxes)
         .map(|_| stack.worker_with(|t| t.politeness = politeness.clone()))
         .collect();
     let settings = MappingSettings {
         queue_arn: queue.arn.clone(),
-        pollers: 1,
+        pollers: fleet.pollers,
         batch_size: 10,
         wait_seconds: 0,
-        timeout: Duration::from_secs(8),
+        timeout: fleet.timeout,
         limits: BatchLimits {
             max_concurrency: 16,
             deadline_margin: Duration::from_millis(500),
         },
     };
     let sqs = SqsQueue::new(stack.sqs.clone(), &queue.url);
+    let stats = MappingStats::default();
+    let report = |progress: &local_mapping::Progress<'_>| {
+        if progress
+            .stats
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= backlog
+        {
+            backlog_read.get_or_init(|| progress.elapsed);
+        }
+    };
     let started = Instant::now();
     let sandboxes = workers.iter().map(|worker| async {
-        let stats = MappingStats::default();
         let watch = Watch {
             check_every: Duration::from_millis(300),
-            report_every: Duration::from_secs(60),
+            report_every: Duration::ZERO,
             until_drained: true,
-            limit: Some(Duration::from_secs(120)),
-            report: &|_: &local_mapping::Progress<'_>| {},
+            limit: Some(fleet.limit),
+            report: &report,
         };
         let stop = std::future::pending();
         local_mapping::run_watched(&sqs, worker, &settings, &stats, &watch, stop).await
     });
     let ended = futures_util::future::join_all(sandboxes).await;
     assert!(ended.iter().all(|e| *e == Ended::Drained), "{ended:?}");
-    started.elapsed()
+    Drained {
+        took: started.elapsed(),
+        backlog_read: backlog_read.get().copied(),
+    }
 }
 
-async fn statuses(stack: &Stack, n: usize) -> Vec<String> {
+pub(crate) async fn statuses(stack: &Stack, n: usize) -> Vec<String> {
     let mut statuses = Vec::new();
     for i in 0..n {
         let task = stack.task(&format!("t{i:03}")).await;
@@ -94,7 +150,11 @@ async fn statuses(stack: &Stack, n: usize) -> Vec<String> {
     statuses
 }
 
-fn pages<'a>(site: &'a PoliteSite, prefix: &str, n: usize) -> Vec<(&'a PoliteSite, String)> {
+pub(crate) fn pages<'a>(
+    site: &'a PoliteSite,
+    prefix: &str,
+    n: usize,
+) -> Vec<(&'a PoliteSite, String)> {
     (0..n).map(|i| (site, format!("/{prefix}/{i}"))).collect()
 }
 
@@ -320,7 +380,7 @@ async fn cooling(stack: &Stack, site: &PoliteSite, seconds: u64) {
 }
 
 #[tokio::test]
-async fn a_wait_is_a_fresh_copy_due_later_until_its_waits_run_out() {
+async fn a_wait_is_a_fresh_copy_due_later_and_past_the_longest_wait_the_task_fails() {
     let stack = Stack::new().await;
     let site = PoliteSite::start(Behaviour::default()).await;
     stack.put_active_run().await;
@@ -329,19 +389,35 @@ async fn a_wait_is_a_fresh_copy_due_later_until_its_waits_run_out() {
         .await;
     cooling(&stack, &site, 4).await;
     let queue = Queue::create(&stack, 30).await;
-    let worker = stack.worker_with(|t| t.politeness = polite(Some(5.0), Some(2)));
+    let max_wait = Duration::from_secs(60);
+    let worker = stack.worker_with(|t| {
+        t.politeness = Politeness {
+            max_wait,
+            ..polite(Some(5.0), Some(2))
+        }
+    });
     let on_queue = |body: String| {
         let mut record = record("m1", &body, 1);
         record.event_source_arn = Some(queue.arn.clone());
         record
     };
-    let worn = r#"{"job_id":"job-1","run_id":"run-1","task_id":"t000","polite_waits":100}"#;
+    // The same copy as if its first wait had begun 58 s ago, when the host cools down for
+    // 30 s more: past its longest wait.
+    let since = SystemTime::now() - Duration::from_secs(58);
+    let since = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    let worn = format!(
+        r#"{{"job_id":"job-1","run_id":"run-1","task_id":"t000","polite_waits":3,"polite_since":{}}}"#,
+        since.as_millis()
+    );
 
     let first = run_batch(&worker, vec![on_queue(body("t000"))]).await;
     let copy = queue
         .wait_for_redelivery(&stack, Duration::from_secs(10))
         .await;
-    let last = run_batch(&worker, vec![on_queue(worn.into())]).await;
+    cooling(&stack, &site, 30).await;
+    let last = run_batch(&worker, vec![on_queue(worn)]).await;
 
     assert!(retried(&first).is_empty(), "acked: its copy waits instead");
     assert!(
@@ -350,15 +426,13 @@ async fn a_wait_is_a_fresh_copy_due_later_until_its_waits_run_out() {
     );
     let copied = copy.0.body.as_deref();
     assert_eq!(conveyor_worker::domain::message::polite_waits(copied), 1);
-    assert_eq!(
-        retried(&last),
-        vec!["m1"],
-        "held back: toward the dead-letter queue"
+    assert!(conveyor_worker::domain::message::polite_since(copied).is_some());
+    assert!(
+        retried(&last).is_empty(),
+        "acked: failed, not dead-lettered"
     );
-    assert_eq!(
-        stack.task("t000").await.status(),
-        Some("pending"),
-        "never claimed"
-    );
+    let task = stack.task("t000").await;
+    assert_eq!(task.status(), Some("failed"));
+    assert_eq!(task.s("error"), Some("waited too long for its host"));
     assert_eq!(site.hits("/page"), 0);
 }

@@ -11,6 +11,7 @@ use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::polite::Politeness;
 use conveyor_worker::scraper::proxy::{ProxySecret, Tiers};
 use conveyor_worker::store::keys;
 
@@ -525,4 +526,54 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
     let served = prepared.site.bytes_served();
     let (requests, bytes) = spend(&prepared.stack, 1).await;
     assert_eq!((requests, bytes), (Some(peers.len() as u64), Some(served)));
+}
+
+#[tokio::test]
+async fn a_robots_txt_the_proxy_answers_with_407_is_no_verdict_of_the_sites() {
+    // Arrange: robots.txt obeyed; the proxy wants credentials, the worker has none.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), true).await;
+    stack.put_active_run().await;
+    stack.put_task("t0", &site.url("/page/a"), "pending").await;
+    let tiers = Tiers::parse(&proxy.url()).expect("proxy URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.politeness = Politeness {
+            obey_robots: true,
+            agent: "conveyor-worker".into(),
+            ..Politeness::off()
+        };
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+
+    // Assert: robots.txt is not known (not "allow all" for a day on the proxy's word), and
+    // the task waits: neither fetched nor failed.
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let robots = stack
+        .dynamodb
+        .get_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::host_key(&host, "ROBOTS")))
+        .send()
+        .await
+        .expect("read the robots item")
+        .item
+        .unwrap_or_default();
+    assert_eq!(
+        robots
+            .get("status")
+            .and_then(|s| s.as_s().ok())
+            .map(String::as_str),
+        Some("unavailable")
+    );
+    assert_eq!(retried(&reply), ["t0"]);
+    assert_eq!(stack.task("t0").await.status(), Some("pending"));
+    assert!(site.peers().is_empty());
+    assert_eq!(
+        proxy.requests().len(),
+        1,
+        "robots.txt asked once, through the proxy"
+    );
 }

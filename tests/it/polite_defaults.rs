@@ -1,0 +1,223 @@
+//! Politeness as deployed: the production defaults (`HOST_MAX_INFLIGHT` 2, robots.txt
+//! obeyed, the sleep, the longest wait), a job's own rate where the test says so, several
+//! sandboxes behind the local event source mapping on the emulator's real SQS, against
+//! logged local sites. A one-host run many times its host's rate drains at that rate; a
+//! failing host costs each task exactly its attempts; a push-back only lengthens; a URL our
+//! own rules refuse never touches its host.
+
+use std::time::Duration;
+
+use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::*;
+use conveyor_worker::config::Config;
+use conveyor_worker::polite::Politeness;
+use conveyor_worker::store::{attributes, keys};
+
+use crate::politeness::{Fleet, drain_with, pages, statuses, tasks_of};
+
+/// The politeness a deployed function has: every default of `Config`, nothing switched off.
+fn production_defaults() -> Politeness {
+    let required =
+        |name: &str| matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "required".to_owned());
+    Config::from_lookup(required)
+        .expect("the defaults")
+        .politeness
+}
+
+/// The job, active, with its own rate for its hosts (data contract v2), and in-flight limit
+/// if given; the fleet's defaults for everything else.
+async fn polite_job(stack: &Stack, max_rps: f64, max_inflight: Option<u32>) {
+    let mut item = keys::job_key(&id(JOB));
+    item.insert("status".into(), attributes::s("active"));
+    item.insert("host_max_rps".into(), attributes::n(max_rps));
+    if let Some(inflight) = max_inflight {
+        item.insert("host_max_inflight".into(), attributes::n(inflight));
+    }
+    stack.put_item(item).await;
+}
+
+/// Three sandboxes of two pollers each; invocations long enough for robots.txt's own
+/// timeout (10 s) and a fetch.
+const FLEET: Fleet = Fleet {
+    sandboxes: 3,
+    pollers: 2,
+    timeout: Duration::from_secs(20),
+    limit: Duration::from_secs(180),
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_lettered() {
+    // Arrange: 300 tasks of one host at 5 a second: 60 s of the host's rate.
+    let stack = Stack::new().await;
+    let quick = Behaviour {
+        page_time: Duration::from_millis(50),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(quick).await;
+    let (tasks, rate) = (300, 5.0);
+    polite_job(&stack, rate, None).await;
+    let (queue, dlq) = tasks_of(&stack, &pages(&site, "page", tasks)).await;
+    stack.calls.clear();
+
+    // Act
+    let drained = drain_with(&stack, &queue, production_defaults(), FLEET).await;
+
+    // Assert: all fetched once, at the host's rate, in about N/r, for few requests a task.
+    assert!(
+        statuses(&stack, tasks)
+            .await
+            .iter()
+            .all(|s| s == "successful")
+    );
+    assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
+    assert_eq!(site.hits("/page"), tasks, "every page fetched once");
+    assert_eq!(site.hits("/robots.txt"), 1, "once for the fleet");
+    let most = site.most_started_within(Duration::from_secs(1));
+    assert!(most <= 6, "{most} starts in a second: 5 a second, +1");
+    assert!(site.most_in_flight() <= 2, "the default in-flight limit");
+    let calls = stack.calls.calls();
+    let per_task = |n: usize| n as f64 / tasks as f64;
+    let (requests, copies) = (
+        per_task(calls.len()),
+        per_task(stack.calls.count("SendMessage")),
+    );
+    let ideal = tasks as f64 / rate;
+    let (took, backlog_read) = (drained.took, drained.backlog_read.unwrap_or_default());
+    println!(
+        "politeness at the defaults: {tasks} tasks of one host at {rate}/s drained in {took:?} \
+         (N/r = {ideal} s; the mapping first read its whole backlog in {backlog_read:?}), \
+         {copies:.2} copies and {requests:.2} AWS requests a task; {}",
+        by_operation(&calls)
+    );
+    assert!(copies <= 2.0, "{copies:.2} copies a task");
+    assert!(requests <= 10.0, "{requests:.2} AWS requests a task");
+    // 10% over N/r, plus the mapping's polling delay: the time it took to first read its
+    // backlog (copies due meanwhile wait behind it and book again), and the three empty
+    // checks that end the drain.
+    let bound = Duration::from_secs_f64(ideal * 1.1 + 1.0) + backlog_read;
+    assert!(took <= bound, "{took:?} for {ideal} s of the host's rate");
+}
+
+/// The worker's requests by operation, for the figures.
+fn by_operation(calls: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for call in calls {
+        *counts.entry(call.as_str()).or_insert(0) += 1;
+    }
+    format!("{counts:?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_answering_503_to_everything_fails_each_task_after_exactly_max_attempts_fetches() {
+    // Arrange: a host that answers every page with a bare 503; a job rate high enough that
+    // the push-backs' slowdown (up to 64 intervals) stays a second or so.
+    let stack = Stack::new().await;
+    let failing = Behaviour {
+        page_time: Duration::from_millis(20),
+        fail_next: usize::MAX,
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(failing).await;
+    let tasks = 3;
+    polite_job(&stack, 50.0, None).await;
+    let (queue, dlq) = tasks_of(&stack, &pages(&site, "page", tasks)).await;
+
+    // Act
+    drain_with(&stack, &queue, production_defaults(), FLEET).await;
+
+    // Assert: every task failed on its last attempt, each fetched exactly MAX_ATTEMPTS times
+    // whatever waits and copies came between, and none dead-lettered.
+    assert!(statuses(&stack, tasks).await.iter().all(|s| s == "failed"));
+    assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
+    for i in 0..tasks {
+        let task = stack.task(&format!("t{i:03}")).await;
+        assert_eq!(task.s("error"), Some("HTTP 503"));
+        let fetches = site.hits(&format!("/page/{i}"));
+        assert_eq!(fetches, MAX_ATTEMPTS as usize, "task {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_429s_long_retry_after_keeps_the_fleet_away_although_bare_503s_follow() {
+    // Arrange: the first page answers 429 with Retry-After: 12 at once; the three fetches
+    // already in flight then answer bare 503s, whose own cooldown would be a second.
+    let stack = Stack::new().await;
+    let pushing_back = Behaviour {
+        page_time: Duration::from_millis(300),
+        refuse_next: (1, 12),
+        fail_next: 3,
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(pushing_back).await;
+    let tasks = 10;
+    polite_job(&stack, 20.0, Some(4)).await;
+    let (queue, dlq) = tasks_of(&stack, &pages(&site, "page", tasks)).await;
+
+    // Act
+    drain_with(&stack, &queue, production_defaults(), FLEET).await;
+
+    // Assert: nobody went back within the Retry-After; then every task succeeded.
+    assert!(
+        statuses(&stack, tasks)
+            .await
+            .iter()
+            .all(|s| s == "successful")
+    );
+    assert_eq!(dlq.depth(&stack).await, 0);
+    let visits = site.visits();
+    let refused = visits
+        .iter()
+        .find(|v| v.path.starts_with("/page"))
+        .expect("a page visit");
+    // Fetches granted before the 429 was recorded (one write after it) may still start
+    // within the first second on a loaded machine; none after, for the whole Retry-After.
+    let (recorded, quiet_until) = (
+        refused.ended + Duration::from_secs(1),
+        refused.ended + Duration::from_secs(12),
+    );
+    let during: Vec<_> = visits
+        .iter()
+        .filter(|v| v.started > recorded && v.started < quiet_until)
+        .map(|v| v.started - refused.ended)
+        .collect();
+    assert!(
+        during.is_empty(),
+        "fetches within Retry-After, at {during:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_url_our_rules_refuse_fails_at_its_first_delivery_without_touching_its_host() {
+    // Arrange: a loopback literal, private networks not allowed (as deployed).
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t000", "http://127.0.0.1:8080/admin", "pending")
+        .await;
+    let worker = stack.worker_with(|t| {
+        t.allow_private_networks = false;
+        t.politeness = production_defaults();
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t000")]).await;
+
+    // Assert: failed for good on this delivery; no host item, no robots.txt, no wait.
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t000").await;
+    assert_eq!(task.status(), Some("failed"));
+    let reason = task.s("error").unwrap_or_default();
+    assert!(reason.contains("not on the public internet"), "{reason}");
+    for sk in ["HOST", "ROBOTS"] {
+        let item = stack
+            .dynamodb
+            .get_item()
+            .table_name(&stack.table)
+            .set_key(Some(keys::host_key("127.0.0.1:8080", sk)))
+            .send()
+            .await
+            .expect("read the host's item");
+        assert!(item.item.is_none(), "the host's {sk} item was written");
+    }
+    assert_eq!(stack.calls.count("SendMessage"), 0, "no wait");
+}
