@@ -252,7 +252,6 @@ impl Gate {
         let now = now_ms();
         let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
         if now > start + interval {
-            tracing::info!(late_ms = now - start, "a booked start missed: void");
             return None;
         }
         if let Some(delay) = self.parked(start) {

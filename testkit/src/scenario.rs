@@ -37,6 +37,9 @@ pub struct Scenario {
     /// The run's counter shards and groups (data contract v2); no shards: the run item
     /// counts (v1).
     pub counters: (u32, u32),
+    /// The worker's politeness at its production defaults, the run spread over local hosts
+    /// ([`Hosts`]); off: one site, no limits (the run measures the rest).
+    pub polite: bool,
 }
 
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
@@ -65,15 +68,69 @@ pub struct Report {
     pub conflicts: Option<u64>,
 }
 
+/// The local sites a run's pages are on: one, or, for a polite run, many hosts (a site on a
+/// port of its own is a host of its own for the fleet's limits), so that a run of
+/// hundreds of pages at a host's default rate (1 a second) stays quick: the pages that
+/// answer 503 (flaky, down) each on a host of their own, whose push-backs then slow only
+/// them, the others over [`SHARED_HOSTS`] hosts.
+pub struct Hosts {
+    pub sites: Vec<Site>,
+    /// How many of `sites` the pages that do not answer 503 share.
+    shared: usize,
+}
+
+/// The hosts the pages that do not answer 503 share in a polite run: 10 or so pages each.
+pub const SHARED_HOSTS: usize = 24;
+
+impl Hosts {
+    /// The sites for `total` tasks (one if not `polite`).
+    pub async fn start(total: usize, polite: bool) -> Self {
+        let pushing_back = (0..total).filter(|&i| answers_503(kind(i))).count();
+        let (shared, count) = match polite {
+            true => (SHARED_HOSTS, SHARED_HOSTS + pushing_back),
+            false => (1, 1),
+        };
+        let mut sites = Vec::with_capacity(count);
+        for _ in 0..count {
+            sites.push(Site::start().await);
+        }
+        Self { sites, shared }
+    }
+
+    /// The site of task `i` of the run.
+    fn of(&self, i: usize) -> usize {
+        if self.sites.len() == 1 {
+            return 0;
+        }
+        if answers_503(kind(i)) {
+            let before = (0..i).filter(|&j| answers_503(kind(j))).count();
+            return self.shared + before;
+        }
+        i % self.shared
+    }
+}
+
+/// The page kind of task `i`.
+fn kind(i: usize) -> &'static str {
+    KINDS[i % KINDS.len()]
+}
+
+fn answers_503(kind: &str) -> bool {
+    matches!(kind, "flaky" | "down")
+}
+
 /// A seeded run and its queue, ready to be drained.
 pub struct Prepared {
     pub stack: Stack,
+    /// The first of `hosts`' sites.
     pub site: Site,
+    pub hosts: Hosts,
     pub queue: Queue,
     dlq: Queue,
     policy: DuplicatePolicy,
-    /// Task ids and their page paths.
+    /// Task ids and their page paths, and the site (of `hosts`) each is on.
     tasks: Vec<(String, String)>,
+    placed: Vec<usize>,
     /// Message ids sent.
     sent: Vec<String>,
 }
@@ -84,9 +141,19 @@ pub const VISIBILITY: Duration = Duration::from_secs(12);
 /// The invocation timeout each batch gets.
 pub const INVOCATION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The politeness a deployed function has: every default of `Config`, nothing switched off.
+pub fn production_politeness() -> conveyor_worker::polite::Politeness {
+    let required =
+        |name: &str| matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "required".to_owned());
+    conveyor_worker::config::Config::from_lookup(required)
+        .expect("the defaults")
+        .politeness
+}
+
 /// The worker's settings for this stack, as the function and `conveyor-ops` read them from
-/// the environment.
-pub fn worker_env(stack: &Stack) -> [(&'static str, String); 10] {
+/// the environment: the production defaults but for what the local stack needs (a site on
+/// loopback, quicker retries). Politeness is on at its defaults.
+pub fn worker_env(stack: &Stack) -> [(&'static str, String); 7] {
     [
         ("TABLE_NAME", stack.table.clone()),
         ("RESULTS_BUCKET", stack.bucket.clone()),
@@ -97,12 +164,21 @@ pub fn worker_env(stack: &Stack) -> [(&'static str, String); 10] {
         // Flaky pages come back within seconds rather than minutes.
         ("RETRY_BACKOFF_BASE_MS", "200".into()),
         ("RETRY_BACKOFF_MAX_MS", "2000".into()),
-        // No host limits or robots.txt against the local site: these runs measure the rest
-        // (tests/it/politeness.rs measures them).
+    ]
+}
+
+/// [`worker_env`] without host limits or robots.txt, for the runs of one local site that
+/// measure the operator's tool, proxies and progress (a host's default rate would make
+/// them minutes long); politeness at its defaults is measured by `make run`, the chaos
+/// scenario and tests/it/polite_defaults.rs.
+pub fn unlimited_env(stack: &Stack) -> Vec<(&'static str, String)> {
+    let mut env = worker_env(stack).to_vec();
+    env.extend([
         ("HOST_MAX_RPS", "0".into()),
         ("HOST_MAX_INFLIGHT", "0".into()),
         ("OBEY_ROBOTS", "false".into()),
-    ]
+    ]);
+    env
 }
 
 /// Runs the scenario in process, checks every invariant (panicking on the first broken one)
@@ -113,7 +189,7 @@ pub async fn run(scenario: Scenario) -> Report {
     } else {
         Stack::new().await
     };
-    let prepared = prepare_on(stack, scenario.tasks, scenario.policy, scenario.counters).await;
+    let prepared = prepare_on(stack, scenario).await;
     let (stats, seconds) = prepared.drain(scenario).await;
     let acked = stats.acked.lock().expect("no poller panicked").clone();
     let mut report = prepared
@@ -132,27 +208,34 @@ pub async fn run(scenario: Scenario) -> Report {
 /// A list of `total` URLs over the site's page kinds, written to `list` for
 /// `conveyor-ops submit` (the job, run, tasks and messages are its to make), and a queue
 /// with a dead-letter queue for it.
-pub async fn prepare_list(total: usize, list: &std::path::Path) -> std::io::Result<Prepared> {
-    let (stack, site) = (Stack::new().await, Site::start().await);
-    let mut tasks = Vec::new();
+pub async fn prepare_list(
+    total: usize,
+    list: &std::path::Path,
+    polite: bool,
+) -> std::io::Result<Prepared> {
+    let (stack, hosts) = (Stack::new().await, Hosts::start(total, polite).await);
+    let (mut tasks, mut placed) = (Vec::new(), Vec::new());
     let mut urls = String::new();
     for i in 0..total {
         // `conveyor-ops submit` names each task by its line.
-        let (id, kind) = (format!("t{:06}", i + 1), KINDS[i % KINDS.len()]);
-        let path = format!("/{kind}/{id}");
-        urls.push_str(&site.url(&path));
+        let (id, host) = (format!("t{:06}", i + 1), hosts.of(i));
+        let path = format!("/{}/{id}", kind(i));
+        urls.push_str(&hosts.sites[host].url(&path));
         urls.push('\n');
         tasks.push((id, path));
+        placed.push(host);
     }
     std::fs::write(list, urls)?;
     let (queue, dlq) = queues(&stack).await;
     Ok(Prepared {
         stack,
-        site,
+        site: hosts.sites[0].clone(),
+        hosts,
         queue,
         dlq,
         policy: DuplicatePolicy::Converge,
         tasks,
+        placed,
         sent: Vec::new(),
     })
 }
@@ -169,29 +252,37 @@ async fn queues(stack: &Stack) -> (Queue, Queue) {
 /// a dead-letter queue; sends every task once, every fifth twice more, every twentieth
 /// three times more, shuffled.
 pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
-    prepare_on(Stack::new().await, total, policy, (0, 0)).await
+    let scenario = Scenario {
+        tasks: total,
+        policy,
+        faults: None,
+        crash_rate: 0.0,
+        production_like: false,
+        counters: (0, 0),
+        polite: false,
+    };
+    prepare_on(Stack::new().await, scenario).await
 }
 
-/// [`prepare`] on a given stack, the run counted in `counters` (shards, groups; no shards:
-/// on the run item).
-pub async fn prepare_on(
-    stack: Stack,
-    total: usize,
-    policy: DuplicatePolicy,
-    counters: (u32, u32),
-) -> Prepared {
-    let site = Site::start().await;
+/// [`prepare`] on a given stack, for `scenario`: its tasks, duplicate policy, counters
+/// (shards, groups; no shards: on the run item) and hosts.
+pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
+    let (total, policy, counters) = (scenario.tasks, scenario.policy, scenario.counters);
+    let hosts = Hosts::start(total, scenario.polite).await;
     let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
     stack.put_job(JOB, "active").await;
     match counters {
         (0, _) => stack.put_counted_run(JOB, RUN, total as u32).await,
         counters => stack.put_sharded_run((JOB, RUN), &ids, counters).await,
     }
-    let mut tasks = Vec::new();
+    let (mut tasks, mut placed) = (Vec::new(), Vec::new());
     for (i, id) in ids.into_iter().enumerate() {
-        let path = format!("/{}/{id}", KINDS[i % KINDS.len()]);
-        stack.put_task(&id, &site.url(&path), "pending").await;
+        let (path, host) = (format!("/{}/{id}", kind(i)), hosts.of(i));
+        stack
+            .put_task(&id, &hosts.sites[host].url(&path), "pending")
+            .await;
         tasks.push((id, path));
+        placed.push(host);
     }
 
     let mut bodies = Vec::new();
@@ -207,11 +298,13 @@ pub async fn prepare_on(
     }
     Prepared {
         stack,
-        site,
+        site: hosts.sites[0].clone(),
+        hosts,
         queue,
         dlq,
         policy,
         tasks,
+        placed,
         sent,
     }
 }
@@ -227,9 +320,15 @@ impl Prepared {
             ..
         } = self;
         let Scenario {
-            faults, crash_rate, ..
+            faults,
+            crash_rate,
+            polite,
+            ..
         } = scenario;
         let base = stack.worker_with(|t| {
+            if polite {
+                t.politeness = production_politeness();
+            }
             t.duplicate_policy = *policy;
             t.scrape_timeout = Duration::from_secs(5);
             t.backoff = Backoff {
@@ -301,12 +400,14 @@ impl Prepared {
     pub async fn check(&self, acked: Option<&HashSet<String>>, seconds: f64, esm: &str) -> Report {
         let Self {
             stack,
-            site,
+            hosts,
             queue,
             dlq,
             policy,
             tasks,
+            placed,
             sent,
+            ..
         } = self;
         let total = tasks.len();
         assert_eq!(
@@ -375,7 +476,11 @@ impl Prepared {
             assert_eq!(run.n("times_completed"), None, "{policy:?}");
         }
 
-        let fetches = tasks.iter().map(|(_, path)| site.hits(path)).sum();
+        let fetches = tasks
+            .iter()
+            .zip(placed)
+            .map(|((_, path), &host)| hosts.sites[host].hits(path))
+            .sum();
         let shards = match (run.n("counter_shards"), run.n("counter_groups")) {
             (Some(n), Some(g)) => format!(" (in {n} counter shards, {g} groups)"),
             (Some(n), None) => format!(" (in {n} counter shards)"),

@@ -43,6 +43,7 @@ impl Hits {
 }
 
 /// A running site; it stops with the test's runtime.
+#[derive(Clone)]
 pub struct Site {
     pub addr: SocketAddr,
     hits: Hits,

@@ -17,7 +17,7 @@ use conveyor_testkit::chaos::Faults;
 use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_worker::config::DuplicatePolicy;
 
-fn scenario(policy: DuplicatePolicy, counters: (u32, u32)) -> Scenario {
+fn scenario(policy: DuplicatePolicy, counters: (u32, u32), polite: bool) -> Scenario {
     Scenario {
         tasks: std::env::var("CHAOS_TASKS")
             .ok()
@@ -32,6 +32,7 @@ fn scenario(policy: DuplicatePolicy, counters: (u32, u32)) -> Scenario {
         crash_rate: 0.03,
         production_like: true,
         counters,
+        polite,
     }
 }
 
@@ -50,8 +51,11 @@ async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
         }
     }));
     let (converge, lease) = tokio::join!(
-        scenario::run(scenario(DuplicatePolicy::Converge, (8, 3))),
-        scenario::run(scenario(DuplicatePolicy::Lease, (0, 0)))
+        // The converge run at politeness's production defaults, over local hosts; the lease
+        // run without host limits, on one site: it presses the run item's transactions
+        // into conflicts as hard as the fleet can.
+        scenario::run(scenario(DuplicatePolicy::Converge, (8, 3), true)),
+        scenario::run(scenario(DuplicatePolicy::Lease, (0, 0), false))
     );
 
     for report in [&converge, &lease] {
