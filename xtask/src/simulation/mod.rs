@@ -6,6 +6,7 @@
 
 pub mod dynamo;
 mod fleet;
+pub mod host;
 pub mod report;
 
 use dynamo::Micros;
