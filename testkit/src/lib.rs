@@ -636,7 +636,10 @@ pub struct WorkerTuning {
     pub duplicate_policy: DuplicatePolicy,
     /// AWS faults injected into the worker's DynamoDB, S3 and SQS clients.
     pub faults: Option<chaos::Faults>,
-    /// Off unless a test turns it on (the politeness tests).
+    /// Off unless a test turns it on: these tests check one record's contract, a race or a
+    /// fault against one local site, where a host's rate would turn their records into
+    /// polite waits; politeness at its production defaults is tested by
+    /// tests/it/polite_defaults.rs, the chaos scenario and `make run`.
     pub politeness: Politeness,
     /// Proxy tiers (none: direct) and their credentials.
     pub proxies: Tiers,

@@ -261,6 +261,55 @@ async fn robots_txt_is_fetched_once_for_the_fleet_and_a_disallowed_path_never() 
     assert_eq!(dlq.depth(&stack).await, 0);
 }
 
+#[tokio::test]
+async fn a_robots_txt_past_the_body_cap_is_read_to_500_kib_and_obeyed() {
+    // Arrange: a 600 KiB robots.txt (the tests' MAX_BODY_BYTES is 16 KiB) whose rules come
+    // first, as RFC 9309 lets a parser stop at 500 KiB.
+    let stack = Stack::new().await;
+    let mut file = String::from("User-agent: *\nDisallow: /private\n");
+    while file.len() < 600 * 1024 {
+        file.push_str("# a long comment line, as some sites' files carry\n");
+    }
+    let site = PoliteSite::start(Behaviour {
+        robots: (200, file),
+        ..Behaviour::default()
+    })
+    .await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t000", &site.url("/page/0"), "pending")
+        .await;
+    stack
+        .put_task("t001", &site.url("/private/1"), "pending")
+        .await;
+    let worker = stack.worker_with(|t| t.politeness = polite(None, None));
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t000"), delivery("t001")]).await;
+
+    // Assert: obeyed, not taken as "unavailable"; kept for the fleet as parsed.
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t000").await.status(), Some("successful"));
+    let private = stack.task("t001").await;
+    assert_eq!(private.s("error"), Some("disallowed by robots.txt"));
+    assert_eq!(site.hits("/private"), 0);
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let kept = stack
+        .dynamodb
+        .get_item()
+        .table_name(&stack.table)
+        .set_key(Some(conveyor_worker::store::keys::host_key(
+            &host, "ROBOTS",
+        )))
+        .send()
+        .await
+        .expect("read the robots item")
+        .item
+        .unwrap_or_default();
+    let status = kept.get("status").and_then(|s| s.as_s().ok());
+    assert_eq!(status.map(String::as_str), Some("rules"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_robots_txt_answering_503_holds_the_hosts_tasks_then_they_proceed() {
     let stack = Stack::new().await;
