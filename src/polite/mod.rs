@@ -6,7 +6,8 @@
 pub mod limits;
 pub mod robots;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -133,9 +134,22 @@ pub struct Visit<'a> {
 pub struct Gate {
     settings: Politeness,
     views: Mutex<HashMap<Host, HostState>>,
-    turns: Mutex<HashMap<Host, Arc<tokio::sync::Mutex<()>>>>,
+    turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
 }
+
+/// A host's turn in this sandbox: one ask of the host's item at a time, the starts booked
+/// together for records of the host that were waiting their turn (in order), and how many
+/// such records wait for it now.
+#[derive(Debug, Default)]
+struct HostTurn {
+    spare: tokio::sync::Mutex<VecDeque<Millis>>,
+    waiting: AtomicUsize,
+}
+
+/// Starts booked in one write at most: a batch's records of one host, which arrive together
+/// (a one-host run's backlog books a write per ten tasks, not per task).
+const MOST_BOOKED_TOGETHER: usize = 10;
 
 /// A host's robots.txt as this sandbox keeps it, until the fleet's copy expires. The lock is
 /// held while it is read or fetched, so a sandbox's records of one host wait for one answer.
@@ -286,9 +300,13 @@ impl Gate {
             return Ok(Entry::Go(Permit::default()));
         }
         // One ask of this sandbox's at a time per host, each from the last answer: its
-        // records do not race each other for the host's item.
+        // records do not race each other for the host's item. Those that may book are
+        // counted while they wait, so the one asking can book for them too.
         let turn = self.turn(host);
-        let turn = turn.lock().await;
+        let booking = usize::from(far.is_some());
+        turn.waiting.fetch_add(booking, ORDER);
+        let mut spare = turn.spare.lock().await;
+        turn.waiting.fetch_sub(booking, ORDER);
         let now = now_ms();
         let seen = self.view(host);
         let sleep = self
@@ -325,12 +343,15 @@ impl Gate {
         ));
         self.remember(host, state);
         let start = match (grant, far) {
-            (Grant::Later(_), Some(far)) => return self.book(store, host, unslotted, far).await,
+            (Grant::Later(_), Some(far)) => {
+                let together = (&mut *spare, turn.waiting.load(ORDER));
+                return self.book(store, host, unslotted, far, together).await;
+            }
             (Grant::Later(at), None) => Err(at - now),
             (Grant::StartAt(at), _) => Ok(at),
             (Grant::Wait(wait), _) => Err(wait),
         };
-        drop(turn);
+        drop(spare);
         match start {
             Ok(at) => {
                 let host = Some((host.clone(), limits.max_rps));
@@ -440,25 +461,38 @@ impl Gate {
     }
 
     /// The schedule is full past the sleep: book the next start (up to `far`), so the
-    /// record comes back once, at its turn, rather than asking again and again.
+    /// record comes back once, at its turn, rather than asking again and again. A start
+    /// this sandbox booked together with an earlier record's is taken first, without a
+    /// write; else this record books for itself and for the records `waiting` their turn
+    /// behind it, consecutive starts in one write.
     async fn book<S: HostStore>(
         &self,
         store: &S,
         host: &Host,
         ask: Ask,
         far: Millis,
+        (spare, waiting): (&mut VecDeque<Millis>, usize),
     ) -> Result<Entry, AwsError> {
+        let interval = ask.interval.unwrap_or(0);
+        while let Some(start) = spare.pop_front() {
+            // One too near for a copy to come back in time is a start missed.
+            if start > ask.now + BOOKING_LEAD_MS {
+                return Ok(booked(start, ask.now));
+            }
+        }
+        let together = (1 + waiting).min(MOST_BOOKED_TOGETHER) as Millis;
         let far = Ask {
             horizon: far,
+            interval: ask.interval.map(|i| i * together),
             ..ask
         };
         let (grant, state, _) = store.take_host(host, &far, &self.view(host)).await?;
         self.remember(host, state);
         Ok(match grant {
-            Grant::StartAt(start) => Entry::Booked {
-                start,
-                delay: Duration::from_millis(start.saturating_sub(ask.now + BOOKING_LEAD_MS)),
-            },
+            Grant::StartAt(start) => {
+                spare.extend((1..together).map(|i| start + i * interval));
+                booked(start, ask.now)
+            }
             Grant::Later(start) => Entry::Hold(jittered(start - ask.now), HoldReason::Host),
             Grant::Wait(wait) => Entry::Hold(jittered(wait), HoldReason::Host),
         })
@@ -525,10 +559,10 @@ impl Gate {
     }
 
     /// The host's turn lock of this sandbox.
-    fn turn(&self, host: &Host) -> Arc<tokio::sync::Mutex<()>> {
+    fn turn(&self, host: &Host) -> Arc<HostTurn> {
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
         if turns.len() >= MOST_HOSTS && !turns.contains_key(host) {
-            turns.retain(|_, turn| turn.try_lock().is_err());
+            turns.retain(|_, turn| turn.spare.try_lock().is_err());
         }
         turns.entry(host.clone()).or_default().clone()
     }
@@ -544,6 +578,14 @@ impl Gate {
             views.clear();
         }
         views.insert(host.clone(), state);
+    }
+}
+
+/// A start booked at `now`: come back a little before it.
+fn booked(start: Millis, now: Millis) -> Entry {
+    Entry::Booked {
+        start,
+        delay: Duration::from_millis(start.saturating_sub(now + BOOKING_LEAD_MS)),
     }
 }
 

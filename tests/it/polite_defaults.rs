@@ -5,9 +5,10 @@
 //! failing host costs each task exactly its attempts; a push-back only lengthens; a URL our
 //! own rules refuse never touches its host.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::config::Config;
 use conveyor_worker::polite::Politeness;
@@ -92,9 +93,9 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
     assert!(copies <= 2.0, "{copies:.2} copies a task");
     assert!(requests <= 10.0, "{requests:.2} AWS requests a task");
     // 10% over N/r, plus the mapping's polling delay: the time it took to first read its
-    // backlog (copies due meanwhile wait behind it and book again), and the three empty
-    // checks that end the drain.
-    let bound = Duration::from_secs_f64(ideal * 1.1 + 1.0) + backlog_read;
+    // backlog (copies due meanwhile wait behind it and book again), the pollers' pauses on
+    // a loaded machine, and the three empty checks that end the drain.
+    let bound = Duration::from_secs_f64(ideal * 1.1 + 5.0) + backlog_read;
     assert!(took <= bound, "{took:?} for {ideal} s of the host's rate");
 }
 
@@ -220,4 +221,71 @@ async fn a_url_our_rules_refuse_fails_at_its_first_delivery_without_touching_its
         assert!(item.item.is_none(), "the host's {sk} item was written");
     }
     assert_eq!(stack.calls.count("SendMessage"), 0, "no wait");
+}
+
+#[tokio::test]
+async fn records_of_one_host_that_arrive_together_book_their_starts_in_one_write() {
+    // Arrange: a host whose schedule is booked a minute ahead, its robots.txt known; a job
+    // rate of 5 a second; ten records of it in one batch, on a queue to send copies to.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    let booked_until = now.as_millis() as u64 + 60_000;
+    let mut schedule = keys::host_key(&host, "HOST");
+    schedule.insert("next_start".into(), attributes::n(booked_until));
+    stack.put_item(schedule).await;
+    let mut robots = keys::host_key(&host, "ROBOTS");
+    robots.insert("status".into(), attributes::s("allow_all"));
+    robots.insert(
+        "expires_at".into(),
+        attributes::n(booked_until + 86_400_000),
+    );
+    stack.put_item(robots).await;
+    polite_job(&stack, 5.0, None).await;
+    stack.put_run(JOB, RUN, "running").await;
+    let queue = Queue::create(&stack, 30).await;
+    let mut records = Vec::new();
+    for i in 0..10 {
+        let id = format!("t{i:03}");
+        stack
+            .put_task(&id, &site.url(&format!("/page/{i}")), "pending")
+            .await;
+        let mut record = delivery(&id);
+        record.event_source_arn = Some(queue.arn.clone());
+        records.push(record);
+    }
+    let worker = stack.worker_with(|t| t.politeness = production_defaults());
+    stack.calls.clear();
+
+    // Act
+    let reply = run_batch(&worker, records).await;
+
+    // Assert: ten consecutive starts booked, in a write or two, and ten copies sent.
+    assert!(retried(&reply).is_empty(), "acked: their copies wait");
+    let item = stack
+        .dynamodb
+        .get_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::host_key(&host, "HOST")))
+        .send()
+        .await
+        .expect("read the host's item")
+        .item
+        .unwrap_or_default();
+    let next_start: u64 = item["next_start"]
+        .as_n()
+        .expect("a number")
+        .parse()
+        .expect("ms");
+    assert_eq!(
+        next_start - booked_until,
+        10 * 200,
+        "ten starts, 200 ms apart"
+    );
+    let writes = stack.calls.count("UpdateItem");
+    assert!(writes <= 2, "{writes} writes for ten bookings");
+    assert_eq!(stack.calls.count("SendMessage"), 10);
 }
