@@ -342,19 +342,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return Ok(Outcome::NoTimeLeft);
         };
         let entered = self.enter_host(url.as_deref(), &wanted, delivery, budget, invocation);
-        let (permit, refused) = match entered.await? {
-            Ok(Ok(permit)) => (Some(permit), None),
-            Ok(Err(refused)) => (None, Some(refused)),
+        let pass = match entered.await? {
+            Ok(pass) => pass,
             Err(held) => return Ok(held),
         };
-        let work = Work {
-            url,
-            wanted,
-            permit,
-            refused,
-            receives: delivery.receives,
-            delivery: delivery.id.clone(),
-        };
+        let work = Work::of((url, wanted), pass, delivery);
         self.claimed(task, work, invocation, owner).await
     }
 
@@ -486,9 +478,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let url = claim.url.clone();
         let entered = self.enter_host(url.as_deref(), &wanted, delivery, budget, invocation);
-        let (permit, refused) = match entered.await {
-            Ok(Ok(Ok(permit))) => (Some(permit), None),
-            Ok(Ok(Err(refused))) => (None, Some(refused)),
+        let pass = match entered.await {
+            Ok(Ok(pass)) => pass,
             Ok(Err(held)) => {
                 self.unclaim(task, &claim).await;
                 return Ok(held);
@@ -498,14 +489,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 return Err(err);
             }
         };
-        let work = Work {
-            url,
-            wanted,
-            permit,
-            refused,
-            receives: delivery.receives,
-            delivery: delivery.id.clone(),
-        };
+        let work = Work::of((url, wanted), pass, delivery);
         self.after_claim(task, work, claim, invocation).await
     }
 
@@ -809,6 +793,29 @@ struct Work {
     receives: u32,
     /// Names this delivery (its spend is recorded once).
     delivery: String,
+}
+
+impl Work {
+    /// The work of `delivery` on the task at `url`, with the host's permit, or the reason
+    /// it fails without a request.
+    fn of(
+        (url, wanted): (Option<String>, Wanted),
+        pass: Result<Permit, FetchError>,
+        delivery: &Delivery,
+    ) -> Self {
+        let (permit, refused) = match pass {
+            Ok(permit) => (Some(permit), None),
+            Err(refused) => (None, Some(refused)),
+        };
+        Self {
+            url,
+            wanted,
+            permit,
+            refused,
+            receives: delivery.receives,
+            delivery: delivery.id.clone(),
+        }
+    }
 }
 
 /// One delivery of a task: its receive count (earlier copies' included), the host's start a

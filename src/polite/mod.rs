@@ -307,63 +307,44 @@ impl Gate {
         turn.waiting.fetch_add(booking, ORDER);
         let mut spare = turn.spare.lock().await;
         turn.waiting.fetch_sub(booking, ORDER);
-        let now = now_ms();
         let seen = self.view(host);
-        let sleep = self
-            .settings
-            .max_sleep
-            .min(budget.saturating_sub(crate::worker::MIN_FETCH));
-        let horizon = now + sleep.as_millis() as Millis;
-        let interval = limits::interval(limits.max_rps, seen.slowdown_at(now));
-        let until = horizon + budget.as_millis() as Millis + SLOT_MARGIN_MS;
-        let slot = limits
-            .max_inflight
-            .map(|max| (pick_slot(&seen, max, now), until));
-        let ask = Ask {
-            now,
-            interval,
-            horizon,
-            slot,
-            slots: limits.max_inflight.unwrap_or(0),
-        };
+        let ask = self.ask(&seen, limits, budget);
         let unslotted = Ask { slot: None, ..ask };
         // A start later than now (the schedule runs ahead) takes its slot only just before
         // it: a slot is held for the fetch, not for the sleep toward it.
         let (grant, state, slot) = match limits::decide(&seen, &unslotted).0 {
-            Grant::StartAt(at) if at > now => store.take_host(host, &unslotted, &seen).await?,
+            Grant::StartAt(at) if at > ask.now => store.take_host(host, &unslotted, &seen).await?,
             Grant::StartAt(_) => store.take_host(host, &ask, &seen).await?,
             early => (early, seen, None),
         };
-        let at_start = (slot.is_none() && limits.max_inflight.is_some()).then_some((
-            HostLimits {
-                max_rps: None,
-                ..limits
-            },
-            budget,
-        ));
         self.remember(host, state);
-        let start = match (grant, far) {
+        match (grant, far) {
             (Grant::Later(_), Some(far)) => {
                 let together = (&mut *spare, turn.waiting.load(ORDER));
-                return self.book(store, host, unslotted, far, together).await;
+                self.book(store, host, unslotted, far, together).await
             }
-            (Grant::Later(at), None) => Err(at - now),
-            (Grant::StartAt(at), _) => Ok(at),
-            (Grant::Wait(wait), _) => Err(wait),
-        };
-        drop(spare);
-        match start {
-            Ok(at) => {
-                let host = Some((host.clone(), limits.max_rps));
-                Ok(Entry::Go(Permit {
-                    host,
-                    slot,
-                    start: at,
-                    at_start,
-                    far: 0,
-                }))
-            }
-            Err(wait) => Ok(Entry::Hold(jittered(wait), HoldReason::Host)),
+            (grant, _) => Ok(granted((host, limits, budget), grant, slot, ask.now)),
+        }
+    }
+
+    /// What this sandbox asks of a host for one fetch now, from its view: the interval
+    /// (slowed as the view says), the sleep's horizon, a slot until the fetch's budget ends.
+    fn ask(&self, seen: &HostState, limits: HostLimits, budget: Duration) -> Ask {
+        let now = now_ms();
+        let sleep = self
+            .settings
+            .max_sleep
+            .min(budget.saturating_sub(crate::worker::MIN_FETCH));
+        let horizon = now + millis(sleep);
+        let until = horizon + millis(budget) + SLOT_MARGIN_MS;
+        Ask {
+            now,
+            interval: limits::interval(limits.max_rps, seen.slowdown_at(now)),
+            horizon,
+            slot: limits
+                .max_inflight
+                .map(|max| (pick_slot(seen, max, now), until)),
+            slots: limits.max_inflight.unwrap_or(0),
         }
     }
 
@@ -581,6 +562,55 @@ impl Gate {
     }
 }
 
+/// The robots.txt of `url`'s host, its first 500 KiB, within `budget`: metered for the fleet,
+/// not charged to a run (one robots.txt serves them all).
+async fn robots_fetched<F: Fetcher>(
+    fetcher: &F,
+    url: &url::Url,
+    budget: Duration,
+    measures: &Measures,
+) -> Result<crate::domain::model::Page, scraper::FetchError> {
+    let robots_url = robots::robots_url(url).unwrap_or_default();
+    let ask = scraper::Ask {
+        keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
+        ..scraper::Ask::within(budget)
+    };
+    let fetched = fetcher.fetch(&robots_url, ask).await;
+    measures.spent(&fetched.spend);
+    measures.polite.robots_fetches.fetch_add(1, ORDER);
+    fetched.page
+}
+
+/// A grant that books nothing: a permit (its slot taken, or to be taken just before its
+/// start when it is later than now), or the wait.
+fn granted(
+    (host, limits, budget): (&Host, HostLimits, Duration),
+    grant: Grant,
+    slot: Option<(usize, Millis)>,
+    now: Millis,
+) -> Entry {
+    let wait = match grant {
+        Grant::StartAt(start) => {
+            let slot_only = HostLimits {
+                max_rps: None,
+                ..limits
+            };
+            let at_start =
+                (slot.is_none() && limits.max_inflight.is_some()).then_some((slot_only, budget));
+            return Entry::Go(Permit {
+                host: Some((host.clone(), limits.max_rps)),
+                slot,
+                start,
+                at_start,
+                far: 0,
+            });
+        }
+        Grant::Later(at) => at - now,
+        Grant::Wait(wait) => wait,
+    };
+    Entry::Hold(jittered(wait), HoldReason::Host)
+}
+
 /// A start booked at `now`: come back a little before it.
 fn booked(start: Millis, now: Millis) -> Entry {
     Entry::Booked {
@@ -666,16 +696,7 @@ impl Gate {
             host: Some((host.clone(), limits.max_rps)),
             ..Permit::default()
         };
-        let robots_url = robots::robots_url(url).unwrap_or_default();
-        let ask = scraper::Ask {
-            keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
-            ..scraper::Ask::within(budget.min(timeout))
-        };
-        let fetched = fetcher.fetch(&robots_url, ask).await;
-        // Metered for the fleet, not charged to a run: one robots.txt serves them all.
-        measures.spent(&fetched.spend);
-        let fetched = fetched.page;
-        measures.polite.robots_fetches.fetch_add(1, ORDER);
+        let fetched = robots_fetched(fetcher, url, budget.min(timeout), measures).await;
         let answer = fetched
             .as_ref()
             .err()

@@ -329,6 +329,14 @@ impl Stack {
         self.put(item).await;
     }
 
+    /// An active job with its own rate for its hosts (`host_max_rps`, data contract v2).
+    pub async fn put_polite_job(&self, job: &str, max_rps: f64) {
+        let mut item = keys::job_key(&id(job));
+        item.insert("status".into(), attributes::s("active"));
+        item.insert("host_max_rps".into(), attributes::n(max_rps));
+        self.put(item).await;
+    }
+
     pub async fn put_run(&self, job: &str, run: &str, status: &str) {
         let mut item = keys::run_key(&id(job), &id(run));
         item.insert("status".into(), attributes::s(status));
@@ -564,6 +572,12 @@ impl Stack {
     /// The task item in [`JOB`] / [`RUN`] as stored, or an empty map when it is gone.
     pub async fn task(&self, task: &str) -> TaskItem {
         self.task_in(JOB, RUN, task).await
+    }
+
+    /// A host's item of the worker's (`sk` `HOST` or `ROBOTS`) as stored, or an empty map.
+    /// `host`: `name:port`.
+    pub async fn host_item(&self, host: &str, sk: &str) -> TaskItem {
+        self.item(keys::host_key(host, sk)).await
     }
 
     pub async fn task_in(&self, job: &str, run: &str, task: &str) -> TaskItem {

@@ -79,6 +79,9 @@ pub struct Hosts {
     shared: usize,
 }
 
+/// The rate a polite run's job asks of each of its hosts.
+pub const POLITE_JOB_RPS: f64 = 20.0;
+
 /// The hosts the pages that do not answer 503 share in a polite run: 10 or so pages each.
 pub const SHARED_HOSTS: usize = 24;
 
@@ -270,7 +273,12 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
     let (total, policy, counters) = (scenario.tasks, scenario.policy, scenario.counters);
     let hosts = Hosts::start(total, scenario.polite).await;
     let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
-    stack.put_job(JOB, "active").await;
+    match scenario.polite {
+        // The job's own rate (data contract v2) keeps the run quick: at a host's default 1
+        // a second, the dead pages' push-backs (up to 64 slowed intervals each) last minutes.
+        true => stack.put_polite_job(JOB, POLITE_JOB_RPS).await,
+        false => stack.put_job(JOB, "active").await,
+    }
     match counters {
         (0, _) => stack.put_counted_run(JOB, RUN, total as u32).await,
         counters => stack.put_sharded_run((JOB, RUN), &ids, counters).await,

@@ -28,12 +28,13 @@ fn production_defaults() -> Politeness {
 /// The job, active, with its own rate for its hosts (data contract v2), and in-flight limit
 /// if given; the fleet's defaults for everything else.
 async fn polite_job(stack: &Stack, max_rps: f64, max_inflight: Option<u32>) {
+    let Some(inflight) = max_inflight else {
+        return stack.put_polite_job(JOB, max_rps).await;
+    };
     let mut item = keys::job_key(&id(JOB));
     item.insert("status".into(), attributes::s("active"));
     item.insert("host_max_rps".into(), attributes::n(max_rps));
-    if let Some(inflight) = max_inflight {
-        item.insert("host_max_inflight".into(), attributes::n(inflight));
-    }
+    item.insert("host_max_inflight".into(), attributes::n(inflight));
     stack.put_item(item).await;
 }
 

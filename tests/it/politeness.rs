@@ -294,20 +294,8 @@ async fn a_robots_txt_past_the_body_cap_is_read_to_500_kib_and_obeyed() {
     assert_eq!(private.s("error"), Some("disallowed by robots.txt"));
     assert_eq!(site.hits("/private"), 0);
     let host = site.url("").trim_start_matches("http://").to_owned();
-    let kept = stack
-        .dynamodb
-        .get_item()
-        .table_name(&stack.table)
-        .set_key(Some(conveyor_worker::store::keys::host_key(
-            &host, "ROBOTS",
-        )))
-        .send()
-        .await
-        .expect("read the robots item")
-        .item
-        .unwrap_or_default();
-    let status = kept.get("status").and_then(|s| s.as_s().ok());
-    assert_eq!(status.map(String::as_str), Some("rules"));
+    let kept = stack.host_item(&host, "ROBOTS").await;
+    assert_eq!(kept.s("status"), Some("rules"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -551,23 +551,8 @@ async fn a_robots_txt_the_proxy_answers_with_407_is_no_verdict_of_the_sites() {
     // Assert: robots.txt is not known (not "allow all" for a day on the proxy's word), and
     // the task waits: neither fetched nor failed.
     let host = site.url("").trim_start_matches("http://").to_owned();
-    let robots = stack
-        .dynamodb
-        .get_item()
-        .table_name(&stack.table)
-        .set_key(Some(keys::host_key(&host, "ROBOTS")))
-        .send()
-        .await
-        .expect("read the robots item")
-        .item
-        .unwrap_or_default();
-    assert_eq!(
-        robots
-            .get("status")
-            .and_then(|s| s.as_s().ok())
-            .map(String::as_str),
-        Some("unavailable")
-    );
+    let robots = stack.host_item(&host, "ROBOTS").await;
+    assert_eq!(robots.s("status"), Some("unavailable"));
     assert_eq!(retried(&reply), ["t0"]);
     assert_eq!(stack.task("t0").await.status(), Some("pending"));
     assert!(site.peers().is_empty());
