@@ -271,7 +271,7 @@ impl Gate {
         if let Some(delay) = self.parked(start) {
             return Some(Entry::Booked { start, delay });
         }
-        // A cooldown this sandbox already knows of holds the record before it is claimed.
+        // A cooldown this sandbox already knows of holds the record at no request.
         if let Some(until) = self.view(host).cooldown_until.filter(|u| *u > now) {
             return Some(Entry::Hold(jittered(until - now), HoldReason::Host));
         }
