@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use crate::config::Config;
 use crate::store::queue::SQS_MAX_VISIBILITY;
 
 /// How long to hold a message back before its next delivery.
@@ -15,16 +14,6 @@ pub struct Backoff {
     pub max: Duration,
     /// A number in [0, 1]: `fastrand::f64` in production ("full jitter").
     pub jitter: fn() -> f64,
-}
-
-impl From<&Config> for Backoff {
-    fn from(config: &Config) -> Self {
-        Self {
-            base: config.retry_backoff_base,
-            max: config.retry_backoff_max,
-            jitter: fastrand::f64,
-        }
-    }
 }
 
 impl Backoff {

@@ -12,7 +12,6 @@ use futures_util::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 use tracing::{Instrument, field};
 
-use crate::config::Config;
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
 
@@ -67,25 +66,6 @@ impl Invocation {
 pub struct BatchLimits {
     pub max_concurrency: usize,
     pub deadline_margin: Duration,
-}
-
-impl From<&Config> for BatchLimits {
-    fn from(config: &Config) -> Self {
-        let max_concurrency = config.record_concurrency();
-        if max_concurrency < config.max_concurrency {
-            tracing::warn!(
-                max_concurrency,
-                configured = config.max_concurrency,
-                memory_mb = config.function_memory_mb,
-                max_body_bytes = config.max_body_bytes,
-                "MAX_CONCURRENCY lowered: the function's memory holds no more bodies at MAX_BODY_BYTES"
-            );
-        }
-        Self {
-            max_concurrency,
-            deadline_margin: config.deadline_margin,
-        }
-    }
 }
 
 /// The budget used when the invocation's deadline had already passed when it started: real

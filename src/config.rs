@@ -25,27 +25,7 @@ pub enum ConfigError {
     Proxies(String),
 }
 
-/// What a delivery does when another one holds the same task at the same moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DuplicatePolicy {
-    /// Both scrape; the first stored object wins and the other converges on it.
-    Converge,
-    /// The claim takes a lease until the invocation's deadline; a delivery that finds
-    /// another invocation's live lease is retried after it, without scraping.
-    Lease,
-}
-
-impl std::str::FromStr for DuplicatePolicy {
-    type Err = ();
-
-    fn from_str(value: &str) -> Result<Self, ()> {
-        match value {
-            "converge" => Ok(Self::Converge),
-            "lease" => Ok(Self::Lease),
-            _ => Err(()),
-        }
-    }
-}
+pub use crate::domain::model::DuplicatePolicy;
 
 /// Settings for one cold start. `README.md` documents each one.
 #[derive(Debug, Clone)]

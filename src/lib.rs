@@ -9,7 +9,7 @@
 //! | around the records | [`retry`] (conflicts tried again), [`backoff`] (when a retry is due), [`metrics`] (EMF), [`config`] (the environment) |
 //! | the stores | [`store`]: the ports with their DynamoDB, S3 and SQS adapters, every write expression, AWS errors classified |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
-//! | wiring | [`aws`]: SDK config and clients, the production worker, the Lambda handler |
+//! | wiring | [`aws`]: SDK config and clients, the production worker, the Lambda handler; [`settings`]: each step's settings from [`config`], read once |
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
 pub mod aws;
@@ -26,6 +26,7 @@ pub mod ops;
 pub mod polite;
 pub mod retry;
 pub mod scraper;
+pub mod settings;
 pub mod store;
 pub mod worker;
 

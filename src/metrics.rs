@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use crate::config::Config;
 use crate::contract::{Outcome, Reply};
 use crate::domain::spend::{MAX_TIERS, Spend};
 
@@ -20,15 +19,6 @@ pub const MAX_VALUES_PER_METRIC: usize = 100;
 pub struct MetricsSettings {
     pub namespace: String,
     pub service: String,
-}
-
-impl From<&Config> for MetricsSettings {
-    fn from(config: &Config) -> Self {
-        Self {
-            namespace: config.metrics_namespace.clone(),
-            service: config.metrics_service.clone(),
-        }
-    }
 }
 
 /// Measures taken while records run, shared by the records of one invocation.

@@ -9,12 +9,12 @@ use tokio::time::Instant;
 use crate::backoff::Backoff;
 use crate::batch::Invocation;
 use crate::budget::PaidAllowances;
-use crate::config::{Config, DuplicatePolicy};
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use crate::domain::message::{self, Poison};
+use crate::domain::model::DuplicatePolicy;
 use crate::domain::model::{Failure, Page, TaskStatus};
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::guard::{self, Admission, Checked, ParentsCache, Wanted};
@@ -48,24 +48,6 @@ pub struct RecordSettings {
     pub politeness: Politeness,
     /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
     pub proxy_tiers: usize,
-}
-
-impl From<&Config> for RecordSettings {
-    fn from(config: &Config) -> Self {
-        Self {
-            results_prefix: config.results_prefix.clone(),
-            quarantine_prefix: config.quarantine_prefix.clone(),
-            max_attempts: config.max_attempts,
-            scrape_timeout: config.scrape_timeout,
-            store_reserve: config.store_reserve,
-            conflict_retries: RetryPolicy::default(),
-            parents_ttl: config.parents_ttl,
-            backoff: config.into(),
-            duplicate_policy: config.duplicate_policy,
-            politeness: config.politeness.clone(),
-            proxy_tiers: config.proxies.len(),
-        }
-    }
 }
 
 /// The worker's ports and settings, built once per cold start, and what a sandbox keeps

@@ -17,7 +17,6 @@ use bytes::Bytes;
 use reqwest::redirect;
 use url::Url;
 
-use crate::config::Config;
 use crate::domain::bounds::{ContentType, UrlText};
 use crate::domain::model::Page;
 use crate::domain::spend::Spend;
@@ -154,21 +153,6 @@ pub struct FetchSettings {
     /// Proxy tiers (none: fetches go direct) and how long a host keeps its proxy.
     pub proxies: Tiers,
     pub proxy_session: Duration,
-}
-
-impl From<&Config> for FetchSettings {
-    fn from(config: &Config) -> Self {
-        Self {
-            connect_timeout: config.connect_timeout,
-            max_redirects: config.max_redirects,
-            max_body_bytes: config.max_body_bytes,
-            user_agent: config.user_agent.clone(),
-            allow_private_networks: config.allow_private_networks,
-            allowed_ports: config.allowed_ports.clone(),
-            proxies: config.proxies.clone(),
-            proxy_session: config.proxy_session,
-        }
-    }
 }
 
 /// [`Fetcher`] over pooled reqwest clients (rustls), built once per cold start: one direct,
