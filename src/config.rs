@@ -3,11 +3,10 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::domain::limits::{HostLimits, MAX_SLOTS};
 use crate::polite::Politeness;
-use crate::polite::limits::HostLimits;
 use crate::polite::robots::agent_token;
 use crate::scraper::proxy::Tiers;
-use crate::store::hosts::MAX_SLOTS;
 
 /// Why the cold start cannot go on.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]

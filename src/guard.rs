@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
+use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, TaskStatus};
-use crate::polite::JobPoliteness;
 use crate::retry::Patience;
 use crate::store::error::AwsError;
 use crate::store::tasks::{Claim, Lease, TaskStore};

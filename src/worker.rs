@@ -869,8 +869,7 @@ struct Attempt {
 /// it meets the queue's redrive policy like any other.
 pub const MAX_COPIES: u32 = 10;
 
-/// A fetch given less time than this would mostly time out: not started.
-pub const MIN_FETCH: Duration = Duration::from_secs(1);
+pub use crate::domain::time::MIN_FETCH;
 
 /// The outcome of a converged task.
 fn outcome_of(converged: Converged, redelivery: bool, gave_up: bool) -> Outcome {

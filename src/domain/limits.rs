@@ -24,6 +24,22 @@ impl Host {
     }
 }
 
+/// A job's own politeness (its item's `host_max_rps`, `host_max_inflight`, `obey_robots`;
+/// data contract v2). A limit of 0 means none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobPoliteness {
+    pub max_rps: Option<f64>,
+    pub max_inflight: Option<u32>,
+    pub obey_robots: Option<bool>,
+}
+
+/// The most in-flight slots a host item keeps (`HOST_MAX_INFLIGHT` at most this).
+pub const MAX_SLOTS: u32 = 64;
+
+/// How much of a robots.txt is read and parsed: RFC 9309 (2.5) asks parsers to read at
+/// least 500 KiB; the rest of a longer file is not fetched.
+pub const MAX_ROBOTS_BYTES: usize = 500 * 1024;
+
 /// How hard the fleet may press one host. `None`: no limit of that kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostLimits {

@@ -1,8 +1,9 @@
 //! The types every step shares, free of AWS: ids, the message body, tasks and their ends,
-//! bounded text and time.
+//! a host's limits and their rule, bounded text and time.
 
 pub mod bounds;
 pub mod ids;
+pub mod limits;
 pub mod message;
 pub mod model;
 pub mod spend;

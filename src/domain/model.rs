@@ -58,7 +58,7 @@ pub struct Parents {
     pub run_status: Option<String>,
     pub counting: Counting,
     /// The job's own host limits and robots.txt choice.
-    pub politeness: crate::polite::JobPoliteness,
+    pub politeness: crate::domain::limits::JobPoliteness,
     /// The run's budget, in bytes, for the paid (last) proxy tier (`paid_tier_budget_bytes`).
     pub paid_budget: Option<u64>,
 }
@@ -258,4 +258,11 @@ impl std::str::FromStr for DuplicatePolicy {
             _ => Err(()),
         }
     }
+}
+
+/// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease<'a> {
+    pub owner: &'a str,
+    pub until: std::time::SystemTime,
 }

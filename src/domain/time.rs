@@ -13,3 +13,6 @@ pub fn epoch_millis(at: SystemTime) -> u128 {
         .unwrap_or_default()
         .as_millis()
 }
+
+/// A fetch given less time than this would mostly time out: not started.
+pub const MIN_FETCH: std::time::Duration = std::time::Duration::from_secs(1);

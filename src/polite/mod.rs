@@ -3,15 +3,17 @@
 //! per host for every sandbox. The gate stands between the guard's reads and the claim: a
 //! record whose host has no room is not fetched, and waits without burning an attempt.
 
-pub mod limits;
 pub mod robots;
+
+/// The host's limits and their rule live in the domain; re-exported where the gate uses them.
+pub use crate::domain::limits::{self, JobPoliteness};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
+use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
 use robots::{Parsed, Verdict};
 
 use crate::domain::time::epoch_millis;
@@ -54,15 +56,6 @@ impl Politeness {
             agent: "*".into(),
         }
     }
-}
-
-/// A job's own politeness (its item's `host_max_rps`, `host_max_inflight`, `obey_robots`;
-/// data contract v2). A limit of 0 means none.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct JobPoliteness {
-    pub max_rps: Option<f64>,
-    pub max_inflight: Option<u32>,
-    pub obey_robots: Option<bool>,
 }
 
 /// What the gate says of a record.
@@ -334,7 +327,7 @@ impl Gate {
         let sleep = self
             .settings
             .max_sleep
-            .min(budget.saturating_sub(crate::worker::MIN_FETCH));
+            .min(budget.saturating_sub(crate::domain::time::MIN_FETCH));
         let horizon = now + millis(sleep);
         let until = horizon + millis(budget) + SLOT_MARGIN_MS;
         Ask {

@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
+use crate::domain::limits::Millis;
 use crate::domain::model::Page;
-use crate::polite::limits::Millis;
 use crate::scraper::{FetchError, Retry};
 use crate::store::hosts::{Robots, RobotsRecord};
 
-/// How much of a robots.txt is read and parsed: RFC 9309 (2.5) asks parsers to read at
-/// least 500 KiB; the rest of a longer file is not fetched.
-pub const MAX_ROBOTS_BYTES: usize = 500 * 1024;
+pub use crate::domain::limits::MAX_ROBOTS_BYTES;
 
 /// robots.txt as a sandbox keeps it: parsed once.
 #[derive(Clone)]

@@ -9,11 +9,11 @@ use std::time::SystemTime;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
 
+use crate::domain::model::Lease;
 use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::store::attributes::{Item, n, s};
-use crate::store::tasks::Lease;
 
 /// An update with its condition, names and values.
 pub(crate) struct Expression {
@@ -451,7 +451,7 @@ pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
 /// cooldown in force; the rate's next start reserved (`busy`: the schedule runs ahead of now
 /// and stays within the fetch's horizon, so the start is the old next start; else it starts
 /// now); the in-flight slot free or lapsed.
-pub(crate) fn host_take(ask: &crate::polite::limits::Ask, busy: bool) -> Expression {
+pub(crate) fn host_take(ask: &crate::domain::limits::Ask, busy: bool) -> Expression {
     let mut sets = Vec::new();
     let mut conditions = vec!["(attribute_not_exists(cooldown_until) OR cooldown_until <= :now)"];
     let mut expression = Expression::new(String::new(), "");

@@ -4,16 +4,14 @@
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
-use crate::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
-use crate::polite::robots::MAX_ROBOTS_BYTES;
+use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
 use crate::store::attributes::{Item, n, number, s, string};
 use crate::store::error::AwsError;
 use crate::store::expressions;
 use crate::store::keys::host_key;
 use crate::store::tasks::{DynamoTaskStore, is_condition_failure};
 
-/// The most in-flight slots a host item keeps (`HOST_MAX_INFLIGHT` at most this).
-pub const MAX_SLOTS: u32 = 64;
+pub use crate::domain::limits::MAX_SLOTS;
 /// A robots.txt is kept gzipped in its item up to this size (a DynamoDB item holds 400 KB);
 /// a file that does not compress to it is kept to its first bytes that do.
 pub const MAX_KEPT_ROBOTS_BYTES: usize = 350 * 1024;
@@ -27,7 +25,7 @@ pub struct RobotsRecord {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Robots {
-    /// A robots.txt to obey (its first [`crate::polite::robots::MAX_ROBOTS_BYTES`]).
+    /// A robots.txt to obey (its first [`MAX_ROBOTS_BYTES`]).
     Rules(Vec<u8>),
     /// None there (4xx): everything allowed.
     AllowAll,

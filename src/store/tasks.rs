@@ -17,21 +17,16 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::domain::ids::{Id, TaskRef};
+use crate::domain::limits::{JobPoliteness, MAX_SLOTS};
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
-use crate::polite::JobPoliteness;
 use crate::store::attributes::{Item, number, string};
 use crate::store::error::{AwsError, AwsFault, cancellation_fault};
 use crate::store::expressions::{self, Expression, Over, RunStep};
 use crate::store::keys;
 
-/// A claim's lease under `DUPLICATE_POLICY=lease`: who holds the task, and until when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease<'a> {
-    pub owner: &'a str,
-    pub until: SystemTime,
-}
+pub use crate::domain::model::Lease;
 
 /// The result of trying to move a task to `processing`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -491,7 +486,7 @@ fn job_politeness(job: &Item) -> JobPoliteness {
     let inflight = number::<u32>(job, "host_max_inflight");
     let politeness = JobPoliteness {
         max_rps: rps.filter(|r| (0.0..=10_000.0).contains(r)),
-        max_inflight: inflight.filter(|n| *n <= crate::store::hosts::MAX_SLOTS),
+        max_inflight: inflight.filter(|n| *n <= MAX_SLOTS),
         obey_robots: job
             .get("obey_robots")
             .and_then(|v| v.as_bool().ok())
