@@ -1,0 +1,269 @@
+//! The fetch with the host's permit (the paid proxy tier held back while a run has a
+//! budget), its spend recorded, and the convergence of what it brought.
+
+use crate::batch::Invocation;
+use crate::contract::Outcome;
+use crate::converge::{Converged, Stores};
+use crate::domain::bounds::Reason;
+use crate::domain::ids::{ResultKey, TaskRef};
+use crate::domain::model::{Failure, Page};
+use crate::metrics::Measures;
+use crate::polite::{Later, Permit};
+use crate::retry::Patience;
+use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry};
+use crate::store::error::AwsError;
+use crate::store::hosts::HostStore;
+use crate::store::queue::Visibility;
+use crate::store::results::ResultStore;
+use crate::store::spend::SpendStore;
+use crate::store::tasks::TaskStore;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::{Attempt, DISALLOWED, MIN_FETCH, Work, Worker, outcome_of};
+
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
+    /// Fetches and converges; what the fetch spent through proxies is counted in the
+    /// terminal write, or recorded alone when no terminal write of this delivery counted it.
+    pub(super) async fn scrape(
+        &self,
+        task: &TaskRef,
+        work: Work,
+        (mut stores, key): (Stores<'_, T, R>, &ResultKey),
+        attempt: Attempt,
+        invocation: &Invocation,
+    ) -> Result<Outcome, AwsError> {
+        let delivery = work.delivery.clone();
+        let fetched = self
+            .fetch_polite(task, work, attempt.budget, invocation)
+            .await;
+        stores.spend = fetched.spend;
+        let measures = &invocation.measures;
+        let converged = self.converge(&stores, task, key, fetched.page, attempt, measures);
+        let converged = converged.await;
+        if !stores.spend_counted() {
+            self.record_spend(task, &stores, &delivery).await;
+        }
+        converged
+    }
+
+    /// Fetches with the host's permit, given back with the answer after; without one (the
+    /// URL refused, robots.txt forbids it, it waited too long), fails for good without a
+    /// request. The paid tier's bytes are taken from this sandbox's share of the run's
+    /// budget.
+    pub(super) async fn fetch_polite(
+        &self,
+        task: &TaskRef,
+        mut work: Work,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let Some(permit) = work.permit.take() else {
+            let refused = work.refused.take();
+            let refused = refused.unwrap_or_else(|| FetchError::permanent(DISALLOWED));
+            return Fetched::unspent(Err(refused));
+        };
+        let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
+        if work.wanted.paid_budget.is_some() {
+            let paid = fetched.spend.tier(self.settings.proxy_tiers);
+            self.paid.spent(task, paid.bytes);
+        }
+        // The site's answer, for its cooldown; a proxy's own (ours) says nothing of the site.
+        let answer = fetched
+            .page
+            .as_ref()
+            .err()
+            .filter(|e| e.retry != Retry::Ours)
+            .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
+        self.leave(Some(permit), answer, invocation).await;
+        fetched
+    }
+
+    /// The fetch, with the paid proxy tier held back while the run has a budget for it:
+    /// asked only once the other tiers are blocked, and only while this sandbox holds (or
+    /// can reserve) some of that budget.
+    pub(super) async fn fetch_budgeted(
+        &self,
+        task: &TaskRef,
+        work: &Work,
+        budget: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let url = work.url.as_deref();
+        let (Some(run_budget), paid @ 1..) = (work.wanted.paid_budget, self.settings.proxy_tiers)
+        else {
+            return self.fetch(url, Ask::within(budget), invocation).await;
+        };
+        let started = Instant::now();
+        let withheld = Ask {
+            paid_tier: false,
+            ..Ask::within(budget)
+        };
+        let first = self.fetch(url, withheld, invocation).await;
+        if !first.wants_paid_tier {
+            return first;
+        }
+        match self.paid.may_use(&self.tasks, task, run_budget).await {
+            Ok(true) => {}
+            Ok(false) => return first,
+            Err(err) => {
+                let reason = format!("the paid tier's budget could not be read: {err}");
+                return Fetched::unspent(Err(FetchError::ours(reason)));
+            }
+        }
+        let ask = Ask {
+            first_tier: paid,
+            ..Ask::within(budget.saturating_sub(started.elapsed()))
+        };
+        let last = self.fetch(url, ask, invocation).await;
+        Fetched {
+            spend: first.spend.plus(&last.spend),
+            ..last
+        }
+    }
+
+    /// Records what a fetch spent through proxies into its run's counters, once for this
+    /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
+    /// without counters). A record that fails after the SDK's retries is logged with it.
+    pub(super) async fn record_spend(
+        &self,
+        task: &TaskRef,
+        stores: &Stores<'_, T, R>,
+        delivery: &str,
+    ) {
+        let spend = &stores.spend;
+        if spend.is_zero() {
+            return;
+        }
+        let recorded = self
+            .tasks
+            .record_spend(task, stores.counting, spend, delivery);
+        if let Err(err) = recorded.await {
+            tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
+        }
+    }
+
+    /// The work once its host's start has come (`Err`: when to come back; the permit was
+    /// given back).
+    pub(super) async fn ready(
+        &self,
+        mut work: Work,
+        invocation: &Invocation,
+    ) -> Result<Result<Work, Later>, AwsError> {
+        let Some(permit) = work.permit.take() else {
+            return Ok(Ok(work));
+        };
+        let ready = self.gate.ready(&self.tasks, permit, &invocation.measures);
+        Ok(ready.await?.map(|permit| Work {
+            permit: Some(permit),
+            ..work
+        }))
+    }
+
+    /// `ended`, once the permit of a record that did not fetch is given back.
+    pub(super) async fn left(
+        &self,
+        permit: Option<Permit>,
+        ended: Result<Outcome, AwsError>,
+        invocation: &Invocation,
+    ) -> Result<Outcome, AwsError> {
+        self.leave(permit, None, invocation).await;
+        ended
+    }
+
+    pub(super) async fn leave(
+        &self,
+        permit: Option<Permit>,
+        answer: Option<(u16, Option<Duration>)>,
+        invocation: &Invocation,
+    ) {
+        if let Some(permit) = permit {
+            self.gate
+                .leave(&self.tasks, permit, answer, &invocation.measures)
+                .await;
+        }
+    }
+
+    /// How conflicting writes are tried again. On the final attempt a conflict that
+    /// persists would send the message to the dead-letter queue with the task unfinished: it
+    /// is tried again until the cutoff.
+    pub(super) fn patience<'i>(
+        &self,
+        final_attempt: bool,
+        invocation: &'i Invocation,
+    ) -> Patience<'i> {
+        let mut policy = self.settings.conflict_retries;
+        if final_attempt {
+            policy.attempts = u32::MAX;
+        }
+        Patience::new(invocation.cutoff, policy, &invocation.measures.conflicts)
+    }
+
+    /// Time for a fetch: the smaller of `SCRAPE_TIMEOUT_MS` and what is left before the
+    /// cutoff once `STORE_RESERVE_MS` is kept for storing the page; `None` when that is
+    /// under [`MIN_FETCH`] (the page would be fetched again on redelivery).
+    pub(super) fn fetch_budget(&self, invocation: &Invocation) -> Option<Duration> {
+        let left = invocation.cutoff.saturating_duration_since(Instant::now());
+        let left = left.checked_sub(self.settings.store_reserve)?;
+        (left >= MIN_FETCH).then(|| left.min(self.settings.scrape_timeout))
+    }
+
+    pub(super) async fn fetch(
+        &self,
+        url: Option<&str>,
+        ask: Ask,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let Some(url) = url else {
+            return Fetched::unspent(Err(FetchError::permanent("task has no url")));
+        };
+        let started = Instant::now();
+        let fetched = self.fetcher.fetch(url, ask).await;
+        invocation.measures.fetched(started.elapsed());
+        invocation.measures.spent(&fetched.spend);
+        fetched
+    }
+
+    /// Stores a page, or records a failure that is final; a failure worth a retry, or one
+    /// of our own budget, ends without a terminal write.
+    pub(super) async fn converge(
+        &self,
+        stores: &Stores<'_, T, R>,
+        task: &TaskRef,
+        key: &ResultKey,
+        fetched: Result<Page, FetchError>,
+        attempt: Attempt,
+        measures: &Measures,
+    ) -> Result<Outcome, AwsError> {
+        let err = match fetched {
+            Ok(page) => {
+                let converged = stores.succeed(task, key, &page).await?;
+                if converged == (Converged::Succeeded { adopted: false }) {
+                    measures.stored(page.body.len() as u64);
+                }
+                return Ok(outcome_of(converged, attempt.redelivery, false));
+            }
+            Err(err) => err,
+        };
+        // Our own budget ended the fetch, not the site's slowness: not the page's failure.
+        if err.timed_out && attempt.budget < self.settings.scrape_timeout {
+            return Ok(Outcome::NoTimeLeft);
+        }
+        // A failure of ours is never the page's, whatever the attempt.
+        if err.retry == Retry::Ours || (err.retry == Retry::Transient && !attempt.final_attempt) {
+            return Ok(Outcome::ScrapeTransient {
+                reason: err.reason,
+                retry_after: err.retry_after,
+            });
+        }
+        let gave_up = err.retry == Retry::Transient;
+        let failure = Failure {
+            reason: Reason::new(&err.reason),
+            http_status: err.http_status,
+        };
+        let converged = stores.fail(task, key, failure).await?;
+        Ok(outcome_of(converged, attempt.redelivery, gave_up))
+    }
+}

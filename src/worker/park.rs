@@ -1,0 +1,148 @@
+//! Where a record goes when it is not done here: a fresh copy for its host's turn or for
+//! a last try, a hold back through its visibility, the quarantine of a poison body, a lease
+//! or a claim's attempt given back.
+
+use crate::contract::Outcome;
+use crate::domain::ids::{QuarantineKey, TaskRef};
+use crate::domain::message::{self, Poison};
+use crate::domain::model::TaskStatus;
+use crate::domain::time::{epoch_millis, rfc3339};
+use crate::scraper::Fetcher;
+use crate::store::hosts::HostStore;
+use crate::store::queue::{QueueRef, SQS_MAX_DELAY, Visibility};
+use crate::store::results::ResultStore;
+use crate::store::spend::SpendStore;
+use crate::store::tasks::TaskStore;
+use aws_lambda_events::event::sqs::SqsMessage;
+use std::time::{Duration, SystemTime};
+
+use super::{Claimed, MAX_COPIES, Worker, receive_count};
+
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
+    /// A record its host has no room for is sent again as a fresh copy, due after its wait
+    /// (at most SQS's 15 minutes), so waiting burns no receive toward the dead-letter queue.
+    /// A longer wait is held through the visibility timeout instead (up to
+    /// [`MAX_POLITE_HOLD`]) on the first receive of a copy that carries its booking, so a
+    /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
+    /// FIFO queue (a copy would lose its place), nor if the copy cannot be sent (then held
+    /// back instead).
+    pub(super) async fn requeue_politely(&self, record: &SqsMessage, outcome: Outcome) -> Outcome {
+        let Outcome::PoliteHeld { delay, booked } = outcome else {
+            return outcome;
+        };
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), record.body.as_deref()) else {
+            return outcome;
+        };
+        let carries_booking = booked.is_some() && message::booking(Some(body)) == booked;
+        let first_receive = receive_count(record) == 1;
+        if arn.ends_with(".fifo") || (delay > SQS_MAX_DELAY && carries_booking && first_receive) {
+            return outcome;
+        }
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let body = message::for_next_wait(body, booked, now);
+        match self.visibility.requeue(&queue, &body, delay).await {
+            Ok(()) => Outcome::PoliteRequeued { delay },
+            Err(err) => {
+                tracing::warn!(error = %err, "could not send the held record again; held back instead");
+                outcome
+            }
+        }
+    }
+
+    /// A final attempt that ended for a reason of ours, not the page's (too little time
+    /// left to fetch, a store error), is sent again as a fresh copy carrying the receives
+    /// spent before it: the task still gets its last try instead of the dead-letter queue.
+    /// Bounded ([`MAX_COPIES`]), and not on a FIFO queue; if the copy cannot be sent, the
+    /// outcome stands (the message comes back and meets the redrive policy).
+    pub(super) async fn send_again(
+        &self,
+        record: &SqsMessage,
+        outcome: Outcome,
+        receives: u32,
+    ) -> Outcome {
+        let ours = matches!(outcome, Outcome::NoTimeLeft | Outcome::Store(_));
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let body = record.body.as_deref();
+        if !ours
+            || receives < self.settings.max_attempts
+            || arn.ends_with(".fifo")
+            || message::copies(body) >= MAX_COPIES
+        {
+            return outcome;
+        }
+        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), body) else {
+            return outcome;
+        };
+        let delay = self.hold_for(&outcome, receives).unwrap_or_default();
+        // This receive did not try the page: it is not counted.
+        let body = message::for_another_try(body, receives.saturating_sub(1));
+        match self.visibility.requeue(&queue, &body, delay).await {
+            Ok(()) => Outcome::SentAgain { delay },
+            Err(err) => {
+                tracing::warn!(error = %err, "could not send the final attempt again");
+                outcome
+            }
+        }
+    }
+
+    /// Keeps a poison message in S3 before it is acknowledged; if that fails, it is retried
+    /// rather than lost.
+    pub(super) async fn quarantine(&self, record: &SqsMessage, poison: Poison) -> Outcome {
+        let message_id = record.message_id.as_deref().unwrap_or_default();
+        let key = QuarantineKey::for_message(&self.settings.quarantine_prefix, message_id);
+        let document = serde_json::json!({
+            "reason": poison.0,
+            "quarantined_at": rfc3339(SystemTime::now()),
+            "record": record,
+        });
+        // Serialising a JSON value into a Vec cannot fail.
+        let document = serde_json::to_vec_pretty(&document).unwrap_or_default();
+        match self.results.quarantine(&key, document).await {
+            Ok(()) => Outcome::Poison(poison),
+            Err(err) => Outcome::Store(err),
+        }
+    }
+
+    /// Keeps a message to retry invisible for `delay`. If that fails, the message still
+    /// comes back, after the queue's own visibility timeout.
+    pub(super) async fn hold(&self, record: &SqsMessage, delay: Duration) {
+        let queue = record
+            .event_source_arn
+            .as_deref()
+            .and_then(QueueRef::from_arn);
+        let (Some(queue), Some(handle)) = (queue, record.receipt_handle.as_deref()) else {
+            tracing::warn!("no queue ARN or receipt handle: redelivery after the queue's timeout");
+            return;
+        };
+        match self.visibility.hold(&queue, handle, delay).await {
+            Ok(()) => tracing::info!(delay_ms = delay.as_millis() as u64, "held back for retry"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hold back; redelivery after the queue's timeout")
+            }
+        }
+    }
+
+    /// Gives the lease up, so the next delivery need not wait for it to expire.
+    pub(super) async fn release(&self, task: &TaskRef, owner: &str) {
+        if let Err(err) = self.tasks.release(task, owner).await {
+            tracing::warn!(error = %err, "could not release the lease; it expires at the deadline");
+        }
+    }
+
+    /// Gives back the attempt of a claim that was not followed by a fetch (and the status it
+    /// found, so the next delivery is not taken for a redelivery). A failure is logged: the
+    /// task then counts one attempt more than it was fetched.
+    pub(super) async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
+        let was = if claim.redelivery {
+            TaskStatus::Processing
+        } else {
+            TaskStatus::Pending
+        };
+        if let Err(err) = self.tasks.unclaim(task, was).await {
+            tracing::warn!(error = %err, "could not give the claim's attempt back");
+        }
+    }
+}
