@@ -1,0 +1,349 @@
+//! The host's turn for one fetch: the schedule and a slot asked of the host's item (a
+//! sandbox's records one at a time, booking together), the sleep toward the start, and the
+//! slot given back with the host's push-back, which only ever lengthens its cooldown.
+
+use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
+use crate::metrics::Measures;
+use crate::store::error::AwsError;
+use crate::store::hosts::HostStore;
+use std::collections::VecDeque;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use super::{
+    AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, Gate, HoldReason, HostTurn, Later, MOST_BOOKED_TOGETHER,
+    MOST_HOSTS, ORDER, Permit, READ_LEAD_MS, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
+};
+
+impl Gate {
+    /// The host's schedule and a slot for one fetch: asked of the host's item unless this
+    /// sandbox's view already shows a cooldown or a schedule full past the horizon (those
+    /// only move later), then slept until the start. A schedule full past the sleep books
+    /// the next start if it is before `far` (none: never books).
+    pub(super) async fn take<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        limits: HostLimits,
+        budget: Duration,
+        far: Option<Millis>,
+    ) -> Result<Entry, AwsError> {
+        if limits.is_none() {
+            return Ok(Entry::Go(Permit::default()));
+        }
+        // One ask of this sandbox's at a time per host, each from the last answer: its
+        // records do not race each other for the host's item. Those that may book are
+        // counted while they wait, so the one asking can book for them too.
+        let turn = self.turn(host);
+        let booking = usize::from(far.is_some());
+        turn.waiting.fetch_add(booking, ORDER);
+        let mut spare = turn.spare.lock().await;
+        turn.waiting.fetch_sub(booking, ORDER);
+        let seen = self.view(host);
+        let ask = self.ask(&seen, limits, budget);
+        let unslotted = Ask { slot: None, ..ask };
+        // A start later than now (the schedule runs ahead) takes its slot only just before
+        // it: a slot is held for the fetch, not for the sleep toward it.
+        let (grant, state, slot) = match limits::decide(&seen, &unslotted).0 {
+            Grant::StartAt(at) if at > ask.now => store.take_host(host, &unslotted, &seen).await?,
+            Grant::StartAt(_) => store.take_host(host, &ask, &seen).await?,
+            early => (early, seen, None),
+        };
+        self.remember(host, state);
+        match (grant, far) {
+            (Grant::Later(_), Some(far)) => {
+                let together = (&mut *spare, turn.waiting.load(ORDER));
+                self.book(store, host, unslotted, far, together).await
+            }
+            (grant, _) => Ok(granted((host, limits, budget), grant, slot, ask.now)),
+        }
+    }
+
+    /// What this sandbox asks of a host for one fetch now, from its view: the interval
+    /// (slowed as the view says), the sleep's horizon, a slot until the fetch's budget ends.
+    pub(super) fn ask(&self, seen: &HostState, limits: HostLimits, budget: Duration) -> Ask {
+        let now = now_ms();
+        let sleep = self
+            .settings
+            .max_sleep
+            .min(budget.saturating_sub(crate::domain::time::MIN_FETCH));
+        let horizon = now + millis(sleep);
+        let until = horizon + millis(budget) + SLOT_MARGIN_MS;
+        Ask {
+            now,
+            interval: limits::interval(limits.max_rps, seen.slowdown_at(now)),
+            horizon,
+            slot: limits
+                .max_inflight
+                .map(|max| (pick_slot(seen, max, now), until)),
+            slots: limits.max_inflight.unwrap_or(0),
+        }
+    }
+
+    /// Sleeps until the permit's start. Just before it, the host's item is asked again: a
+    /// booked start takes its slot there (one write, which checks the cooldown too), and a
+    /// slept one reads the cooldown; a host that pushed back meanwhile (another sandbox saw
+    /// its 429 or 503), or a slot still taken, gives the permit back and answers the wait.
+    pub async fn ready<S: HostStore>(
+        &self,
+        store: &S,
+        mut permit: Permit,
+        measures: &Measures,
+    ) -> Result<Result<Permit, Later>, AwsError> {
+        let Some((host, max_rps)) = permit.host.clone() else {
+            return Ok(Ok(permit));
+        };
+        let wait = permit.start.saturating_sub(now_ms());
+        if wait > 0 || permit.at_start.is_some() {
+            measures.polite.slept_ms.fetch_add(wait, ORDER);
+            // The item is asked just before the start, not after it.
+            tokio::time::sleep(Duration::from_millis(wait.saturating_sub(READ_LEAD_MS))).await;
+            if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
+                self.leave(store, permit, None, measures).await;
+                return Ok(Err(Later::after(wait)));
+            }
+            let left = permit.start.saturating_sub(now_ms());
+            tokio::time::sleep(Duration::from_millis(left)).await;
+        }
+        // A start missed by more than its interval (the claim took that long) is void: the
+        // fetch would bunch with the next ones. The schedule is taken again, once (booked, if
+        // it is full past the sleep).
+        let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
+        if now_ms() <= permit.start.saturating_add(interval) {
+            return Ok(Ok(permit));
+        }
+        let schedule = HostLimits {
+            max_rps,
+            max_inflight: None,
+        };
+        let far = Some(permit.far);
+        match self.take(store, &host, schedule, AGAIN_BUDGET, far).await? {
+            Entry::Go(again) => {
+                let wait = again.start.saturating_sub(now_ms());
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                Ok(Ok(Permit {
+                    start: again.start,
+                    ..permit
+                }))
+            }
+            Entry::Hold(delay, _) => {
+                self.leave(store, permit, None, measures).await;
+                Ok(Err(Later::after(delay)))
+            }
+            Entry::Booked { start, delay } => {
+                self.leave(store, permit, None, measures).await;
+                let booked = Some(start);
+                Ok(Err(Later { delay, booked }))
+            }
+            Entry::Disallowed => Ok(Ok(permit)),
+        }
+    }
+
+    /// Just before the start: a booked start's slot (with an in-flight limit; the take
+    /// checks the cooldown), else the cooldown read. `Err`: how long to wait instead.
+    pub(super) async fn at_start<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        permit: &mut Permit,
+    ) -> Result<Result<(), Duration>, AwsError> {
+        let now = now_ms();
+        if let Some((limits, budget)) = permit.at_start.take()
+            && limits.max_inflight.is_some()
+        {
+            let slot_only = HostLimits {
+                max_rps: None,
+                ..limits
+            };
+            return Ok(
+                match self.take(store, host, slot_only, budget, None).await? {
+                    Entry::Go(taken) => {
+                        permit.slot = taken.slot;
+                        Ok(())
+                    }
+                    Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => Err(wait),
+                    Entry::Disallowed => Ok(()),
+                },
+            );
+        }
+        let cooldown = store.host(host).await?.cooldown_until;
+        Ok(match cooldown.filter(|until| *until > now) {
+            Some(until) => Err(jittered(until - now)),
+            None => Ok(()),
+        })
+    }
+
+    /// The schedule is full past the sleep: book the next start (up to `far`), so the
+    /// record comes back once, at its turn, rather than asking again and again. A start
+    /// this sandbox booked together with an earlier record's is taken first, without a
+    /// write; else this record books for itself and for the records `waiting` their turn
+    /// behind it, consecutive starts in one write.
+    pub(super) async fn book<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        ask: Ask,
+        far: Millis,
+        (spare, waiting): (&mut VecDeque<Millis>, usize),
+    ) -> Result<Entry, AwsError> {
+        let interval = ask.interval.unwrap_or(0);
+        while let Some(start) = spare.pop_front() {
+            // One too near for a copy to come back in time is a start missed.
+            if start > ask.now + BOOKING_LEAD_MS {
+                return Ok(booked(start, ask.now));
+            }
+        }
+        let together = (1 + waiting).min(MOST_BOOKED_TOGETHER) as Millis;
+        let far = Ask {
+            horizon: far,
+            interval: ask.interval.map(|i| i * together),
+            ..ask
+        };
+        let (grant, state, _) = store.take_host(host, &far, &self.view(host)).await?;
+        self.remember(host, state);
+        Ok(match grant {
+            Grant::StartAt(start) => {
+                spare.extend((1..together).map(|i| start + i * interval));
+                booked(start, ask.now)
+            }
+            Grant::Later(start) => Entry::Hold(jittered(start - ask.now), HoldReason::Host),
+            Grant::Wait(wait) => Entry::Hold(jittered(wait), HoldReason::Host),
+        })
+    }
+
+    /// The fetch is over: if the host answered 429 or 503, the cooldown and slowdown every
+    /// sandbox then obeys (from the host's item as it is, and only ever lengthening the
+    /// cooldown), then its slot back. A failure here is logged: a slot lapses.
+    pub async fn leave<S: HostStore>(
+        &self,
+        store: &S,
+        permit: Permit,
+        answer: Option<(u16, Option<Duration>)>,
+        measures: &Measures,
+    ) {
+        let Some((host, max_rps)) = permit.host else {
+            return;
+        };
+        if let Some((429 | 503, retry_after)) = answer {
+            measures.polite.cooldowns.fetch_add(1, ORDER);
+            let retry_after = retry_after.map(|d| d.as_millis() as Millis);
+            if let Err(err) = self.push_back(store, &host, max_rps, retry_after).await {
+                tracing::warn!(error = %err, host = host.as_str(), "could not record the host's push-back");
+            }
+        }
+        let mut view = self.view(&host);
+        let Some((slot, until)) = permit.slot else {
+            return;
+        };
+        if let Some(kept) = view.slots.get_mut(slot) {
+            *kept = None;
+        }
+        self.remember(&host, view);
+        if let Err(err) = store.leave_host(&host, (slot, until)).await {
+            tracing::warn!(error = %err, host = host.as_str(), "could not give the host's slot back; it lapses");
+        }
+    }
+
+    /// A 429 or 503: the slowdown doubled from what the host's item has in force, the
+    /// cooldown from `Retry-After` (or one slowed interval), recorded unless a longer one
+    /// stands; this sandbox's view then shows whichever is in force.
+    pub(super) async fn push_back<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        max_rps: Option<f64>,
+        retry_after: Option<Millis>,
+    ) -> Result<(), AwsError> {
+        let now = now_ms();
+        let mut state = store.host(host).await?;
+        let (until, slowdown) = limits::push_back(&state, now, max_rps, retry_after);
+        if store.push_back(host, (until, slowdown), now).await? {
+            state.cooldown_until = Some(until);
+            state.slowdown = Some((slowdown, now));
+        }
+        tracing::info!(
+            host = host.as_str(),
+            cooldown_ms = state.cooldown_until.unwrap_or(now).saturating_sub(now),
+            slowdown = state.slowdown_at(now),
+            "host pushed back"
+        );
+        self.remember(host, state);
+        Ok(())
+    }
+
+    /// The host's turn lock of this sandbox.
+    pub(super) fn turn(&self, host: &Host) -> Arc<HostTurn> {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        if turns.len() >= MOST_HOSTS && !turns.contains_key(host) {
+            turns.retain(|_, turn| turn.spare.try_lock().is_err());
+        }
+        turns.entry(host.clone()).or_default().clone()
+    }
+
+    pub(super) fn view(&self, host: &Host) -> HostState {
+        let views = self.views.lock().unwrap_or_else(PoisonError::into_inner);
+        views.get(host).cloned().unwrap_or_default()
+    }
+
+    pub(super) fn remember(&self, host: &Host, state: HostState) {
+        let mut views = self.views.lock().unwrap_or_else(PoisonError::into_inner);
+        if views.len() >= MOST_HOSTS && !views.contains_key(host) {
+            views.clear();
+        }
+        views.insert(host.clone(), state);
+    }
+}
+
+/// A grant that books nothing: a permit (its slot taken, or to be taken just before its
+/// start when it is later than now), or the wait.
+fn granted(
+    (host, limits, budget): (&Host, HostLimits, Duration),
+    grant: Grant,
+    slot: Option<(usize, Millis)>,
+    now: Millis,
+) -> Entry {
+    let wait = match grant {
+        Grant::StartAt(start) => {
+            let slot_only = HostLimits {
+                max_rps: None,
+                ..limits
+            };
+            let at_start =
+                (slot.is_none() && limits.max_inflight.is_some()).then_some((slot_only, budget));
+            return Entry::Go(Permit {
+                host: Some((host.clone(), limits.max_rps)),
+                slot,
+                start,
+                at_start,
+                far: 0,
+            });
+        }
+        Grant::Later(at) => at - now,
+        Grant::Wait(wait) => wait,
+    };
+    Entry::Hold(jittered(wait), HoldReason::Host)
+}
+
+/// A start booked at `now`: come back a little before it.
+fn booked(start: Millis, now: Millis) -> Entry {
+    Entry::Booked {
+        start,
+        delay: Duration::from_millis(start.saturating_sub(now + BOOKING_LEAD_MS)),
+    }
+}
+
+/// The slot to ask for: any free in this sandbox's view (at random, so its records do not
+/// all ask for the same one), else the one whose lease ends first (the view may be stale:
+/// the host's item decides).
+fn pick_slot(seen: &HostState, max: u32, now: Millis) -> usize {
+    let free: Vec<usize> = (0..max as usize)
+        .filter(|&i| !seen.slot_taken(i, now))
+        .collect();
+    if free.is_empty() {
+        (0..max as usize)
+            .min_by_key(|&i| seen.slot_until(i))
+            .unwrap_or(0)
+    } else {
+        free[fastrand::usize(..free.len())]
+    }
+}
