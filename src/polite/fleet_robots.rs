@@ -24,7 +24,8 @@ pub(super) enum RobotsSays {
 
 impl Gate {
     /// The host's robots.txt: kept by this sandbox, else the fleet's copy, else fetched once
-    /// for the fleet (through the host's schedule like any fetch) while others wait.
+    /// for the fleet (outside the host's schedule and slots, its cooldown obeyed) while
+    /// others wait.
     pub(super) async fn robots<S: HostStore, F: Fetcher>(
         &self,
         (store, fetcher): (&S, &F),

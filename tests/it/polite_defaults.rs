@@ -14,7 +14,7 @@ use conveyor_worker::config::Config;
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::store::{attributes, keys};
 
-use crate::politeness::{Fleet, drain_with, pages, statuses, tasks_of};
+use crate::politeness::{Fleet, by_operation, drain_with, pages, statuses, tasks_of};
 
 /// The politeness a deployed function has: every default of `Config`, nothing switched off.
 fn production_defaults() -> Politeness {
@@ -98,15 +98,6 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
     // a loaded machine, and the three empty checks that end the drain.
     let bound = Duration::from_secs_f64(ideal * 1.1 + 5.0) + backlog_read;
     assert!(took <= bound, "{took:?} for {ideal} s of the host's rate");
-}
-
-/// The worker's requests by operation, for the figures.
-fn by_operation(calls: &[String]) -> String {
-    let mut counts = std::collections::BTreeMap::new();
-    for call in calls {
-        *counts.entry(call.as_str()).or_insert(0) += 1;
-    }
-    format!("{counts:?}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

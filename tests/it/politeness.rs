@@ -140,6 +140,15 @@ pub(crate) async fn drain_with(
     }
 }
 
+/// The worker's requests by operation, for the figures.
+pub(crate) fn by_operation(calls: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for call in calls {
+        *counts.entry(call.as_str()).or_insert(0) += 1;
+    }
+    format!("{counts:?}")
+}
+
 pub(crate) async fn statuses(stack: &Stack, n: usize) -> Vec<String> {
     let mut statuses = Vec::new();
     for i in 0..n {
@@ -193,11 +202,7 @@ async fn the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apar
     );
     let calls = stack.calls.calls();
     let requests = calls.len() as f64 / 40.0;
-    let mut by_operation = std::collections::BTreeMap::new();
-    for call in &calls {
-        *by_operation.entry(call.as_str()).or_insert(0) += 1;
-    }
-    println!("politeness: requests by operation {by_operation:?}");
+    println!("politeness: requests by operation {}", by_operation(&calls));
     println!(
         "politeness: 40 tasks on two hosts at 5/s and 4 at once in {took:?}, {requests:.2} AWS requests a task"
     );
