@@ -82,7 +82,8 @@ impl Gate {
 
     /// Sleeps until the permit's start. Just before it, the host's item is asked again: a
     /// booked start takes its slot there (one write, which checks the cooldown too), and a
-    /// slept one reads the cooldown; a host that pushed back meanwhile (another sandbox saw
+    /// slept one (or one whose claim took long) reads the cooldown; a host that pushed back
+    /// meanwhile (another sandbox saw
     /// its 429 or 503), or a slot still taken, gives the permit back and answers the wait.
     pub async fn ready<S: HostStore>(
         &self,
@@ -93,8 +94,12 @@ impl Gate {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
-        let wait = permit.start.saturating_sub(now_ms());
-        if wait > 0 || permit.at_start.is_some() {
+        let now = now_ms();
+        let wait = permit.start.saturating_sub(now);
+        // A permit granted for now whose claim took long is asked again too: a push-back
+        // recorded meanwhile is obeyed.
+        let stale = now > permit.start + READ_LEAD_MS;
+        if wait > 0 || stale || permit.at_start.is_some() {
             measures.polite.slept_ms.fetch_add(wait, ORDER);
             // The item is asked just before the start, not after it.
             tokio::time::sleep(Duration::from_millis(wait.saturating_sub(READ_LEAD_MS))).await;

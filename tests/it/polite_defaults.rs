@@ -162,10 +162,11 @@ async fn a_429s_long_retry_after_keeps_the_fleet_away_although_bare_503s_follow(
         .iter()
         .find(|v| v.path.starts_with("/page"))
         .expect("a page visit");
-    // Fetches granted before the 429 was recorded (one write after it) may still start
-    // within the first second on a loaded machine; none after, for the whole Retry-After.
+    // Fetches granted before the 429 was recorded (a read and a write after it, on the
+    // emulator of a loaded 2-core CI machine: CI saw one start 1.7 s after) may still start
+    // within the first two seconds; none after, for the rest of the Retry-After.
     let (recorded, quiet_until) = (
-        refused.ended + Duration::from_secs(1),
+        refused.ended + Duration::from_secs(2),
         refused.ended + Duration::from_secs(12),
     );
     let during: Vec<_> = visits
