@@ -17,16 +17,16 @@ use lambda_runtime::LambdaEvent;
 use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
 use crate::config::Config;
 use crate::contract::Outcome;
+use crate::domain::proxy::ProxySecret;
 use crate::metrics::{self, MetricsSettings};
-use crate::scraper::proxy::ProxySecret;
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
+use crate::store::dynamo::hosts::HostStore;
+use crate::store::dynamo::spend::SpendStore;
+use crate::store::dynamo::tasks::{DynamoTaskStore, TaskStore};
 use crate::store::error::AwsError;
-use crate::store::hosts::HostStore;
-use crate::store::queue::{SqsVisibility, Visibility};
-use crate::store::results::{ResultStore, S3ResultStore};
+use crate::store::s3::{ResultStore, S3ResultStore};
 use crate::store::secrets;
-use crate::store::spend::SpendStore;
-use crate::store::tasks::{DynamoTaskStore, TaskStore};
+use crate::store::sqs::{SqsVisibility, Visibility};
 use crate::worker::Worker;
 
 /// The worker as deployed: DynamoDB, S3 and reqwest.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::store::queue::SQS_MAX_VISIBILITY;
+use crate::store::sqs::SQS_MAX_VISIBILITY;
 
 /// How long to hold a message back before its next delivery.
 #[derive(Debug, Clone, Copy)]

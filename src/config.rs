@@ -4,9 +4,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::domain::limits::{HostLimits, MAX_SLOTS};
+use crate::domain::proxy::Tiers;
 use crate::polite::Politeness;
 use crate::polite::robots::agent_token;
-use crate::scraper::proxy::Tiers;
 
 /// Why the cold start cannot go on.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]

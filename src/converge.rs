@@ -11,9 +11,9 @@ use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::spend::Spend;
 use crate::retry::Patience;
+use crate::store::dynamo::tasks::{Finish, TaskStore};
 use crate::store::error::AwsError;
-use crate::store::results::{NewResult, Put, ResultStore};
-use crate::store::tasks::{Finish, TaskStore};
+use crate::store::s3::{NewResult, Put, ResultStore};
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

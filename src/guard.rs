@@ -12,8 +12,8 @@ use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, TaskStatus};
 use crate::retry::Patience;
+use crate::store::dynamo::tasks::{Claim, Lease, TaskStore};
 use crate::store::error::AwsError;
-use crate::store::tasks::{Claim, Lease, TaskStore};
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
 /// them, the job's politeness, and the run's budget for the paid proxy tier.

@@ -6,5 +6,6 @@ pub mod ids;
 pub mod limits;
 pub mod message;
 pub mod model;
+pub mod proxy;
 pub mod spend;
 pub mod time;

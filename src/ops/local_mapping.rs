@@ -14,7 +14,7 @@ use aws_sdk_sqs::types::Message;
 
 use crate::batch::{BatchLimits, ProcessRecord, process_batch};
 use crate::store::error::AwsError;
-use crate::store::queue::{SqsQueue, to_record};
+use crate::store::sqs::{SqsQueue, to_record};
 
 /// How the mapping polls and invokes.
 #[derive(Debug, Clone)]

@@ -2,8 +2,8 @@
 //! queue (once the producer or the worker is fixed), optionally deleting what was sent.
 
 use crate::store::error::AwsError;
-use crate::store::queue::SqsQueue;
-use crate::store::results::S3ResultStore;
+use crate::store::s3::S3ResultStore;
+use crate::store::sqs::SqsQueue;
 
 /// What a replay did, by quarantine key.
 #[derive(Debug, Default)]

@@ -8,10 +8,10 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
 use crate::domain::ids::{Id, ResultKey};
-use crate::store::attributes::{Item, number, string};
+use crate::store::dynamo::attributes::{Item, number, string};
+use crate::store::dynamo::tasks::DynamoTaskStore;
 use crate::store::error::AwsError;
-use crate::store::results::{ResultStore, S3ResultStore};
-use crate::store::tasks::DynamoTaskStore;
+use crate::store::s3::{ResultStore, S3ResultStore};
 
 /// One task as it ended (or not yet).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

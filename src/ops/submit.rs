@@ -11,11 +11,11 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::scraper::MAX_URL_BYTES;
-use crate::store::attributes::{number, string};
+use crate::store::dynamo::attributes::{number, string};
+use crate::store::dynamo::runs::{Created, counting_of};
+use crate::store::dynamo::tasks::DynamoTaskStore;
 use crate::store::error::AwsError;
-use crate::store::queue::SqsQueue;
-use crate::store::runs::{Created, counting_of};
-use crate::store::tasks::DynamoTaskStore;
+use crate::store::sqs::SqsQueue;
 
 /// A line of the list that is not a URL the worker could fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +154,7 @@ pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<
 
 /// Where an earlier submit of the same run stopped; refused if the run is another list's.
 fn resume_from(
-    item: &crate::store::attributes::Item,
+    item: &crate::store::dynamo::attributes::Item,
     job: &Id,
     run: &Id,
     total: u64,

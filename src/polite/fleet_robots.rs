@@ -4,8 +4,8 @@
 use crate::domain::limits::{Host, HostLimits, Millis};
 use crate::metrics::Measures;
 use crate::scraper::{self, Fetcher};
+use crate::store::dynamo::hosts::{HostStore, RobotsRecord};
 use crate::store::error::AwsError;
-use crate::store::hosts::{HostStore, RobotsRecord};
 use robots::{Parsed, Verdict};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;

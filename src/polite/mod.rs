@@ -1,5 +1,5 @@
 //! Politeness shared by the whole fleet: each host's rate, in-flight fetches and cooldown
-//! (`domain::limits`, kept in DynamoDB by `store::hosts`), and its robots.txt (`robots`),
+//! (`domain::limits`, kept in DynamoDB by `store::dynamo::hosts`), and its robots.txt (`robots`),
 //! fetched once per host for every sandbox. The gate (here: what a record brings, what it is
 //! told) stands between the guard's reads and the claim: a record whose host has no room is
 //! not fetched, and waits without burning an attempt. The host's turn is in `turn`, the
@@ -25,8 +25,8 @@ use robots::Parsed;
 use crate::domain::time::epoch_millis;
 use crate::metrics::Measures;
 use crate::scraper::Fetcher;
+use crate::store::dynamo::hosts::HostStore;
 use crate::store::error::AwsError;
-use crate::store::hosts::HostStore;
 
 /// The fleet's politeness settings (`HOST_MAX_RPS`, `HOST_MAX_INFLIGHT`, `OBEY_ROBOTS`, ...).
 #[derive(Debug, Clone)]

@@ -11,12 +11,12 @@ use reqwest::redirect;
 use tokio::time::Instant;
 use url::Url;
 
-use super::proxy::{ProxyAddr, ProxySecret, sticky};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
     classify, client_builder, refusal,
 };
 use crate::domain::model::Page;
+use crate::domain::proxy::{ProxyAddr, ProxySecret, sticky};
 use crate::domain::spend::Spend;
 
 /// The reason a task fails when only the paid tier could fetch it and the run's budget for
@@ -215,7 +215,7 @@ impl Routes {
 
 impl Route {
     fn new(
-        credentials: Option<&super::proxy::Credentials>,
+        credentials: Option<&crate::domain::proxy::Credentials>,
         addr: &ProxyAddr,
     ) -> Result<Self, reqwest::Error> {
         let mut proxy = reqwest::Proxy::all(addr.url().as_str())?;

@@ -4,7 +4,6 @@
 mod classify;
 mod egress;
 pub mod policy;
-pub mod proxy;
 
 pub use classify::{classify_status, retry_after};
 pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
@@ -19,9 +18,9 @@ use url::Url;
 
 use crate::domain::bounds::{ContentType, UrlText};
 use crate::domain::model::Page;
+use crate::domain::proxy::{ProxySecret, Tiers};
 use crate::domain::spend::Spend;
 use egress::Routes;
-use proxy::{ProxySecret, Tiers};
 
 /// Whether a failed fetch is worth another delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The proxies' credentials in Secrets Manager: read once per cold start, never logged.
 
-use crate::scraper::proxy::ProxySecret;
+use crate::domain::proxy::ProxySecret;
 use crate::store::error::AwsError;
 
 /// The secret `arn` names, as the proxies' credentials. Neither the secret nor its parse

@@ -11,12 +11,12 @@ use crate::metrics::Measures;
 use crate::polite::{Later, Permit};
 use crate::retry::Patience;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry};
+use crate::store::dynamo::hosts::HostStore;
+use crate::store::dynamo::spend::SpendStore;
+use crate::store::dynamo::tasks::TaskStore;
 use crate::store::error::AwsError;
-use crate::store::hosts::HostStore;
-use crate::store::queue::Visibility;
-use crate::store::results::ResultStore;
-use crate::store::spend::SpendStore;
-use crate::store::tasks::TaskStore;
+use crate::store::s3::ResultStore;
+use crate::store::sqs::Visibility;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -23,11 +23,11 @@ use crate::guard::{ParentsCache, Wanted};
 use crate::polite::{Gate, HoldReason, Permit, Politeness};
 use crate::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
-use crate::store::hosts::HostStore;
-use crate::store::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
-use crate::store::results::ResultStore;
-use crate::store::spend::SpendStore;
-use crate::store::tasks::TaskStore;
+use crate::store::dynamo::hosts::HostStore;
+use crate::store::dynamo::spend::SpendStore;
+use crate::store::dynamo::tasks::TaskStore;
+use crate::store::s3::ResultStore;
+use crate::store::sqs::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]

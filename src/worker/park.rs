@@ -8,11 +8,11 @@ use crate::domain::message::{self, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::scraper::Fetcher;
-use crate::store::hosts::HostStore;
-use crate::store::queue::{QueueRef, SQS_MAX_DELAY, Visibility};
-use crate::store::results::ResultStore;
-use crate::store::spend::SpendStore;
-use crate::store::tasks::TaskStore;
+use crate::store::dynamo::hosts::HostStore;
+use crate::store::dynamo::spend::SpendStore;
+use crate::store::dynamo::tasks::TaskStore;
+use crate::store::s3::ResultStore;
+use crate::store::sqs::{QueueRef, SQS_MAX_DELAY, Visibility};
 use aws_lambda_events::event::sqs::SqsMessage;
 use std::time::{Duration, SystemTime};
 

@@ -8,12 +8,12 @@ use crate::domain::ids::{ResultKey, TaskRef};
 use crate::guard::{self, Admission, Checked, Wanted};
 use crate::polite::{Entry, Later, Permit, Visit};
 use crate::scraper::{FetchError, Fetcher};
+use crate::store::dynamo::hosts::HostStore;
+use crate::store::dynamo::spend::SpendStore;
+use crate::store::dynamo::tasks::{Lease, TaskStore};
 use crate::store::error::AwsError;
-use crate::store::hosts::HostStore;
-use crate::store::queue::Visibility;
-use crate::store::results::ResultStore;
-use crate::store::spend::SpendStore;
-use crate::store::tasks::{Lease, TaskStore};
+use crate::store::s3::ResultStore;
+use crate::store::sqs::Visibility;
 use std::time::{Duration, SystemTime};
 
 use super::{

@@ -15,7 +15,7 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
 use conveyor_worker::store::error::AwsError;
-use conveyor_worker::store::results::{NewResult, Put, ResultStore};
+use conveyor_worker::store::s3::{NewResult, Put, ResultStore};
 
 /// How often, and how, AWS misbehaves.
 #[derive(Debug, Clone, Copy)]

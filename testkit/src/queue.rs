@@ -7,7 +7,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use conveyor_worker::store::queue::{SqsQueue, to_record};
+use conveyor_worker::store::sqs::{SqsQueue, to_record};
 
 use super::{Stack, unique};
 

@@ -13,7 +13,7 @@ use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::ops::local_mapping::{
     self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
-use conveyor_worker::store::queue::SqsQueue;
+use conveyor_worker::store::sqs::SqsQueue;
 
 use super::chaos::{Crashing, Faults};
 use super::queue::Queue;

@@ -12,7 +12,7 @@ use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::config::Config;
 use conveyor_worker::polite::Politeness;
-use conveyor_worker::store::{attributes, keys};
+use conveyor_worker::store::dynamo::{attributes, keys};
 
 use crate::politeness::{Fleet, by_operation, drain_with, pages, statuses, tasks_of};
 

@@ -11,7 +11,7 @@ use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Watch};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::polite::limits::HostLimits;
-use conveyor_worker::store::queue::SqsQueue;
+use conveyor_worker::store::sqs::SqsQueue;
 
 const SANDBOXES: usize = 3;
 
@@ -408,10 +408,10 @@ async fn cooling(stack: &Stack, site: &PoliteSite, seconds: u64) {
         .duration_since(SystemTime::UNIX_EPOCH)
         .expect("after 1970")
         .as_millis();
-    let mut item = conveyor_worker::store::keys::host_key(&host, "HOST");
+    let mut item = conveyor_worker::store::dynamo::keys::host_key(&host, "HOST");
     item.insert(
         "cooldown_until".into(),
-        conveyor_worker::store::attributes::n(until),
+        conveyor_worker::store::dynamo::attributes::n(until),
     );
     let put = stack
         .dynamodb

@@ -12,7 +12,7 @@ use conveyor_testkit::*;
 use conveyor_worker::batch::process_batch;
 use conveyor_worker::domain::message;
 use conveyor_worker::retry::RetryPolicy;
-use conveyor_worker::store::{attributes, keys};
+use conveyor_worker::store::dynamo::{attributes, keys};
 
 #[tokio::test]
 async fn a_terminal_write_meeting_a_transaction_on_its_run_is_tried_again_in_the_invocation() {

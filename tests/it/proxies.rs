@@ -11,9 +11,9 @@ use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
-use conveyor_worker::scraper::proxy::{ProxySecret, Tiers};
-use conveyor_worker::store::keys;
+use conveyor_worker::store::dynamo::keys;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
 use crate::ops::{ops, succeeded};

@@ -2,7 +2,7 @@
 //! one transaction, and the last task completes the run, whoever delivers what how often.
 
 use conveyor_testkit::*;
-use conveyor_worker::store::{attributes, keys};
+use conveyor_worker::store::dynamo::{attributes, keys};
 use futures_util::future::join_all;
 
 #[tokio::test]

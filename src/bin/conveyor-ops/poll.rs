@@ -92,7 +92,7 @@ pub async fn run(args: PollArgs) -> Outcome {
 /// The mapping, with progress lines, until it drains, times out or Ctrl-C.
 async fn watched(
     args: &PollArgs,
-    queue: &conveyor_worker::store::queue::SqsQueue,
+    queue: &conveyor_worker::store::sqs::SqsQueue,
     worker: &AwsWorker,
     settings: &MappingSettings,
     stats: &MappingStats,
@@ -127,7 +127,7 @@ async fn watched(
 }
 
 /// Messages in the queue, if there is one and it answers (0 otherwise).
-async fn depth(queue: Option<&conveyor_worker::store::queue::SqsQueue>) -> u64 {
+async fn depth(queue: Option<&conveyor_worker::store::sqs::SqsQueue>) -> u64 {
     match queue {
         Some(queue) => queue.depth().await.unwrap_or(0),
         None => 0,

@@ -5,11 +5,11 @@
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
-use crate::store::attributes::{Item, n, number, s, string};
+use crate::store::dynamo::attributes::{Item, n, number, s, string};
+use crate::store::dynamo::expressions;
+use crate::store::dynamo::keys::host_key;
+use crate::store::dynamo::tasks::{DynamoTaskStore, is_condition_failure};
 use crate::store::error::AwsError;
-use crate::store::expressions;
-use crate::store::keys::host_key;
-use crate::store::tasks::{DynamoTaskStore, is_condition_failure};
 
 pub use crate::domain::limits::MAX_SLOTS;
 /// A robots.txt is kept gzipped in its item up to this size (a DynamoDB item holds 400 KB);

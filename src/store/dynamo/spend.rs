@@ -10,10 +10,10 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
 use crate::domain::spend::Spend;
+use crate::store::dynamo::expressions;
+use crate::store::dynamo::keys;
+use crate::store::dynamo::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 use crate::store::error::AwsError;
-use crate::store::expressions;
-use crate::store::keys;
-use crate::store::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 
 /// Where spend is counted and the paid tier's budget kept.
 pub trait SpendStore: Send + Sync {

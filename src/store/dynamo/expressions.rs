@@ -13,7 +13,7 @@ use crate::domain::model::Lease;
 use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::{epoch_millis, rfc3339};
-use crate::store::attributes::{Item, n, s};
+use crate::store::dynamo::attributes::{Item, n, s};
 
 /// An update with its condition, names and values.
 pub(crate) struct Expression {

@@ -13,12 +13,14 @@ use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Sharding, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
-use crate::store::attributes::{Item, number, string};
+use crate::store::dynamo::attributes::{Item, number, string};
+use crate::store::dynamo::expressions::{self, Expression, Over, RunStep};
+use crate::store::dynamo::keys;
+use crate::store::dynamo::runs::Requeue;
+use crate::store::dynamo::tasks::{
+    DynamoTaskStore, Finish, cancellation_codes, is_failure_without_result,
+};
 use crate::store::error::{AwsError, cancellation_fault};
-use crate::store::expressions::{self, Expression, Over, RunStep};
-use crate::store::keys;
-use crate::store::runs::Requeue;
-use crate::store::tasks::{DynamoTaskStore, Finish, cancellation_codes, is_failure_without_result};
 
 /// A counter on a task's path: its shard, the shard's group, the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! does each host the fleet fetches from (`HOST#<host:port>`). Keys are strings `pk` and `sk`.
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::store::attributes::{Item, s};
+use crate::store::dynamo::attributes::{Item, s};
 
 /// The job item's sort key, in its own partition.
 pub const JOB_SORT: &str = "JOB";

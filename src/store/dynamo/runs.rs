@@ -14,11 +14,11 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::time::rfc3339;
-use crate::store::attributes::{Item, n, number, s, string, strings};
+use crate::store::dynamo::attributes::{Item, n, number, s, string, strings};
+use crate::store::dynamo::expressions;
+use crate::store::dynamo::keys;
+use crate::store::dynamo::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 use crate::store::error::{AwsError, cancellation_fault};
-use crate::store::expressions;
-use crate::store::keys;
-use crate::store::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 
 /// How a create ended: written now, or there already (as it is stored).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,6 +1,6 @@
 //! The task store: the port the worker reads tasks, jobs and runs through and makes its
 //! conditional writes (claim, release, the terminal write with its run's count), and its
-//! DynamoDB adapter. The expressions are in [`crate::store::expressions`].
+//! DynamoDB adapter. The expressions are in [`crate::store::dynamo::expressions`].
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -21,10 +21,10 @@ use crate::domain::limits::{JobPoliteness, MAX_SLOTS};
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
-use crate::store::attributes::{Item, number, string};
+use crate::store::dynamo::attributes::{Item, number, string};
+use crate::store::dynamo::expressions::{self, Expression, Over, RunStep};
+use crate::store::dynamo::keys;
 use crate::store::error::{AwsError, AwsFault, cancellation_fault};
-use crate::store::expressions::{self, Expression, Over, RunStep};
-use crate::store::keys;
 
 pub use crate::domain::model::Lease;
 
