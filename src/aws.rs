@@ -19,14 +19,18 @@ use crate::config::Config;
 use crate::contract::Outcome;
 use crate::domain::proxy::ProxySecret;
 use crate::metrics::{self, MetricsSettings};
+use crate::ports::error::AwsError;
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::Visibility;
+use crate::ports::results::ResultStore;
+use crate::ports::secrets::Secrets;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::dynamo::spend::SpendStore;
-use crate::store::dynamo::tasks::{DynamoTaskStore, TaskStore};
-use crate::store::error::AwsError;
-use crate::store::s3::{ResultStore, S3ResultStore};
-use crate::store::secrets;
-use crate::store::sqs::{SqsVisibility, Visibility};
+use crate::store::dynamo::DynamoTaskStore;
+use crate::store::s3::S3ResultStore;
+use crate::store::secrets::SecretsManager;
+use crate::store::sqs::SqsVisibility;
 use crate::worker::Worker;
 
 /// The worker as deployed: DynamoDB, S3 and reqwest.
@@ -70,8 +74,8 @@ pub async fn proxy_secret(config: &Config, sdk: &SdkConfig) -> Result<ProxySecre
     if config.proxies.is_empty() {
         tracing::warn!("PROXY_SECRET_ARN is set but PROXY_URLS is not: fetches go direct");
     }
-    let client = aws_sdk_secretsmanager::Client::new(sdk);
-    secrets::proxy_secret(&client, arn).await
+    let secrets = SecretsManager::new(aws_sdk_secretsmanager::Client::new(sdk));
+    secrets.proxy_secret(arn).await
 }
 
 /// Whether the environment holds credentials, as Lambda's always does (the function role's).

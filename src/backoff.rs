@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::store::sqs::SQS_MAX_VISIBILITY;
+use crate::ports::queue::SQS_MAX_VISIBILITY;
 
 /// How long to hold a message back before its next delivery.
 #[derive(Debug, Clone, Copy)]

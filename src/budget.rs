@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::store::dynamo::spend::SpendStore;
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
+use crate::ports::spend::SpendStore;
 
 /// How long a sandbox takes a refused reservation as the run's answer before asking again
 /// (an operator may raise the budget).

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::domain::message::Poison;
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
 
 /// What SQS is told about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

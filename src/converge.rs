@@ -10,10 +10,10 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::spend::Spend;
+use crate::ports::error::AwsError;
+use crate::ports::results::{NewResult, Put, ResultStore};
+use crate::ports::tasks::{Finish, TaskStore};
 use crate::retry::Patience;
-use crate::store::dynamo::tasks::{Finish, TaskStore};
-use crate::store::error::AwsError;
-use crate::store::s3::{NewResult, Put, ResultStore};
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

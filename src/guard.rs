@@ -11,9 +11,9 @@ use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, TaskStatus};
+use crate::ports::error::AwsError;
+use crate::ports::tasks::{Claim, Lease, TaskStore};
 use crate::retry::Patience;
-use crate::store::dynamo::tasks::{Claim, Lease, TaskStore};
-use crate::store::error::AwsError;
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
 /// them, the job's politeness, and the run's budget for the paid proxy tier.

@@ -24,6 +24,7 @@ pub mod guard;
 pub mod metrics;
 pub mod ops;
 pub mod polite;
+pub mod ports;
 pub mod retry;
 pub mod scraper;
 pub mod settings;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
 
 /// How often, and how far apart, a write that met a conflict is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::Message;
 
 use crate::batch::{BatchLimits, ProcessRecord, process_batch};
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
 use crate::store::sqs::{SqsQueue, to_record};
 
 /// How the mapping polls and invokes.

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use crate::domain::ids::Id;
 use crate::domain::model::Counting;
 use crate::domain::spend::{MAX_TIERS, Spend};
+use crate::ports::error::AwsError;
+use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string, text};
-use crate::store::dynamo::expressions::spend_names;
 use crate::store::dynamo::runs::counting_of;
-use crate::store::dynamo::tasks::DynamoTaskStore;
-use crate::store::error::AwsError;
+use crate::store::dynamo::spend::writes::spend_names;
 
 /// A run as stored, and its tasks by status.
 #[derive(Debug, Default)]

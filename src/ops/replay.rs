@@ -1,7 +1,7 @@
 //! `conveyor-ops replay-quarantine`: each quarantined poison message's body sent back to the
 //! queue (once the producer or the worker is fixed), optionally deleting what was sent.
 
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
 use crate::store::s3::S3ResultStore;
 use crate::store::sqs::SqsQueue;
 

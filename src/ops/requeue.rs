@@ -8,11 +8,11 @@ use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
+use crate::ports::error::AwsError;
 use crate::retry::{Patience, RetryPolicy};
+use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::string;
 use crate::store::dynamo::runs::{Requeue, counting_of};
-use crate::store::dynamo::tasks::DynamoTaskStore;
-use crate::store::error::AwsError;
 use crate::store::sqs::SqsQueue;
 
 /// What a re-queue did.

@@ -8,10 +8,11 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
 use crate::domain::ids::{Id, ResultKey};
+use crate::ports::error::AwsError;
+use crate::ports::results::ResultStore;
+use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string};
-use crate::store::dynamo::tasks::DynamoTaskStore;
-use crate::store::error::AwsError;
-use crate::store::s3::{ResultStore, S3ResultStore};
+use crate::store::s3::S3ResultStore;
 
 /// One task as it ended (or not yet).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -10,11 +10,11 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
+use crate::ports::error::AwsError;
 use crate::scraper::MAX_URL_BYTES;
+use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{number, string};
 use crate::store::dynamo::runs::{Created, counting_of};
-use crate::store::dynamo::tasks::DynamoTaskStore;
-use crate::store::error::AwsError;
 use crate::store::sqs::SqsQueue;
 
 /// A line of the list that is not a URL the worker could fetch.

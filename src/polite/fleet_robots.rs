@@ -3,9 +3,9 @@
 
 use crate::domain::limits::{Host, HostLimits, Millis};
 use crate::metrics::Measures;
+use crate::ports::error::AwsError;
+use crate::ports::hosts::{HostStore, RobotsRecord};
 use crate::scraper::{self, Fetcher};
-use crate::store::dynamo::hosts::{HostStore, RobotsRecord};
-use crate::store::error::AwsError;
 use robots::{Parsed, Verdict};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;

@@ -24,9 +24,9 @@ use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
 use crate::metrics::Measures;
+use crate::ports::error::AwsError;
+use crate::ports::hosts::HostStore;
 use crate::scraper::Fetcher;
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::error::AwsError;
 
 /// The fleet's politeness settings (`HOST_MAX_RPS`, `HOST_MAX_INFLIGHT`, `OBEY_ROBOTS`, ...).
 #[derive(Debug, Clone)]

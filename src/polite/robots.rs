@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::domain::limits::Millis;
 use crate::domain::model::Page;
+use crate::ports::hosts::{Robots, RobotsRecord};
 use crate::scraper::{FetchError, Retry};
-use crate::store::dynamo::hosts::{Robots, RobotsRecord};
 
 pub use crate::domain::limits::MAX_ROBOTS_BYTES;
 

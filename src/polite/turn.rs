@@ -4,8 +4,8 @@
 
 use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::error::AwsError;
+use crate::ports::error::AwsError;
+use crate::ports::hosts::HostStore;
 use std::collections::VecDeque;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;

@@ -4,68 +4,7 @@ use aws_runtime::retries::classifiers::{THROTTLING_ERRORS, TRANSIENT_ERRORS};
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What went wrong talking to AWS, as far as a caller needs to branch or an operator to read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AwsFault {
-    /// Throttled or over provisioned throughput: back off.
-    Throttled,
-    /// The service failed (5xx) or sent a response we could not read.
-    ServiceFailed,
-    /// No answer in time.
-    TimedOut,
-    /// The request never got there (DNS, connect, TLS, credentials).
-    NotSent,
-    /// Another request was changing the same item or object at that moment (a DynamoDB
-    /// transaction in flight, S3's 409 to racing conditional writes): try again shortly.
-    Conflict,
-    /// The service refused the request itself as invalid (too large, malformed): sending
-    /// the same request again can never succeed.
-    Invalid { code: String },
-    /// The service refused the request (access denied, missing table or bucket): a
-    /// configuration problem that a redelivery may outlast once it is fixed.
-    Refused { code: String },
-}
-
-impl std::fmt::Display for AwsFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Throttled => f.write_str("throttled"),
-            Self::ServiceFailed => f.write_str("service failed"),
-            Self::TimedOut => f.write_str("timed out"),
-            Self::NotSent => f.write_str("not sent"),
-            Self::Conflict => f.write_str("conflicted with a concurrent change"),
-            Self::Invalid { code } => write!(f, "refused as invalid: {code}"),
-            Self::Refused { code } => write!(f, "refused: {code}"),
-        }
-    }
-}
-
-/// A store call that did not give an answer the worker can act on.
-///
-/// Unless the worker can write something else in its place ([`AwsError::is_invalid`]),
-/// every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
-/// cannot read is a bug that must reach the dead-letter queue rather than be dropped.
-#[derive(Debug, thiserror::Error)]
-pub enum AwsError {
-    #[error("{operation} {fault}")]
-    Aws {
-        operation: &'static str,
-        fault: AwsFault,
-        #[source]
-        source: BoxError,
-    },
-    #[error("unreadable {what}: {detail}")]
-    Corrupt { what: &'static str, detail: String },
-    /// A concurrent change was in the way (a transaction conflict, an object gone between
-    /// two requests): trying again shortly may get past it.
-    #[error("concurrent change: {detail}")]
-    Conflict { detail: String },
-    /// The stored state forbids what was asked (an operator's re-queue of a cancelled run).
-    #[error("refused: {detail}")]
-    Refused { detail: String },
-}
+use crate::ports::error::{AwsError, AwsFault};
 
 /// Codes of a request that met a concurrent change of the same item or object.
 const CONFLICT_CODES: &[&str] = &[
@@ -106,34 +45,6 @@ impl AwsError {
             fault,
             source: Box::new(err),
         }
-    }
-
-    /// An AWS error whose fault the caller classified (a cancelled transaction, by its
-    /// reasons; keys a batch read left unprocessed).
-    pub fn aws(operation: &'static str, fault: AwsFault, source: impl Into<BoxError>) -> Self {
-        Self::Aws {
-            operation,
-            fault,
-            source: source.into(),
-        }
-    }
-
-    /// The AWS fault behind this error, if it came from AWS.
-    pub fn aws_fault(&self) -> Option<&AwsFault> {
-        match self {
-            Self::Aws { fault, .. } => Some(fault),
-            Self::Corrupt { .. } | Self::Conflict { .. } | Self::Refused { .. } => None,
-        }
-    }
-
-    /// A concurrent change was in the way: worth trying again shortly, within the invocation.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Conflict { .. }) || self.aws_fault() == Some(&AwsFault::Conflict)
-    }
-
-    /// AWS refused the request as invalid: the same request can never succeed.
-    pub fn is_invalid(&self) -> bool {
-        matches!(self.aws_fault(), Some(AwsFault::Invalid { .. }))
     }
 }
 

@@ -1,16 +1,15 @@
 //! The result store: the first object stored under a task's key wins, in S3.
 
-use std::future::Future;
-use std::time::SystemTime;
-
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::domain::bounds::MetadataUrl;
 use crate::domain::ids::{QuarantineKey, ResultKey};
-use crate::domain::model::{Page, StoredResult};
+use crate::domain::model::StoredResult;
 use crate::domain::time::rfc3339;
-use crate::store::error::{AwsError, service_code};
+use crate::ports::error::AwsError;
+use crate::ports::results::{NewResult, Put, ResultStore};
+use crate::store::error::service_code;
 
 /// User metadata names on every result object.
 pub mod meta {
@@ -19,45 +18,6 @@ pub mod meta {
     pub const HTTP_STATUS: &str = "http-status";
     pub const SHA256: &str = "sha256";
     pub const FETCHED_AT: &str = "fetched-at";
-}
-
-/// A page on its way into the store.
-#[derive(Debug, Clone, Copy)]
-pub struct NewResult<'a> {
-    pub key: &'a ResultKey,
-    pub page: &'a Page,
-    pub sha256: &'a str,
-    pub fetched_at: SystemTime,
-}
-
-/// The result of a conditional put.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Put {
-    Stored,
-    /// An object was already under the key; it stays, and the caller adopts it.
-    AlreadyThere,
-}
-
-/// Where result objects live.
-pub trait ResultStore: Send + Sync {
-    /// Stores the page only if nothing is stored under the key yet.
-    fn put_if_absent(
-        &self,
-        new: NewResult<'_>,
-    ) -> impl Future<Output = Result<Put, AwsError>> + Send;
-
-    /// Describes the object under the key from its metadata, or `None` when there is none.
-    fn describe(
-        &self,
-        key: &ResultKey,
-    ) -> impl Future<Output = Result<Option<StoredResult>, AwsError>> + Send;
-
-    /// Keeps a poison message (a JSON document) for a person to inspect and replay.
-    fn quarantine(
-        &self,
-        key: &QuarantineKey,
-        document: Vec<u8>,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
 
 /// [`ResultStore`] on one S3 bucket.

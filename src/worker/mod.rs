@@ -21,13 +21,13 @@ use crate::domain::model::DuplicatePolicy;
 use crate::domain::time::epoch_millis;
 use crate::guard::{ParentsCache, Wanted};
 use crate::polite::{Gate, HoldReason, Permit, Politeness};
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
+use crate::ports::results::ResultStore;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
 use crate::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::dynamo::spend::SpendStore;
-use crate::store::dynamo::tasks::TaskStore;
-use crate::store::s3::ResultStore;
-use crate::store::sqs::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 
 /// The settings one record needs, from [`Config`].
 #[derive(Debug, Clone)]

@@ -7,12 +7,12 @@ use crate::domain::ids::{QuarantineKey, TaskRef};
 use crate::domain::message::{self, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::{QueueRef, SQS_MAX_DELAY, Visibility};
+use crate::ports::results::ResultStore;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
 use crate::scraper::Fetcher;
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::dynamo::spend::SpendStore;
-use crate::store::dynamo::tasks::TaskStore;
-use crate::store::s3::ResultStore;
-use crate::store::sqs::{QueueRef, SQS_MAX_DELAY, Visibility};
 use aws_lambda_events::event::sqs::SqsMessage;
 use std::time::{Duration, SystemTime};
 

@@ -7,13 +7,13 @@ use crate::converge::Stores;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::guard::{self, Admission, Checked, Wanted};
 use crate::polite::{Entry, Later, Permit, Visit};
+use crate::ports::error::AwsError;
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::Visibility;
+use crate::ports::results::ResultStore;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::{Lease, TaskStore};
 use crate::scraper::{FetchError, Fetcher};
-use crate::store::dynamo::hosts::HostStore;
-use crate::store::dynamo::spend::SpendStore;
-use crate::store::dynamo::tasks::{Lease, TaskStore};
-use crate::store::error::AwsError;
-use crate::store::s3::ResultStore;
-use crate::store::sqs::Visibility;
 use std::time::{Duration, SystemTime};
 
 use super::{

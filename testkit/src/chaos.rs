@@ -14,8 +14,8 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
-use conveyor_worker::store::error::AwsError;
-use conveyor_worker::store::s3::{NewResult, Put, ResultStore};
+use conveyor_worker::ports::error::AwsError;
+use conveyor_worker::ports::results::{NewResult, Put, ResultStore};
 
 /// How often, and how, AWS misbehaves.
 #[derive(Debug, Clone, Copy)]

@@ -18,13 +18,13 @@ use conveyor_worker::domain::model::{
 };
 use conveyor_worker::domain::spend::Spend;
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
+use conveyor_worker::ports::error::AwsError;
+use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
+use conveyor_worker::ports::queue::{QueueRef, Visibility};
+use conveyor_worker::ports::results::{NewResult, Put, ResultStore};
+use conveyor_worker::ports::spend::SpendStore;
+use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore};
 use conveyor_worker::scraper::{self, Fetched, Fetcher};
-use conveyor_worker::store::dynamo::hosts::{HostStore, Robots, RobotsRecord, Taken};
-use conveyor_worker::store::dynamo::spend::SpendStore;
-use conveyor_worker::store::dynamo::tasks::{Claim, Finish, Lease, TaskStore};
-use conveyor_worker::store::error::AwsError;
-use conveyor_worker::store::s3::{NewResult, Put, ResultStore};
-use conveyor_worker::store::sqs::{QueueRef, Visibility};
 use conveyor_worker::worker::Worker;
 
 use super::{WorkerTuning, task_ref};

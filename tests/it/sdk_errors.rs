@@ -19,10 +19,12 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
+use conveyor_worker::ports::error::{AwsError, AwsFault};
+use conveyor_worker::ports::results::{NewResult, ResultStore};
+use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore};
 use conveyor_worker::retry::{Patience, RetryPolicy};
-use conveyor_worker::store::dynamo::tasks::{Claim, DynamoTaskStore, Finish, TaskStore};
-use conveyor_worker::store::error::{AwsError, AwsFault};
-use conveyor_worker::store::s3::{NewResult, ResultStore, S3ResultStore};
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::s3::S3ResultStore;
 use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use conveyor_worker::aws;
 use conveyor_worker::domain::ids::Id;
-use conveyor_worker::store::dynamo::tasks::DynamoTaskStore;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsQueue;
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};

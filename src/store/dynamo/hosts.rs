@@ -5,102 +5,17 @@
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
+use crate::ports::error::AwsError;
+use crate::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
-use crate::store::dynamo::expressions;
+
 use crate::store::dynamo::keys::host_key;
-use crate::store::dynamo::tasks::{DynamoTaskStore, is_condition_failure};
-use crate::store::error::AwsError;
+use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
 
 pub use crate::domain::limits::MAX_SLOTS;
 /// A robots.txt is kept gzipped in its item up to this size (a DynamoDB item holds 400 KB);
 /// a file that does not compress to it is kept to its first bytes that do.
 pub const MAX_KEPT_ROBOTS_BYTES: usize = 350 * 1024;
-
-/// What the fleet knows of a host's robots.txt, until `expires_at`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RobotsRecord {
-    pub rules: Robots,
-    pub expires_at: Millis,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Robots {
-    /// A robots.txt to obey (its first [`MAX_ROBOTS_BYTES`]).
-    Rules(Vec<u8>),
-    /// None there (4xx): everything allowed.
-    AllowAll,
-    /// The host could not say (5xx, unreachable): nothing allowed until it expires.
-    Unavailable,
-}
-
-impl Robots {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Robots::Rules(_) => "rules",
-            Robots::AllowAll => "allow_all",
-            Robots::Unavailable => "unavailable",
-        }
-    }
-}
-
-/// A take's answer: the grant, the host's state, and the slot taken.
-pub type Taken = (Grant, HostState, Option<(usize, Millis)>);
-
-/// The port: a host's schedule and robots.txt, shared by every sandbox.
-pub trait HostStore: Send + Sync {
-    /// Takes the host's schedule for one fetch, if `decide` grants it on the host as it is
-    /// now; answers the grant, the host's state after it (or as it was, if not granted) and
-    /// the slot taken (another than asked for, if that one was taken and another free).
-    /// `seen`: this sandbox's last view of the host, to guess which condition holds.
-    fn take_host(
-        &self,
-        host: &Host,
-        ask: &Ask,
-        seen: &HostState,
-    ) -> impl Future<Output = Result<Taken, AwsError>> + Send;
-
-    /// The host as it is now (a consistent read).
-    fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, AwsError>> + Send;
-
-    /// Gives a fetch's slot back (if it is still the fetch's).
-    fn leave_host(
-        &self,
-        host: &Host,
-        slot: (usize, Millis),
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
-
-    /// Records the host's push-back, `(cooldown end, slowdown)` computed from `seen` (the
-    /// item as read), only if it lengthens the cooldown in force: a later, weaker answer
-    /// never shortens it. False when a longer cooldown stood.
-    fn push_back(
-        &self,
-        host: &Host,
-        push_back: (Millis, f64),
-        now: Millis,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
-
-    fn robots(
-        &self,
-        host: &Host,
-    ) -> impl Future<Output = Result<Option<RobotsRecord>, AwsError>> + Send;
-
-    /// Takes the fleet's one fetch of the host's robots.txt until `until`; false when a fresh
-    /// one is kept or another sandbox is fetching it.
-    fn take_robots_fetch(
-        &self,
-        host: &Host,
-        now: Millis,
-        until: Millis,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
-
-    /// Stores the fleet's copy; answers it as kept (a file cut to what the item holds), so
-    /// the sandbox that fetched it parses the same bytes as every other.
-    fn put_robots(
-        &self,
-        host: &Host,
-        record: RobotsRecord,
-    ) -> impl Future<Output = Result<RobotsRecord, AwsError>> + Send;
-}
 
 /// A host item as the schedule reads it.
 fn host_state(item: &Item) -> HostState {
@@ -143,11 +58,7 @@ impl HostStore for DynamoTaskStore {
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 );
-            match expressions::host_take(&ask, busy)
-                .apply_to(request)
-                .send()
-                .await
-            {
+            match writes::host_take(&ask, busy).apply_to(request).send().await {
                 Ok(out) => {
                     let after = host_state(&out.attributes.unwrap_or_default());
                     let start = match (busy, ask.interval, after.next_start) {
@@ -188,7 +99,7 @@ impl HostStore for DynamoTaskStore {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(host_key(host.as_str(), "HOST")));
-        match expressions::host_leave(slot).apply_to(request).send().await {
+        match writes::host_leave(slot).apply_to(request).send().await {
             // A slot that lapsed is another fetch's now.
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
@@ -207,7 +118,7 @@ impl HostStore for DynamoTaskStore {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(host_key(host.as_str(), "HOST")));
-        let expression = expressions::host_push_back(push_back, now);
+        let expression = writes::host_push_back(push_back, now);
         match expression.apply_to(request).send().await {
             Ok(_) => Ok(true),
             Err(err) if is_condition_failure(&err) => Ok(false),
@@ -239,7 +150,7 @@ impl HostStore for DynamoTaskStore {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(host_key(host.as_str(), "ROBOTS")));
-        match expressions::robots_take(now, until)
+        match writes::robots_take(now, until)
             .apply_to(request)
             .send()
             .await
@@ -323,6 +234,79 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
         rules,
         expires_at: number(item, "expires_at")?,
     })
+}
+
+/// The writes of this item kind.
+pub(crate) mod writes {
+    use crate::domain::limits::Ask;
+    use crate::store::dynamo::attributes::n;
+    use crate::store::dynamo::expressions::Expression;
+
+    /// A host's schedule taken for one fetch (`polite::limits::decide`, as conditions): no
+    /// cooldown in force; the rate's next start reserved (`busy`: the schedule runs ahead of now
+    /// and stays within the fetch's horizon, so the start is the old next start; else it starts
+    /// now); the in-flight slot free or lapsed.
+    pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
+        let mut sets = Vec::new();
+        let mut conditions =
+            vec!["(attribute_not_exists(cooldown_until) OR cooldown_until <= :now)"];
+        let mut expression = Expression::new(String::new(), "");
+        if let Some(interval) = ask.interval {
+            expression = if busy {
+                sets.push("next_start = next_start + :interval");
+                conditions.push("next_start >= :now AND next_start <= :horizon");
+                expression
+                    .value(":horizon", n(ask.horizon))
+                    .value(":interval", n(interval))
+            } else {
+                sets.push("next_start = :first_next");
+                conditions.push("(attribute_not_exists(next_start) OR next_start < :now)");
+                expression.value(":first_next", n(ask.now + interval))
+            };
+        }
+        if let Some((slot, until)) = ask.slot {
+            sets.push("#slot = :until");
+            conditions.push("(attribute_not_exists(#slot) OR #slot <= :now)");
+            expression = expression
+                .name("#slot", &format!("slot_{slot}"))
+                .value(":until", n(until));
+        }
+        sets.push("touched_at = :now");
+        expression.update = format!("SET {}", sets.join(", "));
+        expression.condition = conditions.join(" AND ");
+        expression.value(":now", n(ask.now))
+    }
+
+    /// A fetch's end at a host: its slot given back, if still its own.
+    pub(crate) fn host_leave((slot, until): (usize, u64)) -> Expression {
+        Expression::new("REMOVE #slot".into(), "#slot = :mine")
+            .name("#slot", &format!("slot_{slot}"))
+            .value(":mine", n(until))
+    }
+
+    /// The host pushed back: the cooldown and slowdown every sandbox then obeys, only if the
+    /// cooldown ends later than the one in force (a push-back only lengthens it).
+    pub(crate) fn host_push_back((until, slowdown): (u64, f64), now: u64) -> Expression {
+        Expression::new(
+            "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now".into(),
+            "attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown",
+        )
+        .value(":cooldown", n(until))
+        .value(":slowdown", n(slowdown))
+        .value(":now", n(now))
+    }
+
+    /// The one fleet-wide fetch of a host's robots.txt: taken while none is fresh and nobody
+    /// else is fetching it.
+    pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
+        Expression::new(
+            "SET lease_until = :until".into(),
+            "(attribute_not_exists(expires_at) OR expires_at <= :now) \
+         AND (attribute_not_exists(lease_until) OR lease_until <= :now)",
+        )
+        .value(":now", n(now))
+        .value(":until", n(until))
+    }
 }
 
 #[cfg(test)]

@@ -14,11 +14,14 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::time::rfc3339;
+use crate::ports::error::AwsError;
 use crate::store::dynamo::attributes::{Item, n, number, s, string, strings};
-use crate::store::dynamo::expressions;
+
 use crate::store::dynamo::keys;
-use crate::store::dynamo::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
-use crate::store::error::{AwsError, cancellation_fault};
+use crate::store::dynamo::{
+    DynamoTaskStore, cancellation_codes, is_condition_failure, run_counters, tasks,
+};
+use crate::store::error::cancellation_fault;
 
 /// How a create ended: written now, or there already (as it is stored).
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +138,7 @@ impl DynamoTaskStore {
         run: &Id,
         through: u64,
     ) -> Result<(), AwsError> {
-        let advance = expressions::advance_submitted(through, &now());
+        let advance = writes::advance_submitted(through, &now());
         let result = self.update_run((job, run), advance).send().await;
         match result {
             Ok(_) => Ok(()),
@@ -151,7 +154,7 @@ impl DynamoTaskStore {
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item))
-            .condition_expression(expressions::ABSENT)
+            .condition_expression(writes::ABSENT)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
@@ -274,11 +277,12 @@ impl DynamoTaskStore {
             return self.requeue_sharded(task, sharding, &now).await;
         }
         let task_update =
-            expressions::requeue_task(&now).into_update(&self.table, keys::task_key(task));
+            tasks::writes::requeue_task(&now).into_update(&self.table, keys::task_key(task));
         let mut items = vec![TransactWriteItem::builder().update(task_update).build()];
         if counting.is_some() {
             let run_key = keys::run_key(&task.job_id, &task.run_id);
-            let run_update = expressions::requeue_run(&now).into_update(&self.table, run_key);
+            let run_update =
+                run_counters::writes::requeue_run(&now).into_update(&self.table, run_key);
             items.push(TransactWriteItem::builder().update(run_update).build());
         }
         let result = self
@@ -332,4 +336,23 @@ pub fn counting_of(run: &Item) -> Option<Counting> {
 
 fn now() -> String {
     rfc3339(std::time::SystemTime::now())
+}
+
+/// The writes of this item kind.
+pub(crate) mod writes {
+    use crate::store::dynamo::attributes::{n, s};
+    use crate::store::dynamo::expressions::Expression;
+
+    /// A put that only creates: nothing with this key yet.
+    pub(crate) const ABSENT: &str = "attribute_not_exists(pk)";
+
+    /// The producer's submit cursor moved on: tasks before `through` are written and sent.
+    pub(crate) fn advance_submitted(through: u64, now: &str) -> Expression {
+        Expression::new(
+            "SET submitted_through = :through, updated_at = :now".into(),
+            "attribute_not_exists(submitted_through) OR submitted_through < :through",
+        )
+        .value(":through", n(through))
+        .value(":now", s(now))
+    }
 }

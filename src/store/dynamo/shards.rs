@@ -13,14 +13,16 @@ use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Sharding, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
+use crate::ports::error::AwsError;
+use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, number, string};
-use crate::store::dynamo::expressions::{self, Expression, Over, RunStep};
+use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
+use crate::store::dynamo::run_counters::writes::RunStep;
 use crate::store::dynamo::runs::Requeue;
-use crate::store::dynamo::tasks::{
-    DynamoTaskStore, Finish, cancellation_codes, is_failure_without_result,
-};
-use crate::store::error::{AwsError, cancellation_fault};
+use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
+use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
+use crate::store::error::cancellation_fault;
 
 /// A counter on a task's path: its shard, the shard's group, the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,10 +162,10 @@ impl DynamoTaskStore {
             Step::Recount => Over::FailureWithoutResult,
             Step::Climb { .. } => Over::Open,
         };
-        let task = expressions::task_terminal(terminal, now, over);
+        let task = tasks::writes::task_terminal(terminal, now, over);
         let mut updates = vec![task.into_update(&self.table, keys::task_key(path.task))];
         let counters: Vec<Expression> = match step {
-            Step::Recount => vec![expressions::shard_recount(terminal, now)],
+            Step::Recount => vec![writes::shard_recount(terminal, now)],
             Step::Climb { top, how } => (0..=top)
                 .map(|level| counter_update(path, level, terminal, now, (top, how)))
                 .collect(),
@@ -229,10 +231,10 @@ fn counter_update(
 ) -> Expression {
     let last = level < top || how == Top::Orphan;
     match (path.nodes[level], how) {
-        (Node::Shard(_), _) => expressions::shard_count(terminal, now, last),
-        (Node::Group(_), _) => expressions::group_count(now, last),
-        (Node::Run, Top::Run(step)) => expressions::children_done(step, path.left(level), now),
-        (Node::Run, _) => expressions::children_done(RunStep::Count, path.left(level), now),
+        (Node::Shard(_), _) => writes::shard_count(terminal, now, last),
+        (Node::Group(_), _) => writes::group_count(now, last),
+        (Node::Run, Top::Run(step)) => writes::children_done(step, path.left(level), now),
+        (Node::Run, _) => writes::children_done(RunStep::Count, path.left(level), now),
     }
 }
 
@@ -376,13 +378,13 @@ impl DynamoTaskStore {
 /// A re-queue's transaction: the task, and its counters up to `top`: each below it reopened
 /// (from none left), `top` counting the task back (or the run, running again).
 fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Update> {
-    let task = expressions::requeue_task(now).into_update(table, keys::task_key(path.task));
+    let task = tasks::writes::requeue_task(now).into_update(table, keys::task_key(path.task));
     let counters = (0..=top).map(|level| {
         let reopens = level < top;
         let update = match path.nodes[level] {
-            Node::Shard(_) => expressions::shard_requeue(now, reopens),
-            Node::Group(_) => expressions::group_requeue(now, reopens),
-            Node::Run => expressions::children_reopened(path.left(level), now),
+            Node::Shard(_) => writes::shard_requeue(now, reopens),
+            Node::Group(_) => writes::group_requeue(now, reopens),
+            Node::Run => writes::children_reopened(path.left(level), now),
         };
         update.into_update(table, path.key(level))
     });
@@ -393,5 +395,133 @@ fn counters_refused(task: &TaskRef) -> AwsError {
     let (job, run) = (&task.job_id, &task.run_id);
     AwsError::Refused {
         detail: format!("run {job}/{run} was cancelled or lost its counters"),
+    }
+}
+
+/// The writes of this item kind.
+pub(crate) mod writes {
+    use crate::domain::model::Terminal;
+    use crate::store::dynamo::attributes::{n, s};
+    use crate::store::dynamo::expressions::Expression;
+    use crate::store::dynamo::run_counters::writes::{RunStep, run_count};
+
+    /// A counter shard's side of a task's terminal write (data contract v2): count the task,
+    /// conditional on the shard having more than one task left (`last: false`) or exactly one.
+    pub(crate) fn shard_count(terminal: &Terminal, now: &str, last: bool) -> Expression {
+        let counter = match terminal {
+            Terminal::Succeeded(_) => "tasks_succeeded",
+            Terminal::Failed(_) => "tasks_failed",
+        };
+        Expression::new(
+            format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now"),
+            if last {
+                "tasks_remaining = :one"
+            } else {
+                "tasks_remaining > :one"
+            },
+        )
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":now", s(now))
+    }
+
+    /// A counter shard's side of a success replacing a failure it counted (as a run's own).
+    pub(crate) fn shard_recount(terminal: &Terminal, now: &str) -> Expression {
+        run_count(RunStep::Recount, terminal, now)
+    }
+
+    /// A counter group's side when one of its shards counts its last task: one shard fewer
+    /// left, conditional on more than one left (`last: false`) or exactly one.
+    pub(crate) fn group_count(now: &str, last: bool) -> Expression {
+        Expression::new(
+            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
+            if last {
+                "shards_remaining = :one"
+            } else {
+                "shards_remaining > :one"
+            },
+        )
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":now", s(now))
+    }
+
+    /// The run's side when its child (a shard, or a group) counts its last: one fewer left in
+    /// `left` (`shards_remaining` or `groups_remaining`), the last completing a running run
+    /// (`step` as for a run's own count).
+    pub(crate) fn children_done(step: RunStep, left: &str, now: &str) -> Expression {
+        let expression = match step {
+            RunStep::Count => Expression::new(
+                "ADD #left :minus_one SET updated_at = :now".into(),
+                "#left > :one",
+            )
+            .value(":one", n(1)),
+            RunStep::CountAndComplete => Expression::new(
+                "ADD #left :minus_one, times_completed :one \
+             SET updated_at = :now, #status = :completed, completed_at = :now"
+                    .into(),
+                "#left = :one AND #status = :running",
+            )
+            .name("#status", "status")
+            .value(":one", n(1))
+            .value(":completed", s("completed"))
+            .value(":running", s("running")),
+            RunStep::CountOnly | RunStep::Recount => Expression::new(
+                "ADD #left :minus_one SET updated_at = :now".into(),
+                "attribute_exists(#left)",
+            ),
+        };
+        expression
+            .name("#left", left)
+            .value(":minus_one", n(-1))
+            .value(":now", s(now))
+    }
+
+    /// A counter shard's side of a re-queue: the task counted back into its remaining ones;
+    /// `reopens` when the shard had none left (then its parent counts it open again too).
+    pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
+        Expression::new(
+            "ADD tasks_failed :minus_one, tasks_remaining :one SET updated_at = :now".into(),
+            if reopens {
+                "tasks_remaining = :zero"
+            } else {
+                "tasks_remaining > :zero"
+            },
+        )
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":zero", n(0))
+        .value(":now", s(now))
+    }
+
+    /// A counter group's side of a re-queue that reopens one of its shards: one more shard
+    /// left; `reopens` when it had none left (then the run counts it open again too).
+    pub(crate) fn group_requeue(now: &str, reopens: bool) -> Expression {
+        Expression::new(
+            "ADD shards_remaining :one SET updated_at = :now".into(),
+            if reopens {
+                "shards_remaining = :zero"
+            } else {
+                "shards_remaining > :zero"
+            },
+        )
+        .value(":one", n(1))
+        .value(":zero", n(0))
+        .value(":now", s(now))
+    }
+
+    /// The run's side of a re-queue that reopens one of its children (`left`: the count of
+    /// them), and so the run.
+    pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
+        Expression::new(
+            "ADD #left :one SET #status = :running, updated_at = :now REMOVE completed_at".into(),
+            "attribute_exists(#left) AND #status <> :cancelled",
+        )
+        .name("#left", left)
+        .name("#status", "status")
+        .value(":one", n(1))
+        .value(":running", s("running"))
+        .value(":cancelled", s("cancelled"))
+        .value(":now", s(now))
     }
 }

@@ -2,40 +2,20 @@
 //! its task counts in (the run item, or its shard), exactly once; and the paid tier's budget,
 //! reserved from the run item in chunks.
 
-use std::future::Future;
-
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
 use crate::domain::spend::Spend;
-use crate::store::dynamo::expressions;
+use crate::ports::error::AwsError;
+use crate::ports::spend::SpendStore;
+
+use crate::store::dynamo::attributes::n;
+use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
-use crate::store::dynamo::tasks::{DynamoTaskStore, cancellation_codes, is_condition_failure};
-use crate::store::error::AwsError;
-
-/// Where spend is counted and the paid tier's budget kept.
-pub trait SpendStore: Send + Sync {
-    /// Adds one delivery's spend to the counter item of `task`'s run. `delivery` names the
-    /// delivery: the same one recorded twice (a retried request) counts once.
-    fn record_spend(
-        &self,
-        task: &TaskRef,
-        counting: Counting,
-        spend: &Spend,
-        delivery: &str,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
-
-    /// Reserves `chunk` bytes of the run's paid-tier budget: `false` once the reserved bytes
-    /// reach the budget (or the run has none).
-    fn reserve_paid(
-        &self,
-        job: &Id,
-        run: &Id,
-        chunk: u64,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
-}
+use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
+use writes::spend_names;
 
 impl SpendStore for DynamoTaskStore {
     #[tracing::instrument(skip_all)]
@@ -56,7 +36,7 @@ impl SpendStore for DynamoTaskStore {
                 keys::shard_key(&task.job_id, &task.run_id, shard)
             }
         };
-        let update = expressions::spend(spend).into_update(&self.table, key);
+        let update = writes::spend(spend).into_update(&self.table, key);
         // A transaction of one, for its idempotency token: a request the SDK sends again
         // after a lost answer is not applied twice.
         let result = self
@@ -83,12 +63,71 @@ impl SpendStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all, fields(chunk))]
     async fn reserve_paid(&self, job: &Id, run: &Id, chunk: u64) -> Result<bool, AwsError> {
-        let reserve = expressions::reserve_paid(chunk);
+        let reserve = writes::reserve_paid(chunk);
         let result = self.update_run((job, run), reserve).send().await;
         match result {
             Ok(_) => Ok(true),
             Err(err) if is_condition_failure(&err) => Ok(false),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(reserve_paid)", err)),
         }
+    }
+}
+
+impl Expression {
+    /// With one delivery's spend added to the item (a counter item: the run or a shard),
+    /// in the same `ADD` clause as its counts.
+    pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {
+        let mut adds = Vec::new();
+        for (tier, spent) in spend.spent() {
+            let (requests, bytes) = spend_names(tier);
+            adds.push(format!("{requests} :spent_r{tier}, {bytes} :spent_b{tier}"));
+            self = self
+                .value(&format!(":spent_r{tier}"), n(spent.requests))
+                .value(&format!(":spent_b{tier}"), n(spent.bytes));
+        }
+        if adds.is_empty() {
+            return self;
+        }
+        let adds = adds.join(", ");
+        self.update = match self.update.split_once("ADD ") {
+            Some((before, after)) => format!("{before}ADD {adds}, {after}"),
+            None => format!("{} ADD {adds}", self.update)
+                .trim_start()
+                .to_owned(),
+        };
+        self
+    }
+}
+
+/// The writes of this item kind.
+pub(crate) mod writes {
+    use crate::domain::spend::Spend;
+    use crate::store::dynamo::attributes::n;
+    use crate::store::dynamo::expressions::Expression;
+
+    /// The names of tier `tier`'s spend on a counter item: requests and body bytes received.
+    pub fn spend_names(tier: usize) -> (String, String) {
+        (
+            format!("proxy_requests_t{tier}"),
+            format!("proxy_bytes_t{tier}"),
+        )
+    }
+
+    /// One delivery's spend added to an existing counter item (run or shard), alone.
+    pub(crate) fn spend(spend: &Spend) -> Expression {
+        Expression::new(String::new(), "attribute_exists(pk)").with_spend(spend)
+    }
+
+    /// A chunk of the run's paid-tier budget reserved, while what is reserved is below it.
+    pub(crate) fn reserve_paid(chunk: u64) -> Expression {
+        Expression::new(
+        "SET paid_tier_reserved_bytes = if_not_exists(paid_tier_reserved_bytes, :zero) + :chunk"
+            .into(),
+        "attribute_exists(paid_tier_budget_bytes) AND \
+         (attribute_not_exists(paid_tier_reserved_bytes) \
+         OR paid_tier_reserved_bytes < paid_tier_budget_bytes)",
+    )
+    .value(":zero", n(0))
+    .value(":chunk", n(chunk))
     }
 }

@@ -2,151 +2,25 @@
 //! conditional writes (claim, release, the terminal write with its run's count), and its
 //! DynamoDB adapter. The expressions are in [`crate::store::dynamo::expressions`].
 
-use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::http::HttpResponse;
-use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{
-    CancellationReason, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem,
+    KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
 };
 
-use crate::domain::ids::{Id, TaskRef};
+use crate::domain::ids::TaskRef;
 use crate::domain::limits::{JobPoliteness, MAX_SLOTS};
+use crate::domain::model::Lease;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
+use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::tasks::{Claim, Finish, TaskStore};
 use crate::store::dynamo::attributes::{Item, number, string};
-use crate::store::dynamo::expressions::{self, Expression, Over, RunStep};
 use crate::store::dynamo::keys;
-use crate::store::error::{AwsError, AwsFault, cancellation_fault};
-
-pub use crate::domain::model::Lease;
-
-/// The result of trying to move a task to `processing`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// This delivery may work on the task; `attempts` counts the claims so far, this one
-    /// included; `url` is the task's.
-    Claimed {
-        attempts: u32,
-        was: TaskStatus,
-        url: Option<String>,
-    },
-    /// The task became terminal since the guard read it.
-    AlreadyTerminal,
-    /// The task item is gone.
-    Missing,
-    /// Another invocation holds a live lease on the task until then.
-    Leased { until: SystemTime },
-}
-
-/// The result of the terminal write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// The task is terminal and counted; `completed_run` when it was its run's last task;
-    /// `spend_counted` when the delivery's spend was added in the same write.
-    Written {
-        completed_run: bool,
-        spend_counted: bool,
-    },
-    /// Another delivery made the terminal write first; the task is left as it made it.
-    LostRace,
-}
-
-/// Where tasks, jobs and runs live. Each method is one request.
-pub trait TaskStore: Send + Sync {
-    /// The guard's read: the task, or `None` when it is gone.
-    fn load_task(
-        &self,
-        task: &TaskRef,
-    ) -> impl Future<Output = Result<Option<Task>, AwsError>> + Send;
-
-    /// The statuses of the task's job and run.
-    fn load_parents(
-        &self,
-        task: &TaskRef,
-    ) -> impl Future<Output = Result<Parents, AwsError>> + Send;
-
-    /// Moves a pending or processing task to processing, counting the attempt; with a
-    /// lease, only if no other invocation holds a live one, and takes it.
-    fn claim(
-        &self,
-        task: &TaskRef,
-        now: SystemTime,
-        lease: Option<Lease<'_>>,
-    ) -> impl Future<Output = Result<Claim, AwsError>> + Send;
-
-    /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
-    /// terminal write, so the next one need not wait for the lease to expire).
-    fn release(
-        &self,
-        task: &TaskRef,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
-
-    /// Gives back the attempt a claim counted, and the status it found (`was`), when no
-    /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
-    /// task is still processing.
-    fn unclaim(
-        &self,
-        task: &TaskRef,
-        was: TaskStatus,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
-
-    /// The one terminal write: only a task still pending or processing can take it, except
-    /// that a stored result may replace a failure that has none (a success that raced a
-    /// failure and lost the write: a stored result always wins). The delivery's `spend` is
-    /// added to the counter the task counts in, in the same write, when there is one.
-    fn finish(
-        &self,
-        task: &TaskRef,
-        terminal: &Terminal,
-        counter: (Counting, &Spend),
-        now: SystemTime,
-    ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
-}
-
-/// [`TaskStore`] on one DynamoDB table with string keys `pk` and `sk`.
-#[derive(Debug, Clone)]
-pub struct DynamoTaskStore {
-    pub(crate) client: Client,
-    pub(crate) table: String,
-}
-
-impl DynamoTaskStore {
-    pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self {
-            client,
-            table: table.into(),
-        }
-    }
-
-    /// An `UpdateItem` of the run item under this expression.
-    pub(crate) fn update_run(
-        &self,
-        (job, run): (&Id, &Id),
-        expression: Expression,
-    ) -> UpdateItemFluentBuilder {
-        expression
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run)))
-    }
-
-    /// An `UpdateItem` of the task under this expression.
-    fn update_task(&self, task: &TaskRef, expression: Expression) -> UpdateItemFluentBuilder {
-        expression
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::task_key(task)))
-    }
-}
+use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
+use writes::Over;
 
 impl TaskStore for DynamoTaskStore {
     #[tracing::instrument(skip_all)]
@@ -234,7 +108,7 @@ impl TaskStore for DynamoTaskStore {
         lease: Option<Lease<'_>>,
     ) -> Result<Claim, AwsError> {
         let result = self
-            .update_task(task, expressions::claim(now, lease))
+            .update_task(task, writes::claim(now, lease))
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -258,10 +132,7 @@ impl TaskStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all)]
     async fn unclaim(&self, task: &TaskRef, was: TaskStatus) -> Result<(), AwsError> {
-        let result = self
-            .update_task(task, expressions::unclaim(was))
-            .send()
-            .await;
+        let result = self.update_task(task, writes::unclaim(was)).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
@@ -270,10 +141,7 @@ impl TaskStore for DynamoTaskStore {
     }
 
     async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
-        let result = self
-            .update_task(task, expressions::release(owner))
-            .send()
-            .await;
+        let result = self.update_task(task, writes::release(owner)).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
@@ -301,35 +169,8 @@ impl TaskStore for DynamoTaskStore {
                 .finish_sharded(task, (terminal, spend), &now, sharding)
                 .await;
         }
-        let steps = [
-            RunStep::Count,
-            RunStep::CountAndComplete,
-            RunStep::CountOnly,
-        ];
-        for step in steps {
-            match self
-                .finish_counted(task, (terminal, spend), &now, step)
-                .await?
-            {
-                Counted::Written => {
-                    let completed_run = step == RunStep::CountAndComplete;
-                    if completed_run {
-                        tracing::info!("the run is complete");
-                    }
-                    let spend_counted = true;
-                    return Ok(Finish::Written {
-                        completed_run,
-                        spend_counted,
-                    });
-                }
-                Counted::TaskRefused {
-                    failed_without_result: true,
-                } if terminal.status() == TaskStatus::Successful => {
-                    return self.replace_failure(task, (terminal, spend), &now).await;
-                }
-                Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
-                Counted::RunRefused => continue,
-            }
+        if let Some(finished) = self.finish_on_run(task, (terminal, spend), &now).await? {
+            return Ok(finished);
         }
         tracing::warn!("the run is gone or has no counters: the task is finished uncounted");
         self.finish_uncounted(task, terminal, &now, Over::Open)
@@ -351,74 +192,7 @@ fn claim_refused(item: Option<&Item>) -> Result<Claim, AwsError> {
     })
 }
 
-/// How a terminal write's transaction ended.
-enum Counted {
-    Written,
-    /// The task's condition failed: it is terminal already (and was it failed without a
-    /// result?).
-    TaskRefused {
-        failed_without_result: bool,
-    },
-    /// The run's condition failed: try the next step.
-    RunRefused,
-}
-
 impl DynamoTaskStore {
-    async fn finish_counted(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
-        now: &str,
-        step: RunStep,
-    ) -> Result<Counted, AwsError> {
-        let over = match step {
-            RunStep::Recount => Over::FailureWithoutResult,
-            _ => Over::Open,
-        };
-        let task_update = expressions::task_terminal(terminal, now, over)
-            .into_update(&self.table, keys::task_key(task));
-        let run_update = expressions::run_count(step, terminal, now)
-            .with_spend(spend)
-            .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(task_update).build())
-            .transact_items(TransactWriteItem::builder().update(run_update).build())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Counted::Written),
-            Err(err) => counted_refusal(err),
-        }
-    }
-
-    /// A success in place of a failure without a result: counted over in the same
-    /// transaction, or alone when the run keeps no counters.
-    async fn replace_failure(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
-        now: &str,
-    ) -> Result<Finish, AwsError> {
-        let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);
-        let replaced = match recounted.await? {
-            Counted::Written => Finish::Written {
-                completed_run: false,
-                spend_counted: true,
-            },
-            Counted::TaskRefused { .. } => Finish::LostRace,
-            Counted::RunRefused => {
-                let over = Over::FailureWithoutResult;
-                self.finish_uncounted(task, terminal, now, over).await?
-            }
-        };
-        if replaced != Finish::LostRace {
-            tracing::info!("a stored result replaced a failure written first");
-        }
-        Ok(replaced)
-    }
-
     /// The terminal write alone, for a task whose run keeps no counters.
     pub(crate) async fn finish_uncounted(
         &self,
@@ -427,7 +201,7 @@ impl DynamoTaskStore {
         now: &str,
         over: Over,
     ) -> Result<Finish, AwsError> {
-        let write = expressions::task_terminal(terminal, now, over);
+        let write = writes::task_terminal(terminal, now, over);
         let result = self.update_task(task, write).send().await;
         match result {
             Ok(_) => Ok(Finish::Written {
@@ -438,45 +212,6 @@ impl DynamoTaskStore {
             Err(err) => Err(AwsError::from_sdk("UpdateItem(finish)", err)),
         }
     }
-}
-
-/// A cancelled terminal write: the task refused (terminal already), the run refused (try
-/// the next step), or a fault (a conflict, an item too large).
-fn counted_refusal(
-    err: SdkError<TransactWriteItemsError, HttpResponse>,
-) -> Result<Counted, AwsError> {
-    if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
-        err.as_service_error()
-    {
-        let reasons = cancelled.cancellation_reasons();
-        let codes = cancellation_codes(reasons);
-        if let Some(fault) = cancellation_fault(&codes) {
-            return Err(AwsError::aws("TransactWriteItems(finish)", fault, err));
-        }
-        match codes.as_slice() {
-            ["ConditionalCheckFailed", ..] => {
-                let old = reasons.first().and_then(|r| r.item());
-                let failed_without_result = old.is_some_and(is_failure_without_result);
-                return Ok(Counted::TaskRefused {
-                    failed_without_result,
-                });
-            }
-            [_, "ConditionalCheckFailed"] => return Ok(Counted::RunRefused),
-            _ => {}
-        }
-    }
-    Err(AwsError::from_sdk("TransactWriteItems(finish)", err))
-}
-
-pub(crate) fn is_condition_failure<R>(err: &SdkError<UpdateItemError, R>) -> bool {
-    err.as_service_error()
-        .is_some_and(|e| e.is_conditional_check_failed_exception())
-}
-
-/// The cancellation reason codes of a transaction's items, in item order (`None` for an item
-/// that was fine).
-pub(crate) fn cancellation_codes(reasons: &[CancellationReason]) -> Vec<&str> {
-    reasons.iter().map(|r| r.code().unwrap_or("None")).collect()
 }
 
 /// A job's own politeness, each attribute taken only when it is in range (else the
@@ -514,4 +249,167 @@ fn status_of(item: &Item) -> Result<TaskStatus, AwsError> {
             what: "task",
             detail: format!("status {raw:?} is not one of pending, processing, successful, failed"),
         })
+}
+
+/// The task item's writes.
+pub(crate) mod writes {
+    use std::time::SystemTime;
+
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    use crate::domain::model::{Lease, TaskStatus, Terminal};
+    use crate::domain::time::{epoch_millis, rfc3339};
+    use crate::store::dynamo::attributes::{n, s};
+    use crate::store::dynamo::expressions::Expression;
+
+    /// Only a task in one of these states can be claimed or finished.
+    const OPEN: &str = "#status IN (:pending, :processing)";
+
+    /// A pending or processing task to processing, counting the attempt; with a lease, only if
+    /// no other delivery holds a live one, and taking it.
+    pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>) -> Expression {
+        const CLAIM: &str = "SET #status = :processing, updated_at = :now";
+        match lease {
+            None => Expression::new(format!("{CLAIM} ADD attempts :one"), OPEN),
+            Some(lease) => Expression::new(
+                format!("{CLAIM}, lease_owner = :owner, lease_until = :until ADD attempts :one"),
+                "#status IN (:pending, :processing) AND (attribute_not_exists(lease_until) \
+             OR lease_until < :now_ms OR lease_owner = :owner)",
+            )
+            .value(":owner", s(lease.owner))
+            .value(":until", n(epoch_millis(lease.until)))
+            .value(":now_ms", n(epoch_millis(now))),
+        }
+        .name("#status", "status")
+        .value(":pending", s(TaskStatus::Pending.as_str()))
+        .value(":processing", s(TaskStatus::Processing.as_str()))
+        .value(":now", s(&rfc3339(now)))
+        .value(":one", n(1))
+    }
+
+    /// A claim's attempt given back, and the status it found, while the task is still
+    /// processing.
+    pub(crate) fn unclaim(was: TaskStatus) -> Expression {
+        Expression::new(
+            "SET #status = :was ADD attempts :minus_one".into(),
+            "#status = :processing AND attempts > :zero",
+        )
+        .name("#status", "status")
+        .value(":was", s(was.as_str()))
+        .value(":processing", s(TaskStatus::Processing.as_str()))
+        .value(":minus_one", n(-1))
+        .value(":zero", n(0))
+    }
+
+    /// The lease given up, if `owner` still holds it.
+    pub(crate) fn release(owner: &str) -> Expression {
+        Expression::new(
+            "REMOVE lease_owner, lease_until".into(),
+            "lease_owner = :owner",
+        )
+        .value(":owner", s(owner))
+    }
+
+    /// Which task states a terminal write may replace.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Over {
+        /// Pending or processing: the one terminal write.
+        Open,
+        /// Failed without a stored result: a success that lost the race to a failure.
+        FailureWithoutResult,
+    }
+
+    /// The task's terminal write, conditional on the task being in a state it may replace; the
+    /// lease goes with it. Empty optional values (a minimal record) are removed, not written.
+    pub(crate) fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expression {
+        let mut set = vec![
+            "#status = :status",
+            "updated_at = :now",
+            "finished_at = :now",
+        ];
+        let mut remove = vec!["lease_owner", "lease_until"];
+        let mut values = vec![(":status", s(terminal.status().as_str())), (":now", s(now))];
+        match terminal {
+            Terminal::Succeeded(_) => success_fields(terminal, &mut set, &mut remove, &mut values),
+            Terminal::Failed(f) => {
+                set.push("#error = :error");
+                values.push((":error", s(&f.reason)));
+                match f.http_status {
+                    Some(http) => {
+                        set.push("http_status = :http");
+                        values.push((":http", n(http)));
+                    }
+                    None => remove.push("http_status"),
+                }
+            }
+        }
+        let update = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+        let expression = match over {
+            Over::Open => Expression::new(update, OPEN)
+                .value(":pending", s(TaskStatus::Pending.as_str()))
+                .value(":processing", s(TaskStatus::Processing.as_str())),
+            Over::FailureWithoutResult => Expression::new(
+                update,
+                "#status = :failed AND attribute_not_exists(result_key)",
+            )
+            .value(":failed", s(TaskStatus::Failed.as_str())),
+        };
+        let expression = values
+            .into_iter()
+            .fold(expression, |e, (placeholder, value)| {
+                e.value(placeholder, value)
+            });
+        expression.name("#status", "status").name("#error", "error")
+    }
+
+    /// What a success writes: the object's identity, and its content type and final URL when
+    /// they are not empty; a failure's error goes.
+    fn success_fields(
+        terminal: &Terminal,
+        set: &mut Vec<&str>,
+        remove: &mut Vec<&str>,
+        values: &mut Vec<(&str, AttributeValue)>,
+    ) {
+        let Terminal::Succeeded(r) = terminal else {
+            return;
+        };
+        set.extend(["result_key = :key", "result_sha256 = :sha"]);
+        set.extend(["result_size = :size", "http_status = :http"]);
+        values.extend([(":key", s(r.key.as_str())), (":sha", s(&r.sha256))]);
+        values.extend([(":size", n(r.size)), (":http", n(r.http_status))]);
+        let optional = [
+            (
+                "content_type = :ctype",
+                "content_type",
+                ":ctype",
+                &*r.content_type,
+            ),
+            ("final_url = :final", "final_url", ":final", &*r.final_url),
+        ];
+        for (assignment, name, placeholder, value) in optional {
+            if value.is_empty() {
+                remove.push(name);
+            } else {
+                set.push(assignment);
+                values.push((placeholder, s(value)));
+            }
+        }
+        remove.push("#error");
+    }
+
+    /// The operator's re-queue of a failed task: back to pending, its failure and any dead
+    /// lease cleared.
+    pub(crate) fn requeue_task(now: &str) -> Expression {
+        Expression::new(
+            "SET #status = :pending, updated_at = :now, requeued_at = :now \
+         REMOVE #error, http_status, finished_at, lease_owner, lease_until"
+                .into(),
+            "#status = :failed",
+        )
+        .name("#status", "status")
+        .name("#error", "error")
+        .value(":pending", s(TaskStatus::Pending.as_str()))
+        .value(":failed", s(TaskStatus::Failed.as_str()))
+        .value(":now", s(now))
+    }
 }

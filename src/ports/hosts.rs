@@ -1,0 +1,93 @@
+//! The hosts' port: a host's shared schedule, slots and cooldown, and the fleet's copy of its
+//! robots.txt, shared by every sandbox.
+
+use std::future::Future;
+
+use crate::domain::limits::{Ask, Grant, Host, HostState, Millis};
+use crate::ports::error::AwsError;
+
+/// What the fleet knows of a host's robots.txt, until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RobotsRecord {
+    pub rules: Robots,
+    pub expires_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Robots {
+    /// A robots.txt to obey (its first [`MAX_ROBOTS_BYTES`](crate::domain::limits::MAX_ROBOTS_BYTES)).
+    Rules(Vec<u8>),
+    /// None there (4xx): everything allowed.
+    AllowAll,
+    /// The host could not say (5xx, unreachable): nothing allowed until it expires.
+    Unavailable,
+}
+
+impl Robots {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Robots::Rules(_) => "rules",
+            Robots::AllowAll => "allow_all",
+            Robots::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A take's answer: the grant, the host's state, and the slot taken.
+pub type Taken = (Grant, HostState, Option<(usize, Millis)>);
+
+/// The port: a host's schedule and robots.txt, shared by every sandbox.
+pub trait HostStore: Send + Sync {
+    /// Takes the host's schedule for one fetch, if `decide` grants it on the host as it is
+    /// now; answers the grant, the host's state after it (or as it was, if not granted) and
+    /// the slot taken (another than asked for, if that one was taken and another free).
+    /// `seen`: this sandbox's last view of the host, to guess which condition holds.
+    fn take_host(
+        &self,
+        host: &Host,
+        ask: &Ask,
+        seen: &HostState,
+    ) -> impl Future<Output = Result<Taken, AwsError>> + Send;
+
+    /// The host as it is now (a consistent read).
+    fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, AwsError>> + Send;
+
+    /// Gives a fetch's slot back (if it is still the fetch's).
+    fn leave_host(
+        &self,
+        host: &Host,
+        slot: (usize, Millis),
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// Records the host's push-back, `(cooldown end, slowdown)` computed from `seen` (the
+    /// item as read), only if it lengthens the cooldown in force: a later, weaker answer
+    /// never shortens it. False when a longer cooldown stood.
+    fn push_back(
+        &self,
+        host: &Host,
+        push_back: (Millis, f64),
+        now: Millis,
+    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+
+    fn robots(
+        &self,
+        host: &Host,
+    ) -> impl Future<Output = Result<Option<RobotsRecord>, AwsError>> + Send;
+
+    /// Takes the fleet's one fetch of the host's robots.txt until `until`; false when a fresh
+    /// one is kept or another sandbox is fetching it.
+    fn take_robots_fetch(
+        &self,
+        host: &Host,
+        now: Millis,
+        until: Millis,
+    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+
+    /// Stores the fleet's copy; answers it as kept (a file cut to what the item holds), so
+    /// the sandbox that fetched it parses the same bytes as every other.
+    fn put_robots(
+        &self,
+        host: &Host,
+        record: RobotsRecord,
+    ) -> impl Future<Output = Result<RobotsRecord, AwsError>> + Send;
+}

@@ -1,0 +1,96 @@
+//! The task store's port: the guard's read, the claim and its lease, and the one terminal
+//! write with its run's count, in domain types only.
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use crate::domain::ids::TaskRef;
+use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::spend::Spend;
+use crate::ports::error::AwsError;
+
+pub use crate::domain::model::Lease;
+
+/// The result of trying to move a task to `processing`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This delivery may work on the task; `attempts` counts the claims so far, this one
+    /// included; `url` is the task's.
+    Claimed {
+        attempts: u32,
+        was: TaskStatus,
+        url: Option<String>,
+    },
+    /// The task became terminal since the guard read it.
+    AlreadyTerminal,
+    /// The task item is gone.
+    Missing,
+    /// Another invocation holds a live lease on the task until then.
+    Leased { until: SystemTime },
+}
+
+/// The result of the terminal write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The task is terminal and counted; `completed_run` when it was its run's last task;
+    /// `spend_counted` when the delivery's spend was added in the same write.
+    Written {
+        completed_run: bool,
+        spend_counted: bool,
+    },
+    /// Another delivery made the terminal write first; the task is left as it made it.
+    LostRace,
+}
+
+/// Where tasks, jobs and runs live. Each method is one request.
+pub trait TaskStore: Send + Sync {
+    /// The guard's read: the task, or `None` when it is gone.
+    fn load_task(
+        &self,
+        task: &TaskRef,
+    ) -> impl Future<Output = Result<Option<Task>, AwsError>> + Send;
+
+    /// The statuses of the task's job and run.
+    fn load_parents(
+        &self,
+        task: &TaskRef,
+    ) -> impl Future<Output = Result<Parents, AwsError>> + Send;
+
+    /// Moves a pending or processing task to processing, counting the attempt; with a
+    /// lease, only if no other invocation holds a live one, and takes it.
+    fn claim(
+        &self,
+        task: &TaskRef,
+        now: SystemTime,
+        lease: Option<Lease<'_>>,
+    ) -> impl Future<Output = Result<Claim, AwsError>> + Send;
+
+    /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
+    /// terminal write, so the next one need not wait for the lease to expire).
+    fn release(
+        &self,
+        task: &TaskRef,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// Gives back the attempt a claim counted, and the status it found (`was`), when no
+    /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
+    /// task is still processing.
+    fn unclaim(
+        &self,
+        task: &TaskRef,
+        was: TaskStatus,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// The one terminal write: only a task still pending or processing can take it, except
+    /// that a stored result may replace a failure that has none (a success that raced a
+    /// failure and lost the write: a stored result always wins). The delivery's `spend` is
+    /// added to the counter the task counts in, in the same write, when there is one.
+    fn finish(
+        &self,
+        task: &TaskRef,
+        terminal: &Terminal,
+        counter: (Counting, &Spend),
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
+}

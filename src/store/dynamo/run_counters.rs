@@ -1,0 +1,234 @@
+//! Counting a task in its run's own counters (data contract v1): the terminal write and the
+//! run item's count in one transaction, the last task's also completing the run; a success
+//! replacing a failure without a result counted over; and the run's side of a re-queue.
+
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
+use crate::domain::ids::TaskRef;
+use crate::domain::model::{TaskStatus, Terminal};
+use crate::domain::spend::Spend;
+use crate::ports::error::AwsError;
+use crate::ports::tasks::Finish;
+use crate::store::dynamo::keys;
+use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
+use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
+use crate::store::error::cancellation_fault;
+use writes::RunStep;
+
+impl DynamoTaskStore {
+    /// The terminal write counted on the run item: counted while more than one task
+    /// remains, or counting the last and completing the run, or counted without completing
+    /// (a run that is not running). `None` when the run is gone or keeps no counters.
+    pub(crate) async fn finish_on_run(
+        &self,
+        task: &TaskRef,
+        (terminal, spend): (&Terminal, &Spend),
+        now: &str,
+    ) -> Result<Option<Finish>, AwsError> {
+        let steps = [
+            RunStep::Count,
+            RunStep::CountAndComplete,
+            RunStep::CountOnly,
+        ];
+        for step in steps {
+            match self
+                .finish_counted(task, (terminal, spend), now, step)
+                .await?
+            {
+                Counted::Written => {
+                    let completed_run = step == RunStep::CountAndComplete;
+                    if completed_run {
+                        tracing::info!("the run is complete");
+                    }
+                    let spend_counted = true;
+                    return Ok(Some(Finish::Written {
+                        completed_run,
+                        spend_counted,
+                    }));
+                }
+                Counted::TaskRefused {
+                    failed_without_result: true,
+                } if terminal.status() == TaskStatus::Successful => {
+                    return self
+                        .replace_failure(task, (terminal, spend), now)
+                        .await
+                        .map(Some);
+                }
+                Counted::TaskRefused { .. } => return Ok(Some(Finish::LostRace)),
+                Counted::RunRefused => continue,
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// How a terminal write's transaction ended.
+enum Counted {
+    Written,
+    /// The task's condition failed: it is terminal already (and was it failed without a
+    /// result?).
+    TaskRefused {
+        failed_without_result: bool,
+    },
+    /// The run's condition failed: try the next step.
+    RunRefused,
+}
+
+impl DynamoTaskStore {
+    async fn finish_counted(
+        &self,
+        task: &TaskRef,
+        (terminal, spend): (&Terminal, &Spend),
+        now: &str,
+        step: RunStep,
+    ) -> Result<Counted, AwsError> {
+        let over = match step {
+            RunStep::Recount => Over::FailureWithoutResult,
+            _ => Over::Open,
+        };
+        let task_update = tasks::writes::task_terminal(terminal, now, over)
+            .into_update(&self.table, keys::task_key(task));
+        let run_update = writes::run_count(step, terminal, now)
+            .with_spend(spend)
+            .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(task_update).build())
+            .transact_items(TransactWriteItem::builder().update(run_update).build())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Counted::Written),
+            Err(err) => counted_refusal(err),
+        }
+    }
+
+    /// A success in place of a failure without a result: counted over in the same
+    /// transaction, or alone when the run keeps no counters.
+    async fn replace_failure(
+        &self,
+        task: &TaskRef,
+        (terminal, spend): (&Terminal, &Spend),
+        now: &str,
+    ) -> Result<Finish, AwsError> {
+        let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);
+        let replaced = match recounted.await? {
+            Counted::Written => Finish::Written {
+                completed_run: false,
+                spend_counted: true,
+            },
+            Counted::TaskRefused { .. } => Finish::LostRace,
+            Counted::RunRefused => {
+                let over = Over::FailureWithoutResult;
+                self.finish_uncounted(task, terminal, now, over).await?
+            }
+        };
+        if replaced != Finish::LostRace {
+            tracing::info!("a stored result replaced a failure written first");
+        }
+        Ok(replaced)
+    }
+}
+
+/// A cancelled terminal write: the task refused (terminal already), the run refused (try
+/// the next step), or a fault (a conflict, an item too large).
+fn counted_refusal(
+    err: SdkError<TransactWriteItemsError, HttpResponse>,
+) -> Result<Counted, AwsError> {
+    if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
+        err.as_service_error()
+    {
+        let reasons = cancelled.cancellation_reasons();
+        let codes = cancellation_codes(reasons);
+        if let Some(fault) = cancellation_fault(&codes) {
+            return Err(AwsError::aws("TransactWriteItems(finish)", fault, err));
+        }
+        match codes.as_slice() {
+            ["ConditionalCheckFailed", ..] => {
+                let old = reasons.first().and_then(|r| r.item());
+                let failed_without_result = old.is_some_and(is_failure_without_result);
+                return Ok(Counted::TaskRefused {
+                    failed_without_result,
+                });
+            }
+            [_, "ConditionalCheckFailed"] => return Ok(Counted::RunRefused),
+            _ => {}
+        }
+    }
+    Err(AwsError::from_sdk("TransactWriteItems(finish)", err))
+}
+
+/// The run item's writes.
+pub(crate) mod writes {
+    use crate::domain::model::Terminal;
+    use crate::store::dynamo::attributes::{n, s};
+    use crate::store::dynamo::expressions::Expression;
+
+    /// How the terminal write's transaction treats the run.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum RunStep {
+        /// More than one task remains: count this one.
+        Count,
+        /// This is the last task of a running run: count it and complete the run.
+        CountAndComplete,
+        /// The run is not running (or its counters are off): count it, complete nothing.
+        CountOnly,
+        /// A success replaces a failure already counted: move one count from failed to
+        /// succeeded; the run's remaining count and status stay.
+        Recount,
+    }
+
+    /// The run's side of the terminal write.
+    pub(crate) fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expression {
+        let counter = match terminal {
+            Terminal::Succeeded(_) => "tasks_succeeded",
+            Terminal::Failed(_) => "tasks_failed",
+        };
+        let add = format!("ADD tasks_remaining :minus_one, {counter} :one");
+        let count = format!("{add} SET updated_at = :now");
+        let expression = match step {
+            RunStep::Count => Expression::new(count, "tasks_remaining > :one"),
+            RunStep::CountAndComplete => Expression::new(
+                // `times_completed` lets anyone check that the run completed exactly once.
+                format!(
+                    "{add}, times_completed :one \
+                 SET updated_at = :now, #status = :completed, completed_at = :now"
+                ),
+                "tasks_remaining = :one AND #status = :running",
+            )
+            .name("#status", "status")
+            .value(":completed", s("completed"))
+            .value(":running", s("running")),
+            RunStep::CountOnly => Expression::new(count, "attribute_exists(tasks_remaining)"),
+            RunStep::Recount => Expression::new(
+                "ADD tasks_failed :minus_one, tasks_succeeded :one SET updated_at = :now".into(),
+                "attribute_exists(tasks_remaining)",
+            ),
+        };
+        expression
+            .value(":minus_one", n(-1))
+            .value(":one", n(1))
+            .value(":now", s(now))
+    }
+
+    /// The run's side of a re-queue: the task counted back into the remaining ones, which
+    /// reopens a completed run; never a cancelled one.
+    pub(crate) fn requeue_run(now: &str) -> Expression {
+        Expression::new(
+            "ADD tasks_failed :minus_one, tasks_remaining :one \
+         SET #status = :running, updated_at = :now REMOVE completed_at"
+                .into(),
+            "attribute_exists(tasks_remaining) AND #status <> :cancelled",
+        )
+        .name("#status", "status")
+        .value(":minus_one", n(-1))
+        .value(":one", n(1))
+        .value(":running", s("running"))
+        .value(":cancelled", s("cancelled"))
+        .value(":now", s(now))
+    }
+}
