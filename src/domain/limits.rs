@@ -33,6 +33,25 @@ pub struct JobPoliteness {
     pub obey_robots: Option<bool>,
 }
 
+impl JobPoliteness {
+    /// A job's limits as stored, each kept only when it is in range (at most 10,000 a
+    /// second, at most [`MAX_SLOTS`] in flight); else the fleet's setting stands. The second
+    /// value says whether a limit was dropped.
+    pub fn in_range(
+        max_rps: Option<f64>,
+        max_inflight: Option<u32>,
+        obey_robots: Option<bool>,
+    ) -> (Self, bool) {
+        let politeness = Self {
+            max_rps: max_rps.filter(|r| (0.0..=10_000.0).contains(r)),
+            max_inflight: max_inflight.filter(|n| *n <= MAX_SLOTS),
+            obey_robots,
+        };
+        let dropped = politeness.max_rps != max_rps || politeness.max_inflight != max_inflight;
+        (politeness, dropped)
+    }
+}
+
 /// The most in-flight slots a host item keeps (`HOST_MAX_INFLIGHT` at most this).
 pub const MAX_SLOTS: u32 = 64;
 
@@ -229,6 +248,20 @@ pub fn push_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_limits_out_of_range_give_way_to_the_fleets() {
+        let (kept, dropped) = JobPoliteness::in_range(Some(2.0), Some(4), Some(false));
+        assert_eq!(
+            (kept.max_rps, kept.max_inflight, kept.obey_robots),
+            (Some(2.0), Some(4), Some(false))
+        );
+        assert!(!dropped);
+
+        let (kept, dropped) = JobPoliteness::in_range(Some(-1.0), Some(MAX_SLOTS + 1), None);
+        assert_eq!((kept.max_rps, kept.max_inflight), (None, None));
+        assert!(dropped);
+    }
 
     fn ask(now: Millis, interval: Millis, horizon: Millis) -> Ask {
         Ask {

@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::domain::ids::TaskRef;
-use crate::domain::limits::{JobPoliteness, MAX_SLOTS};
+use crate::domain::limits::JobPoliteness;
 use crate::domain::model::Lease;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
@@ -219,15 +219,9 @@ impl DynamoTaskStore {
 fn job_politeness(job: &Item) -> JobPoliteness {
     let rps = number::<f64>(job, "host_max_rps");
     let inflight = number::<u32>(job, "host_max_inflight");
-    let politeness = JobPoliteness {
-        max_rps: rps.filter(|r| (0.0..=10_000.0).contains(r)),
-        max_inflight: inflight.filter(|n| *n <= MAX_SLOTS),
-        obey_robots: job
-            .get("obey_robots")
-            .and_then(|v| v.as_bool().ok())
-            .copied(),
-    };
-    if politeness.max_rps != rps || politeness.max_inflight != inflight {
+    let obey = job.get("obey_robots").and_then(|v| v.as_bool().ok());
+    let (politeness, dropped) = JobPoliteness::in_range(rps, inflight, obey.copied());
+    if dropped {
         tracing::warn!(
             ?rps,
             ?inflight,

@@ -62,7 +62,7 @@ enum Step {
     Finish(Finish),
 }
 
-/// The terminal transaction's step, as in `store::dynamo::shards` and `store::dynamo::tasks`: it counts the
+/// The terminal transaction's step, as in `store::dynamo::shards` and `run_counters`: it counts the
 /// task into its leaf and climbs the counter tree up to level `top`, each node below `top`
 /// emptied by it; at the run, `complete` when this is its last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,7 +432,7 @@ impl Fleet<'_> {
     }
 }
 
-/// The terminal transaction, counted as `store::dynamo::tasks` (v1) and `store::dynamo::shards` (v2) count.
+/// The terminal transaction, counted as `store::dynamo::run_counters` (v1) and `shards` (v2) count.
 impl Fleet<'_> {
     fn finish(&mut self, slot: usize, step: Finish) {
         let id = self.task(slot).message.id;

@@ -3,7 +3,10 @@
 //! last task also counts the shard done in its group (or the run), the group's last in the
 //! run, whose last completes it. A re-queue reopens the same path downwards-up. The run item
 //! is written once per group (or shard), not once per task. The argument that this
-//! completes a run exactly once is in docs/design.md.
+//! completes a run exactly once is in docs/design.md. A re-queue is in [`requeue`].
+
+mod requeue;
+mod writes;
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
@@ -19,7 +22,6 @@ use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::run_counters::writes::RunStep;
-use crate::store::dynamo::runs::Requeue;
 use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
 use crate::store::error::cancellation_fault;
@@ -336,192 +338,5 @@ fn condition_refused(
     {
         Some(at) => Ok((at, reasons[at].item().cloned())),
         None => Err(AwsError::from_sdk(operation, err)),
-    }
-}
-
-impl DynamoTaskStore {
-    /// A failed task back to pending, and back into its shard's count, in one transaction;
-    /// a shard that had none left reopens in its group (or run), a group that had none left
-    /// in the run, and the run runs again. A run cancelled meanwhile is refused.
-    pub(crate) async fn requeue_sharded(
-        &self,
-        task: &TaskRef,
-        sharding: Sharding,
-        now: &str,
-    ) -> Result<Requeue, AwsError> {
-        let path = Path::of(task, sharding);
-        let mut top = 0;
-        for _ in 0..2 * path.nodes.len() {
-            let updates = reopen_updates(&self.table, &path, top, now);
-            let Err(err) = self.transact(updates).await else {
-                return Ok(Requeue::Done);
-            };
-            let (at, old) = condition_refused(err, "TransactWriteItems(requeue)")?;
-            let Some(level) = at.checked_sub(1) else {
-                return Ok(Requeue::NotFailed);
-            };
-            let left = old
-                .as_ref()
-                .and_then(|item| number::<i64>(item, path.left(level)));
-            top = match (path.nodes[level], left) {
-                (Node::Run, _) | (_, None) => return Err(counters_refused(task)),
-                (_, Some(0)) => level + 1, // none left: it reopens, and its parent with it
-                (_, Some(_)) => level,
-            };
-        }
-        Err(AwsError::Conflict {
-            detail: format!("the counters of {} kept changing", task.task_id),
-        })
-    }
-}
-
-/// A re-queue's transaction: the task, and its counters up to `top`: each below it reopened
-/// (from none left), `top` counting the task back (or the run, running again).
-fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Update> {
-    let task = tasks::writes::requeue_task(now).into_update(table, keys::task_key(path.task));
-    let counters = (0..=top).map(|level| {
-        let reopens = level < top;
-        let update = match path.nodes[level] {
-            Node::Shard(_) => writes::shard_requeue(now, reopens),
-            Node::Group(_) => writes::group_requeue(now, reopens),
-            Node::Run => writes::children_reopened(path.left(level), now),
-        };
-        update.into_update(table, path.key(level))
-    });
-    std::iter::once(task).chain(counters).collect()
-}
-
-fn counters_refused(task: &TaskRef) -> AwsError {
-    let (job, run) = (&task.job_id, &task.run_id);
-    AwsError::Refused {
-        detail: format!("run {job}/{run} was cancelled or lost its counters"),
-    }
-}
-
-/// The writes of this item kind.
-pub(crate) mod writes {
-    use crate::domain::model::Terminal;
-    use crate::store::dynamo::attributes::{n, s};
-    use crate::store::dynamo::expressions::Expression;
-    use crate::store::dynamo::run_counters::writes::{RunStep, run_count};
-
-    /// A counter shard's side of a task's terminal write (data contract v2): count the task,
-    /// conditional on the shard having more than one task left (`last: false`) or exactly one.
-    pub(crate) fn shard_count(terminal: &Terminal, now: &str, last: bool) -> Expression {
-        let counter = match terminal {
-            Terminal::Succeeded(_) => "tasks_succeeded",
-            Terminal::Failed(_) => "tasks_failed",
-        };
-        Expression::new(
-            format!("ADD tasks_remaining :minus_one, {counter} :one SET updated_at = :now"),
-            if last {
-                "tasks_remaining = :one"
-            } else {
-                "tasks_remaining > :one"
-            },
-        )
-        .value(":minus_one", n(-1))
-        .value(":one", n(1))
-        .value(":now", s(now))
-    }
-
-    /// A counter shard's side of a success replacing a failure it counted (as a run's own).
-    pub(crate) fn shard_recount(terminal: &Terminal, now: &str) -> Expression {
-        run_count(RunStep::Recount, terminal, now)
-    }
-
-    /// A counter group's side when one of its shards counts its last task: one shard fewer
-    /// left, conditional on more than one left (`last: false`) or exactly one.
-    pub(crate) fn group_count(now: &str, last: bool) -> Expression {
-        Expression::new(
-            "ADD shards_remaining :minus_one SET updated_at = :now".into(),
-            if last {
-                "shards_remaining = :one"
-            } else {
-                "shards_remaining > :one"
-            },
-        )
-        .value(":minus_one", n(-1))
-        .value(":one", n(1))
-        .value(":now", s(now))
-    }
-
-    /// The run's side when its child (a shard, or a group) counts its last: one fewer left in
-    /// `left` (`shards_remaining` or `groups_remaining`), the last completing a running run
-    /// (`step` as for a run's own count).
-    pub(crate) fn children_done(step: RunStep, left: &str, now: &str) -> Expression {
-        let expression = match step {
-            RunStep::Count => Expression::new(
-                "ADD #left :minus_one SET updated_at = :now".into(),
-                "#left > :one",
-            )
-            .value(":one", n(1)),
-            RunStep::CountAndComplete => Expression::new(
-                "ADD #left :minus_one, times_completed :one \
-             SET updated_at = :now, #status = :completed, completed_at = :now"
-                    .into(),
-                "#left = :one AND #status = :running",
-            )
-            .name("#status", "status")
-            .value(":one", n(1))
-            .value(":completed", s("completed"))
-            .value(":running", s("running")),
-            RunStep::CountOnly | RunStep::Recount => Expression::new(
-                "ADD #left :minus_one SET updated_at = :now".into(),
-                "attribute_exists(#left)",
-            ),
-        };
-        expression
-            .name("#left", left)
-            .value(":minus_one", n(-1))
-            .value(":now", s(now))
-    }
-
-    /// A counter shard's side of a re-queue: the task counted back into its remaining ones;
-    /// `reopens` when the shard had none left (then its parent counts it open again too).
-    pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
-        Expression::new(
-            "ADD tasks_failed :minus_one, tasks_remaining :one SET updated_at = :now".into(),
-            if reopens {
-                "tasks_remaining = :zero"
-            } else {
-                "tasks_remaining > :zero"
-            },
-        )
-        .value(":minus_one", n(-1))
-        .value(":one", n(1))
-        .value(":zero", n(0))
-        .value(":now", s(now))
-    }
-
-    /// A counter group's side of a re-queue that reopens one of its shards: one more shard
-    /// left; `reopens` when it had none left (then the run counts it open again too).
-    pub(crate) fn group_requeue(now: &str, reopens: bool) -> Expression {
-        Expression::new(
-            "ADD shards_remaining :one SET updated_at = :now".into(),
-            if reopens {
-                "shards_remaining = :zero"
-            } else {
-                "shards_remaining > :zero"
-            },
-        )
-        .value(":one", n(1))
-        .value(":zero", n(0))
-        .value(":now", s(now))
-    }
-
-    /// The run's side of a re-queue that reopens one of its children (`left`: the count of
-    /// them), and so the run.
-    pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
-        Expression::new(
-            "ADD #left :one SET #status = :running, updated_at = :now REMOVE completed_at".into(),
-            "attribute_exists(#left) AND #status <> :cancelled",
-        )
-        .name("#left", left)
-        .name("#status", "status")
-        .value(":one", n(1))
-        .value(":running", s("running"))
-        .value(":cancelled", s("cancelled"))
-        .value(":now", s(now))
     }
 }

@@ -1,0 +1,72 @@
+//! A failed task re-queued in a run's counter tree (data contract v2): back to pending and
+//! into its shard's count in one transaction, reopening the shard, its group and the run
+//! when they had none left.
+
+use aws_sdk_dynamodb::types::Update;
+
+use super::{Node, Path, condition_refused, writes};
+use crate::domain::ids::TaskRef;
+use crate::domain::model::Sharding;
+use crate::ports::error::AwsError;
+use crate::store::dynamo::attributes::number;
+use crate::store::dynamo::runs::Requeue;
+use crate::store::dynamo::{DynamoTaskStore, keys, tasks};
+
+impl DynamoTaskStore {
+    /// A failed task back to pending, and back into its shard's count, in one transaction;
+    /// a shard that had none left reopens in its group (or run), a group that had none left
+    /// in the run, and the run runs again. A run cancelled meanwhile is refused.
+    pub(crate) async fn requeue_sharded(
+        &self,
+        task: &TaskRef,
+        sharding: Sharding,
+        now: &str,
+    ) -> Result<Requeue, AwsError> {
+        let path = Path::of(task, sharding);
+        let mut top = 0;
+        for _ in 0..2 * path.nodes.len() {
+            let updates = reopen_updates(&self.table, &path, top, now);
+            let Err(err) = self.transact(updates).await else {
+                return Ok(Requeue::Done);
+            };
+            let (at, old) = condition_refused(err, "TransactWriteItems(requeue)")?;
+            let Some(level) = at.checked_sub(1) else {
+                return Ok(Requeue::NotFailed);
+            };
+            let left = old
+                .as_ref()
+                .and_then(|item| number::<i64>(item, path.left(level)));
+            top = match (path.nodes[level], left) {
+                (Node::Run, _) | (_, None) => return Err(counters_refused(task)),
+                (_, Some(0)) => level + 1, // none left: it reopens, and its parent with it
+                (_, Some(_)) => level,
+            };
+        }
+        Err(AwsError::Conflict {
+            detail: format!("the counters of {} kept changing", task.task_id),
+        })
+    }
+}
+
+/// A re-queue's transaction: the task, and its counters up to `top`: each below it reopened
+/// (from none left), `top` counting the task back (or the run, running again).
+fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Update> {
+    let task = tasks::writes::requeue_task(now).into_update(table, keys::task_key(path.task));
+    let counters = (0..=top).map(|level| {
+        let reopens = level < top;
+        let update = match path.nodes[level] {
+            Node::Shard(_) => writes::shard_requeue(now, reopens),
+            Node::Group(_) => writes::group_requeue(now, reopens),
+            Node::Run => writes::children_reopened(path.left(level), now),
+        };
+        update.into_update(table, path.key(level))
+    });
+    std::iter::once(task).chain(counters).collect()
+}
+
+fn counters_refused(task: &TaskRef) -> AwsError {
+    let (job, run) = (&task.job_id, &task.run_id);
+    AwsError::Refused {
+        detail: format!("run {job}/{run} was cancelled or lost its counters"),
+    }
+}
