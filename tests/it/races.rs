@@ -507,3 +507,65 @@ async fn a_group_reopened_while_its_last_shard_counts_itself_done_keeps_the_run_
     assert_eq!(run.status(), Some("completed"));
     assert_eq!(run.n("times_completed"), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_task_whose_count_was_refused_around_a_requeue_still_completes_its_run() {
+    // Arrange: a run counted on its own item (v1) with two tasks: "a" failed, "b" the last.
+    let stack = Stack::new().await;
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, 2).await;
+    for id in ["a", "b"] {
+        stack
+            .put_task(id, "http://site.example/a", "processing")
+            .await;
+    }
+    let key = |id: &str| conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &task_ref(id));
+    converging_counted(&stack, Counting::Run, async |stores| {
+        let failed = stores.fail(&task_ref("a"), &key("a"), not_found()).await;
+        failed.expect("fail a");
+    })
+    .await;
+    // b's write: Count (refused: the last), then CountAndComplete. Before that second
+    // transaction an operator re-queues "a" (2 left, so it is refused too); before the third,
+    // "a" fails again (1 left): the third must complete the run, not count it to 0 open.
+    let (second, at_second) = pause::PauseBefore::new("TransactWriteItems", 2);
+    let (third, at_third) = pause::PauseBefore::new("TransactWriteItems", 3);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config(&endpoint()).await)
+        .interceptor(second)
+        .interceptor(third)
+        .build();
+    let tasks = DynamoTaskStore::new(aws_sdk_dynamodb::Client::from_conf(config), &stack.table);
+    let results = stack.worker().results;
+    let finishing = tokio::spawn(async move {
+        converging_over((&tasks, &results), Counting::Run, async |stores| {
+            let failed = stores.fail(&task_ref("b"), &key("b"), not_found()).await;
+            failed.expect("fail the last task");
+        })
+        .await;
+    });
+
+    // Act
+    at_second.reached().await;
+    let operator = stack.worker();
+    let requeued = operator
+        .tasks
+        .requeue_failed(&task_ref("a"), Some(Counting::Run))
+        .await;
+    requeued.expect("requeue a");
+    at_second.resume();
+    at_third.reached().await;
+    converging_counted(&stack, Counting::Run, async |stores| {
+        let failed = stores.fail(&task_ref("a"), &key("a"), not_found()).await;
+        failed.expect("fail the re-queued task again");
+    })
+    .await;
+    at_third.resume();
+    finishing.await.expect("the last task's write");
+
+    // Assert: both tasks ended, none left, and the run completed once.
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("tasks_remaining"), Some(0));
+    assert_eq!(run.n("tasks_failed"), Some(2));
+    assert_eq!(run.status(), Some("completed"), "{run:?}");
+    assert_eq!(run.n("times_completed"), Some(1));
+}

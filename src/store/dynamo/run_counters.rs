@@ -12,6 +12,7 @@ use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::Finish;
+use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::keys;
 use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
@@ -21,19 +22,17 @@ use writes::RunStep;
 impl DynamoTaskStore {
     /// The terminal write counted on the run item: counted while more than one task
     /// remains, or counting the last and completing the run, or counted without completing
-    /// (a run that is not running). `None` when the run is gone or keeps no counters.
+    /// (a run that is not running). A refused step is followed by the one the run as it was
+    /// then calls for (an operator's re-queue and other tasks' counts move it meanwhile).
+    /// `None` when the run is gone or keeps no counters.
     pub(crate) async fn finish_on_run(
         &self,
         task: &TaskRef,
         (terminal, spend): (&Terminal, &Spend),
         now: &str,
     ) -> Result<Option<Finish>, AwsError> {
-        let steps = [
-            RunStep::Count,
-            RunStep::CountAndComplete,
-            RunStep::CountOnly,
-        ];
-        for step in steps {
+        let mut step = RunStep::Count;
+        for _ in 0..MAX_STEPS {
             match self
                 .finish_counted(task, (terminal, spend), now, step)
                 .await?
@@ -58,10 +57,36 @@ impl DynamoTaskStore {
                         .map(Some);
                 }
                 Counted::TaskRefused { .. } => return Ok(Some(Finish::LostRace)),
-                Counted::RunRefused => continue,
+                Counted::RunRefused { run } => match next_step(run.as_ref()) {
+                    Some(next) => step = next,
+                    None => return Ok(None),
+                },
             }
         }
-        Ok(None)
+        Err(AwsError::Conflict {
+            detail: format!("the counters of run {} kept changing", task.run_id),
+        })
+    }
+}
+
+/// The most steps one terminal write tries before it is retried as a conflict.
+const MAX_STEPS: usize = 8;
+
+/// The step the run as it was when it refused one calls for; `None` when it is gone, keeps
+/// no counters, or is running with none left (counters a count cannot mend: the task is
+/// finished uncounted, with a warning).
+fn next_step(run: Option<&Item>) -> Option<RunStep> {
+    let run = run.filter(|run| !run.is_empty())?;
+    let left = number::<i64>(run, "tasks_remaining")?;
+    let running = string(run, "status") == Some("running");
+    match (running, left) {
+        (_, 2..) => Some(RunStep::Count),
+        (true, 1) => Some(RunStep::CountAndComplete),
+        (false, _) => Some(RunStep::CountOnly),
+        (true, _) => {
+            tracing::warn!(left, "a running run counts no task left");
+            None
+        }
     }
 }
 
@@ -73,8 +98,10 @@ enum Counted {
     TaskRefused {
         failed_without_result: bool,
     },
-    /// The run's condition failed: try the next step.
-    RunRefused,
+    /// The run's condition failed: `run` is the run item as it was.
+    RunRefused {
+        run: Option<Item>,
+    },
 }
 
 impl DynamoTaskStore {
@@ -122,7 +149,7 @@ impl DynamoTaskStore {
                 spend_counted: true,
             },
             Counted::TaskRefused { .. } => Finish::LostRace,
-            Counted::RunRefused => {
+            Counted::RunRefused { .. } => {
                 let over = Over::FailureWithoutResult;
                 self.finish_uncounted(task, terminal, now, over).await?
             }
@@ -155,7 +182,10 @@ fn counted_refusal(
                     failed_without_result,
                 });
             }
-            [_, "ConditionalCheckFailed"] => return Ok(Counted::RunRefused),
+            [_, "ConditionalCheckFailed"] => {
+                let run = reasons.get(1).and_then(|r| r.item()).cloned();
+                return Ok(Counted::RunRefused { run });
+            }
             _ => {}
         }
     }
@@ -175,7 +205,7 @@ pub(crate) mod writes {
         Count,
         /// This is the last task of a running run: count it and complete the run.
         CountAndComplete,
-        /// The run is not running (or its counters are off): count it, complete nothing.
+        /// The run is not running: count it, complete nothing.
         CountOnly,
         /// A success replaces a failure already counted: move one count from failed to
         /// succeeded; the run's remaining count and status stay.
@@ -203,7 +233,13 @@ pub(crate) mod writes {
             .name("#status", "status")
             .value(":completed", s("completed"))
             .value(":running", s("running")),
-            RunStep::CountOnly => Expression::new(count, "attribute_exists(tasks_remaining)"),
+            // Never on a running run: its last task must complete it.
+            RunStep::CountOnly => Expression::new(
+                count,
+                "attribute_exists(tasks_remaining) AND #status <> :running",
+            )
+            .name("#status", "status")
+            .value(":running", s("running")),
             RunStep::Recount => Expression::new(
                 "ADD tasks_failed :minus_one, tasks_succeeded :one SET updated_at = :now".into(),
                 "attribute_exists(tasks_remaining)",
