@@ -166,6 +166,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
         Worker::process(self, record, invocation).await
     }
+
+    async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
+        Worker::out_of_time(self, record).await
+    }
 }
 
 /// The Lambda handler: one SQS batch in, the partial batch response out, and the

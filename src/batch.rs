@@ -22,6 +22,12 @@ pub trait ProcessRecord: Sync {
         record: &SqsMessage,
         invocation: &Invocation,
     ) -> impl Future<Output = Outcome> + Send;
+
+    /// What becomes of a record the cutoff stopped (or never started), in the margin before
+    /// the deadline: by default it goes back to the queue.
+    fn out_of_time(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
+        std::future::ready(Outcome::OutOfTime)
+    }
 }
 
 /// What every record of one invocation shares.
@@ -156,22 +162,46 @@ async fn run_records<P: ProcessRecord>(
     let outcomes = outcomes
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
-    records
+    let cut = records
         .iter()
         .zip(outcomes)
-        .map(|(record, outcome)| {
-            outcome.unwrap_or_else(|| {
-                let message_id = record.message_id.as_deref().unwrap_or("");
-                tracing::warn!(
-                    message_id,
-                    outcome = "out_of_time",
-                    "record not finished before the deadline"
-                );
-                Outcome::OutOfTime
-            })
-        })
+        .map(|(record, outcome)| async move {
+            match outcome {
+                Some(outcome) => outcome,
+                None => out_of_time(processor, record, invocation).await,
+            }
+        });
+    stream::iter(cut)
+        .buffered(limits.max_concurrency.max(1))
         .collect()
+        .await
 }
+
+/// A record the cutoff stopped: the processor's say, within the deadline, else back to the
+/// queue.
+async fn out_of_time<P: ProcessRecord>(
+    processor: &P,
+    record: &SqsMessage,
+    invocation: &Invocation,
+) -> Outcome {
+    let message_id = record.message_id.as_deref().unwrap_or("");
+    tracing::warn!(
+        message_id,
+        outcome = "out_of_time",
+        "record not finished before the deadline"
+    );
+    let left = invocation
+        .deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let until = Instant::now() + left.saturating_sub(LAST_WORDS);
+    tokio::time::timeout_at(until, processor.out_of_time(record))
+        .await
+        .unwrap_or(Outcome::OutOfTime)
+}
+
+/// What is kept of the deadline for the reply itself, after the records the cutoff stopped.
+const LAST_WORDS: Duration = Duration::from_millis(250);
 
 /// Record indexes by FIFO message group, in order of first appearance; a record without a
 /// group, or from a standard queue, is a group of its own.

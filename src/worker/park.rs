@@ -52,8 +52,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
+    /// A record the batch's cutoff stopped before it ended (or before it started: a batch
+    /// larger than its concurrency): on its final receive it is sent again as a fresh copy,
+    /// since it did not get its try; else it goes back to the queue.
+    pub async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
+        let receives = receive_count(record) + message::receives_before(record.body.as_deref());
+        self.send_again(record, Outcome::OutOfTime, receives).await
+    }
+
     /// A final attempt that ended for a reason of ours, not the page's (too little time
-    /// left to fetch, a store error), is sent again as a fresh copy carrying the receives
+    /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy carrying the receives
     /// spent before it: the task still gets its last try instead of the dead-letter queue.
     /// Bounded ([`MAX_COPIES`]), and not on a FIFO queue; if the copy cannot be sent, the
     /// outcome stands (the message comes back and meets the redrive policy).
@@ -63,7 +71,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         outcome: Outcome,
         receives: u32,
     ) -> Outcome {
-        let ours = matches!(outcome, Outcome::NoTimeLeft | Outcome::Store(_));
+        let ours = matches!(
+            outcome,
+            Outcome::NoTimeLeft | Outcome::OutOfTime | Outcome::Store(_)
+        );
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
         let body = record.body.as_deref();
         if !ours

@@ -285,7 +285,14 @@ impl Stack {
         let dynamodb_config = aws_sdk_dynamodb::config::Builder::from(&sdk)
             .interceptor(self.calls.clone())
             .build();
-        let s3_config = s3_config(&sdk).interceptor(self.calls.clone()).build();
+        let s3_sdk = match (tuning.s3_faults, sdk.http_client()) {
+            (Some(faults), Some(inner)) => sdk
+                .to_builder()
+                .http_client(chaos::ChaosHttp { inner, faults })
+                .build(),
+            _ => sdk.clone(),
+        };
+        let s3_config = s3_config(&s3_sdk).interceptor(self.calls.clone()).build();
         let sqs_config = aws_sdk_sqs::config::Builder::from(&sdk)
             .interceptor(self.calls.clone())
             .build();
@@ -650,6 +657,9 @@ pub struct WorkerTuning {
     pub duplicate_policy: DuplicatePolicy,
     /// AWS faults injected into the worker's DynamoDB, S3 and SQS clients.
     pub faults: Option<chaos::Faults>,
+    /// Faults injected into its S3 client alone (after `faults`): a slow store, say, while
+    /// the queue answers at once.
+    pub s3_faults: Option<chaos::Faults>,
     /// Off unless a test turns it on: these tests check one record's contract, a race or a
     /// fault against one local site, where a host's rate would turn their records into
     /// polite waits; politeness at its production defaults is tested by
@@ -698,6 +708,7 @@ impl Default for WorkerTuning {
             },
             duplicate_policy: DuplicatePolicy::Converge,
             faults: None,
+            s3_faults: None,
             politeness: Politeness::off(),
             proxies: Tiers::default(),
             proxy_secret: ProxySecret::default(),

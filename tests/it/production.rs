@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::batch::process_batch;
+use conveyor_worker::batch::{BatchLimits, process_batch};
 use conveyor_worker::domain::message;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::store::dynamo::{attributes, keys};
@@ -287,6 +287,57 @@ async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last
     let task = stack.task("t1").await;
     assert_eq!(task.status(), Some("failed"), "{task:?}");
     assert_eq!(site.hits("/down/a"), 1, "one fetch, on the last try");
+}
+
+#[tokio::test]
+async fn a_final_attempt_the_batch_never_reached_before_its_cutoff_is_sent_again() {
+    // Arrange: a batch over its concurrency (one at a time); the first record's page is
+    // stored slowly (every S3 request takes 5 s), so the cutoff comes while it stores; the
+    // second record, its task's final attempt, never starts.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    stack.put_task("t2", &site.url("/page/b"), "pending").await;
+    let queue = Queue::create(&stack, 60).await;
+    queue
+        .send(
+            &stack,
+            &message::for_another_try(&body("t2"), MAX_ATTEMPTS - 1),
+        )
+        .await;
+    let last = queue.receive(&stack).await.expect("t2's final attempt");
+    let slow = chaos::Faults {
+        error_rate: 0.0,
+        slow_rate: 1.0,
+        delay: Duration::from_secs(5),
+    };
+    let worker = stack.worker_with(|t| t.s3_faults = Some(slow));
+    let one_at_a_time = BatchLimits {
+        max_concurrency: 1,
+        ..LIMITS
+    };
+
+    // Act: 4 s to the deadline, the cutoff at 3.5 s.
+    let deadline = SystemTime::now() + Duration::from_secs(4);
+    let records = vec![delivery("t1"), last];
+    let reply = process_batch(
+        &worker,
+        &records,
+        &unique("request"),
+        deadline,
+        one_at_a_time,
+    )
+    .await;
+    let copy = queue.receive(&stack).await.expect("a fresh copy of t2");
+
+    // Assert: t1 goes back to the queue; t2 is acked, its copy carrying the receives spent.
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(
+        message::receives_before(copy.body.as_deref()),
+        MAX_ATTEMPTS - 1
+    );
+    assert_eq!(site.hits("/page/b"), 0, "t2 was never tried");
+    assert_eq!(stack.task("t2").await.status(), Some("pending"));
 }
 
 #[tokio::test]
