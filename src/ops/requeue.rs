@@ -1,7 +1,7 @@
 //! `conveyor-ops requeue-failed`: a run's failed tasks back to pending (with the run's
 //! counters, reopening a completed run) and one message each; never a cancelled run.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -27,7 +27,14 @@ pub struct Requeued {
     /// Failed tasks left failed because concurrent writes kept conflicting with the reset:
     /// re-run to re-queue them.
     pub conflicted: Vec<String>,
+    /// Why the re-queue stopped before the run's last task (an error, or the operator's
+    /// interrupt); every task reset before it was sent its message all the same.
+    pub stopped: Option<String>,
 }
+
+/// Tasks reset before their messages are sent: a failure or an interrupt between the two
+/// leaves at most this many pending without a message (`--resend-pending` sends them).
+const RESET_AHEAD: usize = 10;
 
 /// How long, and how often, one task's reset is tried again while it conflicts with
 /// concurrent writes: an operator can wait longer than an invocation.
@@ -39,15 +46,62 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
 };
 
 /// Sets the run's failed tasks back to pending (each with its run's or counter shard's
-/// count, in one transaction, so a task is never counted twice) and sends one message per task. With
-/// `resend_pending`, tasks already pending are sent again too (a duplicate is harmless: the
-/// worker converges). A cancelled run is left alone.
+/// count, in one transaction, so a task is never counted twice) and sends one message per
+/// task, each group of [`RESET_AHEAD`] right after its resets. With `resend_pending`, tasks
+/// already pending are sent again too (a duplicate is harmless: the worker converges). A
+/// cancelled run is left alone. An error, or `stop` turning true, ends it early (said in
+/// [`Requeued::stopped`]) once the resets made so far are sent.
 pub async fn requeue_failed(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
     resend_pending: bool,
+    stop: &AtomicBool,
 ) -> Result<Requeued, AwsError> {
+    let counting = requeueable(tasks, (job, run)).await?;
+    let mut requeued = Requeued::default();
+    let mut to_send = Vec::new();
+    for (task, item) in tasks.run_tasks(job, run).await? {
+        if stop.load(Ordering::Relaxed) {
+            requeued.stopped = Some("interrupted".into());
+            break;
+        }
+        let task_ref = match task_ref(job, run, &task) {
+            Ok(task_ref) => task_ref,
+            Err(err) => {
+                requeued.stopped = Some(err.to_string());
+                break;
+            }
+        };
+        match string(&item, "status") {
+            Some("failed") => match reset(tasks, &task_ref, counting).await {
+                Ok(Requeue::Done) => {
+                    requeued.reset.push(task);
+                    to_send.push(task_ref);
+                }
+                Ok(Requeue::NotFailed) => {}
+                Err(err) if err.is_conflict() => requeued.conflicted.push(task),
+                Err(err) => {
+                    requeued.stopped = Some(format!("{task}: {err}"));
+                    break;
+                }
+            },
+            Some("pending") if resend_pending => to_send.push(task_ref),
+            _ => {}
+        }
+        if to_send.len() == RESET_AHEAD {
+            send(queue, &std::mem::take(&mut to_send), &mut requeued).await;
+        }
+    }
+    send(queue, &to_send, &mut requeued).await;
+    Ok(requeued)
+}
+
+/// The run's counting, if it may be re-queued: it exists and is not cancelled.
+async fn requeueable(
+    tasks: &DynamoTaskStore,
+    (job, run): (&Id, &Id),
+) -> Result<Option<Counting>, AwsError> {
     let item = tasks
         .run_item(job, run)
         .await?
@@ -59,27 +113,7 @@ pub async fn requeue_failed(
             detail: format!("run {job}/{run} is cancelled"),
         });
     }
-    let counting = counting_of(&item);
-    let mut requeued = Requeued::default();
-    let mut to_send = Vec::new();
-    for (task, item) in tasks.run_tasks(job, run).await? {
-        let task_ref = task_ref(job, run, &task)?;
-        match string(&item, "status") {
-            Some("failed") => match reset(tasks, &task_ref, counting).await {
-                Ok(Requeue::Done) => {
-                    requeued.reset.push(task);
-                    to_send.push(task_ref);
-                }
-                Ok(Requeue::NotFailed) => {}
-                Err(err) if err.is_conflict() => requeued.conflicted.push(task),
-                Err(err) => return Err(err),
-            },
-            Some("pending") if resend_pending => to_send.push(task_ref),
-            _ => {}
-        }
-    }
-    send(queue, &to_send, &mut requeued).await;
-    Ok(requeued)
+    Ok(counting_of(&item))
 }
 
 /// One task's reset, tried again while a concurrent transaction holds it or its run.

@@ -7,6 +7,7 @@ use std::process::{Output, Stdio};
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::store::dynamo::keys;
 use tokio::process::Command;
 
 /// Runs `conveyor-ops` with these arguments and the worker's settings for `stack`.
@@ -432,4 +433,50 @@ async fn requeue_in_a_sharded_run_reopens_its_shard_and_draining_completes_the_r
         stack.counter_tree_faults(JOB, RUN).await,
         Vec::<String>::new()
     );
+}
+
+#[tokio::test]
+async fn a_requeue_stopped_by_an_error_has_sent_a_message_for_every_task_it_reset() {
+    // Arrange: 30 tasks that failed for good, counted in 3 shards; the item of a shard that
+    // t00 is not in is gone, so the re-queue meets an error after it reset t00 at least.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_job(JOB, "active").await;
+    let ids: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    stack.put_sharded_run((JOB, RUN), &ids, (3, 0)).await;
+    for id in &ids {
+        stack
+            .put_task(id, &site.url(&format!("/gone/{id}")), "pending")
+            .await;
+    }
+    let reply = run_batch(&stack.worker(), ids.iter().map(|id| delivery(id)).collect()).await;
+    assert!(retried(&reply).is_empty());
+    let sharding = conveyor_worker::domain::model::Sharding {
+        shards: 3,
+        groups: 0,
+    };
+    let shard = |task: &str| sharding.shard_of(&id(task));
+    let lost = (0..3).find(|s| *s != shard("t00")).expect("another shard");
+    let (job, run) = (id(JOB), id(RUN));
+    stack
+        .dynamodb
+        .delete_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::shard_key(&job, &run, lost)))
+        .send()
+        .await
+        .expect("delete a shard");
+    let queue = Queue::create(&stack, 60).await;
+
+    // Act
+    let out = ops(&stack, &requeue_failed(&queue.url)).await;
+
+    // Assert: it says it stopped; each task it set back to pending has its message.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    let mut pending = 0;
+    for id in &ids {
+        pending += u64::from(stack.task(id).await.status() == Some("pending"));
+    }
+    assert!(pending >= 1, "t00 was reset");
+    assert_eq!(queue.depth(&stack).await, pending, "{stdout}");
 }

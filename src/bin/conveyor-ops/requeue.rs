@@ -1,5 +1,8 @@
 //! `conveyor-ops requeue-failed`: a run's failed tasks back to pending, one message each.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use clap::Args;
 use conveyor_worker::ops::requeue;
 
@@ -24,8 +27,18 @@ pub async fn run(args: RequeueArgs) -> Outcome {
     let RunArgs { table, job, run } = args.run;
     let sdk = sdk().await;
     let (tasks, queue) = (tasks(&sdk, table), queue(&sdk, &args.queue_url));
+    // Ctrl-C stops the re-queue after the resets made so far are sent, never between a
+    // reset and its message.
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupt = Arc::clone(&stop);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.store(true, Ordering::Relaxed);
+        }
+    });
+    let run_ids = (&job, &run);
     let requeued =
-        requeue::requeue_failed(&tasks, &queue, (&job, &run), args.resend_pending).await?;
+        requeue::requeue_failed(&tasks, &queue, run_ids, args.resend_pending, &stop).await?;
     println!(
         "run {job}/{run}: {} failed tasks set back to pending, {} messages sent",
         requeued.reset.len(),
@@ -38,6 +51,9 @@ pub async fn run(args: RequeueArgs) -> Outcome {
     if !requeued.unsent.is_empty() {
         println!("not sent: {}", requeued.unsent.join(" "));
         return Err("some messages were not sent: run again with --resend-pending".into());
+    }
+    if let Some(why) = requeued.stopped {
+        return Err(format!("stopped before the run's last task ({why}): run again").into());
     }
     Ok(())
 }
