@@ -238,23 +238,59 @@ async fn a_claim_meeting_a_transaction_in_flight_is_a_conflict() {
     assert!(err.is_conflict(), "{err:?}");
 }
 
+/// A `BatchGetItem` answer that leaves the job's key unprocessed.
+fn unprocessed() -> BatchGetItemOutput {
+    let key = KeysAndAttributes::builder()
+        .keys([("pk".to_owned(), AttributeValue::S("JOB#j".into()))].into())
+        .build()
+        .expect("keys are set");
+    BatchGetItemOutput::builder()
+        .unprocessed_keys("tasks", key)
+        .build()
+}
+
 #[tokio::test]
-async fn unprocessed_keys_count_as_throttling() {
-    let rule = mock!(aws_sdk_dynamodb::Client::batch_get_item).then_output(|| {
-        let key = KeysAndAttributes::builder()
-            .keys([("pk".to_owned(), AttributeValue::S("JOB#j".into()))].into())
-            .build()
-            .expect("keys are set");
-        BatchGetItemOutput::builder()
-            .unprocessed_keys("tasks", key)
-            .build()
-    });
+async fn keys_left_unprocessed_round_after_round_count_as_throttling() {
+    let rule = mock!(aws_sdk_dynamodb::Client::batch_get_item)
+        .sequence()
+        .output(unprocessed)
+        .repeatedly()
+        .build();
     let store = tasks(&rule);
 
     assert_eq!(
         fault(store.load_parents(&task()).await),
         AwsFault::Throttled
     );
+    assert_eq!(rule.num_calls(), 6, "the first ask and five more");
+}
+
+#[tokio::test]
+async fn keys_left_unprocessed_once_are_asked_for_again() {
+    let job = || {
+        let item = [
+            ("pk".to_owned(), AttributeValue::S("JOB#j".into())),
+            ("sk".to_owned(), AttributeValue::S("JOB".into())),
+            ("status".to_owned(), AttributeValue::S("active".into())),
+        ];
+        BatchGetItemOutput::builder()
+            .responses("tasks", vec![item.into()])
+            .build()
+    };
+    let rule = mock!(aws_sdk_dynamodb::Client::batch_get_item)
+        .sequence()
+        .output(unprocessed)
+        .output(job)
+        .build();
+    let store = tasks(&rule);
+
+    let parents = store
+        .load_parents(&task())
+        .await
+        .expect("read on the second ask");
+
+    assert_eq!(parents.job_status.as_deref(), Some("active"));
+    assert_eq!(rule.num_calls(), 2);
 }
 
 #[tokio::test]

@@ -4,9 +4,13 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
-use aws_sdk_dynamodb::types::CancellationReason;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{CancellationReason, KeysAndAttributes};
 
 use crate::domain::ids::{Id, TaskRef};
+use crate::ports::error::{AwsError, AwsFault};
+use attributes::Item;
 use expressions::Expression;
 
 pub mod attributes;
@@ -52,6 +56,54 @@ impl DynamoTaskStore {
             .apply_to(self.client.update_item())
             .table_name(&self.table)
             .set_key(Some(keys::task_key(task)))
+    }
+}
+
+/// Rounds of a batch read asking again for keys DynamoDB left unprocessed (as it does when
+/// the table throttles) before that is an error.
+const UNPROCESSED_ROUNDS: u32 = 5;
+
+impl DynamoTaskStore {
+    /// Every item `asked` names that exists (one table, at most 100 keys). Keys DynamoDB
+    /// leaves unprocessed are asked for again after a growing, jittered pause (50 ms, then
+    /// doubling, never less than half of it); still unprocessed after
+    /// [`UNPROCESSED_ROUNDS`], the read is throttled.
+    pub(crate) async fn batch_get(
+        &self,
+        asked: KeysAndAttributes,
+        operation: &'static str,
+    ) -> Result<Vec<Item>, AwsError> {
+        let mut items = Vec::new();
+        let mut asked = Some(asked);
+        for round in 0..=UNPROCESSED_ROUNDS {
+            let Some(request) = asked.take() else {
+                return Ok(items);
+            };
+            if round > 0 {
+                let ceiling = Duration::from_millis(50 << round);
+                tokio::time::sleep(ceiling.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+            }
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, request)
+                .send()
+                .await
+                .map_err(|e| AwsError::from_sdk(operation, e))?;
+            let mut responses = out.responses.unwrap_or_default();
+            items.extend(responses.remove(&self.table).unwrap_or_default());
+            asked = out
+                .unprocessed_keys
+                .and_then(|mut unprocessed| unprocessed.remove(&self.table))
+                .filter(|left| !left.keys.is_empty());
+        }
+        match asked {
+            None => Ok(items),
+            Some(_) => {
+                let left = "DynamoDB left keys unprocessed";
+                Err(AwsError::aws(operation, AwsFault::Throttled, left))
+            }
+        }
     }
 }
 

@@ -215,28 +215,12 @@ impl DynamoTaskStore {
     ) -> Result<Vec<Item>, AwsError> {
         let mut items = Vec::new();
         for chunk in keys.chunks(100) {
-            let mut asked = chunk.to_vec();
-            while !asked.is_empty() {
-                let request = KeysAndAttributes::builder()
-                    .set_keys(Some(asked))
-                    .consistent_read(true)
-                    .build()
-                    .expect("keys, the one required field, are set");
-                let out = self
-                    .client
-                    .batch_get_item()
-                    .request_items(&self.table, request)
-                    .send()
-                    .await
-                    .map_err(|e| AwsError::from_sdk(operation, e))?;
-                let mut responses = out.responses.unwrap_or_default();
-                items.extend(responses.remove(&self.table).unwrap_or_default());
-                asked = out
-                    .unprocessed_keys
-                    .and_then(|mut u| u.remove(&self.table))
-                    .map(|k| k.keys)
-                    .unwrap_or_default();
-            }
+            let asked = KeysAndAttributes::builder()
+                .set_keys(Some(chunk.to_vec()))
+                .consistent_read(true)
+                .build()
+                .expect("keys, the one required field, are set");
+            items.extend(self.batch_get(asked, operation).await?);
         }
         Ok(items)
     }

@@ -15,7 +15,7 @@ use crate::domain::model::Lease;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
-use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::error::AwsError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
 use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::keys;
@@ -62,24 +62,9 @@ impl TaskStore for DynamoTaskStore {
             .consistent_read(true)
             .build()
             .expect("keys, the one required field, are set");
-        let out = self
-            .client
-            .batch_get_item()
-            .request_items(&self.table, asked)
-            .send()
-            .await
-            .map_err(|e| AwsError::from_sdk("BatchGetItem", e))?;
-        if out.unprocessed_keys.as_ref().is_some_and(|u| !u.is_empty()) {
-            let unprocessed = "DynamoDB left keys unprocessed";
-            return Err(AwsError::aws(
-                "BatchGetItem",
-                AwsFault::Throttled,
-                unprocessed,
-            ));
-        }
+        let items = self.batch_get(asked, "BatchGetItem").await?;
         let mut parents = Parents::default();
-        let items = out.responses.unwrap_or_default().remove(&self.table);
-        for item in items.unwrap_or_default() {
+        for item in items {
             let status = string(&item, "status").map(str::to_owned);
             match string(&item, "sk") {
                 Some(keys::JOB_SORT) => {
