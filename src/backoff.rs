@@ -20,15 +20,32 @@ impl Backoff {
     /// `Retry-After` when the site sent it, else a random time up to `base * 2^(receives-1)`;
     /// both capped by `max` and SQS's 12 hours.
     pub fn delay(&self, retry_after: Option<Duration>, receive_count: u32) -> Duration {
-        let cap = self.max.min(SQS_MAX_VISIBILITY);
         match retry_after {
-            Some(asked) => asked.min(cap),
-            None => {
-                let doublings = receive_count.saturating_sub(1).min(30);
-                let ceiling = self.base.saturating_mul(1 << doublings).min(cap);
-                ceiling.mul_f64((self.jitter)().clamp(0.0, 1.0))
-            }
+            Some(asked) => asked.min(self.cap()),
+            None => self.ceiling(receive_count).mul_f64(self.jitter()),
         }
+    }
+
+    /// A hold for a resource that pushed back (AWS throttled, failed or timed out): the same
+    /// doubling ceiling, jittered in its upper half, so the held records come back spread out
+    /// and none at once ("equal jitter": no hold is shorter than half its ceiling).
+    pub fn pressed(&self, receive_count: u32) -> Duration {
+        self.ceiling(receive_count)
+            .mul_f64(0.5 + self.jitter() / 2.0)
+    }
+
+    /// `base * 2^(receives-1)`, capped.
+    fn ceiling(&self, receive_count: u32) -> Duration {
+        let doublings = receive_count.saturating_sub(1).min(30);
+        self.base.saturating_mul(1 << doublings).min(self.cap())
+    }
+
+    fn cap(&self) -> Duration {
+        self.max.min(SQS_MAX_VISIBILITY)
+    }
+
+    fn jitter(&self) -> f64 {
+        (self.jitter)().clamp(0.0, 1.0)
     }
 }
 
@@ -72,6 +89,18 @@ mod tests {
         assert_eq!(ceilings, [5, 10, 20, 40, 80, 160, 320, 640, 900, 900]);
         assert_eq!(highest.delay(None, u32::MAX), Duration::from_secs(900));
         assert_eq!(highest.delay(None, 0), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_pressed_hold_grows_with_the_receives_and_is_never_under_half_its_ceiling() {
+        let lowest = backoff(|| 0.0).pressed(4);
+        let highest = backoff(|| 1.0).pressed(4);
+        assert_eq!(
+            (lowest, highest),
+            (Duration::from_secs(20), Duration::from_secs(40))
+        );
+        assert_eq!(backoff(|| 0.0).pressed(1), Duration::from_millis(2500));
+        assert_eq!(backoff(|| 1.0).pressed(20), Duration::from_secs(900));
     }
 
     #[test]

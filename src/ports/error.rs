@@ -26,6 +26,17 @@ pub enum AwsFault {
     Refused { code: String },
 }
 
+impl AwsFault {
+    /// AWS pushed back or did not answer (throttled, failed, timed out, not sent): worth
+    /// another try once the load has eased, not at once.
+    pub fn is_push_back(&self) -> bool {
+        matches!(
+            self,
+            Self::Throttled | Self::ServiceFailed | Self::TimedOut | Self::NotSent
+        )
+    }
+}
+
 impl std::fmt::Display for AwsFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -21,6 +21,7 @@ use crate::domain::model::DuplicatePolicy;
 use crate::domain::time::epoch_millis;
 use crate::guard::{ParentsCache, Wanted};
 use crate::polite::{Gate, HoldReason, Permit, Politeness};
+use crate::ports::error::AwsFault;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 use crate::ports::results::ResultStore;
@@ -158,6 +159,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             // Contention passes in moments, not in a visibility timeout.
             Outcome::Store(err) if err.is_conflict() => {
                 Some(self.settings.backoff.delay(None, receives))
+            }
+            // AWS pushed back (throttled, failed, timed out, unreachable): a growing hold,
+            // jittered so the held records do not all return at once, never next to
+            // nothing. A refusal (access, a missing table) waits out the queue's timeout.
+            Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back) => {
+                Some(self.settings.backoff.pressed(receives))
             }
             Outcome::NoTimeLeft => Some(Duration::ZERO),
             Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),

@@ -1,6 +1,8 @@
 //! Every row of the ack contract, end to end: the real worker against the AWS emulator (moto)
 //! and a real local HTTP site.
 
+use std::time::Duration;
+
 use conveyor_testkit::*;
 
 #[tokio::test]
@@ -388,6 +390,28 @@ async fn aws_errors_are_retried_without_a_terminal_write() {
         0,
         "redelivered after the queue's own timeout, not held back"
     );
+}
+
+#[tokio::test]
+async fn a_store_that_fails_is_backed_off_from_not_retried_at_once() {
+    // Arrange: every S3 request answers 500 (after the SDK's own three tries).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let failing = chaos::Faults {
+        error_rate: 1.0,
+        slow_rate: 0.0,
+        delay: Duration::ZERO,
+    };
+    let worker = stack.worker_with(|t| t.s3_faults = Some(failing));
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Assert: retried, and held back first (a growing, jittered hold), not at once.
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(stack.task("t1").await.status(), Some("processing"));
+    assert_eq!(stack.calls.count("ChangeMessageVisibility"), 1);
 }
 
 #[tokio::test]
