@@ -41,10 +41,23 @@ def props(resource):
 
 
 def sqs_events(template):
-    for function in of_type(template, "AWS::Serverless::Function").values():
+    """Each SQS event source mapping with its function (a SAM event, or a mapping resource)."""
+    functions = of_type(template, "AWS::Serverless::Function")
+    for function in functions.values():
         for event in props(function).get("Events", {}).values():
             if event["Type"] == "SQS":
                 yield function, props(event)
+    for mapping in of_type(template, "AWS::Lambda::EventSourceMapping").values():
+        target = props(mapping).get("FunctionName", {}).get("Ref")
+        if target in functions:
+            yield functions[target], props(mapping)
+
+
+def either(value):
+    """Both branches of an `Fn::If` (each as it is, AWS::NoValue as None), or the value."""
+    if isinstance(value, dict) and "Fn::If" in value:
+        return [None if b == {"Ref": "AWS::NoValue"} else b for b in value["Fn::If"][1:]]
+    return [value]
 
 
 def allowed(template, parameter):
@@ -80,8 +93,14 @@ def event_source_reports_batch_item_failures(template, _):
     for _, event in events:
         if "ReportBatchItemFailures" not in event.get("FunctionResponseTypes", []):
             problems.append("an SQS event source without ReportBatchItemFailures")
-        if "MaximumConcurrency" not in event.get("ScalingConfig", {}):
-            problems.append("an SQS event source without ScalingConfig.MaximumConcurrency")
+        # Every branch bounds the fleet: a MaximumConcurrency, or provisioned pollers.
+        scaling = either(event.get("ScalingConfig"))
+        pollers = either(event.get("ProvisionedPollerConfig"))
+        for scaled, polled in zip(scaling, pollers + [None] * (len(scaling) - len(pollers))):
+            if not (scaled or {}).get("MaximumConcurrency") and not (polled or {}).get(
+                "MaximumPollers"
+            ):
+                problems.append("an SQS event source without MaximumConcurrency or pollers")
         if "BatchSize" not in event:
             problems.append("an SQS event source without BatchSize")
     sizes = template["Parameters"]["BatchSize"]["AllowedValues"]
@@ -351,7 +370,7 @@ def resource(t, name):
 
 
 def first_event(t):
-    return next(iter(resource(t, "WorkerFunction")["Events"].values()))["Properties"]
+    return resource(t, "TasksEventSource")
 
 
 def first_statement(t):
