@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use sha2::{Digest, Sha256};
+
 /// Longest id the data contract allows.
 pub const MAX_ID_LEN: usize = 128;
 
@@ -54,6 +56,49 @@ pub struct TaskRef {
     pub job_id: Id,
     pub run_id: Id,
     pub task_id: Id,
+    /// Data contract v3: the run's tasks are spread over its `counter_shards` (this many)
+    /// partition keys, one per shard, and its results over [`RESULT_SPREAD`] prefixes.
+    /// `None`: v1 and v2, one partition key and one prefix per run.
+    pub spread: Option<u32>,
+}
+
+/// The most counter shards (and so task partition keys) a v3 run may spread over.
+pub const MAX_SPREAD: u32 = 65_536;
+
+/// The result prefixes a v3 run's objects spread over (two hex digits).
+pub const RESULT_SPREAD: u32 = 256;
+
+impl TaskRef {
+    /// A task of a run that keeps one partition key and one result prefix (v1, v2).
+    pub fn new(job_id: Id, run_id: Id, task_id: Id) -> Self {
+        Self {
+            job_id,
+            run_id,
+            task_id,
+            spread: None,
+        }
+    }
+
+    /// The same task in a run spread over `shards` (v3), or not (`None`).
+    pub fn spread_over(self, shards: Option<u32>) -> Self {
+        Self {
+            spread: shards,
+            ..self
+        }
+    }
+
+    /// The task's shard among the run's `spread` ones, if the run is spread (v3).
+    pub fn shard(&self) -> Option<u32> {
+        self.spread.map(|shards| shard_of(&self.task_id, shards))
+    }
+}
+
+/// A task's counter shard among `shards`: the first four bytes of the SHA-256 of its id,
+/// big-endian, modulo `shards` (producers compute the same).
+pub fn shard_of(task: &Id, shards: u32) -> u32 {
+    let digest = Sha256::digest(task.as_str().as_bytes());
+    let first = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    first % shards.max(1)
 }
 
 /// Where a task's result lives in S3: `<prefix><job_id>/<run_id>/<task_id>`.
@@ -64,10 +109,11 @@ pub struct ResultKey(String);
 
 impl ResultKey {
     pub fn for_task(prefix: &str, task: &TaskRef) -> Self {
-        Self(format!(
-            "{prefix}{}/{}/{}",
-            task.job_id, task.run_id, task.task_id
-        ))
+        let (job, run, id) = (&task.job_id, &task.run_id, &task.task_id);
+        match task.spread {
+            None => Self(format!("{prefix}{job}/{run}/{id}")),
+            Some(_) => Self(format!("{prefix}{}/{job}/{run}/{id}", spread_prefix(task))),
+        }
     }
 
     /// A key read back from storage; trusted because only [`ResultKey::for_task`] writes them.
@@ -78,6 +124,14 @@ impl ResultKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// A v3 result's first key segment: two hex digits, the first byte of the SHA-256 of
+/// `<job_id>/<run_id>/<task_id>`, so a run's objects spread over 256 prefixes that S3
+/// partitions apart.
+fn spread_prefix(task: &TaskRef) -> String {
+    let named = format!("{}/{}/{}", task.job_id, task.run_id, task.task_id);
+    format!("{:02x}", Sha256::digest(named.as_bytes())[0])
 }
 
 impl fmt::Display for ResultKey {
@@ -151,14 +205,21 @@ mod tests {
 
     #[test]
     fn result_key_depends_only_on_prefix_and_ids() {
-        let task = TaskRef {
-            job_id: Id::parse("j1").unwrap(),
-            run_id: Id::parse("r1").unwrap(),
-            task_id: Id::parse("t1").unwrap(),
-        };
+        let task = TaskRef::new(
+            Id::parse("j1").unwrap(),
+            Id::parse("r1").unwrap(),
+            Id::parse("t1").unwrap(),
+        );
         assert_eq!(
             ResultKey::for_task("results/", &task).as_str(),
             "results/j1/r1/t1"
+        );
+        // v3: the first byte of sha256("j1/r1/t1") in front (by hand: 0x1c...).
+        let spread = task.spread_over(Some(64));
+        let digest = Sha256::digest(b"j1/r1/t1");
+        assert_eq!(
+            ResultKey::for_task("results/", &spread).as_str(),
+            format!("results/{:02x}/j1/r1/t1", digest[0])
         );
     }
 }

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::domain::ids::{Id, TaskRef};
+use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 
 /// A body that can never name a task; redelivering it would only burn receives.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -11,15 +11,22 @@ pub struct Poison(pub String);
 
 /// The body a producer sends for `task`: what [`parse_body`] reads.
 pub fn body(task: &TaskRef) -> String {
-    serde_json::json!({
+    let mut body = serde_json::json!({
         "job_id": task.job_id.as_str(),
         "run_id": task.run_id.as_str(),
         "task_id": task.task_id.as_str(),
-    })
-    .to_string()
+    });
+    if let Some(shards) = task.spread {
+        body[SPREAD] = shards.into();
+    }
+    body.to_string()
 }
 
-/// Reads `{"job_id": "...", "run_id": "...", "task_id": "..."}`; unknown fields are ignored.
+/// Data contract v3: the run's `counter_shards`, over which its tasks and results spread.
+const SPREAD: &str = "task_shards";
+
+/// Reads `{"job_id": "...", "run_id": "...", "task_id": "..."}` and, in data contract v3,
+/// `"task_shards": N`; unknown fields are ignored.
 pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
     let body = body.ok_or_else(|| Poison("the message has no body".into()))?;
     let value: Value =
@@ -31,7 +38,21 @@ pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
         job_id: id_field(&fields, "job_id")?,
         run_id: id_field(&fields, "run_id")?,
         task_id: id_field(&fields, "task_id")?,
+        spread: spread_field(&fields)?,
     })
+}
+
+/// `task_shards`, if the body has it: a whole number from 1 to [`MAX_SPREAD`].
+fn spread_field(fields: &Map<String, Value>) -> Result<Option<u32>, Poison> {
+    let Some(value) = fields.get(SPREAD) else {
+        return Ok(None);
+    };
+    match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+        Some(n) if (1..=MAX_SPREAD).contains(&n) => Ok(Some(n)),
+        _ => Err(Poison(format!(
+            "{SPREAD} is not a whole number from 1 to {MAX_SPREAD}: {value}"
+        ))),
+    }
 }
 
 /// The worker's own fields, carried by the copy of a message sent again while its host had
@@ -142,6 +163,18 @@ mod tests {
     }
 
     #[test]
+    fn a_v3_body_names_the_spread_of_its_run_and_its_copies_keep_it() {
+        let task = parse_body(Some(
+            r#"{"job_id":"j","run_id":"r","task_id":"t","task_shards":16}"#,
+        ))
+        .unwrap();
+        assert_eq!(task.spread, Some(16));
+        assert_eq!(parse_body(Some(&body(&task))).unwrap(), task);
+        let copy = for_another_try(&body(&task), 4);
+        assert_eq!(parse_body(Some(&copy)).unwrap().spread, Some(16));
+    }
+
+    #[test]
     fn every_malformed_body_is_poison_with_a_reason() {
         let long = "x".repeat(129);
         let cases = [
@@ -166,6 +199,18 @@ mod tests {
             (
                 Some(r#"{"job_id":"j","run_id":"r","task_id":"a/b"}"#),
                 "task_id has a character",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":"r","task_id":"t","task_shards":0}"#),
+                "task_shards is not a whole number",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":"r","task_id":"t","task_shards":"8"}"#),
+                "task_shards is not a whole number",
+            ),
+            (
+                Some(r#"{"job_id":"j","run_id":"r","task_id":"t","task_shards":70000}"#),
+                "task_shards is not a whole number",
             ),
         ];
         for (body, expected) in cases {

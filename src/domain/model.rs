@@ -2,8 +2,6 @@
 
 use bytes::Bytes;
 
-use sha2::{Digest, Sha256};
-
 use crate::domain::bounds::{ContentType, Reason, UrlText};
 use crate::domain::ids::{Id, ResultKey};
 
@@ -99,9 +97,7 @@ impl Sharding {
     /// The counter shard of a task: the first four bytes of the SHA-256 of its id,
     /// big-endian, modulo `shards` (producers compute the same to size each shard).
     pub fn shard_of(&self, task: &Id) -> u32 {
-        let digest = Sha256::digest(task.as_str().as_bytes());
-        let first = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-        first % self.shards.max(1)
+        crate::domain::ids::shard_of(task, self.shards)
     }
 
     /// The group of a shard: `shard` modulo `groups`, when the run has groups.
@@ -214,6 +210,7 @@ impl Terminal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn a_task_always_lands_in_the_same_shard_and_tasks_spread_over_all_shards() {
