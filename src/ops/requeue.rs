@@ -12,7 +12,7 @@ use crate::ports::error::AwsError;
 use crate::retry::{Patience, RetryPolicy};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::string;
-use crate::store::dynamo::runs::{Requeue, counting_of};
+use crate::store::dynamo::runs::{Requeue, counting_of, spread_of};
 use crate::store::sqs::SqsQueue;
 
 /// What a re-queue did.
@@ -58,7 +58,7 @@ pub async fn requeue_failed(
     resend_pending: bool,
     stop: &AtomicBool,
 ) -> Result<Requeued, AwsError> {
-    let counting = requeueable(tasks, (job, run)).await?;
+    let (counting, spread) = requeueable(tasks, (job, run)).await?;
     let mut requeued = Requeued::default();
     let mut to_send = Vec::new();
     for (task, item) in tasks.run_tasks(job, run).await? {
@@ -67,7 +67,7 @@ pub async fn requeue_failed(
             break;
         }
         let task_ref = match task_ref(job, run, &task) {
-            Ok(task_ref) => task_ref,
+            Ok(task_ref) => task_ref.spread_over(spread),
             Err(err) => {
                 requeued.stopped = Some(err.to_string());
                 break;
@@ -97,11 +97,12 @@ pub async fn requeue_failed(
     Ok(requeued)
 }
 
-/// The run's counting, if it may be re-queued: it exists and is not cancelled.
+/// The run's counting and spread (v3), if it may be re-queued: it exists and is not
+/// cancelled.
 async fn requeueable(
     tasks: &DynamoTaskStore,
     (job, run): (&Id, &Id),
-) -> Result<Option<Counting>, AwsError> {
+) -> Result<(Option<Counting>, Option<u32>), AwsError> {
     let item = tasks
         .run_item(job, run)
         .await?
@@ -113,7 +114,7 @@ async fn requeueable(
             detail: format!("run {job}/{run} is cancelled"),
         });
     }
-    Ok(counting_of(&item))
+    Ok((counting_of(&item), spread_of(&item)))
 }
 
 /// One task's reset, tried again while a concurrent transaction holds it or its run.
@@ -158,9 +159,5 @@ fn task_ref(job: &Id, run: &Id, task: &str) -> Result<TaskRef, AwsError> {
         what: "task id",
         detail: format!("{task:?}: {e}"),
     })?;
-    Ok(TaskRef {
-        job_id: job.clone(),
-        run_id: run.clone(),
-        task_id,
-    })
+    Ok(TaskRef::new(job.clone(), run.clone(), task_id))
 }

@@ -14,7 +14,7 @@ use crate::ports::error::AwsError;
 use crate::scraper::MAX_URL_BYTES;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{number, string};
-use crate::store::dynamo::runs::{Created, counting_of};
+use crate::store::dynamo::runs::{Created, counting_of, spread_of};
 use crate::store::sqs::SqsQueue;
 
 /// A line of the list that is not a URL the worker could fetch.
@@ -87,14 +87,23 @@ const CHUNK: usize = 100;
 /// Conditional puts in flight at once.
 const PUTS_AT_ONCE: usize = 16;
 
+/// How a submitted run keeps its tasks: its counter tree (none: the run item counts, v1),
+/// and whether its tasks and results spread over the tree's shards (v3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub sharding: Option<Sharding>,
+    pub spread: bool,
+}
+
 /// Creates the job, the run and the tasks, and sends one message per task, a chunk at a
-/// time; `progress` is told how many tasks are done after each chunk.
+/// time; `progress` is told how many tasks are done after each chunk. A run that exists
+/// keeps the layout it was created with.
 pub async fn submit(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
-    sharding: Option<Sharding>,
+    layout: Layout,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Submitted, AwsError> {
     if let Created::Existing(item) = tasks.create_job(job).await?
@@ -102,33 +111,17 @@ pub async fn submit(
     {
         return Err(refused(format!("job {job} is cancelled")));
     }
-    let total = urls.len() as u64;
-    let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
-    let mut sizes = sharding.map(|sharding| ShardSizes::of(sharding, &ids));
-    let resumed_from = match tasks.create_run((job, run), total, sizes.as_ref()).await? {
-        Created::Written => 0,
-        Created::Existing(item) => {
-            // A resumed run keeps the counters it was created with.
-            sizes = match counting_of(&item) {
-                Some(Counting::Shards(sharding)) => Some(ShardSizes::of(sharding, &ids)),
-                _ => None,
-            };
-            resume_from(&item, job, run, total)?
-        }
-    };
-    // Before any task: a task is only ever sent once its counters exist.
-    if let Some(sizes) = &sizes {
-        tasks.create_counters(job, run, sizes).await?;
-    }
+    let (resumed_from, spread) = create_run(tasks, (job, run), urls, layout).await?;
     let mut submitted = Submitted {
-        total,
+        total: urls.len() as u64,
         resumed_from,
         ..Submitted::default()
     };
     progress(resumed_from);
     let start = resumed_from as usize;
     for (index, chunk) in urls[start.min(urls.len())..].chunks(CHUNK).enumerate() {
-        let refs = create_tasks(tasks, (job, run), chunk, &mut submitted).await?;
+        let run_of = (job, run, spread);
+        let refs = create_tasks(tasks, run_of, chunk, &mut submitted).await?;
         send_all(queue, &refs).await?;
         submitted.sent += refs.len() as u64;
         let through = (start + index * CHUNK + chunk.len()) as u64;
@@ -136,6 +129,43 @@ pub async fn submit(
         progress(through);
     }
     Ok(submitted)
+}
+
+/// The run with its counters, or the one an earlier submit created: where that one stopped,
+/// and over how many shards the run's tasks spread (v3), if they do.
+async fn create_run(
+    tasks: &DynamoTaskStore,
+    (job, run): (&Id, &Id),
+    urls: &[(usize, String)],
+    layout: Layout,
+) -> Result<(u64, Option<u32>), AwsError> {
+    let total = urls.len() as u64;
+    let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
+    let mut sizes = layout
+        .sharding
+        .map(|sharding| ShardSizes::of(sharding, &ids));
+    let mut spread = sizes
+        .as_ref()
+        .filter(|_| layout.spread)
+        .map(|s| s.sharding.shards);
+    let created = tasks.create_run((job, run), total, (sizes.as_ref(), spread.is_some()));
+    let resumed_from = match created.await? {
+        Created::Written => 0,
+        Created::Existing(item) => {
+            // A resumed run keeps the counters and the spread it was created with.
+            sizes = match counting_of(&item) {
+                Some(Counting::Shards(sharding)) => Some(ShardSizes::of(sharding, &ids)),
+                _ => None,
+            };
+            spread = spread_of(&item);
+            resume_from(&item, job, run, total)?
+        }
+    };
+    // Before any task: a task is only ever sent once its counters exist.
+    if let Some(sizes) = &sizes {
+        tasks.create_counters(job, run, sizes).await?;
+    }
+    Ok((resumed_from, spread))
 }
 
 /// The counter tree of a run of `tasks` whose producer does not say (`shards` and `groups`
@@ -172,16 +202,12 @@ fn resume_from(
 /// Creates a chunk's tasks (a few at once); a task that exists must have the same URL.
 async fn create_tasks(
     tasks: &DynamoTaskStore,
-    (job, run): (&Id, &Id),
+    (job, run, spread): (&Id, &Id, Option<u32>),
     chunk: &[(usize, String)],
     submitted: &mut Submitted,
 ) -> Result<Vec<TaskRef>, AwsError> {
     let creates = chunk.iter().map(|(line, url)| async move {
-        let task = TaskRef {
-            job_id: job.clone(),
-            run_id: run.clone(),
-            task_id: task_id(*line),
-        };
+        let task = TaskRef::new(job.clone(), run.clone(), task_id(*line)).spread_over(spread);
         match tasks.create_task(&task, url).await? {
             Created::Written => Ok((task, true)),
             Created::Existing(item) if string(&item, "url") == Some(url.as_str()) => {

@@ -374,12 +374,35 @@ impl Stack {
         tasks: &[String],
         (shards, groups): (u32, u32),
     ) {
+        self.put_counter_tree((job, run), tasks, (shards, groups), false)
+            .await;
+    }
+
+    /// [`Stack::put_sharded_run`] with the run's tasks and results spread over its shards
+    /// (data contract v3): put its tasks with [`Stack::put_task_of`].
+    pub async fn put_spread_run(
+        &self,
+        (job, run): (&str, &str),
+        tasks: &[String],
+        (shards, groups): (u32, u32),
+    ) {
+        self.put_counter_tree((job, run), tasks, (shards, groups), true)
+            .await;
+    }
+
+    async fn put_counter_tree(
+        &self,
+        (job, run): (&str, &str),
+        tasks: &[String],
+        (shards, groups): (u32, u32),
+        spread: bool,
+    ) {
         let ids: Vec<Id> = tasks.iter().map(|t| id(t)).collect();
         let sizes = ShardSizes::of(Sharding { shards, groups }, &ids);
         let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
         let (job, run) = (id(job), id(run));
         store
-            .create_run((&job, &run), ids.len() as u64, Some(&sizes))
+            .create_run((&job, &run), ids.len() as u64, (Some(&sizes), spread))
             .await
             .expect("create the run");
         store
@@ -476,34 +499,14 @@ impl Stack {
 
     /// Every task of a run: (task id, item), through the run's partition.
     pub async fn tasks_in_run(&self, job: &str, run: &str) -> Vec<(String, TaskItem)> {
-        let mut tasks = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .dynamodb
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk")
-                .expression_attribute_values(
-                    ":pk",
-                    attributes::s(&keys::tasks_partition(&id(job), &id(run))),
-                )
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .expect("query a run's tasks");
-            for item in out.items.unwrap_or_default() {
-                let item = TaskItem(item);
-                let sort = item.s("sk").unwrap_or_default();
-                let task = keys::task_of_sort(sort).unwrap_or(sort).to_owned();
-                tasks.push((task, item));
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return tasks;
-            }
-        }
+        // The operator's own listing: one partition, or each of a v3 run's shards'.
+        DynamoTaskStore::new(self.dynamodb.clone(), &self.table)
+            .run_tasks(&id(job), &id(run))
+            .await
+            .expect("query a run's tasks")
+            .into_iter()
+            .map(|(task, item)| (task, TaskItem(item)))
+            .collect()
     }
 
     /// The run item as stored.
@@ -538,7 +541,13 @@ impl Stack {
     }
 
     pub async fn put_task_in(&self, job: &str, run: &str, task: &str, url: &str, status: &str) {
-        let mut item = keys::task_key(&task_ref_in(job, run, task));
+        self.put_task_of(&task_ref_in(job, run, task), url, status)
+            .await;
+    }
+
+    /// A task item where `task` says it lives (its run's partition, or its shard's in v3).
+    pub async fn put_task_of(&self, task: &TaskRef, url: &str, status: &str) {
+        let mut item = keys::task_key(task);
         item.extend(attributes::strings(&[("url", url), ("status", status)]));
         self.put(item).await;
     }
@@ -814,11 +823,7 @@ pub fn task_ref(task: &str) -> TaskRef {
 
 /// `task` of `job` / `run`.
 pub fn task_ref_in(job: &str, run: &str, task: &str) -> TaskRef {
-    TaskRef {
-        job_id: id(job),
-        run_id: id(run),
-        task_id: id(task),
-    }
+    TaskRef::new(id(job), id(run), id(task))
 }
 
 /// An id a test names (valid by construction).

@@ -158,6 +158,50 @@ async fn a_submitted_counter_tree_adds_up_and_a_resumed_submit_keeps_it() {
     assert_eq!(stack.run_counters(JOB, RUN).await, (40, 0, 0));
 }
 
+#[tokio::test]
+async fn a_large_run_is_submitted_spread_over_its_shards_and_drains_to_one_completion() {
+    // Arrange: 150 URLs, the default layout (a shard per 16 tasks: 10; spread, v3).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let queue = Queue::create(&stack, 60).await;
+    let urls: Vec<String> = (0..150).map(|i| site.url(&format!("/page/p{i}"))).collect();
+    let file = list(&urls);
+
+    // Act
+    succeeded(&ops(&stack, &submit_args(&queue, &file)).await);
+    let submitted = stack.run_item(JOB, RUN).await;
+    let message = queue.receive(&stack).await.expect("a task's message");
+    let handle = message.receipt_handle.clone().unwrap_or_default();
+    let visible_again = stack.sqs.change_message_visibility().queue_url(&queue.url);
+    let visible_again = visible_again.receipt_handle(handle).visibility_timeout(0);
+    visible_again
+        .send()
+        .await
+        .expect("the message back on the queue");
+    poll_until_drained(&stack, &queue.url).await;
+    let results = ops(&stack, &["results", "--job", JOB, "--run", RUN]).await;
+
+    // Assert: v3 on the run and in each message; tasks under their shards' partitions; the
+    // run completed once and every stored page checks out.
+    assert_eq!(submitted.n("counter_shards"), Some(10));
+    assert_eq!(submitted.n("task_shards"), Some(10));
+    let body = message.body.unwrap_or_default();
+    assert!(body.contains(r#""task_shards":10"#), "{body}");
+    let listed = stack.tasks_in_run(JOB, RUN).await;
+    let partitions: HashSet<String> = listed
+        .iter()
+        .filter_map(|(_, t)| t.s("pk").map(str::to_owned))
+        .collect();
+    assert_eq!((listed.len(), partitions.len()), (150, 10));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(
+        (run.status(), run.n("times_completed")),
+        (Some("completed"), Some(1))
+    );
+    assert_eq!(stack.run_counters(JOB, RUN).await, (150, 0, 0));
+    let checked = succeeded(&results);
+    assert!(!checked.contains("mismatch"), "{checked}");
+}
+
 /// A submitted run of two fine pages and a gone one, drained by the worker.
 async fn finished_run(stack: &Stack, site: &Site) -> Queue {
     let queue = Queue::create(stack, 30).await;

@@ -2,6 +2,7 @@
 //! one transaction, and the last task completes the run, whoever delivers what how often.
 
 use conveyor_testkit::*;
+use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::store::dynamo::{attributes, keys};
 use futures_util::future::join_all;
 
@@ -263,4 +264,120 @@ async fn delivered_by_every_worker_at_once_then_again<T: AsRef<str>>(
     let replies = join_all(workers.iter().map(|w| run_batch(w, batch()))).await;
     let late = run_batch(&workers[0], batch()).await;
     replies.iter().chain([&late]).all(|r| retried(r).is_empty())
+}
+
+/// A v3 run of `n` tasks (`t00`...) spread over `shards` in `groups`, each a fine page but
+/// every fifth, gone (404); the tasks as their messages name them.
+async fn spread_run(
+    stack: &Stack,
+    site: &Site,
+    n: usize,
+    (shards, groups): (u32, u32),
+) -> Vec<TaskRef> {
+    let ids: Vec<String> = (0..n).map(|i| format!("t{i:02}")).collect();
+    stack.put_job(JOB, "active").await;
+    stack
+        .put_spread_run((JOB, RUN), &ids, (shards, groups))
+        .await;
+    let mut tasks = Vec::new();
+    for (i, task) in ids.iter().enumerate() {
+        let page = if i % 5 == 4 {
+            "/status/404".into()
+        } else {
+            format!("/page/{task}")
+        };
+        let task = task_ref(task).spread_over(Some(shards));
+        stack.put_task_of(&task, &site.url(&page), "pending").await;
+        tasks.push(task);
+    }
+    tasks
+}
+
+#[tokio::test]
+async fn a_spread_run_delivered_twice_to_two_sandboxes_counts_every_task_once_and_completes_once() {
+    // Arrange: a v3 run behind the production-like layer (transactions that overlap are
+    // cancelled, S3's racing conditional PUTs get 409).
+    let (stack, site) = (Stack::prodlike().await, Site::start().await);
+    let tasks = spread_run(&stack, &site, 40, (8, 2)).await;
+    let workers: Vec<_> = (0..2).map(|_| stack.worker()).collect();
+    let batch = || -> Vec<_> {
+        let body = |t: &TaskRef| conveyor_worker::domain::message::body(t);
+        tasks
+            .iter()
+            .map(|t| record(t.task_id.as_str(), &body(t), 1))
+            .collect()
+    };
+
+    // Act: every task to both sandboxes at once, then once more.
+    let replies = join_all(workers.iter().map(|w| run_batch(w, batch()))).await;
+    let late = run_batch(&workers[0], batch()).await;
+
+    // Assert: all acked; the counters are the tasks' states; one completion; each task's
+    // item under its shard's partition and its page under its spread prefix.
+    assert!(replies.iter().chain([&late]).all(|r| retried(r).is_empty()));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (32, 8, 0));
+    let listed = stack.tasks_in_run(JOB, RUN).await;
+    let ended = |status| {
+        listed
+            .iter()
+            .filter(|(_, t)| t.status() == Some(status))
+            .count()
+    };
+    assert_eq!(
+        (listed.len(), ended("successful"), ended("failed")),
+        (40, 32, 8)
+    );
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(
+        (run.status(), run.n("times_completed")),
+        (Some("completed"), Some(1))
+    );
+    assert_eq!(
+        stack.counter_tree_faults(JOB, RUN).await,
+        Vec::<String>::new()
+    );
+    let partitions: std::collections::BTreeSet<_> = listed
+        .iter()
+        .filter_map(|(_, t)| t.s("pk").map(str::to_owned))
+        .collect();
+    assert!(
+        partitions.len() > 1 && !partitions.contains(&format!("RUN#{JOB}#{RUN}")),
+        "{partitions:?}"
+    );
+    let key = conveyor_worker::domain::ids::ResultKey::for_task(PREFIX, &tasks[0]);
+    assert!(
+        !key.as_str().starts_with(&format!("{PREFIX}{JOB}/")),
+        "{}",
+        key.as_str()
+    );
+    let object = stack
+        .object(key.as_str())
+        .await
+        .expect("t00's page, stored");
+    assert_eq!(
+        listed[0].1.s("result_sha256"),
+        Some(object.sha256().as_str())
+    );
+}
+
+#[tokio::test]
+async fn the_operator_lists_a_spread_run_by_one_query_a_shard_never_a_scan() {
+    // Arrange
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    spread_run(&stack, &site, 30, (6, 0)).await;
+    let store = stack.worker().tasks;
+    stack.calls.clear();
+
+    // Act
+    let listed = store
+        .run_tasks(&id(JOB), &id(RUN))
+        .await
+        .expect("the run's tasks");
+
+    // Assert: all 30, in task order, read by the run item and a Query per shard.
+    let ids: Vec<&str> = listed.iter().map(|(task, _)| task.as_str()).collect();
+    let expected: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(stack.calls.count("Scan"), 0);
+    assert_eq!(stack.calls.count("Query"), 6);
 }

@@ -62,11 +62,7 @@ fn results(rule: &Rule) -> S3ResultStore {
 
 fn task() -> TaskRef {
     let id = |s: &str| Id::parse(s).expect("a valid id");
-    TaskRef {
-        job_id: id("j"),
-        run_id: id("r"),
-        task_id: id("t"),
-    }
+    TaskRef::new(id("j"), id("r"), id("t"))
 }
 
 fn http(status: u16, body: &'static str) -> Response {

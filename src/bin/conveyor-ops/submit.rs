@@ -47,6 +47,11 @@ pub struct SubmitArgs {
     /// 64 shards past 64.
     #[arg(long)]
     counter_groups: Option<u32>,
+    /// Keep a sharded run's tasks under one partition key and its results under one prefix
+    /// (data contract v2). By default they spread over its shards (v3), so a new run's
+    /// writes do not wait for DynamoDB and S3 to split one hot key.
+    #[arg(long)]
+    no_spread: bool,
     /// How often to print progress when the output is not a terminal.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     progress_every: Duration,
@@ -70,8 +75,11 @@ pub async fn run(args: SubmitArgs) -> Outcome {
     let reporter = Reporter::new(total, "tasks submitted", args.progress_every);
     let report = |done| reporter.set(done);
     let runs = (&args.job, &args.run);
-    let sharding = submit::sharding(total, args.counter_shards, args.counter_groups);
-    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, sharding, &report).await?;
+    let layout = submit::Layout {
+        sharding: submit::sharding(total, args.counter_shards, args.counter_groups),
+        spread: !args.no_spread,
+    };
+    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, layout, &report).await?;
     reporter.finish();
     println!(
         "run {}/{}: {} tasks, {} created, {} messages sent{}",

@@ -1,4 +1,5 @@
-//! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`);
+//! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`),
+//! or in data contract v3 spread over one per counter shard (`RUN#<job>#<run>#<shard>`);
 //! a job and its runs share the job's (`JOB#<job>`); each counter shard and counter group of
 //! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`), and so
 //! does each host the fleet fetches from (`HOST#<host:port>`). Keys are strings `pk` and `sk`.
@@ -9,8 +10,22 @@ use crate::store::dynamo::attributes::{Item, s};
 /// The job item's sort key, in its own partition.
 pub const JOB_SORT: &str = "JOB";
 
-pub fn tasks_partition(job: &Id, run: &Id) -> String {
-    format!("RUN#{job}#{run}")
+/// The partition of a run's tasks: the run's one (v1, v2), or its shard's (v3).
+pub fn tasks_partition(job: &Id, run: &Id, shard: Option<u32>) -> String {
+    match shard {
+        None => format!("RUN#{job}#{run}"),
+        Some(shard) => format!("RUN#{job}#{run}#{shard}"),
+    }
+}
+
+/// Every partition a run's tasks are under: one, or one per counter shard (v3, `spread`).
+pub fn task_partitions(job: &Id, run: &Id, spread: Option<u32>) -> Vec<String> {
+    match spread {
+        None => vec![tasks_partition(job, run, None)],
+        Some(shards) => (0..shards)
+            .map(|shard| tasks_partition(job, run, Some(shard)))
+            .collect(),
+    }
 }
 
 pub fn task_sort(task: &Id) -> String {
@@ -42,7 +57,7 @@ pub fn key(pk: String, sk: String) -> Item {
 
 pub fn task_key(task: &TaskRef) -> Item {
     key(
-        tasks_partition(&task.job_id, &task.run_id),
+        tasks_partition(&task.job_id, &task.run_id, task.shard()),
         task_sort(&task.task_id),
     )
 }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 };
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use crate::domain::ids::{Id, TaskRef};
+use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::time::rfc3339;
 use crate::ports::error::AwsError;
@@ -52,12 +52,13 @@ impl DynamoTaskStore {
 
     /// The run, `running`, its submit cursor at 0, unless it exists already; counted on its
     /// own item (`total` tasks, all remaining), or in the counter tree `sizes` says (data
-    /// contract v2: `counter_shards`, `counter_groups`, and what the run counts as left).
+    /// contract v2: `counter_shards`, `counter_groups`, and what the run counts as left),
+    /// its tasks and results spread over its shards if `spread` (v3: `task_shards`).
     pub async fn create_run(
         &self,
         (job, run): (&Id, &Id),
         total: u64,
-        sizes: Option<&ShardSizes>,
+        (sizes, spread): (Option<&ShardSizes>, bool),
     ) -> Result<Created, AwsError> {
         let mut item = keys::run_key(job, run);
         item.extend(strings(&[("status", "running"), ("created_at", &now())]));
@@ -74,6 +75,9 @@ impl DynamoTaskStore {
                     counters.push(("counter_groups", u64::from(groups)));
                 }
                 counters.push(sizes.run_children());
+                if spread {
+                    counters.push(("task_shards", u64::from(shards)));
+                }
                 counters
             }
         };
@@ -225,14 +229,30 @@ impl DynamoTaskStore {
         Ok(items)
     }
 
-    /// Every task of the run, read consistently: (task id, item).
+    /// Every task of the run, read consistently, in task order: (task id, item). A v3 run's
+    /// tasks are read from each of its shards' partitions (a Query each, a few at once, as
+    /// its item says): never a scan.
     pub async fn run_tasks(&self, job: &Id, run: &Id) -> Result<Vec<(String, Item)>, AwsError> {
+        let run_item = self.run_item(job, run).await?;
+        let spread = run_item.as_ref().and_then(spread_of);
+        let partitions = keys::task_partitions(job, run, spread);
+        let mut tasks: Vec<(String, Item)> = stream::iter(partitions)
+            .map(|partition| self.partition_tasks(partition))
+            .buffer_unordered(QUERIES_AT_ONCE)
+            .try_concat()
+            .await?;
+        tasks.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(tasks)
+    }
+
+    /// The tasks under one partition key (a Query, paged).
+    async fn partition_tasks(&self, partition: String) -> Result<Vec<(String, Item)>, AwsError> {
         let mut pages = self
             .client
             .query()
             .table_name(&self.table)
             .key_condition_expression("pk = :pk")
-            .expression_attribute_values(":pk", s(&keys::tasks_partition(job, run)))
+            .expression_attribute_values(":pk", s(&partition))
             .consistent_read(true)
             .into_paginator()
             .items()
@@ -311,6 +331,15 @@ fn requeue_refusal(
 
 /// How a run counts its tasks, as its item says: on the run item (v1), in counter shards
 /// (v2), or not at all (a run written without counters).
+/// Over how many counter shards a run's tasks and results are spread (data contract v3:
+/// `task_shards`), if they are.
+pub fn spread_of(run: &Item) -> Option<u32> {
+    number(run, "task_shards").filter(|n| (1..=MAX_SPREAD).contains(n))
+}
+
+/// Queries of a v3 run's task partitions in flight at once.
+const QUERIES_AT_ONCE: usize = 16;
+
 pub fn counting_of(run: &Item) -> Option<Counting> {
     match Counting::of(number(run, "counter_shards"), number(run, "counter_groups")) {
         Counting::Run => run.contains_key("tasks_remaining").then_some(Counting::Run),
