@@ -22,19 +22,24 @@ the stale reads (a producer seeding through the plain port is read stale through
 
 Admin paths on the layer's port, for tests:
 - `GET /_prodlike/stats`: what the layer did, `{kind: {table or bucket: count}}`.
+- `POST /_prodlike/throttle` with `{"table": T, "share": S, "seconds": D}`: for the next D
+  seconds, a share S of the writes to table T (PutItem, UpdateItem, DeleteItem,
+  TransactWriteItems) is answered `ProvisionedThroughputExceededException`, as a hot
+  partition or a new table's capacity answers; `stats` counts `writes` and `throttled`.
 - `POST /_prodlike/conflict` with `{"table": T, "key": {...DynamoDB key...}, "times": N}` or
   `{"bucket": B, "key": K, "times": N}`: the next N writes of that item (or conditional PUTs
   of that object) meet a transaction (or a PUT) in flight, whatever the timing, so a test
   meets exactly the conflicts it asks for.
 
 Not modelled: Query and Scan staleness, TransactGetItems, conflicts of a transaction with a
-single-item write already in flight, throttling by partition capacity, SQS's own
-differences (moto's SQS is left as it is).
+single-item write already in flight, throttling by partition capacity (only the throttle a
+test asks for), SQS's own differences (moto's SQS is left as it is).
 """
 
 import io
 import json
 import os
+import random
 import threading
 import time
 import zlib
@@ -69,6 +74,13 @@ class State:
         self.transaction_s = setting("PRODLIKE_TRANSACTION_MS", 30)
         self.put_s = setting("PRODLIKE_PUT_MS", 30)
         self.stale_s = setting("PRODLIKE_STALE_MS", 1000)
+        self.throttles = {}  # table -> (share of writes refused, until, monotonic)
+
+    def throttled(self, table):
+        """Whether this write to `table` is refused by a throttle a test asked for."""
+        with self.lock:
+            share, until = self.throttles.get(table, (0.0, 0.0))
+            return time.monotonic() < until and random.random() < share
 
     def count(self, kind, resource):
         with self.lock:
@@ -225,6 +237,11 @@ def written(operation, request):
                 yield name, put if put is not None else r["DeleteRequest"]["Key"], True
 
 
+def written_table(operation, request):
+    """The table a write request names (a transaction's first item's)."""
+    return next((name for name, _, _ in written(operation, request)), "")
+
+
 def item_keys(region, operation, request, only_written=False):
     keys = []
     for name, attributes, writes in written(operation, request):
@@ -292,6 +309,12 @@ class ProdLike:
             with STATE.lock:
                 body = json.dumps({k: dict(v) for k, v in STATE.stats.items()}).encode()
             return respond(start_response, "200 OK", [("Content-Type", "application/json")], body)
+        if path == "/_prodlike/throttle" and environ["REQUEST_METHOD"] == "POST":
+            ask = json.loads(read_body(environ))
+            with STATE.lock:
+                until = time.monotonic() + float(ask["seconds"])
+                STATE.throttles[ask["table"]] = (float(ask["share"]), until)
+            return respond(start_response, "204 No Content", [], b"")
         if path == "/_prodlike/conflict" and environ["REQUEST_METHOD"] == "POST":
             ask = json.loads(read_body(environ))
             if "table" in ask:
@@ -308,6 +331,14 @@ class ProdLike:
             return self.app(environ, start_response)
         request = json.loads(read_body(environ) or b"{}")
         region, _ = region_and_service(environ)
+        if operation in SINGLE_WRITES | {"TransactWriteItems"}:
+            table = written_table(operation, request)
+            STATE.count("writes", table)
+            if STATE.throttled(table):
+                STATE.count("throttled", table)
+                return dynamodb_error(start_response, "ProvisionedThroughputExceededException",
+                                      "The level of configured provisioned throughput for the "
+                                      "table was exceeded")
         if operation == "TransactWriteItems":
             return self.transaction(region, request, environ, start_response)
         if operation in SINGLE_WRITES:

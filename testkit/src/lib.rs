@@ -213,6 +213,19 @@ impl Stack {
         Self::at(&prodlike_endpoint()).await
     }
 
+    /// For `seconds` from now, the production-like layer refuses a `share` of the writes to
+    /// this stack's table as throttled (`ProvisionedThroughputExceededException`).
+    pub async fn throttle_writes(&self, share: f64, seconds: f64) {
+        let ask = json!({"table": self.table, "share": share, "seconds": seconds});
+        let response = layer_client()
+            .post(format!("{}/_prodlike/throttle", prodlike_endpoint()))
+            .body(ask.to_string())
+            .send()
+            .await
+            .expect("reach the production-like layer");
+        assert!(response.status().is_success(), "{}", response.status());
+    }
+
     /// The next `times` writes of the run item meet a transaction in flight.
     pub async fn conflict_on_run(&self, job: &str, run: &str, times: u32) {
         let key = key_json(&keys::run_key(&id(job), &id(run)));
