@@ -26,6 +26,7 @@ use crate::ports::results::ResultStore;
 use crate::ports::secrets::Secrets;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
+use crate::pressure::Pressure;
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::s3::S3ResultStore;
@@ -169,6 +170,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
         Worker::out_of_time(self, record).await
+    }
+
+    fn pressure(&self) -> Option<&Pressure> {
+        Some(&self.pressure)
     }
 }
 

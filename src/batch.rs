@@ -14,6 +14,7 @@ use tracing::{Instrument, field};
 
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
+use crate::pressure::Pressure;
 
 /// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
 pub trait ProcessRecord: Sync {
@@ -27,6 +28,12 @@ pub trait ProcessRecord: Sync {
     /// the deadline: by default it goes back to the queue.
     fn out_of_time(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
         std::future::ready(Outcome::OutOfTime)
+    }
+
+    /// The sandbox's concurrency under AWS push-back, if it keeps one: each record waits
+    /// for its turn, and each outcome tells it how AWS is coping.
+    fn pressure(&self) -> Option<&Pressure> {
+        None
     }
 }
 
@@ -146,7 +153,16 @@ async fn run_records<P: ProcessRecord>(
                 let outcome = if held {
                     Outcome::GroupHeld
                 } else {
-                    run_one(processor, &records[index], invocation).await
+                    let turn = match processor.pressure() {
+                        Some(pressure) => Some(pressure.admit().await),
+                        None => None,
+                    };
+                    let outcome = run_one(processor, &records[index], invocation).await;
+                    if let Some(pressure) = processor.pressure() {
+                        pressure.learn(&outcome);
+                    }
+                    drop(turn);
+                    outcome
                 };
                 held |= outcome.reply() == Reply::Retry;
                 lock(outcomes)[index] = Some(outcome);

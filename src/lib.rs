@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod ops;
 pub mod polite;
 pub mod ports;
+pub mod pressure;
 pub mod retry;
 pub mod scraper;
 pub mod settings;

@@ -27,6 +27,7 @@ use crate::ports::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
+use crate::pressure::Pressure;
 use crate::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
 
@@ -64,6 +65,8 @@ pub struct Worker<T, R, F, V> {
     pub gate: Gate,
     /// This sandbox's shares of runs' paid-tier budgets.
     pub paid: PaidAllowances,
+    /// This sandbox's records at once under AWS push-back (AIMD).
+    pub pressure: Pressure,
 }
 
 impl<T, R, F, V> Worker<T, R, F, V> {
@@ -72,6 +75,7 @@ impl<T, R, F, V> Worker<T, R, F, V> {
             parents: ParentsCache::new(settings.parents_ttl),
             gate: Gate::new(settings.politeness.clone()),
             paid: PaidAllowances::default(),
+            pressure: Pressure::default(),
             tasks,
             results,
             fetcher,

@@ -358,6 +358,7 @@ impl Prepared {
             parents: base.parents,
             gate: base.gate,
             paid: base.paid,
+            pressure: base.pressure,
         };
         let settings = MappingSettings {
             queue_arn: queue.arn.clone(),
