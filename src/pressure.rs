@@ -173,7 +173,11 @@ mod tests {
         for _ in 0..5 {
             pressure.learn(&succeeded());
         }
-        assert_eq!(pressure.limit(), Some(5), "one more after about a limit's worth");
+        assert_eq!(
+            pressure.limit(),
+            Some(5),
+            "one more after about a limit's worth"
+        );
         drop(turns);
         for _ in 0..200 {
             pressure.learn(&succeeded());
