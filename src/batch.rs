@@ -153,16 +153,7 @@ async fn run_records<P: ProcessRecord>(
                 let outcome = if held {
                     Outcome::GroupHeld
                 } else {
-                    let turn = match processor.pressure() {
-                        Some(pressure) => Some(pressure.admit().await),
-                        None => None,
-                    };
-                    let outcome = run_one(processor, &records[index], invocation).await;
-                    if let Some(pressure) = processor.pressure() {
-                        pressure.learn(&outcome);
-                    }
-                    drop(turn);
-                    outcome
+                    run_in_turn(processor, &records[index], invocation).await
                 };
                 held |= outcome.reply() == Reply::Retry;
                 lock(outcomes)[index] = Some(outcome);
@@ -191,6 +182,22 @@ async fn run_records<P: ProcessRecord>(
         .buffered(limits.max_concurrency.max(1))
         .collect()
         .await
+}
+
+/// One record, in its turn of the sandbox's pressure if it keeps one, which then learns
+/// from its outcome.
+async fn run_in_turn<P: ProcessRecord>(
+    processor: &P,
+    record: &SqsMessage,
+    invocation: &Invocation,
+) -> Outcome {
+    let Some(pressure) = processor.pressure() else {
+        return run_one(processor, record, invocation).await;
+    };
+    let _turn = pressure.admit().await;
+    let outcome = run_one(processor, record, invocation).await;
+    pressure.learn(&outcome);
+    outcome
 }
 
 /// A record the cutoff stopped: the processor's say, within the deadline, else back to the
