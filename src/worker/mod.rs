@@ -119,7 +119,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             self.release(&task, owner).await;
         }
         let outcome = self.send_again(record, outcome, receives).await;
-        if let Some(delay) = self.hold_for(&outcome, receives) {
+        if let Some(delay) = self.hold_for(&outcome, receives, message::copies(body)) {
             self.hold(record, delay).await;
         }
         outcome
@@ -148,8 +148,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// How long a message to retry stays invisible before it comes back, if not the
-    /// queue's own visibility timeout.
-    fn hold_for(&self, outcome: &Outcome, receives: u32) -> Option<Duration> {
+    /// queue's own visibility timeout. `copies`: the fresh copies of it sent before.
+    fn hold_for(&self, outcome: &Outcome, receives: u32, copies: u32) -> Option<Duration> {
         match outcome {
             Outcome::ScrapeTransient { retry_after, .. } => {
                 Some(self.settings.backoff.delay(*retry_after, receives))
@@ -166,9 +166,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             // AWS pushed back (throttled, failed, timed out, unreachable): a growing hold,
             // jittered so the held records do not all return at once, never next to
-            // nothing. A refusal (access, a missing table) waits out the queue's timeout.
+            // nothing, and longer for each copy, so the copies outlast a table's warm-up
+            // (about 2 h at the defaults) before the dead-letter queue. A refusal (access, a
+            // missing table) waits out the queue's timeout.
             Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back) => {
-                Some(self.settings.backoff.pressed(receives))
+                Some(self.settings.backoff.pressed(receives + copies))
             }
             Outcome::NoTimeLeft => Some(Duration::ZERO),
             Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),

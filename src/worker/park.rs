@@ -87,7 +87,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), body) else {
             return outcome;
         };
-        let delay = self.hold_for(&outcome, receives).unwrap_or_default();
+        let copies = message::copies(Some(body));
+        let delay = self.hold_for(&outcome, receives, copies).unwrap_or_default();
         // This receive did not try the page: it is not counted.
         let body = message::for_another_try(body, receives.saturating_sub(1));
         match self.visibility.requeue(&queue, &body, delay).await {
