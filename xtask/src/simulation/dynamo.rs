@@ -1,5 +1,8 @@
 //! The simulation's DynamoDB: partitions that grant at most their capacity per second, and
-//! items that a transaction holds while it commits, so that an overlapping one is cancelled.
+//! items that a transaction holds while it commits, so that an overlapping one is cancelled;
+//! for a fresh run, the on-demand table's own rate above its partitions' (`capacity`).
+
+use super::capacity::{NEW_TABLE_READ_UNITS, NEW_TABLE_WRITE_UNITS, OnDemand};
 
 /// Simulated time, in microseconds.
 pub type Micros = u64;
@@ -90,6 +93,13 @@ pub struct Table {
     held_until: Vec<Micros>,
     /// How long a transaction holds its items (prepare to commit).
     hold: Micros,
+    /// The on-demand table's own read and write rates (`None`: only its partitions').
+    pub limit: Option<(OnDemand, OnDemand)>,
+    /// Read and write units granted in all (what is billed).
+    pub units: (f64, f64),
+    /// A request passes while its partitions have any units left, taking the rest as debt
+    /// (else it needs all its units there): the sensitivity of throttling to request size.
+    pub debt: bool,
 }
 
 impl Table {
@@ -98,7 +108,26 @@ impl Table {
             partitions: vec![Partition::default(); partitions],
             held_until: vec![0; items],
             hold,
+            limit: None,
+            units: (0.0, 0.0),
+            debt: false,
         }
+    }
+
+    /// The table's own rates: a new on-demand table's, or the warm throughput set (read,
+    /// write units a second) if more.
+    pub fn on_demand(mut self, warm_read: f64, warm_write: f64, debt: bool) -> Self {
+        let mut read = OnDemand::new(NEW_TABLE_READ_UNITS, warm_read);
+        let mut write = OnDemand::new(NEW_TABLE_WRITE_UNITS, warm_write);
+        (read.rate.debt, write.rate.debt, self.debt) = (debt, debt, debt);
+        self.limit = Some((read, write));
+        self
+    }
+
+    /// Partitions added (a table that grew): each starts with a second's capacity.
+    pub fn grow(&mut self, partitions: usize) {
+        let len = self.partitions.len().max(partitions);
+        self.partitions.resize(len, Partition::default());
     }
 
     /// A table without limits: no partition runs out, no transaction holds anything (the
@@ -109,6 +138,9 @@ impl Table {
             partitions: vec![partition; partitions],
             held_until: vec![0; items],
             hold: 0,
+            limit: None,
+            units: (0.0, 0.0),
+            debt: false,
         }
     }
 
@@ -118,11 +150,19 @@ impl Table {
             return Answer::Done;
         };
         p.read.refill(now);
-        if p.read.tokens < units {
+        let table = self.limit.as_mut().map(|(read, _)| read);
+        if !fits(p.read.tokens, units, self.debt) {
             return Answer::Throttled;
+        }
+        if let Some(table) = table {
+            if !table.has(now, units) {
+                return Answer::Throttled;
+            }
+            table.take(now, units);
         }
         p.read.tokens -= units;
         p.read_units += units;
+        self.units.0 += units;
         Answer::Done
     }
 
@@ -155,12 +195,20 @@ impl Table {
             if let Some(p) = target.partition {
                 let bucket = &mut self.partitions[p].write;
                 bucket.refill(now);
-                granted &= bucket.tokens >= needed(writes, p);
+                granted &= fits(bucket.tokens, needed(writes, p), self.debt);
+            }
+        }
+        let total: f64 = writes.iter().map(|(_, units)| units).sum();
+        if let Some((_, table)) = self.limit.as_mut() {
+            granted &= table.has(now, total);
+            if granted {
+                table.take(now, total);
             }
         }
         if !granted {
             return Answer::Throttled;
         }
+        self.units.1 += total;
         for (target, units) in writes {
             if let Some(p) = target.partition {
                 let partition = &mut self.partitions[p];
@@ -182,6 +230,14 @@ impl Table {
                 Answer::Done
             }
         }
+    }
+}
+
+/// Whether a request of `units` passes a bucket holding `tokens`.
+fn fits(tokens: f64, units: f64, debt: bool) -> bool {
+    match debt {
+        true => tokens > 0.0,
+        false => tokens >= units,
     }
 }
 

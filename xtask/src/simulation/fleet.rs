@@ -1,7 +1,8 @@
 //! The fleet in the simulation: slots each working one task at a time through the worker's
 //! requests (guard read, parents read or a sandbox's cached yes, claim, fetch, S3 PUT, the
 //! terminal transaction), with the worker's retries: conflicts tried again within the
-//! invocation, throttling by the SDK, both then held back in the queue.
+//! invocation, throttling by the SDK, both then held back in the queue (a pushed-back
+//! record for at least half its ceiling), a final receive sent again as a fresh copy.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -11,8 +12,11 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
+use super::capacity::Mapping;
 use super::dynamo::{Answer, Micros, SECOND, Table, Target};
-use super::{Counting, Outcome, Params, micros};
+use super::held::Held;
+use super::places::{JOB, Places, spread};
+use super::{Counting, Outcome, Params, TIMELINE_BIN_S, micros};
 
 /// Request latencies (typical in-region figures; the model's assumption).
 const GET: Micros = 4_000;
@@ -30,9 +34,13 @@ const SDK_BACKOFF: Micros = SECOND;
 /// The worker's hold-back of a record to retry (RETRY_BACKOFF_BASE_MS, _MAX_MS defaults).
 const HOLD_BACK: Micros = 5 * SECOND;
 const HOLD_BACK_MAX: Micros = 900 * SECOND;
-
-/// The job's partition (the job and run items; the run is contended item 0).
-const JOB: usize = 0;
+/// Receives of a record (MAX_ATTEMPTS); a final one that failed for a reason of ours is sent
+/// again as a fresh copy, up to `MAX_COPIES` (`worker::MAX_COPIES`), then dead-lettered.
+const MAX_ATTEMPTS: u32 = 5;
+const MAX_COPIES: u32 = 10;
+/// A batch read's rounds for keys left unprocessed: 50 ms, doubling, half to all of it.
+const UNPROCESSED_ROUNDS: u32 = 5;
+const UNPROCESSED_PAUSE: Micros = 50_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -49,6 +57,8 @@ struct Message {
     receives: u32,
     /// Its page is in S3 (a redelivery adopts it).
     stored: bool,
+    /// Fresh copies sent of it after final receives.
+    copies: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +100,48 @@ struct Sandbox {
     reading: bool,
     waiting: Vec<usize>,
     read_throttles: u32,
+    /// The worker's pressure (AIMD): records at once, `None` while AWS has not pushed back.
+    limit: Option<f64>,
+    /// The records at work when the limit was first cut: past it, no limit again.
+    ceiling: f64,
+    active: usize,
+    last_cut: Option<Micros>,
+    /// Slots of the sandbox waiting for their turn.
+    parked: Vec<usize>,
+}
+
+/// The worker's pressure halves at most once this long (`pressure::CUT_EVERY`).
+const CUT_EVERY: Micros = SECOND;
+
+impl Sandbox {
+    fn has_room(&self) -> bool {
+        self.limit.is_none_or(|l| (self.active as f64) < l.floor())
+    }
+
+    fn cut(&mut self, now: Micros) {
+        if self.last_cut.is_some_and(|at| now < at + CUT_EVERY) {
+            return;
+        }
+        let current = match self.limit {
+            Some(limit) => limit,
+            None => {
+                self.ceiling = self.active.max(1) as f64;
+                self.ceiling
+            }
+        };
+        self.limit = Some((current / 2.0).max(1.0));
+        self.last_cut = Some(now);
+    }
+
+    /// +1/limit; whether a record more may work now.
+    fn grow(&mut self) -> bool {
+        let Some(limit) = self.limit else {
+            return false;
+        };
+        let grown = limit + 1.0 / limit;
+        self.limit = (grown < self.ceiling).then_some(grown);
+        self.limit.is_none_or(|l| l.floor() > limit.floor())
+    }
 }
 
 /// What is left to count, as a tree: the leaves count tasks (the run item itself in v1,
@@ -109,6 +161,8 @@ struct Counts {
     conflicts: u64,
     throttles: u64,
     requests: u64,
+    slow_downs: u64,
+    puts: u64,
 }
 
 pub(super) struct Fleet<'a> {
@@ -123,7 +177,7 @@ pub(super) struct Fleet<'a> {
     sequence: u64,
     slots: Vec<Option<Task>>,
     sandboxes: Vec<Sandbox>,
-    held_back: BinaryHeap<Reverse<(Micros, Message)>>,
+    held_back: Held<Message>,
     /// Slots with nothing to take, and when one of them is woken for a held-back message.
     idle: Vec<usize>,
     waking: Option<Micros>,
@@ -132,45 +186,67 @@ pub(super) struct Fleet<'a> {
     counts: Counts,
     /// The job partition's units at the end of the warm-up.
     job_at_warm: (f64, f64),
+    /// The table's units granted at the end of the warm-up.
+    units_at_warm: (f64, f64),
     completed_at: Option<Micros>,
+    places: Places,
+    timeline: Vec<u64>,
+    dead_letters: u64,
 }
 
 impl<'a> Fleet<'a> {
     pub(super) fn new(params: &'a Params) -> Self {
         let tree = Tree::of(params);
         let items = tree.items();
-        let partitions = items + params.task_partitions.unwrap_or(0) as usize;
-        let slots = params.in_flight as usize;
+        let (places, partitions) = Places::new(params, items);
+        let mapping = params.fresh.map_or(Mapping::Fixed, |f| f.mapping);
+        let slots = match mapping {
+            Mapping::Fixed => params.in_flight as usize,
+            _ => (mapping.most() * params.per_sandbox) as usize,
+        };
         let mut fleet = Self {
             params,
             rng: SmallRng::seed_from_u64(params.seed),
             pages: LogNormal::new(PAGE_MEDIAN_S.ln(), PAGE_SIGMA).expect("a valid sigma"),
             conflict_retries: RetryPolicy::default(),
-            table: match params.limits {
-                true => Table::new(partitions, items, micros(params.hold_ms / 1e3)),
-                false => Table::unlimited(partitions, items),
-            },
+            table: table(params, partitions, items),
             now: 0,
             warm: micros(params.warmup),
             queue: BinaryHeap::new(),
             sequence: 0,
             slots: vec![None; slots],
             sandboxes: vec![Sandbox::default(); slots.div_ceil(params.per_sandbox.max(1) as usize)],
-            held_back: BinaryHeap::new(),
+            held_back: Held::default(),
             idle: Vec::new(),
             waking: None,
             next_task: 0,
             tree,
             counts: Counts::default(),
             job_at_warm: (0.0, 0.0),
+            units_at_warm: (0.0, 0.0),
             completed_at: None,
+            places,
+            timeline: Vec::new(),
+            dead_letters: 0,
         };
-        // The fleet ramps up over its first second.
-        for slot in 0..slots {
-            let start = fleet.rng.random_range(0..SECOND);
-            fleet.at(start, Event::Free(slot));
-        }
+        fleet.start_slots(mapping, slots);
         fleet
+    }
+
+    /// A fixed fleet ramps up over its first second; else each sandbox's records start when
+    /// the mapping adds its invocation (spread over the 100 ms after).
+    fn start_slots(&mut self, mapping: Mapping, slots: usize) {
+        let per_sandbox = self.params.per_sandbox.max(1) as usize;
+        for slot in 0..slots {
+            let start = match mapping {
+                Mapping::Fixed => self.rng.random_range(0..SECOND),
+                _ => {
+                    let invocation = (slot / per_sandbox) as u32;
+                    mapping.start_of(invocation) + self.rng.random_range(0..SECOND / 10)
+                }
+            };
+            self.at(start, Event::Free(slot));
+        }
     }
 
     pub(super) fn run(mut self) -> Outcome {
@@ -183,9 +259,11 @@ impl<'a> Fleet<'a> {
             if !warmed && at >= self.warm {
                 let job = &self.table.partitions[JOB];
                 self.job_at_warm = (job.read_units, job.write_units);
+                self.units_at_warm = self.table.units;
                 warmed = true;
             }
             self.now = at;
+            self.places.follow(at, &mut self.table);
             match event {
                 Event::Act(slot) => self.act(slot),
                 Event::Free(slot) => self.free(slot),
@@ -217,18 +295,25 @@ impl<'a> Fleet<'a> {
     /// The slot takes the next message: one held back whose time has come, else a new task;
     /// with none, it waits idle until one is ready.
     fn free(&mut self, slot: usize) {
-        self.slots[slot] = None;
+        let sandbox = self.sandbox_of(slot);
+        if self.slots[slot].take().is_some() {
+            self.sandboxes[sandbox].active -= 1;
+            self.unpark(sandbox);
+        }
         if self.waking == Some(self.now) {
             self.waking = None;
         }
-        let message = match self.held_back.peek() {
-            Some(Reverse((ready, _))) if *ready <= self.now => {
-                self.held_back.pop().map(|Reverse((_, m))| m)
-            }
-            _ => self.fresh(),
+        if self.params.aimd && !self.sandboxes[sandbox].has_room() {
+            self.sandboxes[sandbox].parked.push(slot);
+            return;
+        }
+        let message = match self.held_back.pop_ready(self.now) {
+            Some(message) => Some(message),
+            None => self.fresh(),
         };
         match message {
             Some(message) => {
+                self.sandboxes[sandbox].active += 1;
                 self.slots[slot] = Some(Task {
                     message,
                     step: Step::GetTask,
@@ -242,13 +327,27 @@ impl<'a> Fleet<'a> {
         self.wake();
     }
 
+    fn sandbox_of(&self, slot: usize) -> usize {
+        slot / self.params.per_sandbox.max(1) as usize
+    }
+
+    /// A parked slot of the sandbox takes its turn, if the sandbox has room for it.
+    fn unpark(&mut self, sandbox: usize) {
+        let kept = &mut self.sandboxes[sandbox];
+        if kept.has_room()
+            && let Some(slot) = kept.parked.pop()
+        {
+            self.at(self.now, Event::Free(slot));
+        }
+    }
+
     /// One idle slot is woken for the earliest held-back message (not all of them: with
     /// thousands idle that would be thousands of events a message).
     fn wake(&mut self) {
-        let Some(Reverse((ready, _))) = self.held_back.peek() else {
+        let Some(ready) = self.held_back.next_ready() else {
             return;
         };
-        let ready = (*ready).max(self.now);
+        let ready = ready.max(self.now);
         if self.waking.is_some_and(|at| at <= ready) {
             return;
         }
@@ -267,6 +366,7 @@ impl<'a> Fleet<'a> {
             id: self.next_task - 1,
             receives: 1,
             stored: false,
+            copies: 0,
         })
     }
 }
@@ -275,15 +375,17 @@ impl<'a> Fleet<'a> {
 impl Fleet<'_> {
     fn act(&mut self, slot: usize) {
         let task = *self.task(slot);
-        let tasks = self.task_partition(task.message.id);
+        let tasks = self.places.task(task.message.id);
         let now = self.now;
         match task.step {
             Step::GetTask => {
+                self.places.ask_task(now, 1.0 / 3.0);
                 let answer = self.table.read(now, tasks, 1.0);
                 self.answered(slot, answer, GET, Step::Parents);
             }
             Step::Parents => self.parents(slot),
             Step::Claim => {
+                self.places.ask_task(now, 1.0);
                 let answer = self.table.write(now, tasks, 1.0);
                 let next = match task.message.receives {
                     1 => Step::Fetch,
@@ -302,12 +404,22 @@ impl Fleet<'_> {
                 let took = micros(self.pages.sample(&mut self.rng));
                 self.then(slot, took, Step::Put);
             }
-            Step::Put => {
-                self.task(slot).message.stored = true;
-                self.answered(slot, Answer::Done, S3_PUT, Step::Finish(COUNT));
-            }
+            Step::Put => self.put(slot),
             Step::Finish(step) => self.finish(slot, step),
         }
+    }
+
+    /// The result's PUT: its prefix takes it, or answers 503 SlowDown (retried as a
+    /// throttled request is).
+    fn put(&mut self, slot: usize) {
+        let id = self.task(slot).message.id;
+        if !self.places.put(self.now, id) {
+            self.count(|c| c.slow_downs += 1);
+            return self.answered(slot, Answer::Throttled, S3_PUT, Step::Put);
+        }
+        self.count(|c| c.puts += 1);
+        self.task(slot).message.stored = true;
+        self.answered(slot, Answer::Done, S3_PUT, Step::Finish(COUNT));
     }
 
     /// The next step `after` this long.
@@ -336,7 +448,7 @@ impl Fleet<'_> {
         task.throttles += 1;
         let tried = task.throttles;
         if tried >= SDK_ATTEMPTS {
-            return self.hold_back(slot, latency);
+            return self.hold_back(slot, latency, true);
         }
         let pause = self.jitter(SDK_BACKOFF << (tried - 1));
         self.at(self.now + latency + pause, Event::Act(slot));
@@ -351,7 +463,7 @@ impl Fleet<'_> {
         let tried = task.conflicts;
         let policy = self.conflict_retries;
         if tried >= policy.attempts {
-            return self.hold_back(slot, TRANSACT);
+            return self.hold_back(slot, TRANSACT, false);
         }
         let ceiling = (policy.base * (1 << (tried - 1).min(20))).min(policy.max_pause);
         let pause = self.jitter(ceiling.as_micros() as Micros);
@@ -359,27 +471,42 @@ impl Fleet<'_> {
     }
 
     /// The record is reported for retry: held back in the queue (the worker's backoff, by
-    /// receive), its slot free for the next message.
-    fn hold_back(&mut self, slot: usize, after: Micros) {
-        let mut message = self.task(slot).message;
-        let ceiling = (HOLD_BACK << (message.receives - 1).min(20)).min(HOLD_BACK_MAX);
-        message.receives += 1;
-        let ready = self.now + after + self.jitter(ceiling);
-        self.held_back.push(Reverse((ready, message)));
+    /// receive: `pressed`, AWS pushed back, at least half the ceiling; a conflict, full
+    /// jitter), its slot free for the next message. A final receive is sent again as a fresh
+    /// copy after the same hold (its receives kept), until its copies are spent.
+    fn hold_back(&mut self, slot: usize, after: Micros, pressed: bool) {
+        if pressed && self.params.aimd {
+            let sandbox = self.sandbox_of(slot);
+            self.sandboxes[sandbox].cut(self.now);
+        }
+        let message = self.task(slot).message;
         self.at(self.now + after, Event::Free(slot));
+        self.hold(message, after, pressed);
+    }
+
+    fn hold(&mut self, mut message: Message, after: Micros, pressed: bool) {
+        // A copy has come back as often as its receives and copies together: it waits longer.
+        let tries = message.receives - 1 + message.copies;
+        let ceiling = (HOLD_BACK << tries.min(20)).min(HOLD_BACK_MAX);
+        let hold = match pressed {
+            true => ceiling / 2 + self.jitter(ceiling / 2),
+            false => self.jitter(ceiling),
+        };
+        if message.receives < MAX_ATTEMPTS {
+            message.receives += 1;
+        } else if message.copies < MAX_COPIES {
+            message.copies += 1;
+        } else {
+            self.dead_letters += 1;
+            return;
+        }
+        self.held_back.push(self.now + after + hold, message);
         self.wake();
     }
 
     /// Full jitter: a random time up to `ceiling`.
     fn jitter(&mut self, ceiling: Micros) -> Micros {
         self.rng.random_range(0..=ceiling)
-    }
-
-    /// The partition of a task's item: one of the run's task partitions, or none that is hot.
-    fn task_partition(&self, id: u64) -> Option<usize> {
-        let first = self.tree.items();
-        let partitions = self.params.task_partitions?;
-        Some(first + (spread(id) % u64::from(partitions)) as usize)
     }
 }
 
@@ -393,7 +520,8 @@ impl Fleet<'_> {
         let sandbox = slot / self.params.per_sandbox.max(1) as usize;
         let kept = &mut self.sandboxes[sandbox];
         if kept.kept_until > self.now {
-            return self.then(slot, 0, Step::Claim);
+            self.task(slot).step = Step::Claim;
+            return self.act(slot);
         }
         kept.waiting.push(slot);
         if !kept.reading {
@@ -402,22 +530,38 @@ impl Fleet<'_> {
         }
     }
 
-    /// One read for the sandbox's waiting tasks; tried again while throttled.
+    /// One read for the sandbox's waiting tasks; keys left unprocessed (throttled) asked
+    /// again after a growing pause, half to all of 50 ms doubling, five rounds; then its
+    /// records are held back as pushed back.
     fn read_parents(&mut self, sandbox: usize) {
         self.count(|c| c.requests += 1);
         match self.table.read(self.now, Some(JOB), 2.0) {
             Answer::Throttled => {
                 self.count(|c| c.throttles += 1);
                 let kept = &mut self.sandboxes[sandbox];
-                kept.read_throttles = (kept.read_throttles + 1).min(SDK_ATTEMPTS);
-                let tries = kept.read_throttles;
-                let pause = self.jitter(SDK_BACKOFF << (tries - 1));
+                kept.read_throttles += 1;
+                let round = kept.read_throttles;
+                if round > UNPROCESSED_ROUNDS {
+                    return self.parents_failed(sandbox);
+                }
+                let ceiling = UNPROCESSED_PAUSE << (round - 1);
+                let pause = ceiling / 2 + self.jitter(ceiling / 2);
                 self.at(self.now + BATCH_GET + pause, Event::ReadParents(sandbox));
             }
             _ => {
                 self.sandboxes[sandbox].read_throttles = 0;
                 self.at(self.now + BATCH_GET, Event::ParentsRead(sandbox));
             }
+        }
+    }
+
+    /// The parents read was throttling: the sandbox's waiting records are held back.
+    fn parents_failed(&mut self, sandbox: usize) {
+        let kept = &mut self.sandboxes[sandbox];
+        kept.read_throttles = 0;
+        kept.reading = false;
+        for slot in std::mem::take(&mut kept.waiting) {
+            self.hold_back(slot, BATCH_GET, true);
         }
     }
 
@@ -437,25 +581,26 @@ impl Fleet<'_> {
     fn finish(&mut self, slot: usize, step: Finish) {
         let id = self.task(slot).message.id;
         let task = Target {
-            partition: self.task_partition(id),
+            partition: self.places.task(id),
             item: None,
         };
+        self.places.ask_task(self.now, 2.0);
         let path = self.tree.path(id);
-        let writes: Vec<(Target, f64)> = std::iter::once((task, 2.0))
-            .chain(path[..=step.top].iter().map(|&item| {
-                let target = Target {
-                    partition: Some(item),
-                    item: Some(item),
-                };
-                (target, 2.0)
-            }))
-            .collect();
+        let mut writes = [(task, 2.0); LEVELS + 1];
+        for (write, &item) in writes[1..].iter_mut().zip(&path[..=step.top]) {
+            let target = Target {
+                partition: Some(self.places.item(item)),
+                item: Some(item),
+            };
+            *write = (target, 2.0);
+        }
+        let writes = &writes[..step.top + 2];
         let holds = self.tree.holds(id, step);
         self.count(|c| {
             c.requests += 1;
             c.transactions += 1;
         });
-        match self.table.transact(self.now, &writes, holds) {
+        match self.table.transact(self.now, writes, holds) {
             Answer::Done => self.counted(slot, id, step),
             Answer::Refused => {
                 let next = self.tree.after_refusal(step);
@@ -472,6 +617,17 @@ impl Fleet<'_> {
             self.completed_at = Some(self.now + TRANSACT);
         }
         self.count(|c| c.completions += 1);
+        let bin = ((self.now + TRANSACT) / (TIMELINE_BIN_S * SECOND)) as usize;
+        if self.timeline.len() <= bin {
+            self.timeline.resize(bin + 1, 0);
+        }
+        self.timeline[bin] += 1;
+        if self.params.aimd {
+            let sandbox = self.sandbox_of(slot);
+            if self.sandboxes[sandbox].grow() {
+                self.unpark(sandbox);
+            }
+        }
         self.at(self.now + TRANSACT, Event::Free(slot));
     }
 
@@ -481,7 +637,17 @@ impl Fleet<'_> {
         let c = self.counts;
         let per_task = |n: u64| n as f64 / c.completions.max(1) as f64;
         let job = &self.table.partitions[JOB];
+        let (reads, writes) = self.table.units;
+        let (key_splits, prefix_splits) = self.places.splits();
         Outcome {
+            timeline: self.timeline.clone(),
+            write_units_per_task: (writes - self.units_at_warm.1) / c.completions.max(1) as f64,
+            read_units_per_task: (reads - self.units_at_warm.0) / c.completions.max(1) as f64,
+            puts_per_task: per_task(c.puts),
+            slow_downs_per_task: per_task(c.slow_downs),
+            dead_letters: self.dead_letters,
+            key_splits,
+            prefix_splits,
             completions_per_second: c.completions as f64 / seconds,
             conflict_rate: c.conflicts as f64 / c.transactions.max(1) as f64,
             throttled_per_task: per_task(c.throttles),
@@ -493,12 +659,17 @@ impl Fleet<'_> {
     }
 }
 
-/// A task id's spread over shards and partitions, as a hash spreads real ids (splitmix64).
-fn spread(id: u64) -> u64 {
-    let mut z = id.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The table of `params`: with its partitions' limits or none (the floor), and a fresh
+/// run's on-demand rates.
+fn table(params: &Params, partitions: usize, items: usize) -> Table {
+    let table = match params.limits {
+        true => Table::new(partitions, items, micros(params.hold_ms / 1e3)),
+        false => return Table::unlimited(partitions, items),
+    };
+    match params.fresh {
+        Some(fresh) => table.on_demand(fresh.warm_read, fresh.warm_write, fresh.debt),
+        None => table,
+    }
 }
 
 impl Tree {
@@ -539,29 +710,33 @@ impl Tree {
         self.levels.iter().map(Vec::len).sum()
     }
 
-    /// The node of each level on a task's path, leaf first.
-    fn nodes(&self, id: u64) -> Vec<usize> {
+    /// The node of each level on a task's path, leaf first (at most `LEVELS` of them:
+    /// shards, groups, the run).
+    fn nodes(&self, id: u64) -> [usize; LEVELS] {
         let mut node = leaf(id, self.levels[0].len() as u32);
-        let mut nodes = vec![node];
-        for level in &self.levels[1..] {
+        let mut nodes = [0; LEVELS];
+        nodes[0] = node;
+        for (l, level) in self.levels.iter().enumerate().skip(1) {
             node %= level.len();
-            nodes.push(node);
+            nodes[l] = node;
         }
         nodes
     }
 
-    /// The items of a task's path, leaf first.
-    fn path(&self, id: u64) -> Vec<usize> {
-        let nodes = self.nodes(id);
-        (0..nodes.len())
-            .map(|l| self.first_item[l] + nodes[l])
-            .collect()
+    /// The items of a task's path, leaf first (the first `levels.len()` of them).
+    fn path(&self, id: u64) -> [usize; LEVELS] {
+        let mut path = self.nodes(id);
+        for (l, node) in path.iter_mut().enumerate().take(self.levels.len()) {
+            *node += self.first_item[l];
+        }
+        path
     }
 
     /// Whether the step's conditions hold: every node below `top` at its last, `top` not
     /// (or, completing, the run at its last).
     fn holds(&self, id: u64, step: Finish) -> bool {
-        let left = |l: usize| self.levels[l][self.nodes(id)[l]];
+        let nodes = self.nodes(id);
+        let left = |l: usize| self.levels[l][nodes[l]];
         (0..step.top).all(|l| left(l) == 1) && (left(step.top) == 1) == step.complete
     }
 
@@ -591,7 +766,97 @@ impl Tree {
     }
 }
 
+/// Levels of a counter tree at most: shards, groups, the run.
+const LEVELS: usize = 3;
+
 /// A task's leaf among `width`.
 fn leaf(id: u64, width: u32) -> usize {
     (spread(id) % u64::from(width)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(receives: u32, copies: u32) -> Message {
+        Message {
+            id: 7,
+            receives,
+            stored: false,
+            copies,
+        }
+    }
+
+    /// Holds `message` `n` times; each comes back as what, and after how long.
+    fn held(pressed: bool, message: Message, n: usize) -> Vec<(Message, Micros)> {
+        let params = Params::default();
+        let mut fleet = Fleet::new(&params);
+        fleet.now = 1_000 * SECOND;
+        for _ in 0..n {
+            fleet.hold(message, 0, pressed);
+        }
+        let mut back = Vec::new();
+        let mut at = fleet.now;
+        while let Some(ready) = fleet.held_back.next_ready() {
+            at = at.max(ready);
+            let copy = fleet.held_back.pop_ready(at).expect("one is ready then");
+            back.push((copy, at - fleet.now));
+        }
+        back
+    }
+
+    #[test]
+    fn a_pushed_back_record_is_held_half_to_all_of_its_ceiling_a_conflict_up_to_all() {
+        // Third receive: a ceiling of 20 s (10 ms buckets: up to 10 ms later).
+        let pressed = held(true, message(3, 0), 500);
+        let conflicts = held(false, message(3, 0), 500);
+
+        let within = |back: &[(Message, Micros)], from: Micros| {
+            back.iter()
+                .all(|(_, after)| (from..=20 * SECOND + 10_000).contains(after))
+        };
+        assert!(within(&pressed, 10 * SECOND), "{pressed:?}");
+        assert!(within(&conflicts, 0), "{conflicts:?}");
+        assert!(conflicts.iter().any(|(_, after)| *after < 10 * SECOND));
+        assert!(
+            pressed
+                .iter()
+                .all(|(m, _)| m.receives == 4 && m.copies == 0)
+        );
+    }
+
+    #[test]
+    fn a_final_receive_is_sent_again_as_a_copy_until_its_copies_are_spent() {
+        let copy = held(true, message(MAX_ATTEMPTS, 3), 1);
+        let last = held(true, message(MAX_ATTEMPTS, MAX_COPIES), 1);
+
+        // Its receives kept, one copy more; each copy doubles the ceiling (5 s x 2^(4 + 3)
+        // = 640 s), as the worker's `pressed(receives + copies)` does.
+        let (sent, after) = copy[0];
+        assert_eq!((sent.receives, sent.copies), (MAX_ATTEMPTS, 4));
+        assert!(
+            (320 * SECOND..=640 * SECOND + 10_000).contains(&after),
+            "{after}"
+        );
+        assert!(last.is_empty(), "dead-lettered: {last:?}");
+    }
+
+    #[test]
+    fn a_sandboxs_pressure_halves_once_a_second_and_grows_back_to_no_limit() {
+        let mut sandbox = Sandbox {
+            active: 10,
+            ..Sandbox::default()
+        };
+        sandbox.cut(0);
+        sandbox.cut(SECOND / 2);
+        assert_eq!(sandbox.limit, Some(5.0), "one halving a second");
+        assert!(!sandbox.has_room(), "10 at work, 5 allowed");
+        sandbox.cut(SECOND);
+        assert_eq!(sandbox.limit, Some(2.5));
+        sandbox.active = 1;
+        assert!(sandbox.has_room());
+        let grew: usize = (0..60).filter(|_| sandbox.grow()).count();
+        assert_eq!(sandbox.limit, None, "back past the 10 it was cut from");
+        assert!(grew >= 7, "{grew} steps of one record more");
+    }
 }

@@ -1,14 +1,21 @@
 //! A discrete-event simulation of one run's progress at fleet speed: DynamoDB's partitions
 //! (capacity per second, transactions at twice the cost, overlapping transactions cancelled)
 //! fed with the worker's own requests per task, for a run counted on its item (data contract
-//! v1) or in counter shards (v2). `make bench` runs it; docs/performance.md says what it
-//! assumes and where it could be wrong.
+//! v1) or in counter shards (v2), and a fresh run's wider limits (`capacity`: a new table's
+//! rate, splits for heat, S3 prefixes, the event source mapping's scaling). `make bench`
+//! runs it; docs/performance.md says what it assumes and where it could be wrong.
 
+pub mod capacity;
 pub mod dynamo;
 mod fleet;
+pub mod fresh;
+pub mod fresh_report;
+mod held;
 pub mod host;
+mod places;
 pub mod report;
 
+use capacity::Mapping;
 use dynamo::Micros;
 
 /// How the simulated run counts its tasks.
@@ -19,6 +26,34 @@ pub enum Counting {
     /// Each terminal write counts into one of `shards` (v2); with `groups` (0: none), a
     /// shard's last task counts it done in its group, a group's last in the run.
     Shards { shards: u32, groups: u32 },
+}
+
+/// Where a run's task items and results are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Data contracts v1 and v2: the run's task items share one partition key (split for
+    /// heat), its results one S3 prefix.
+    OneKey,
+    /// v3: task items over `keys` partition keys (the task's counter shard in its key),
+    /// results over 256 prefixes.
+    Spread { keys: u32 },
+}
+
+/// A fresh run's surroundings: the table as created, the mapping's scaling, the layout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fresh {
+    /// The table's warm throughput, read and write units a second (0: a new table's start).
+    pub warm_read: f64,
+    pub warm_write: f64,
+    pub mapping: Mapping,
+    pub layout: Layout,
+    /// How long a hot task key, and a hot S3 prefix, is hot before it splits (seconds).
+    pub split_delay_s: f64,
+    pub prefix_delay_s: f64,
+    /// S3 prefixes the results spread over (1 in v1/v2, 256 in v3).
+    pub prefixes: u32,
+    /// Throttling lets a request pass while any units are left (see `Table::debt`).
+    pub debt: bool,
 }
 
 /// One simulated situation.
@@ -45,6 +80,12 @@ pub struct Params {
     pub limits: bool,
     /// Records in flight per Lambda sandbox (one batch of 10).
     pub per_sandbox: u32,
+    /// A fresh run's limits (`None`: the table and S3 never the limit, the fleet all there).
+    pub fresh: Option<Fresh>,
+    /// Each sandbox's records at once under AWS push-back, as the worker keeps them
+    /// (`pressure.rs`: halved on a push-back at most once a second, +1/limit per record
+    /// counted); off: every slot always works.
+    pub aimd: bool,
     pub seed: u64,
 }
 
@@ -61,6 +102,8 @@ impl Default for Params {
             task_partitions: None,
             limits: true,
             per_sandbox: 10,
+            fresh: None,
+            aimd: true,
             seed: 1,
         }
     }
@@ -82,7 +125,23 @@ pub struct Outcome {
     pub job_writes_per_second: f64,
     /// When the run completed (a run with `tasks`).
     pub completed_at: Option<f64>,
+    /// Completions in each 10 s of the run (from its start, warm-up included).
+    pub timeline: Vec<u64>,
+    /// Write and read units granted, and S3 PUTs taken, per completed task.
+    pub write_units_per_task: f64,
+    pub read_units_per_task: f64,
+    pub puts_per_task: f64,
+    /// PUTs answered 503 SlowDown per completed task (in `throttled_per_task` too).
+    pub slow_downs_per_task: f64,
+    /// Records dead-lettered (their copies spent).
+    pub dead_letters: u64,
+    /// When the task key, and the (first) S3 prefix, split (seconds).
+    pub key_splits: Vec<f64>,
+    pub prefix_splits: Vec<f64>,
 }
+
+/// Seconds in one bin of `Outcome::timeline`.
+pub const TIMELINE_BIN_S: u64 = 10;
 
 /// Runs one simulation.
 pub fn simulate(params: &Params) -> Outcome {

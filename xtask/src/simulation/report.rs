@@ -1,6 +1,7 @@
 //! The simulation's part of BENCHMARKS.md: one run's completions per second against tasks in
 //! flight for each way of counting (a table and docs/run-progress.svg), the model's guesses
-//! varied, and whole runs to their end.
+//! varied, whole runs to their end, and fresh runs under the limits above a partition
+//! (`fresh`, `fresh_report`).
 
 use std::fmt::Write as _;
 
@@ -9,7 +10,8 @@ use conveyor_worker::ops::submit::sharding;
 use plotters::prelude::*;
 use rayon::prelude::*;
 
-use super::{Counting, Outcome, Params, simulate};
+use super::fresh::{self, GoodputRow, RunRow};
+use super::{Counting, Outcome, Params, fresh_report, simulate};
 
 /// The section's bounds in BENCHMARKS.md (the rest of it is `bench`'s).
 pub const BEGIN: &str = "<!-- run-progress: written by `make bench` (target/release/simulate) -->";
@@ -62,18 +64,37 @@ pub struct Report {
     pub sweep: Vec<Row>,
     pub variations: Vec<Row>,
     pub whole_runs: Vec<Row>,
+    pub fresh_runs: Vec<RunRow>,
+    pub goodput: Vec<GoodputRow>,
 }
 
 /// Runs every simulation (in parallel: each is independent and seeded).
+/// All parts at once, so that the longest (fresh runs) overlap the rest.
 pub fn run() -> Report {
     let sweep = COUNTINGS
         .iter()
         .flat_map(|&counting| IN_FLIGHT.map(|in_flight| steady(counting, in_flight)))
         .collect();
+    let ((fresh_runs, goodput), (sweep, (variations, whole_runs))) = rayon::join(
+        || rayon::join(fresh::runs, fresh::goodput),
+        || {
+            rayon::join(
+                || simulated(sweep),
+                || {
+                    rayon::join(
+                        || simulated(variations()),
+                        || with_floors(simulated(whole_runs())),
+                    )
+                },
+            )
+        },
+    );
     Report {
-        sweep: simulated(sweep),
-        variations: simulated(variations()),
-        whole_runs: with_floors(simulated(whole_runs())),
+        sweep,
+        variations,
+        whole_runs,
+        fresh_runs,
+        goodput,
     }
 }
 
@@ -218,6 +239,7 @@ pub fn markdown(report: &Report) -> String {
          time alone (pages of 0.8 s median, the fleet ramping up over its first second).\n\n",
     );
     md.push_str(&rows_table(&report.whole_runs, true));
+    md.push_str(&fresh_report::markdown(&report.fresh_runs, &report.goodput));
     md.push_str(END);
     md.push('\n');
     md
@@ -303,12 +325,11 @@ fn rows_table(rows: &[Row], whole: bool) -> String {
         );
         if whole {
             let seconds = |s: Option<f64>| s.map_or("not in time".into(), |s| format!("{s:.1} s"));
-            let _ = write!(
-                md,
-                " {} | {} |",
-                seconds(o.completed_at),
-                seconds(row.floor)
-            );
+            let completed = match (o.completed_at, o.dead_letters) {
+                (None, dead) if dead > 0 => format!("never: {dead} dead-lettered"),
+                (at, _) => seconds(at),
+            };
+            let _ = write!(md, " {completed} | {} |", seconds(row.floor));
         }
         md.push('\n');
     }
