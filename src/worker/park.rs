@@ -88,7 +88,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return outcome;
         };
         let copies = message::copies(Some(body));
-        let delay = self.hold_for(&outcome, receives, copies).unwrap_or_default();
+        let delay = self
+            .hold_for(&outcome, receives, copies)
+            .unwrap_or_default();
         // This receive did not try the page: it is not counted.
         let body = message::for_another_try(body, receives.saturating_sub(1));
         match self.visibility.requeue(&queue, &body, delay).await {
