@@ -2,7 +2,7 @@
 //! grows, a hot key or S3 prefix split for heat after a delay, and the SQS event source
 //! mapping's scaling (how many records are in flight when).
 
-use super::dynamo::{Micros, SECOND};
+use super::clock::{Micros, SECOND};
 
 /// What a new on-demand table sustains until it has seen more (AWS's documented figures).
 pub const NEW_TABLE_WRITE_UNITS: f64 = 4_000.0;

@@ -4,11 +4,7 @@
 
 use super::capacity::{NEW_TABLE_READ_UNITS, NEW_TABLE_WRITE_UNITS, OnDemand};
 
-/// Simulated time, in microseconds.
-pub type Micros = u64;
-
-/// One second of simulated time.
-pub const SECOND: Micros = 1_000_000;
+pub use super::clock::{Micros, SECOND};
 
 /// A partition's capacity per second, as DynamoDB documents it.
 pub const WRITE_UNITS: f64 = 1_000.0;

@@ -6,6 +6,7 @@
 //! runs it; docs/performance.md says what it assumes and where it could be wrong.
 
 pub mod capacity;
+pub mod clock;
 pub mod dynamo;
 mod fleet;
 pub mod fresh;
