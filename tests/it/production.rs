@@ -363,25 +363,25 @@ async fn a_fetch_stopped_by_the_invocation_budget_is_not_the_pages_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_table_throttles_half_its_writes_nothing_is_lost_and_the_worker_backs_off() {
-    // Arrange: 200 tasks counted in 16 shards behind the production-like layer. Politeness
+    // Arrange: 100 tasks counted in 8 shards behind the production-like layer. Politeness
     // is off: the run is on one local site, where a host's rate would make this a test of
     // host waits (tests/it/polite_defaults.rs); the holds are scaled down (200 ms doubling).
     let scenario = Scenario {
-        tasks: 200,
+        tasks: 100,
         policy: DuplicatePolicy::Converge,
         faults: None,
         crash_rate: 0.0,
         production_like: true,
-        counters: (16, 0),
+        counters: (8, 0),
         polite: false,
     };
     let prepared = scenario::prepare_on(Stack::prodlike().await, scenario).await;
     let stack = &prepared.stack;
 
-    // Act: from the first second, half the table's writes are throttled for 4 s.
+    // Act: from the first second, half the table's writes are throttled for 3 s.
     let throttle = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        stack.throttle_writes(0.5, 4.0).await;
+        stack.throttle_writes(0.5, 3.0).await;
     };
     let ((_, seconds), ()) = tokio::join!(prepared.drain(scenario), throttle);
     let report = prepared.check(None, seconds, "in process").await;
