@@ -6,8 +6,8 @@
 //! |---|---|
 //! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`polite`] (the host's turn for the fleet, robots.txt) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
 //! | one record, a batch | [`worker`] runs one record to its [`Outcome`]; [`batch`] runs a batch within its deadline and builds the partial batch reply |
-//! | around the records | [`retry`] (conflicts tried again), [`backoff`] (when a retry is due), [`metrics`] (EMF), [`config`] (the environment) |
-//! | the stores | [`store`]: the ports with their DynamoDB, S3 and SQS adapters, every write expression, AWS errors classified |
+//! | around the records | [`retry`] (conflicts tried again), [`backoff`] (when a retry is due), [`pressure`] (records at once under AWS push-back), [`metrics`] (EMF), [`config`] (the environment) |
+//! | the stores | [`ports`]: the traits the steps store through, in domain types; [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, each item kind's write expressions beside it, AWS errors classified |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
 //! | wiring | [`aws`]: SDK config and clients, the production worker, the Lambda handler; [`settings`]: each step's settings from [`config`], read once |
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |

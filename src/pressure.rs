@@ -64,7 +64,7 @@ impl Pressure {
     }
 
     /// What a record's end says of AWS: pushed back (throttled, failed, timed out) halves the
-    /// limit (at most once a [`CUT_EVERY`]); a record that got its writes through adds one
+    /// limit (at most once a second); a record that got its writes through adds one
     /// record's worth over the limit (`1 / limit`); anything else says nothing.
     pub fn learn(&self, outcome: &Outcome) {
         self.learn_at(outcome, Instant::now());
@@ -98,12 +98,10 @@ impl Pressure {
                 state.ceiling
             }
         };
-        state.limit = Some((current / 2.0).max(1.0));
+        let limit = (current / 2.0).max(1.0);
+        state.limit = Some(limit);
         state.last_cut = Some(now);
-        tracing::warn!(
-            limit = (current / 2.0).max(1.0),
-            "AWS pushed back: fewer records at once"
-        );
+        tracing::warn!(limit, "AWS pushed back: fewer records at once");
     }
 
     fn grow(&self) {

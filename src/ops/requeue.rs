@@ -47,7 +47,7 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
 
 /// Sets the run's failed tasks back to pending (each with its run's or counter shard's
 /// count, in one transaction, so a task is never counted twice) and sends one message per
-/// task, each group of [`RESET_AHEAD`] right after its resets. With `resend_pending`, tasks
+/// task, each ten right after its resets. With `resend_pending`, tasks
 /// already pending are sent again too (a duplicate is harmless: the worker converges). A
 /// cancelled run is left alone. An error, or `stop` turning true, ends it early (said in
 /// [`Requeued::stopped`]) once the resets made so far are sent.

@@ -1,6 +1,8 @@
-//! The ports the worker stores through, each beside its AWS adapter: tasks, jobs and runs in
+//! The adapters of the ports (`crate::ports`): tasks, jobs, runs, counters, hosts and spend in
 //! DynamoDB ([`dynamo`]), result objects and the quarantine in S3 ([`s3`]), message visibility
-//! in SQS ([`sqs`]). AWS errors are classified in [`error`] before anything becomes text.
+//! and copies in SQS ([`sqs`]), the proxies' credentials in Secrets Manager ([`secrets`]).
+//! AWS errors are classified in [`error`] before anything becomes text. Only the wiring
+//! (`aws.rs`, `ops/`, the test kit) names them.
 
 pub mod dynamo;
 pub mod error;

@@ -1,4 +1,5 @@
-//! The result store: the first object stored under a task's key wins, in S3.
+//! The result store's S3 adapter (`ports::results::ResultStore`): the first object stored
+//! under a task's key wins (`If-None-Match: *`).
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;

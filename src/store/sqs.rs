@@ -1,6 +1,6 @@
-//! The queue: the port that holds a message back before its redelivery and its SQS
-//! adapter (`ChangeMessageVisibility`), and what operators do with a queue (receive, delete
-//! and send batches, read its depth and ARN), as Lambda's event source mapping would.
+//! The queue's SQS adapter (`ports::queue::Visibility`: `ChangeMessageVisibility` and fresh
+//! copies), and what operators do with a queue (receive, delete and send batches, read its
+//! depth and ARN), as Lambda's event source mapping would.
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -31,7 +31,7 @@ use crate::pressure::Pressure;
 use crate::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
 
-/// The settings one record needs, from [`Config`].
+/// The settings one record needs, made from the configuration by the wiring (`settings.rs`).
 #[derive(Debug, Clone)]
 pub struct RecordSettings {
     pub results_prefix: String,

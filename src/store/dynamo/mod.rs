@@ -23,7 +23,7 @@ pub mod shards;
 pub mod spend;
 pub mod tasks;
 
-/// [`TaskStore`] on one DynamoDB table with string keys `pk` and `sk`.
+/// The task store (`ports::tasks::TaskStore`, and the hosts, spend and runs) on one DynamoDB table with string keys `pk` and `sk`.
 #[derive(Debug, Clone)]
 pub struct DynamoTaskStore {
     pub(crate) client: Client,

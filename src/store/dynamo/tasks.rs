@@ -1,6 +1,6 @@
-//! The task store: the port the worker reads tasks, jobs and runs through and makes its
-//! conditional writes (claim, release, the terminal write with its run's count), and its
-//! DynamoDB adapter. The expressions are in [`crate::store::dynamo::expressions`].
+//! The task store's DynamoDB adapter (`ports::tasks::TaskStore`): the guard's reads, the claim
+//! and its lease, the terminal write (counted by `run_counters` or `shards`), and the task
+//! item's write expressions (`writes`).
 
 use std::time::{Duration, SystemTime};
 

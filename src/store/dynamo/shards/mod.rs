@@ -3,7 +3,7 @@
 //! last task also counts the shard done in its group (or the run), the group's last in the
 //! run, whose last completes it. A re-queue reopens the same path downwards-up. The run item
 //! is written once per group (or shard), not once per task. The argument that this
-//! completes a run exactly once is in docs/design.md. A re-queue is in [`requeue`].
+//! completes a run exactly once is in docs/design.md. A re-queue is in `requeue.rs`.
 
 mod requeue;
 mod writes;
