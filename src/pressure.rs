@@ -1,7 +1,8 @@
 //! The sandbox's record concurrency under AWS push-back: additive increase, multiplicative
 //! decrease (AIMD), so a throttled fleet offers the hot table or prefix less work instead of
 //! pressing on (every retried record claims again, and claims eat the write units that the
-//! terminal writes need).
+//! terminal writes need). Below one record at once, the sandbox rests between records: a
+//! fleet of more sandboxes than the resource has room for still eases off.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -14,6 +15,9 @@ use crate::contract::Outcome;
 /// At most one halving per this long: a burst of throttled records from one moment halves
 /// the limit once, as AIMD halves once per round trip.
 const CUT_EVERY: Duration = Duration::from_secs(1);
+/// The least share of one record's time the sandbox works (1/16: it rests fifteen times as
+/// long as its last record took); below one record, a success adds this much.
+pub const LEAST: f64 = 1.0 / 16.0;
 
 /// How many records of this sandbox may work at once, shared by its invocations.
 #[derive(Debug, Default)]
@@ -31,16 +35,43 @@ struct State {
     ceiling: f64,
     in_flight: usize,
     last_cut: Option<Instant>,
+    /// Under one record at once: no record starts before this.
+    resting_until: Option<Instant>,
+}
+
+impl State {
+    /// Whether one more record may start `now`; if not because the sandbox rests, until when.
+    fn room(&self, now: Instant) -> Result<(), Option<Instant>> {
+        match self.limit {
+            None => Ok(()),
+            Some(l) if l >= 1.0 && (self.in_flight as f64) < l.floor() => Ok(()),
+            Some(l) if l >= 1.0 || self.in_flight > 0 => Err(None),
+            Some(_) => match self.resting_until {
+                Some(until) if until > now => Err(Some(until)),
+                _ => Ok(()),
+            },
+        }
+    }
 }
 
 /// A record's turn; given back when dropped.
 #[derive(Debug)]
-pub struct Turn<'a>(&'a Pressure);
+pub struct Turn<'a> {
+    pressure: &'a Pressure,
+    started: Instant,
+}
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.0.state().in_flight -= 1;
-        self.0.turn.notify_waiters();
+        let now = Instant::now();
+        let mut state = self.pressure.state();
+        state.in_flight -= 1;
+        if let Some(l) = state.limit.filter(|l| *l < 1.0) {
+            let took = now.duration_since(self.started);
+            state.resting_until = Some(now + took.mul_f64(1.0 / l - 1.0));
+        }
+        drop(state);
+        self.pressure.turn.notify_waiters();
     }
 }
 
@@ -49,23 +80,34 @@ impl Pressure {
     pub async fn admit(&self) -> Turn<'_> {
         loop {
             let turn = self.turn.notified();
-            {
+            let now = Instant::now();
+            let resting = {
                 let mut state = self.state();
-                let room = state
-                    .limit
-                    .is_none_or(|l| (state.in_flight as f64) < l.floor());
-                if room {
-                    state.in_flight += 1;
-                    return Turn(self);
+                match state.room(now) {
+                    Ok(()) => {
+                        state.in_flight += 1;
+                        return Turn {
+                            pressure: self,
+                            started: now,
+                        };
+                    }
+                    Err(resting) => resting,
                 }
+            };
+            match resting {
+                // Woken early when the limit grows.
+                Some(until) => {
+                    let _ = tokio::time::timeout_at(until, turn).await;
+                }
+                None => turn.await,
             }
-            turn.await;
         }
     }
 
     /// What a record's end says of AWS: pushed back (throttled, failed, timed out) halves the
-    /// limit (at most once a second); a record that got its writes through adds one
-    /// record's worth over the limit (`1 / limit`); anything else says nothing.
+    /// limit (at most once a second, to at least [`LEAST`]); a record that got its writes
+    /// through adds one record's worth over the limit (`1 / limit`; below one, `LEAST`);
+    /// anything else says nothing.
     pub fn learn(&self, outcome: &Outcome) {
         self.learn_at(outcome, Instant::now());
     }
@@ -78,9 +120,17 @@ impl Pressure {
         }
     }
 
-    /// The records that may work at once now (`None`: no limit of its own).
+    /// The records that may work at once now (`None`: no limit of its own; 0: fewer than one,
+    /// resting between them).
     pub fn limit(&self) -> Option<usize> {
         self.state().limit.map(|l| l.floor() as usize)
+    }
+
+    /// How far the limit is below the records it was cut from (1: not cut; at most 16 times
+    /// the batch's concurrency): a pushed-back record's hold grows with it.
+    pub fn strain(&self) -> f64 {
+        let state = self.state();
+        state.limit.map_or(1.0, |l| (state.ceiling / l).max(1.0))
     }
 
     fn cut(&self, now: Instant) {
@@ -98,7 +148,7 @@ impl Pressure {
                 state.ceiling
             }
         };
-        let limit = (current / 2.0).max(1.0);
+        let limit = (current / 2.0).max(LEAST);
         state.limit = Some(limit);
         state.last_cut = Some(now);
         tracing::warn!(limit, "AWS pushed back: fewer records at once");
@@ -109,7 +159,10 @@ impl Pressure {
         let Some(limit) = state.limit else {
             return;
         };
-        let grown = limit + 1.0 / limit;
+        let grown = match limit < 1.0 {
+            true => limit + LEAST,
+            false => limit + 1.0 / limit,
+        };
         state.limit = (grown < state.ceiling).then_some(grown);
         drop(state);
         self.turn.notify_waiters();
@@ -211,5 +264,59 @@ mod tests {
         assert_eq!(pressure.limit(), Some(4));
         let most = most.load(Ordering::SeqCst);
         assert!((1..=4).contains(&most), "{most} at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_one_record_the_sandbox_rests_between_records_and_strain_grows() {
+        let pressure = Pressure::default();
+        let first = pressure.admit().await;
+        let start = Instant::now();
+        for second in 0..6 {
+            // 1 record, then 1/2, 1/4, 1/8, 1/16, and no lower.
+            pressure.learn_at(&throttled(), start + CUT_EVERY * second);
+        }
+        assert_eq!(pressure.limit(), Some(0));
+        assert_eq!(
+            pressure.strain(),
+            16.0,
+            "cut from one record to a sixteenth"
+        );
+
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(first); // took 1 s: rests 15 s
+        let ended = Instant::now();
+        let next = pressure.admit().await;
+
+        assert_eq!(next.started.duration_since(ended), Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resting_sandbox_takes_a_record_at_once_when_successes_lift_it_past_one() {
+        let pressure = Arc::new(Pressure::default());
+        let first = pressure.admit().await;
+        let start = Instant::now();
+        for second in 0..2 {
+            pressure.learn_at(&throttled(), start + CUT_EVERY * second);
+        }
+        // Now a fraction under one: 1/4 after two halvings from a ceiling of 1 (no limit
+        // again past it); a ceiling of 2 keeps the test's limit alive.
+        pressure.state().ceiling = 2.0;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(first);
+        let waiting = tokio::spawn({
+            let pressure = pressure.clone();
+            async move { pressure.admit().await.started }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for _ in 0..12 {
+            pressure.learn(&succeeded());
+        }
+        let started = waiting.await.expect("the record ran");
+
+        assert!(
+            started.duration_since(start) < Duration::from_secs(2),
+            "not the 3 s rest"
+        );
+        assert!(pressure.strain() >= 1.0);
     }
 }
