@@ -13,7 +13,7 @@ use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 use crate::ports::results::{NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
-use crate::retry::Patience;
+use crate::retry::{FINISH_THROTTLED, Patience};
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,12 +179,13 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     }
 
     async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
+        let finish = || {
+            let counter = (self.counting, &self.spend);
+            self.tasks
+                .finish(task, terminal, counter, SystemTime::now())
+        };
         self.patience
-            .retry(|| {
-                let counter = (self.counting, &self.spend);
-                self.tasks
-                    .finish(task, terminal, counter, SystemTime::now())
-            })
+            .retry_throttled(finish, FINISH_THROTTLED)
             .await
     }
 }

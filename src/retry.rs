@@ -1,5 +1,6 @@
 //! Conflicts: a write that met a concurrent change of the same item is tried again inside the
-//! invocation, a bounded number of times with jittered pauses, never past the cutoff.
+//! invocation, a bounded number of times with jittered pauses, never past the cutoff; and the
+//! terminal write, throttled past the SDK's own attempts, the same way.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ports::error::AwsError;
+use crate::ports::error::{AwsError, AwsFault};
 
 /// How often, and how far apart, a write that met a conflict is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,16 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The terminal write, throttled past the SDK's own three attempts, is tried again in the
+/// record, four rounds in all with pauses of up to 4, 8 and 8 s: the record has done its work
+/// (claimed, fetched, stored), and held back it would claim again, spending the write units
+/// the terminal writes lack. It waits holding the sandbox's turn, which eases the table too.
+pub const FINISH_THROTTLED: RetryPolicy = RetryPolicy {
+    attempts: 4,
+    base: Duration::from_secs(4),
+    max_pause: Duration::from_secs(8),
+};
+
 /// A write's patience with conflicts, within one invocation (or one operator routine).
 #[derive(Debug, Clone, Copy)]
 pub struct Patience<'a> {
@@ -52,39 +63,75 @@ impl<'a> Patience<'a> {
 
     /// Runs `write` until it ends without a conflict, the tries are spent or the next pause
     /// would end past `until`. The last conflict is returned when patience runs out.
-    pub async fn retry<T, F, Fut>(&self, mut write: F) -> Result<T, AwsError>
+    pub async fn retry<T, F, Fut>(&self, write: F) -> Result<T, AwsError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, AwsError>>,
     {
-        let mut tried = 0;
+        self.retry_while(write, None).await
+    }
+
+    /// As [`Patience::retry`], and tried again while it is throttled too (`throttled`: its
+    /// tries are rounds of the SDK's own attempts, with pauses between them).
+    pub async fn retry_throttled<T, F, Fut>(
+        &self,
+        write: F,
+        throttled: RetryPolicy,
+    ) -> Result<T, AwsError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, AwsError>>,
+    {
+        self.retry_while(write, Some(throttled)).await
+    }
+
+    async fn retry_while<T, F, Fut>(
+        &self,
+        mut write: F,
+        throttled: Option<RetryPolicy>,
+    ) -> Result<T, AwsError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, AwsError>>,
+    {
+        let (mut conflicts, mut throttles) = (0, 0);
         loop {
             let err = match write().await {
-                Err(err) if err.is_conflict() => err,
+                Err(err) => err,
                 done => return done,
             };
-            self.conflicts.fetch_add(1, Ordering::Relaxed);
-            tried += 1;
-            let pause = self.pause(tried);
-            if tried >= self.policy.attempts || Instant::now() + pause >= self.until {
-                tracing::warn!(tries = tried, error = %err, "conflicts persisted");
+            let (policy, tried) = match throttled {
+                _ if err.is_conflict() => {
+                    self.conflicts.fetch_add(1, Ordering::Relaxed);
+                    conflicts += 1;
+                    (self.policy, conflicts)
+                }
+                Some(policy) if err.aws_fault() == Some(&AwsFault::Throttled) => {
+                    throttles += 1;
+                    (policy, throttles)
+                }
+                _ => return Err(err),
+            };
+            let pause = pause(policy, tried);
+            if tried >= policy.attempts || Instant::now() + pause >= self.until {
+                tracing::warn!(tries = tried, error = %err, "the write did not get through");
                 return Err(err);
             }
-            tracing::debug!(tries = tried, pause_ms = pause.as_millis() as u64, error = %err, "conflict: trying again");
+            tracing::debug!(tries = tried, pause_ms = pause.as_millis() as u64, error = %err, "trying the write again");
             tokio::time::sleep(pause).await;
         }
     }
+}
 
-    /// Full jitter: a random pause up to `base * 2^(tried-1)`, capped.
-    fn pause(&self, tried: u32) -> Duration {
-        let RetryPolicy {
-            base, max_pause, ..
-        } = self.policy;
-        let ceiling = base
-            .saturating_mul(1 << tried.saturating_sub(1).min(16))
-            .min(max_pause);
-        ceiling.mul_f64(fastrand::f64())
-    }
+/// Full jitter: a random pause up to `base * 2^(tried-1)`, capped.
+fn pause(policy: RetryPolicy, tried: u32) -> Duration {
+    let RetryPolicy {
+        base, max_pause, ..
+    } = policy;
+    let ceiling = base
+        .saturating_mul(1 << tried.saturating_sub(1).min(16))
+        .min(max_pause);
+    ceiling.mul_f64(fastrand::f64())
 }
 
 #[cfg(test)]
@@ -171,5 +218,59 @@ mod tests {
 
         assert!(result.is_err());
         assert_eq!(calls.get(), 1);
+    }
+
+    fn throttled() -> AwsError {
+        AwsError::aws("TransactWriteItems", AwsFault::Throttled, "slow down")
+    }
+
+    const ROUNDS: RetryPolicy = RetryPolicy {
+        attempts: 4,
+        base: Duration::from_millis(2),
+        max_pause: Duration::from_millis(4),
+    };
+
+    #[tokio::test]
+    async fn a_throttled_terminal_write_is_tried_again_in_rounds_then_given_up() {
+        let (calls, met) = (Cell::new(0), AtomicU64::new(0));
+
+        let result: Result<(), _> = patience(6, Duration::from_secs(5), &met)
+            .retry_throttled(
+                || {
+                    calls.set(calls.get() + 1);
+                    async { Err(throttled()) }
+                },
+                ROUNDS,
+            )
+            .await;
+
+        assert_eq!(result.unwrap_err().aws_fault(), Some(&AwsFault::Throttled));
+        assert_eq!(calls.get(), 4, "the rounds in all");
+        assert_eq!(met.load(Ordering::Relaxed), 0, "no conflict counted");
+    }
+
+    #[tokio::test]
+    async fn throttling_that_eases_lets_the_write_through_and_other_writes_are_not_kept() {
+        let calls = Cell::new(0);
+
+        let through = patience(6, Duration::from_secs(5), &AtomicU64::new(0))
+            .retry_throttled(
+                || {
+                    calls.set(calls.get() + 1);
+                    let n = calls.get();
+                    async move { if n < 3 { Err(throttled()) } else { Ok(n) } }
+                },
+                ROUNDS,
+            )
+            .await;
+        let plain: Result<(), _> = patience(6, Duration::from_secs(5), &AtomicU64::new(0))
+            .retry(|| async { Err(throttled()) })
+            .await;
+
+        assert_eq!(through.unwrap(), 3);
+        assert!(
+            plain.is_err(),
+            "only the terminal write waits out throttling"
+        );
     }
 }
