@@ -27,10 +27,14 @@ impl Backoff {
     }
 
     /// A hold for a resource that pushed back (AWS throttled, failed or timed out): the same
-    /// doubling ceiling, jittered in its upper half, so the held records come back spread out
-    /// and none at once ("equal jitter": no hold is shorter than half its ceiling).
-    pub fn pressed(&self, receive_count: u32) -> Duration {
+    /// doubling ceiling, but at most `strain` times the base (how far the sandbox's pressure
+    /// has cut its records: a record is held long only while the load is still being cut,
+    /// not once it has eased), jittered in its upper half, so the held records come back
+    /// spread out and none at once ("equal jitter": no hold is shorter than half its ceiling).
+    pub fn pressed(&self, receive_count: u32, strain: f64) -> Duration {
+        let strained = self.base.mul_f64(strain.clamp(1.0, 1e6));
         self.ceiling(receive_count)
+            .min(strained)
             .mul_f64(0.5 + self.jitter() / 2.0)
     }
 
@@ -93,14 +97,40 @@ mod tests {
 
     #[test]
     fn a_pressed_hold_grows_with_the_receives_and_is_never_under_half_its_ceiling() {
-        let lowest = backoff(|| 0.0).pressed(4);
-        let highest = backoff(|| 1.0).pressed(4);
+        let strained = 1e6;
+        let lowest = backoff(|| 0.0).pressed(4, strained);
+        let highest = backoff(|| 1.0).pressed(4, strained);
         assert_eq!(
             (lowest, highest),
             (Duration::from_secs(20), Duration::from_secs(40))
         );
-        assert_eq!(backoff(|| 0.0).pressed(1), Duration::from_millis(2500));
-        assert_eq!(backoff(|| 1.0).pressed(20), Duration::from_secs(900));
+        assert_eq!(
+            backoff(|| 0.0).pressed(1, strained),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            backoff(|| 1.0).pressed(20, strained),
+            Duration::from_secs(900)
+        );
+    }
+
+    #[test]
+    fn a_pressed_hold_is_no_longer_than_the_sandboxs_strain_allows() {
+        let highest = backoff(|| 1.0);
+
+        // The tenth receive's ceiling is 900 s; a sandbox at 4x under its records holds 20 s.
+        assert_eq!(highest.pressed(10, 4.0), Duration::from_secs(20));
+        assert_eq!(highest.pressed(10, 1.0), Duration::from_secs(5));
+        assert_eq!(
+            highest.pressed(2, 160.0),
+            Duration::from_secs(10),
+            "the receives' own"
+        );
+        assert_eq!(
+            highest.pressed(10, 0.0),
+            Duration::from_secs(5),
+            "never under the base"
+        );
     }
 
     #[test]

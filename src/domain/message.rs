@@ -94,15 +94,29 @@ pub fn copies(body: Option<&str>) -> u32 {
     count(body, COPIES)
 }
 
-/// `body` for a copy that has `spent` receives behind it and one copy more; a body that is
-/// no JSON object is returned as it is.
-pub fn for_another_try(body: &str, spent: u32) -> String {
+/// When AWS first pushed back on the copies of this message (ms since the epoch), if it has:
+/// copies for AWS's push-back are bounded by time, not by their count.
+const PRESSED_SINCE: &str = "pressed_since";
+
+/// When the first copy of this message sent for AWS's push-back was sent, if one was.
+pub fn pressed_since(body: Option<&str>) -> Option<u64> {
+    field(body, PRESSED_SINCE)
+}
+
+/// `body` for a copy that has `spent` receives behind it and one copy more; `pressed_at`:
+/// AWS pushed back on this one, now (kept from an earlier copy if that was pushed back too).
+/// A body that is no JSON object is returned as it is.
+pub fn for_another_try(body: &str, spent: u32, pressed_at: Option<u64>) -> String {
     let copies = copies(Some(body)).saturating_add(1);
+    let pressed = pressed_since(Some(body)).or(pressed_at);
     let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
         return body.to_owned();
     };
     fields.insert(RECEIVES_BEFORE.into(), spent.into());
     fields.insert(COPIES.into(), copies.into());
+    if let Some(since) = pressed {
+        fields.insert(PRESSED_SINCE.into(), since.into());
+    }
     Value::Object(fields).to_string()
 }
 
@@ -170,7 +184,7 @@ mod tests {
         .unwrap();
         assert_eq!(task.spread, Some(16));
         assert_eq!(parse_body(Some(&body(&task))).unwrap(), task);
-        let copy = for_another_try(&body(&task), 4);
+        let copy = for_another_try(&body(&task), 4, None);
         assert_eq!(parse_body(Some(&copy)).unwrap().spread, Some(16));
     }
 
@@ -253,8 +267,8 @@ mod tests {
     fn a_copy_carries_the_receives_spent_and_counts_itself() {
         let body = r#"{"job_id":"j","run_id":"r","task_id":"t"}"#;
 
-        let first = for_another_try(body, 4);
-        let second = for_another_try(&first, 4);
+        let first = for_another_try(body, 4, None);
+        let second = for_another_try(&first, 4, None);
 
         assert_eq!(parse_body(Some(&second)), parse_body(Some(body)));
         assert_eq!((receives_before(Some(body)), copies(Some(body))), (0, 0));
@@ -262,6 +276,26 @@ mod tests {
             (receives_before(Some(&second)), copies(Some(&second))),
             (4, 2)
         );
-        assert_eq!(for_another_try("not json", 4), "not json");
+        assert_eq!(for_another_try("not json", 4, None), "not json");
+    }
+
+    #[test]
+    fn a_copy_keeps_when_aws_first_pushed_back_on_its_copies() {
+        let body = r#"{"job_id":"j","run_id":"r","task_id":"t"}"#;
+
+        let out_of_time = for_another_try(body, 4, None);
+        let pushed_back = for_another_try(&out_of_time, 4, Some(1_000));
+        let again = for_another_try(&pushed_back, 4, Some(9_000));
+        let then_out_of_time = for_another_try(&again, 4, None);
+
+        assert_eq!(pressed_since(Some(&out_of_time)), None);
+        assert_eq!(pressed_since(Some(&pushed_back)), Some(1_000));
+        assert_eq!(
+            pressed_since(Some(&again)),
+            Some(1_000),
+            "the first push-back's"
+        );
+        assert_eq!(pressed_since(Some(&then_out_of_time)), Some(1_000));
+        assert_eq!(parse_body(Some(&then_out_of_time)), parse_body(Some(body)));
     }
 }

@@ -164,14 +164,17 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Outcome::Store(err) if err.is_conflict() => {
                 Some(self.settings.backoff.delay(None, receives))
             }
-            // AWS pushed back (throttled, failed, timed out, unreachable): a growing hold,
-            // jittered so the held records do not all return at once, never next to
-            // nothing, and longer for each copy, so the copies outlast a table's warm-up
-            // (about 2 h at the defaults) before the dead-letter queue. A refusal (access, a
-            // missing table) waits out the queue's timeout.
-            Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back) => {
-                Some(self.settings.backoff.pressed(receives + copies))
-            }
+            // AWS pushed back (throttled, failed, timed out, unreachable): a hold growing
+            // with the receives and copies while the sandbox's pressure is strained (short
+            // once it has eased: held records are not kept away from a resource that has
+            // room), jittered so they do not all return at once, never next to nothing. The
+            // copies are bounded by time (PRESSED_COPIES_FOR), so they outlast a table's
+            // warm-up. A refusal (access, a missing table) waits out the queue's timeout.
+            outcome if pushed_back(outcome) => Some(
+                self.settings
+                    .backoff
+                    .pressed(receives + copies, self.pressure.strain()),
+            ),
             Outcome::NoTimeLeft => Some(Duration::ZERO),
             Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
             _ => None,
@@ -283,6 +286,15 @@ struct Attempt {
 /// Copies a message may have after final attempts that ended for reasons of ours; past them,
 /// it meets the queue's redrive policy like any other.
 pub const MAX_COPIES: u32 = 10;
+/// How long copies are sent for a record AWS keeps pushing back on, from its first such
+/// copy: longer than a new table takes to double its rate (30 minutes) a few times, or a
+/// hot key to split.
+pub const PRESSED_COPIES_FOR: Duration = Duration::from_secs(2 * 3_600);
+
+/// AWS pushed back (throttled, failed, timed out, unreachable).
+fn pushed_back(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back))
+}
 
 pub use crate::domain::time::MIN_FETCH;
 

@@ -16,7 +16,7 @@ use crate::scraper::Fetcher;
 use aws_lambda_events::event::sqs::SqsMessage;
 use std::time::{Duration, SystemTime};
 
-use super::{Claimed, MAX_COPIES, Worker, receive_count};
+use super::{Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, pushed_back, receive_count};
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -61,10 +61,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// A final attempt that ended for a reason of ours, not the page's (too little time
-    /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy carrying the receives
-    /// spent before it: the task still gets its last try instead of the dead-letter queue.
-    /// Bounded ([`MAX_COPIES`]), and not on a FIFO queue; if the copy cannot be sent, the
-    /// outcome stands (the message comes back and meets the redrive policy).
+    /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy
+    /// carrying the receives spent before it: the task still gets its last try instead of
+    /// the dead-letter queue. Bounded ([`MAX_COPIES`]; for AWS's push-back, by time instead:
+    /// [`PRESSED_COPIES_FOR`] from its first such copy), and not on a FIFO queue; if the copy
+    /// cannot be sent, the outcome stands (the message comes back and meets the redrive
+    /// policy).
     pub(super) async fn send_again(
         &self,
         record: &SqsMessage,
@@ -77,10 +79,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         );
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
         let body = record.body.as_deref();
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let pressed = pushed_back(&outcome);
         if !ours
             || receives < self.settings.max_attempts
             || arn.ends_with(".fifo")
-            || message::copies(body) >= MAX_COPIES
+            || !may_copy(body, pressed, now)
         {
             return outcome;
         }
@@ -92,7 +96,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .hold_for(&outcome, receives, copies)
             .unwrap_or_default();
         // This receive did not try the page: it is not counted.
-        let body = message::for_another_try(body, receives.saturating_sub(1));
+        let body =
+            message::for_another_try(body, receives.saturating_sub(1), pressed.then_some(now));
         match self.visibility.requeue(&queue, &body, delay).await {
             Ok(()) => Outcome::SentAgain { delay },
             Err(err) => {
@@ -158,5 +163,19 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if let Err(err) = self.tasks.unclaim(task, was).await {
             tracing::warn!(error = %err, "could not give the claim's attempt back");
         }
+    }
+}
+
+/// Whether a final attempt may be sent again once more: while AWS pushes back, within
+/// [`PRESSED_COPIES_FOR`] of its first copy for that (a pushed-back record's holds are as
+/// short as the sandbox's strain allows, so their count says little of the time); else
+/// while it has had fewer than [`MAX_COPIES`].
+fn may_copy(body: Option<&str>, pressed: bool, now: u64) -> bool {
+    match (pressed, message::pressed_since(body)) {
+        (true, Some(since)) => {
+            Duration::from_millis(now.saturating_sub(since)) < PRESSED_COPIES_FOR
+        }
+        (true, None) => true,
+        (false, _) => message::copies(body) < MAX_COPIES,
     }
 }

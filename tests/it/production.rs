@@ -15,6 +15,7 @@ use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::message;
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::store::dynamo::{attributes, keys};
+use conveyor_worker::worker::MAX_COPIES;
 
 #[tokio::test]
 async fn a_terminal_write_meeting_a_transaction_on_its_run_is_tried_again_in_the_invocation() {
@@ -269,7 +270,7 @@ async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last
     stack.put_active_run().await;
     stack.put_task("t1", &site.url("/down/a"), "pending").await;
     let queue = Queue::create(&stack, 60).await;
-    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1);
+    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1, None);
     queue.send(&stack, &spent).await;
     let last = queue.receive(&stack).await.expect("the final attempt");
     let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(2));
@@ -292,6 +293,58 @@ async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last
 }
 
 #[tokio::test]
+async fn a_final_attempt_aws_pushed_back_on_is_sent_again_for_two_hours_whatever_its_copies() {
+    // Arrange: two final attempts past their ten copies, AWS having pushed back on their
+    // copies since an hour ago (t1) and three hours ago (t2); every write throttled.
+    let stack = Stack::prodlike().await;
+    let site = Site::start().await;
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    stack.put_task("t2", &site.url("/page/b"), "pending").await;
+    let queue = Queue::create(&stack, 60).await;
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let (an_hour_ago, three_hours_ago) = (now_ms - 3_600_000, now_ms - 3 * 3_600_000);
+    for (task, since) in [("t1", an_hour_ago), ("t2", three_hours_ago)] {
+        let mut copied = body(task);
+        for _ in 0..MAX_COPIES {
+            copied = message::for_another_try(&copied, MAX_ATTEMPTS - 1, Some(since));
+        }
+        queue.send(&stack, &copied).await;
+    }
+    let records = vec![
+        queue.receive(&stack).await.expect("a final attempt"),
+        queue.receive(&stack).await.expect("the other"),
+    ];
+    stack.throttle_writes(1.0, 30.0).await;
+
+    // Act
+    let reply = run_batch_with(&stack.worker(), records.clone(), Duration::from_secs(30)).await;
+
+    // Assert: t1 acked for a copy that keeps when the push-back began; t2 left to the
+    // redrive policy; neither task was fetched.
+    let id_of = |task: &str| {
+        let record = records
+            .iter()
+            .find(|r| r.body.as_deref().unwrap_or("").contains(task));
+        record
+            .and_then(|r| r.message_id.clone())
+            .expect("its record")
+    };
+    assert_eq!(retried(&reply), [id_of("t2")]);
+    let (copy, _) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(15))
+        .await;
+    let copy_body = copy.body.as_deref();
+    assert!(copy_body.unwrap_or("").contains("t1"), "{copy:?}");
+    assert_eq!(message::copies(copy_body), MAX_COPIES + 1);
+    assert_eq!(message::pressed_since(copy_body), Some(an_hour_ago));
+    assert_eq!(site.hits("/page/a") + site.hits("/page/b"), 0);
+}
+
+#[tokio::test]
 async fn a_final_attempt_the_batch_never_reached_before_its_cutoff_is_sent_again() {
     // Arrange: a batch over its concurrency (one at a time); the first record's page is
     // stored slowly (every S3 request takes 5 s), so the cutoff comes while it stores; the
@@ -304,7 +357,7 @@ async fn a_final_attempt_the_batch_never_reached_before_its_cutoff_is_sent_again
     queue
         .send(
             &stack,
-            &message::for_another_try(&body("t2"), MAX_ATTEMPTS - 1),
+            &message::for_another_try(&body("t2"), MAX_ATTEMPTS - 1, None),
         )
         .await;
     let last = queue.receive(&stack).await.expect("t2's final attempt");
