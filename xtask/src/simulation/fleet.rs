@@ -31,6 +31,12 @@ const PAGE_SIGMA: f64 = 0.5;
 /// The SDK's standard retry (aws-smithy): 3 attempts, full jitter from 1 s, doubling.
 const SDK_ATTEMPTS: u32 = 3;
 const SDK_BACKOFF: Micros = SECOND;
+/// The terminal write, throttled past the SDK's attempts, is tried again in the record
+/// (`retry::FINISH_THROTTLED`): rounds of the SDK's attempts, full-jitter pauses between
+/// them from 1 s, doubling, to 8 s; then the record is held like any other.
+const FINISH_ROUNDS: u32 = 4;
+const FINISH_PAUSE: Micros = 4 * SECOND;
+const FINISH_PAUSE_MAX: Micros = 8 * SECOND;
 /// The worker's hold-back of a record to retry (RETRY_BACKOFF_BASE_MS, _MAX_MS defaults).
 const HOLD_BACK: Micros = 5 * SECOND;
 const HOLD_BACK_MAX: Micros = 900 * SECOND;
@@ -38,6 +44,8 @@ const HOLD_BACK_MAX: Micros = 900 * SECOND;
 /// again as a fresh copy, up to `MAX_COPIES` (`worker::MAX_COPIES`), then dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;
 const MAX_COPIES: u32 = 10;
+/// Copies for AWS's push-back are bounded by time instead (`worker::PRESSED_COPIES_FOR`).
+const PRESSED_COPIES_FOR: Micros = 2 * 3_600 * SECOND;
 /// A batch read's rounds for keys left unprocessed: 50 ms, doubling, half to all of it.
 const UNPROCESSED_ROUNDS: u32 = 5;
 const UNPROCESSED_PAUSE: Micros = 50_000;
@@ -59,6 +67,8 @@ struct Message {
     stored: bool,
     /// Fresh copies sent of it after final receives.
     copies: u32,
+    /// When its first copy for AWS's push-back was sent.
+    pressed_since: Option<Micros>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +102,8 @@ struct Task {
     step: Step,
     conflicts: u32,
     throttles: u32,
+    /// When the record took its turn.
+    started: Micros,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -106,16 +118,32 @@ struct Sandbox {
     ceiling: f64,
     active: usize,
     last_cut: Option<Micros>,
+    /// Under one record at once: no record starts before this.
+    resting_until: Micros,
     /// Slots of the sandbox waiting for their turn.
     parked: Vec<usize>,
 }
 
-/// The worker's pressure halves at most once this long (`pressure::CUT_EVERY`).
+/// The worker's pressure halves at most once this long (`pressure::CUT_EVERY`), to at least
+/// this share of one record (`pressure::LEAST`).
 const CUT_EVERY: Micros = SECOND;
+const LEAST: f64 = 1.0 / 16.0;
 
 impl Sandbox {
-    fn has_room(&self) -> bool {
-        self.limit.is_none_or(|l| (self.active as f64) < l.floor())
+    fn has_room(&self, now: Micros) -> bool {
+        match self.limit {
+            None => true,
+            Some(l) if l >= 1.0 => (self.active as f64) < l.floor(),
+            Some(_) => self.active == 0 && now >= self.resting_until,
+        }
+    }
+
+    /// A record that took `took` ended at `now`: under one record at once, the sandbox
+    /// rests so that it works `limit` of the time (`pressure::Turn`'s drop).
+    fn ended(&mut self, now: Micros, took: Micros) {
+        if let Some(l) = self.limit.filter(|l| *l < 1.0) {
+            self.resting_until = now + (took as f64 * (1.0 / l - 1.0)) as Micros;
+        }
     }
 
     fn cut(&mut self, now: Micros) {
@@ -129,16 +157,25 @@ impl Sandbox {
                 self.ceiling
             }
         };
-        self.limit = Some((current / 2.0).max(1.0));
+        self.limit = Some((current / 2.0).max(LEAST));
         self.last_cut = Some(now);
     }
 
-    /// +1/limit; whether a record more may work now.
+    /// How far the limit is below the records it was cut from (1: not cut), which bounds a
+    /// pushed-back record's hold (`pressure::Pressure::strain`).
+    fn strain(&self) -> f64 {
+        self.limit.map_or(1.0, |l| self.ceiling / l)
+    }
+
+    /// +1/limit (under one record, +`LEAST`); whether a record more may work now.
     fn grow(&mut self) -> bool {
         let Some(limit) = self.limit else {
             return false;
         };
-        let grown = limit + 1.0 / limit;
+        let grown = match limit < 1.0 {
+            true => limit + LEAST,
+            false => limit + 1.0 / limit,
+        };
         self.limit = (grown < self.ceiling).then_some(grown);
         self.limit.is_none_or(|l| l.floor() > limit.floor())
     }
@@ -296,15 +333,25 @@ impl<'a> Fleet<'a> {
     /// with none, it waits idle until one is ready.
     fn free(&mut self, slot: usize) {
         let sandbox = self.sandbox_of(slot);
-        if self.slots[slot].take().is_some() {
-            self.sandboxes[sandbox].active -= 1;
+        if let Some(task) = self.slots[slot].take() {
+            let kept = &mut self.sandboxes[sandbox];
+            kept.active -= 1;
+            kept.ended(self.now, self.now - task.started);
             self.unpark(sandbox);
         }
         if self.waking == Some(self.now) {
             self.waking = None;
         }
-        if self.params.aimd && !self.sandboxes[sandbox].has_room() {
-            self.sandboxes[sandbox].parked.push(slot);
+        if self.params.aimd && !self.sandboxes[sandbox].has_room(self.now) {
+            let kept = &mut self.sandboxes[sandbox];
+            // Resting with nothing at work: the record that ended takes the next turn.
+            match kept.active == 0 && kept.resting_until > self.now {
+                true => {
+                    let rested = kept.resting_until;
+                    self.at(rested, Event::Free(slot));
+                }
+                false => kept.parked.push(slot),
+            }
             return;
         }
         let message = match self.held_back.pop_ready(self.now) {
@@ -319,6 +366,7 @@ impl<'a> Fleet<'a> {
                     step: Step::GetTask,
                     conflicts: 0,
                     throttles: 0,
+                    started: self.now,
                 });
                 self.act(slot);
             }
@@ -334,7 +382,7 @@ impl<'a> Fleet<'a> {
     /// A parked slot of the sandbox takes its turn, if the sandbox has room for it.
     fn unpark(&mut self, sandbox: usize) {
         let kept = &mut self.sandboxes[sandbox];
-        if kept.has_room()
+        if kept.has_room(self.now)
             && let Some(slot) = kept.parked.pop()
         {
             self.at(self.now, Event::Free(slot));
@@ -367,6 +415,7 @@ impl<'a> Fleet<'a> {
             receives: 1,
             stored: false,
             copies: 0,
+            pressed_since: None,
         })
     }
 }
@@ -441,16 +490,23 @@ impl Fleet<'_> {
     }
 
     /// The SDK tries a throttled request again after a jittered pause, twice; then the
-    /// record is left for retry.
+    /// record is left for retry, but for the terminal write, tried again in rounds first.
     fn throttled(&mut self, slot: usize, latency: Micros) {
         self.count(|c| c.throttles += 1);
         let task = self.task(slot);
         task.throttles += 1;
         let tried = task.throttles;
-        if tried >= SDK_ATTEMPTS {
-            return self.hold_back(slot, latency, true);
-        }
-        let pause = self.jitter(SDK_BACKOFF << (tried - 1));
+        let rounds = match task.step {
+            Step::Finish(_) => FINISH_ROUNDS,
+            _ => 1,
+        };
+        let round = tried.div_ceil(SDK_ATTEMPTS);
+        let pause = match tried % SDK_ATTEMPTS {
+            0 if round >= rounds => return self.hold_back(slot, latency, true),
+            0 => (FINISH_PAUSE << (round - 1)).min(FINISH_PAUSE_MAX),
+            within => SDK_BACKOFF << (within - 1),
+        };
+        let pause = self.jitter(pause);
         self.at(self.now + latency + pause, Event::Act(slot));
     }
 
@@ -473,29 +529,49 @@ impl Fleet<'_> {
     /// The record is reported for retry: held back in the queue (the worker's backoff, by
     /// receive: `pressed`, AWS pushed back, at least half the ceiling; a conflict, full
     /// jitter), its slot free for the next message. A final receive is sent again as a fresh
-    /// copy after the same hold (its receives kept), until its copies are spent.
+    /// copy after the same hold (its receives kept), until its copies are spent (pushed back,
+    /// until 2 h from its first such copy). A pushed-back hold is at most the sandbox's strain
+    /// times the base, as the worker's `Backoff::pressed` is.
     fn hold_back(&mut self, slot: usize, after: Micros, pressed: bool) {
+        let sandbox = self.sandbox_of(slot);
+        // The hold is set before the record's own cut, as the worker's is.
+        let strain = self.sandboxes[sandbox].strain();
         if pressed && self.params.aimd {
-            let sandbox = self.sandbox_of(slot);
             self.sandboxes[sandbox].cut(self.now);
         }
         let message = self.task(slot).message;
         self.at(self.now + after, Event::Free(slot));
+        let pressed = pressed.then_some(strain);
         self.hold(message, after, pressed);
     }
 
-    fn hold(&mut self, mut message: Message, after: Micros, pressed: bool) {
+    /// `pressed`: AWS pushed back, and the sandbox's strain then (`Sandbox::strain`).
+    fn hold(&mut self, mut message: Message, after: Micros, pressed: Option<f64>) {
         // A copy has come back as often as its receives and copies together: it waits longer.
         let tries = message.receives - 1 + message.copies;
         let ceiling = (HOLD_BACK << tries.min(20)).min(HOLD_BACK_MAX);
         let hold = match pressed {
-            true => ceiling / 2 + self.jitter(ceiling / 2),
-            false => self.jitter(ceiling),
+            Some(strain) => {
+                let ceiling = match self.params.aimd {
+                    true => ceiling.min((HOLD_BACK as f64 * strain) as Micros),
+                    false => ceiling,
+                };
+                ceiling / 2 + self.jitter(ceiling / 2)
+            }
+            None => self.jitter(ceiling),
+        };
+        let copy_window = |since: Micros| self.now < since + PRESSED_COPIES_FOR;
+        let may_copy = match pressed {
+            Some(_) => message.pressed_since.is_none_or(copy_window),
+            None => message.copies < MAX_COPIES,
         };
         if message.receives < MAX_ATTEMPTS {
             message.receives += 1;
-        } else if message.copies < MAX_COPIES {
+        } else if may_copy {
             message.copies += 1;
+            if pressed.is_some() {
+                message.pressed_since.get_or_insert(self.now);
+            }
         } else {
             self.dead_letters += 1;
             return;
@@ -784,16 +860,18 @@ mod tests {
             receives,
             stored: false,
             copies,
+            pressed_since: None,
         }
     }
 
-    /// Holds `message` `n` times; each comes back as what, and after how long.
+    /// Holds `message` `n` times; each comes back as what, and after how long. Pressed, the
+    /// sandbox's strain as high as can be (the hold bounded by its receives alone).
     fn held(pressed: bool, message: Message, n: usize) -> Vec<(Message, Micros)> {
         let params = Params::default();
         let mut fleet = Fleet::new(&params);
-        fleet.now = 1_000 * SECOND;
+        fleet.now = 3 * 3_600 * SECOND;
         for _ in 0..n {
-            fleet.hold(message, 0, pressed);
+            fleet.hold(message, 0, pressed.then_some(f64::INFINITY));
         }
         let mut back = Vec::new();
         let mut at = fleet.now;
@@ -826,9 +904,20 @@ mod tests {
     }
 
     #[test]
-    fn a_final_receive_is_sent_again_as_a_copy_until_its_copies_are_spent() {
+    fn a_final_receive_is_sent_again_as_a_copy_until_its_copies_or_their_time_are_spent() {
         let copy = held(true, message(MAX_ATTEMPTS, 3), 1);
-        let last = held(true, message(MAX_ATTEMPTS, MAX_COPIES), 1);
+        let last = held(false, message(MAX_ATTEMPTS, MAX_COPIES), 1);
+        let pressed = held(true, message(MAX_ATTEMPTS, 2 * MAX_COPIES), 1);
+        let hour_ago = Message {
+            pressed_since: Some(2 * 3_600 * SECOND),
+            ..message(MAX_ATTEMPTS, 2 * MAX_COPIES)
+        };
+        let since = Message {
+            pressed_since: Some(3_600 * SECOND - 1),
+            ..hour_ago
+        };
+        let recent = held(true, hour_ago, 1);
+        let old = held(true, since, 1);
 
         // Its receives kept, one copy more; each copy doubles the ceiling (5 s x 2^(4 + 3)
         // = 640 s), as the worker's `pressed(receives + copies)` does.
@@ -839,6 +928,10 @@ mod tests {
             "{after}"
         );
         assert!(last.is_empty(), "dead-lettered: {last:?}");
+        // AWS's push-back: copies for 2 h from the first, whatever their count.
+        assert_eq!(pressed[0].0.pressed_since, Some(3 * 3_600 * SECOND));
+        assert_eq!(recent[0].0.pressed_since, Some(2 * 3_600 * SECOND));
+        assert!(old.is_empty(), "dead-lettered: {old:?}");
     }
 
     #[test]
@@ -850,11 +943,11 @@ mod tests {
         sandbox.cut(0);
         sandbox.cut(SECOND / 2);
         assert_eq!(sandbox.limit, Some(5.0), "one halving a second");
-        assert!(!sandbox.has_room(), "10 at work, 5 allowed");
+        assert!(!sandbox.has_room(0), "10 at work, 5 allowed");
         sandbox.cut(SECOND);
         assert_eq!(sandbox.limit, Some(2.5));
         sandbox.active = 1;
-        assert!(sandbox.has_room());
+        assert!(sandbox.has_room(0));
         let grew: usize = (0..60).filter(|_| sandbox.grow()).count();
         assert_eq!(sandbox.limit, None, "back past the 10 it was cut from");
         assert!(grew >= 7, "{grew} steps of one record more");
