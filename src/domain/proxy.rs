@@ -25,17 +25,20 @@ pub struct ProxyAddr {
 
 impl ProxyAddr {
     /// A proxy URL from `PROXY_URLS`; credentials are refused (they belong in the secret).
+    /// No error quotes the entry: whatever it holds (a credential, a token in a path or
+    /// query), it may be a secret written in the wrong place.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let url = Url::parse(raw.trim()).map_err(|e| format!("{raw:?} does not parse: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!("{raw:?} is not an http or https proxy"));
-        }
+        let url = Url::parse(raw.trim()).map_err(|e| format!("does not parse as a URL ({e})"))?;
         if !url.username().is_empty() || url.password().is_some() {
-            // Not echoed: it holds a credential.
-            return Err("a proxy URL holds credentials: keep them in PROXY_SECRET_ARN".into());
+            return Err("holds credentials: keep them in PROXY_SECRET_ARN".into());
         }
-        if url.host_str().is_none() || !matches!(url.path(), "" | "/") || url.query().is_some() {
-            return Err(format!("{raw:?} is not scheme://host:port"));
+        if !matches!(url.scheme(), "http" | "https") {
+            // A scheme is letters, digits and `+-.`: safe to name.
+            return Err(format!("is a {} proxy, not http or https", url.scheme()));
+        }
+        let bare = matches!(url.path(), "" | "/") && url.query().is_none();
+        if url.host_str().is_none() || !bare || url.fragment().is_some() {
+            return Err("is not scheme://host:port (a path, query or fragment)".into());
         }
         let host = url.host_str().unwrap_or_default();
         let label = format!("{host}:{}", url.port_or_known_default().unwrap_or_default());
@@ -71,7 +74,11 @@ impl Tiers {
             let proxies = tier
                 .split(',')
                 .filter(|p| !p.trim().is_empty())
-                .map(ProxyAddr::parse)
+                .enumerate()
+                .map(|(i, raw)| {
+                    ProxyAddr::parse(raw)
+                        .map_err(|why| format!("tier {}, proxy {}: {why}", tiers.len() + 1, i + 1))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             if proxies.is_empty() || proxies.len() > MAX_PER_TIER {
                 return Err(format!(
@@ -244,6 +251,35 @@ mod tests {
         assert!(Tiers::parse("http://dc1:3128/path").is_err());
         assert!(Tiers::parse("http://dc1:3128;,").is_err());
         assert!(Tiers::parse("http://a:1;http://b:1;http://c:1;http://d:1;http://e:1").is_err());
+    }
+
+    /// Entries that hold `s3cr` where a secret might be written by mistake.
+    pub(crate) const LEAKY_PROXY_URLS: [&str; 10] = [
+        "socks5://user-s3cr:pw-s3cr@dc1:1080",
+        "http://user-s3cr:pw-s3cr@dc1:3128",
+        "http://pw-s3cr@dc1:3128",
+        "http://dc1:3128/path-s3cr",
+        "http://dc1:3128/?token=s3cr",
+        "http://dc1:3128#s3cr",
+        "http//user-s3cr:pw-s3cr@dc1",
+        "https://[user-s3cr",
+        "pw-s3cr",
+        "http://dc1:99999/s3cr",
+    ];
+
+    #[test]
+    fn no_error_of_a_malformed_proxy_url_quotes_any_part_of_it() {
+        for leaky in LEAKY_PROXY_URLS {
+            for raw in [
+                leaky.to_owned(),
+                format!("http://ok:3128, {leaky};https://b:1"),
+            ] {
+                let err = Tiers::parse(&raw).expect_err(&raw.replace("s3cr", "*"));
+
+                assert!(!err.contains("s3cr"), "{err}");
+                assert!(err.starts_with("tier 1, proxy "), "{err}");
+            }
+        }
     }
 
     #[test]

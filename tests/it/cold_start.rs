@@ -91,13 +91,20 @@ pub(crate) async fn secret(text: &str) -> String {
 /// The worker's cold start with proxies and `secret_arn`, against a stand-in Runtime API:
 /// its first request, and what it printed.
 async fn cold_start_with_proxies(secret_arn: &str) -> (Received, String) {
+    cold_start_with(PROXIES, secret_arn).await
+}
+
+const PROXIES: &str = "http://127.0.0.1:3128;http://127.0.0.1:8000";
+
+/// The worker's cold start with `proxy_urls` and `secret_arn`.
+async fn cold_start_with(proxy_urls: &str, secret_arn: &str) -> (Received, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("an address");
     let mut worker = Command::new(env!("CARGO_BIN_EXE_conveyor-worker"))
         .env("AWS_LAMBDA_RUNTIME_API", address.to_string())
         .env("TABLE_NAME", "tasks")
         .env("RESULTS_BUCKET", "results")
-        .env("PROXY_URLS", "http://127.0.0.1:3128;http://127.0.0.1:8000")
+        .env("PROXY_URLS", proxy_urls)
         .env("PROXY_SECRET_ARN", secret_arn)
         .env("RUST_LOG", "trace")
         // What Lambda sets, which the runtime reads once the cold start is done.
@@ -153,5 +160,31 @@ async fn a_cold_start_whose_proxy_secret_is_missing_or_malformed_says_so_without
             "{told}"
         );
         assert!(!printed.contains("p-never-printed"));
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_proxy_url_stops_the_cold_start_without_a_word_of_it_printed() {
+    let arn = secret(r#"{"username": "u-7f3a", "password": "p-never-printed"}"#).await;
+    let leaky = [
+        "socks5://user-s3cr:pw-s3cr@127.0.0.1:1080",
+        "http://127.0.0.1:3128;http://user-s3cr@127.0.0.1:8000",
+        "http://127.0.0.1:3128/?token=s3cr",
+        "http//user-s3cr:pw-s3cr@127.0.0.1",
+    ];
+
+    for proxy_urls in leaky {
+        let (received, printed) = cold_start_with(proxy_urls, &arn).await;
+
+        let body: serde_json::Value = serde_json::from_str(&received.body).expect("JSON");
+        assert_eq!(body["errorType"], "ConfigError", "{body}");
+        let told = body["errorMessage"].as_str().unwrap_or_default();
+        assert!(told.starts_with("PROXY_URLS is not valid: tier "), "{told}");
+        for line in printed.lines().chain([told, received.line.as_str()]) {
+            assert!(
+                !line.contains("s3cr") && !line.contains("p-never"),
+                "{line}"
+            );
+        }
     }
 }
