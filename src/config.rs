@@ -66,6 +66,9 @@ pub struct Config {
     pub proxy_secret_arn: Option<String>,
     /// How long a host keeps the proxy it was given in a tier.
     pub proxy_session: Duration,
+    /// The proxies refuse private networks themselves: a target name that does not resolve
+    /// here is theirs to resolve (`PROXY_REFUSES_PRIVATE`, default false: refused).
+    pub proxy_refuses_private: bool,
 }
 
 /// Memory the process needs besides the bodies in flight (runtime, TLS, SDK clients, logs):
@@ -144,6 +147,7 @@ impl Config {
                 .map_err(ConfigError::Proxies)?,
             proxy_secret_arn: env.get("PROXY_SECRET_ARN"),
             proxy_session: env.millis("PROXY_SESSION_MS", 600_000)?,
+            proxy_refuses_private: env.parsed("PROXY_REFUSES_PRIVATE", false, "true or false")?,
         })
     }
 }
@@ -290,6 +294,7 @@ mod tests {
         assert_eq!(config.scrape_timeout, Duration::from_secs(30));
         assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
         assert!(!config.allow_private_networks);
+        assert!(!config.proxy_refuses_private, "a name unchecked here is refused");
         assert_eq!(config.allowed_ports, None);
         let polite = config.politeness;
         assert_eq!(polite.limits.max_rps, Some(1.0));

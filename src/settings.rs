@@ -39,6 +39,7 @@ impl From<&Config> for FetchSettings {
             allowed_ports: config.allowed_ports.clone(),
             proxies: config.proxies.clone(),
             proxy_session: config.proxy_session,
+            proxy_refuses_private: config.proxy_refuses_private,
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::domain::spend::Spend;
 /// that tier is spent.
 pub const PAID_TIER_SPENT: &str = "the run's budget for the paid proxy tier is spent";
 
-/// How long a target's name may take to resolve here before the proxy is left to resolve it.
+/// How long a target's name may take to resolve here before it counts as not resolving.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most of an error or redirect body read (and metered) before the connection is let go.
@@ -138,8 +138,10 @@ impl Routes {
 
     /// Checked here, before anything is sent, since the proxy resolves the name: the URL's
     /// scheme, port and literal address as for a direct fetch; not a proxy's own address;
-    /// and a name that resolves here to any address that is not public is refused (one that
-    /// does not resolve here is the proxy's to resolve).
+    /// and a name that resolves here to any address that is not public is refused. So is one
+    /// that does not resolve here in time (an attacker's DNS may answer this resolver slowly
+    /// and the proxy's with a private address), unless the proxies are trusted to refuse
+    /// private networks (`PROXY_REFUSES_PRIVATE`) or private networks are allowed anyway.
     async fn check_target(&self, url: &Url) -> Result<(), Refused> {
         self.policy.check_url(url)?;
         let host = url.host_str().unwrap_or_default();
@@ -156,8 +158,12 @@ impl Routes {
             return Ok(());
         };
         let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
-        let Ok(Ok(ips)) = resolved.await else {
-            return Ok(());
+        let ips = match resolved.await {
+            Ok(Ok(ips)) => ips,
+            _ if self.settings.proxy_refuses_private || self.policy.allows_private() => {
+                return Ok(());
+            }
+            _ => return Err(Refused::Unchecked(name.to_owned())),
         };
         match ips
             .into_iter()

@@ -154,6 +154,9 @@ pub struct FetchSettings {
     /// Proxy tiers (none: fetches go direct) and how long a host keeps its proxy.
     pub proxies: Tiers,
     pub proxy_session: Duration,
+    /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`): a target
+    /// name that does not resolve here is left to them instead of refused.
+    pub proxy_refuses_private: bool,
 }
 
 /// [`Fetcher`] over pooled reqwest clients (rustls), built once per cold start: one direct,

@@ -32,6 +32,11 @@ pub enum Refused {
     Proxy(String),
     #[error("a proxy's client resolves only its proxy, not {0}")]
     NotTheProxy(String),
+    #[error(
+        "{0} does not resolve here, so its address cannot be checked before the proxy resolves it \
+         (PROXY_REFUSES_PRIVATE=true trusts the proxy to refuse private networks)"
+    )]
+    Unchecked(String),
 }
 
 /// What may be fetched.
@@ -44,6 +49,11 @@ pub struct AddressPolicy {
 }
 
 impl AddressPolicy {
+    /// Whether every address may be fetched (`ALLOW_PRIVATE_NETWORKS`): nothing to check.
+    pub fn allows_private(&self) -> bool {
+        self.allow_private_networks
+    }
+
     /// Public addresses only (unless `allow_private_networks`), on `allowed_ports` (any if
     /// `None`).
     pub fn new(allow_private_networks: bool, allowed_ports: Option<Vec<u16>>) -> Self {

@@ -319,6 +319,7 @@ impl Stack {
             allowed_ports: None,
             proxies: tuning.proxies.clone(),
             proxy_session: Duration::from_secs(600),
+            proxy_refuses_private: tuning.proxy_refuses_private,
         };
         let policy = AddressPolicy::new(tuning.allow_private_networks, None)
             .trusting(tuning.trusted.iter().copied());
@@ -671,6 +672,8 @@ pub struct WorkerTuning {
     pub bucket: Option<String>,
     /// On by default: the local site is on 127.0.0.1.
     pub allow_private_networks: bool,
+    /// `PROXY_REFUSES_PRIVATE` (default false, as deployed).
+    pub proxy_refuses_private: bool,
     /// Addresses the fetcher trusts although they are not public (a site on 127.0.0.2).
     pub trusted: Vec<std::net::IpAddr>,
     /// The resolver; the system's unless a test gives a table.
@@ -720,6 +723,7 @@ impl Default for WorkerTuning {
             parents_ttl: Duration::from_secs(5),
             bucket: None,
             allow_private_networks: true,
+            proxy_refuses_private: false,
             trusted: Vec::new(),
             lookup: None,
             // Deterministic: always the ceiling, one second doubling.

@@ -562,3 +562,70 @@ async fn a_robots_txt_the_proxy_answers_with_407_is_no_verdict_of_the_sites() {
         "robots.txt asked once, through the proxy"
     );
 }
+
+/// Resolves the proxy's name (`localhost`) and nothing else: `slow.test` never answers,
+/// every other name is not found.
+struct OnlyTheProxy;
+
+impl conveyor_worker::scraper::Lookup for OnlyTheProxy {
+    fn lookup(
+        &self,
+        host: String,
+    ) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<IpAddr>>> {
+        Box::pin(async move {
+            match host.as_str() {
+                "localhost" => Ok(vec![IpAddr::from([127, 0, 0, 1])]),
+                "slow.test" => std::future::pending().await,
+                _ => Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such name",
+                )),
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_refused_unless_the_proxy_is_trusted() {
+    // Arrange: the strict rules, a proxy named `localhost`; one target name resolves nowhere
+    // here, one never answers (the resolver an attacker's DNS slows down).
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    let tiers = Tiers::parse(&format!("http://localhost:{}", proxy.addr.port())).expect("a tier");
+    for (task, url) in [
+        ("nowhere", "http://nowhere.test/page"),
+        ("slow", "http://slow.test/page"),
+        ("trusted", "http://nowhere.test/trusted"),
+    ] {
+        stack.put_task(task, url, "pending").await;
+    }
+    let worker = |trusted: bool| {
+        stack.worker_with(|t| {
+            t.allow_private_networks = false;
+            t.lookup = Some(std::sync::Arc::new(OnlyTheProxy));
+            t.proxies = tiers.clone();
+            t.proxy_refuses_private = trusted;
+        })
+    };
+
+    // Act
+    let strict = run_batch(&worker(false), vec![delivery("nowhere"), delivery("slow")]).await;
+    let asked_before = proxy.requests();
+    run_batch(&worker(true), vec![delivery("trusted")]).await;
+
+    // Assert: refused for good, nothing sent to the proxy; trusted, the proxy was asked.
+    assert!(retried(&strict).is_empty(), "a refusal is permanent");
+    for task in ["nowhere", "slow"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(error.contains("does not resolve here"), "{task}: {error}");
+    }
+    assert!(asked_before.is_empty(), "{asked_before:?}");
+    let asked = proxy.requests();
+    assert!(
+        asked.iter().any(|r| r.contains("nowhere.test/trusted")),
+        "{asked:?}"
+    );
+}

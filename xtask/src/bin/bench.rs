@@ -125,6 +125,7 @@ fn http_fetcher() -> HttpFetcher {
         allowed_ports: None,
         proxies: Default::default(),
         proxy_session: Duration::from_secs(600),
+        proxy_refuses_private: false,
     };
     let policy = AddressPolicy::new(true, None);
     HttpFetcher::with_policy(&fetch, policy, Arc::new(SystemLookup)).expect("an HTTP client")
