@@ -186,13 +186,15 @@ impl Routes {
         (budget, keep_first): (Duration, Option<u64>),
     ) -> (Result<Page, FetchError>, Meter) {
         let (requested, started) = (url.to_string(), Instant::now());
-        let tunnelled = url.scheme() == "https";
         let mut meter = Meter::default();
         let client = match route.client(&self.settings, &self.lookup) {
             Ok(client) => client,
             Err(err) => return (Err(err), meter),
         };
         for _ in 0..=self.settings.max_redirects {
+            // Who answered is this hop's question: through a tunnel (https) only the site
+            // speaks once it is open; over plain http the proxy answers for the site.
+            let tunnelled = url.scheme() == "https";
             let left = budget.saturating_sub(started.elapsed());
             let response = match send(client, &url, left, &mut meter.requests).await {
                 Ok(response) => response,
@@ -283,10 +285,17 @@ impl Resolve for ProxyResolver {
     }
 }
 
+/// How soon a closed, unanswered request must fail to be the idle connection race: a pooled
+/// connection the peer closed while idle fails within a round trip; one that waited longer
+/// reached a peer that chose not to answer.
+const IDLE_RACE: Duration = Duration::from_secs(1);
+
 /// One request, sent once more at once if the peer (a proxy, a site) closed a pooled
-/// connection under it (the idle connection race: a GET, safe to repeat). It adds one to
-/// `requests` either way: a request closed before any answer was, in that race, never read
-/// (a proxy closing its idle connection), so only the one sent again can have gone further.
+/// connection under it (the idle connection race: a GET, safe to repeat), with what is
+/// left of `left`. Only a prompt close is that race ([`IDLE_RACE`]); a peer that holds the
+/// request and then closes unanswered is not asked again. It adds one to `requests` either
+/// way: a request closed before any answer was, in that race, never read (a proxy closing
+/// its idle connection), so only the one sent again can have gone further.
 pub(super) async fn send(
     client: &reqwest::Client,
     url: &Url,
@@ -294,9 +303,11 @@ pub(super) async fn send(
     requests: &mut u64,
 ) -> Result<reqwest::Response, reqwest::Error> {
     *requests += 1;
+    let started = Instant::now();
     match client.get(url.clone()).timeout(left).send().await {
-        Err(err) if closed_unanswered(&err) => {
+        Err(err) if closed_unanswered(&err) && started.elapsed() < IDLE_RACE => {
             tracing::debug!("a pooled connection was closed under the request: sent once more");
+            let left = left.saturating_sub(started.elapsed());
             client.get(url.clone()).timeout(left).send().await
         }
         sent => sent,

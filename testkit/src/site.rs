@@ -283,6 +283,16 @@ pub async fn broken_server(reply: &'static [u8]) -> SocketAddr {
 /// connection a pool is reusing), then answers `ok` to every other; it says how many
 /// requests it was sent.
 pub async fn hangs_up_once() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    hangs_up(1, Duration::ZERO).await
+}
+
+/// A server that holds each of its first `times` requests for `after`, then hangs up
+/// unanswered (a peer that chose not to answer), and answers `ok` to every later one; it
+/// says how many requests it was sent.
+pub async fn hangs_up(
+    times: usize,
+    after: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -295,12 +305,18 @@ pub async fn hangs_up_once() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>
     let count = served.clone();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
-            let mut request = [0_u8; 4096];
-            let _ = socket.read(&mut request).await;
-            if count.fetch_add(1, Ordering::Relaxed) > 0 {
-                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                let _ = socket.write_all(ok).await;
-            }
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut request = [0_u8; 4096];
+                let _ = socket.read(&mut request).await;
+                if count.fetch_add(1, Ordering::Relaxed) >= times {
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    let _ = socket.write_all(ok).await;
+                    return;
+                }
+                tokio::time::sleep(after).await;
+                // Dropping the socket hangs up unanswered.
+            });
         }
     });
     (addr, served)

@@ -488,6 +488,33 @@ async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
     assert_eq!(spend(&stack, 1).await, (Some(1), Some(2)));
 }
 
+#[tokio::test]
+async fn a_proxy_that_holds_a_request_and_hangs_up_unanswered_is_not_asked_again_at_once() {
+    // Arrange: a proxy stand-in that holds every request 1.5 s, then hangs up unanswered (no
+    // idle-connection race: it read the request and chose not to answer).
+    let (addr, served) =
+        conveyor_testkit::site::hangs_up(usize::MAX, Duration::from_millis(1_500)).await;
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", "http://127.0.0.1:9/page", "pending")
+        .await;
+    let worker = proxied(&stack, &[format!("http://{addr}")], None);
+
+    // Act
+    let started = std::time::Instant::now();
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Assert: one request, not a second with the whole budget again; back for a retry.
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(2_900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(retried(&reply), ["t1"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
     // Arrange: the chaos scenario's run (fine, flaky, gone, slow and dead pages, messages
