@@ -175,6 +175,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     fn pressure(&self) -> Option<&Pressure> {
         Some(&self.pressure)
     }
+
+    /// Gives the paid-tier bytes reserved and not spent back to their runs.
+    async fn after_batch(&self) {
+        self.paid.give_back(&self.tasks).await;
+    }
 }
 
 /// The Lambda handler: one SQS batch in, the partial batch response out, and the

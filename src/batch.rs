@@ -35,6 +35,12 @@ pub trait ProcessRecord: Sync {
     fn pressure(&self) -> Option<&Pressure> {
         None
     }
+
+    /// After the batch's records, before its reply: what a sandbox settles between
+    /// invocations (it may be frozen or recycled after).
+    fn after_batch(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// What every record of one invocation shares.
@@ -124,6 +130,13 @@ pub async fn run_batch<P: ProcessRecord>(
     let outcomes = run_records(processor, records, &invocation, limits)
         .instrument(span.clone())
         .await;
+    let settle = tokio::time::timeout_at(
+        Instant::now() + remaining(&invocation).saturating_sub(LAST_WORDS),
+        processor.after_batch(),
+    );
+    if settle.instrument(span.clone()).await.is_err() {
+        tracing::warn!("no time left to settle the batch's reservations");
+    }
     let response = span.in_scope(|| {
         let response = reply(records, &outcomes);
         tracing::info!(
@@ -213,14 +226,18 @@ async fn out_of_time<P: ProcessRecord>(
         outcome = "out_of_time",
         "record not finished before the deadline"
     );
-    let left = invocation
-        .deadline
-        .duration_since(SystemTime::now())
-        .unwrap_or_default();
-    let until = Instant::now() + left.saturating_sub(LAST_WORDS);
+    let until = Instant::now() + remaining(invocation).saturating_sub(LAST_WORDS);
     tokio::time::timeout_at(until, processor.out_of_time(record))
         .await
         .unwrap_or(Outcome::OutOfTime)
+}
+
+/// How long until the invocation's deadline.
+fn remaining(invocation: &Invocation) -> Duration {
+    invocation
+        .deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
 }
 
 /// What is kept of the deadline for the reply itself, after the records the cutoff stopped.

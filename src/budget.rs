@@ -1,5 +1,8 @@
 //! The paid proxy tier's budget as one sandbox sees it: chunks of a run's budget reserved
-//! from its run item (one write per chunk, not per fetch), spent here.
+//! from its run item (one write per chunk, not per fetch); each paid fetch holds its most
+//! (a body and its hops) of them while it runs, so concurrency cannot spend past what was
+//! reserved; and what is left unspent goes back to the run at the end of each invocation, so
+//! a sandbox Lambda recycles strands none of it.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -12,20 +15,24 @@ use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
 /// How long a sandbox takes a refused reservation as the run's answer before asking again
-/// (an operator may raise the budget).
+/// (an operator may raise the budget, another sandbox give some back).
 const RECHECK: Duration = Duration::from_secs(5);
 
 /// The most runs a sandbox keeps allowances for; past it, the spent ones are let go.
 const MOST_RUNS: usize = 1024;
 
+/// Reservations a paid fetch may make for its hold before it gives up (others in this
+/// sandbox took what each one brought).
+const MOST_RESERVATIONS: usize = 3;
+
 /// The bytes one reservation takes: a 64th of the budget, between 64 KiB and 1 MiB, never
-/// more than the budget. What a sandbox reserved and did not spend is lost with it, so the
-/// run's paid tier may stop early by that much; it never goes past its budget by more than
-/// one chunk and the bodies in flight.
-pub fn chunk_of(budget: u64) -> u64 {
+/// more than the budget, but at least one fetch's `cap`. The reserved total passes the
+/// budget by one reservation at most (the last one granted): spend never passes it by more.
+pub fn chunk_of(budget: u64, cap: u64) -> u64 {
     (budget / 64)
         .clamp(64 * 1024, 1024 * 1024)
         .min(budget)
+        .max(cap)
         .max(1)
 }
 
@@ -37,32 +44,71 @@ pub struct PaidAllowances {
 
 #[derive(Debug, Default)]
 struct Allowance {
-    /// Bytes reserved and not yet spent (below 0: spent past the reservation).
+    /// Bytes reserved, neither held by a fetch nor spent (below 0: spent past its holds).
     left: i64,
+    /// Paid fetches holding some of it now.
+    holding: usize,
     /// The run refused a reservation: its budget is spent, until then at least.
     refused_until: Option<Instant>,
 }
 
+/// A paid fetch's hold on `cap` bytes of its run's allowance; [`PaidAllowances::settle`]
+/// ends it with what the fetch spent.
+#[derive(Debug)]
+#[must_use = "a hold is settled with what the fetch spent"]
+pub struct PaidHold {
+    run: (Id, Id),
+    cap: u64,
+}
+
 impl PaidAllowances {
-    /// Whether a fetch of `task` may use the paid tier: while this sandbox holds some of the
-    /// run's `budget`, or can reserve more of it.
-    pub async fn may_use<S: SpendStore>(
+    /// A hold on `cap` bytes for a paid fetch of `task`, from what this sandbox has reserved
+    /// of the run's `budget` or can reserve now; `None` when the run's account says its
+    /// budget is spent (reserved to the end by fetches here and elsewhere).
+    pub async fn hold<S: SpendStore>(
         &self,
         store: &S,
         task: &TaskRef,
         budget: u64,
-    ) -> Result<bool, AwsError> {
+        cap: u64,
+    ) -> Result<Option<PaidHold>, AwsError> {
         let run = (task.job_id.clone(), task.run_id.clone());
-        if let Some(known) = self.known(&run) {
-            return Ok(known);
+        let chunk = chunk_of(budget, cap);
+        for _ in 0..MOST_RESERVATIONS {
+            if let Some(held) = self.take(&run, cap) {
+                return Ok(held.then(|| PaidHold {
+                    run: run.clone(),
+                    cap,
+                }));
+            }
+            let granted = store.reserve_paid(&run.0, &run.1, chunk).await?;
+            self.reserved(&run, chunk, granted, budget);
         }
-        let chunk = chunk_of(budget);
-        let granted = store.reserve_paid(&run.0, &run.1, chunk).await?;
+        Ok(None)
+    }
+
+    /// Takes `cap` from the run's allowance if it has that much (`Some(true)`), says no if
+    /// the run refused lately (`Some(false)`), else `None`: a reservation is needed.
+    fn take(&self, run: &(Id, Id), cap: u64) -> Option<bool> {
+        let mut runs = self.lock();
+        let kept = runs.get_mut(run)?;
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        if kept.left >= cap {
+            kept.left -= cap;
+            kept.holding += 1;
+            return Some(true);
+        }
+        kept.refused_until
+            .filter(|until| Instant::now() < *until)
+            .map(|_| false)
+    }
+
+    fn reserved(&self, run: &(Id, Id), chunk: u64, granted: bool, budget: u64) {
         let mut runs = self.lock();
         if runs.len() >= MOST_RUNS {
-            runs.retain(|_, kept| kept.left > 0);
+            runs.retain(|_, kept| kept.left != 0 || kept.holding > 0);
         }
-        let kept = runs.entry(run).or_default();
+        let kept = runs.entry(run.clone()).or_default();
         if granted {
             kept.left += i64::try_from(chunk).unwrap_or(i64::MAX);
             kept.refused_until = None;
@@ -70,32 +116,40 @@ impl PaidAllowances {
             tracing::info!(budget, "the run's paid-tier budget is spent");
             kept.refused_until = Some(Instant::now() + RECHECK);
         }
-        Ok(granted)
     }
 
-    /// A fetch of `task` received `bytes` through the paid tier.
-    pub fn spent(&self, task: &TaskRef, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let run = (task.job_id.clone(), task.run_id.clone());
+    /// Ends `hold`: the fetch spent `bytes` through the paid tier; the rest of its hold is
+    /// this sandbox's again.
+    pub fn settle(&self, hold: PaidHold, bytes: u64) {
+        let unspent =
+            i64::try_from(hold.cap).unwrap_or(i64::MAX) - i64::try_from(bytes).unwrap_or(i64::MAX);
         let mut runs = self.lock();
-        let kept = runs.entry(run).or_default();
-        kept.left = kept
-            .left
-            .saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let kept = runs.entry(hold.run).or_default();
+        kept.left = kept.left.saturating_add(unspent);
+        kept.holding = kept.holding.saturating_sub(1);
     }
 
-    /// What this sandbox already knows: some left (yes), a recent refusal (no), or nothing.
-    fn known(&self, run: &(Id, Id)) -> Option<bool> {
-        let runs = self.lock();
-        let kept = runs.get(run)?;
-        if kept.left > 0 {
-            return Some(true);
+    /// Gives what this sandbox reserved and did not spend back to each run no fetch here
+    /// holds any of now (at the end of an invocation: a sandbox is frozen or recycled only
+    /// between them). A give-back that fails is kept here for the next.
+    pub async fn give_back<S: SpendStore>(&self, store: &S) {
+        let unspent: Vec<((Id, Id), u64)> = {
+            let mut runs = self.lock();
+            runs.iter_mut()
+                .filter(|(_, kept)| kept.holding == 0 && kept.left > 0)
+                .map(|(run, kept)| (run.clone(), std::mem::take(&mut kept.left) as u64))
+                .collect()
+        };
+        for (run, bytes) in unspent {
+            if let Err(err) = store.return_paid(&run.0, &run.1, bytes).await {
+                tracing::warn!(error = %err, bytes, "unspent paid-tier bytes not given back yet");
+                let mut runs = self.lock();
+                let kept = runs.entry(run).or_default();
+                kept.left = kept
+                    .left
+                    .saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
         }
-        kept.refused_until
-            .filter(|until| Instant::now() < *until)
-            .map(|_| false)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Id, Id), Allowance>> {
@@ -106,13 +160,127 @@ impl PaidAllowances {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::model::Counting;
+    use crate::domain::spend::Spend;
+
+    /// A run's account as the run item keeps it: reserved against a budget, under a lock.
+    struct Account {
+        budget: u64,
+        reserved: Mutex<u64>,
+    }
+
+    impl Account {
+        fn new(budget: u64) -> Self {
+            Self {
+                budget,
+                reserved: Mutex::new(0),
+            }
+        }
+
+        fn reserved(&self) -> u64 {
+            *self.reserved.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl SpendStore for Account {
+        async fn record_spend(
+            &self,
+            _: &TaskRef,
+            _: Counting,
+            _: &Spend,
+            _: &str,
+        ) -> Result<(), AwsError> {
+            Ok(())
+        }
+
+        async fn reserve_paid(&self, _: &Id, _: &Id, chunk: u64) -> Result<bool, AwsError> {
+            tokio::task::yield_now().await; // others race in between
+            let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+            let granted = *reserved < self.budget;
+            if granted {
+                *reserved += chunk;
+            }
+            Ok(granted)
+        }
+
+        async fn return_paid(&self, _: &Id, _: &Id, bytes: u64) -> Result<(), AwsError> {
+            let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+            *reserved = reserved.saturating_sub(bytes);
+            Ok(())
+        }
+    }
+
+    fn task() -> TaskRef {
+        TaskRef::new(
+            Id::parse("j").unwrap(),
+            Id::parse("r").unwrap(),
+            Id::parse("t").unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn fetches_racing_for_the_last_of_a_budget_spend_no_more_than_one_reservation_past_it() {
+        // Arrange: a budget of 1 MiB, fetches of at most 100 KiB each, 8 sandboxes of 16.
+        let (budget, cap) = (1 << 20, 100 << 10);
+        let account = Account::new(budget);
+        let sandboxes: Vec<PaidAllowances> = (0..8).map(|_| PaidAllowances::default()).collect();
+
+        // Act: every fetch that gets a hold spends all of it.
+        let fetches = sandboxes.iter().flat_map(|paid| {
+            (0..16).map(|_| async {
+                let hold = paid.hold(&account, &task(), budget, cap).await.unwrap()?;
+                tokio::task::yield_now().await;
+                paid.settle(hold, cap);
+                Some(cap)
+            })
+        });
+        let spent: u64 = futures_util::future::join_all(fetches)
+            .await
+            .into_iter()
+            .flatten()
+            .sum();
+
+        // Assert
+        assert!(spent > 0);
+        assert!(spent <= budget + chunk_of(budget, cap), "{spent}");
+    }
+
+    #[tokio::test]
+    async fn what_a_sandbox_did_not_spend_goes_back_and_another_spends_it() {
+        // Arrange: one sandbox reserves, spends a little, and is done with its invocation.
+        let (budget, cap) = (300 << 10, 64 << 10);
+        let account = Account::new(budget);
+        let (first, second) = (PaidAllowances::default(), PaidAllowances::default());
+        let hold = first
+            .hold(&account, &task(), budget, cap)
+            .await
+            .unwrap()
+            .expect("a hold");
+        first.settle(hold, 1_000);
+
+        // Act
+        first.give_back(&account).await;
+        let mut held = 0;
+        while let Some(hold) = second.hold(&account, &task(), budget, cap).await.unwrap() {
+            second.settle(hold, cap);
+            held += cap;
+        }
+
+        // Assert: reserved = spent after the give-back; the second sandbox spent the rest.
+        assert_eq!(held + 1_000, account.reserved());
+        assert!(
+            held + 1_000 >= budget,
+            "{held}: the budget was not stranded"
+        );
+    }
 
     #[test]
-    fn a_chunk_is_a_64th_of_the_budget_within_its_bounds() {
-        assert_eq!(chunk_of(1 << 30), 1024 * 1024);
-        assert_eq!(chunk_of(64 * 100 * 1024), 100 * 1024);
-        assert_eq!(chunk_of(100 * 1024), 64 * 1024);
-        assert_eq!(chunk_of(1000), 1000);
-        assert_eq!(chunk_of(0), 1);
+    fn a_chunk_is_a_64th_of_the_budget_within_its_bounds_and_holds_one_fetch() {
+        assert_eq!(chunk_of(1 << 30, 1), 1024 * 1024);
+        assert_eq!(chunk_of(64 * 100 * 1024, 1), 100 * 1024);
+        assert_eq!(chunk_of(100 * 1024, 1), 64 * 1024);
+        assert_eq!(chunk_of(1000, 1), 1000);
+        assert_eq!(chunk_of(0, 0), 1);
+        assert_eq!(chunk_of(1 << 30, 10 << 20), 10 << 20, "a fetch's most");
     }
 }

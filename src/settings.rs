@@ -68,6 +68,7 @@ impl From<&Config> for RecordSettings {
             duplicate_policy: config.duplicate_policy,
             politeness: config.politeness.clone(),
             proxy_tiers: config.proxies.len(),
+            paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes, config.max_redirects),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The spend port: what a delivery spent through proxies, counted once, and the paid tier's
-//! budget, reserved in chunks.
+//! budget, reserved in chunks and what was not spent of them given back.
 
 use std::future::Future;
 
@@ -28,4 +28,12 @@ pub trait SpendStore: Send + Sync {
         run: &Id,
         chunk: u64,
     ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+
+    /// Gives `bytes` reserved and not spent back to the run's paid-tier budget.
+    fn return_paid(
+        &self,
+        job: &Id,
+        run: &Id,
+        bytes: u64,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }

@@ -27,7 +27,7 @@ pub const PAID_TIER_SPENT: &str = "the run's budget for the paid proxy tier is s
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most of an error or redirect body read (and metered) before the connection is let go.
-const DRAIN_BYTES: usize = 64 * 1024;
+pub(super) const DRAIN_BYTES: usize = 64 * 1024;
 
 /// One client per proxy, by tier.
 pub(super) struct Routes {

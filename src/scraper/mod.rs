@@ -105,6 +105,14 @@ impl Ask {
     }
 }
 
+/// The most body bytes one fetch can receive: its page (`max_body_bytes`), and the bodies of
+/// its redirect hops and of a refusal, each read up to a limit before the connection is let
+/// go.
+pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
+    let drained = egress::DRAIN_BYTES as u64 * (max_redirects as u64 + 1);
+    max_body_bytes.saturating_add(drained)
+}
+
 /// A fetch's page or failure, and what it spent through proxies on the way.
 #[derive(Debug)]
 pub struct Fetched {

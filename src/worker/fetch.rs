@@ -66,10 +66,6 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return Fetched::unspent(Err(refused));
         };
         let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
-        if work.wanted.paid_budget.is_some() {
-            let paid = fetched.spend.tier(self.settings.proxy_tiers);
-            self.paid.spent(task, paid.bytes);
-        }
         // The site's answer, for its cooldown; a proxy's own (ours) says nothing of the site.
         let answer = fetched
             .page
@@ -82,8 +78,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// The fetch, with the paid proxy tier held back while the run has a budget for it:
-    /// asked only once the other tiers are blocked, and only while this sandbox holds (or
-    /// can reserve) some of that budget.
+    /// asked only once the other tiers are blocked, and only with a hold on its most bytes
+    /// from this sandbox's reservations of that budget, settled with what it spent.
     pub(super) async fn fetch_budgeted(
         &self,
         task: &TaskRef,
@@ -105,19 +101,23 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if !first.wants_paid_tier {
             return first;
         }
-        match self.paid.may_use(&self.tasks, task, run_budget).await {
-            Ok(true) => {}
-            Ok(false) => return first,
+        let cap = self.settings.paid_fetch_cap;
+        let hold = match self.paid.hold(&self.tasks, task, run_budget, cap).await {
+            Ok(Some(hold)) => hold,
+            Ok(None) => return first,
             Err(err) => {
                 let reason = format!("the paid tier's budget could not be read: {err}");
-                return Fetched::unspent(Err(FetchError::ours(reason)));
+                let page = Err(FetchError::ours(reason));
+                // What the other tiers spent is spent all the same.
+                return Fetched { page, ..first };
             }
-        }
+        };
         let ask = Ask {
             first_tier: paid,
             ..Ask::within(budget.saturating_sub(started.elapsed()))
         };
         let last = self.fetch(url, ask, invocation).await;
+        self.paid.settle(hold, last.spend.tier(paid).bytes);
         Fetched {
             spend: first.spend.plus(&last.spend),
             ..last

@@ -50,6 +50,9 @@ pub struct RecordSettings {
     pub politeness: Politeness,
     /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
     pub proxy_tiers: usize,
+    /// The most bytes one paid fetch can spend ([`crate::scraper::most_spent`]): what it holds
+    /// of its run's budget while it runs.
+    pub paid_fetch_cap: u64,
 }
 
 /// The worker's ports and settings, built once per cold start, and what a sandbox keeps

@@ -710,6 +710,7 @@ impl WorkerTuning {
             duplicate_policy: self.duplicate_policy,
             politeness: self.politeness.clone(),
             proxy_tiers: self.proxies.len(),
+            paid_fetch_cap: conveyor_worker::scraper::most_spent(MAX_BODY_BYTES, 3),
         }
     }
 }

@@ -308,6 +308,53 @@ async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() 
     assert_eq!(stack.task("public").await.status(), Some("successful"));
 }
 
+/// Gives the run a budget of `bytes` for the paid tier.
+async fn set_paid_budget(stack: &Stack, bytes: u64) {
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
+        .update_expression("SET paid_tier_budget_bytes = :budget")
+        .expression_attribute_values(":budget", AttributeValue::N(bytes.to_string()))
+        .send()
+        .await
+        .expect("set the run's budget");
+}
+
+#[tokio::test]
+async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbox_at_most() {
+    // Arrange: a budget under one page; two sandboxes with ten blocked tasks each, at once.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
+    stack.put_active_run().await;
+    set_paid_budget(&stack, 10).await;
+    let tasks: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
+    for (i, task) in tasks.iter().enumerate() {
+        let path = format!("/blocks/{}/{i}", datacenter.egress);
+        stack.put_task(task, &site.url(&path), "pending").await;
+    }
+    let tiers = [datacenter.url(), residential.url()];
+    let sandboxes = [proxied(&stack, &tiers, None), proxied(&stack, &tiers, None)];
+
+    // Act
+    let batches = sandboxes
+        .iter()
+        .zip(tasks.chunks(10))
+        .map(|(worker, tasks)| run_batch(worker, tasks.iter().map(|t| delivery(t)).collect()));
+    futures_util::future::join_all(batches).await;
+
+    // Assert: each paid fetch held its most before it started, so no more than one a
+    // sandbox began on what was left; the account holds what was spent.
+    let paid = residential.requests().len();
+    assert!((1..=2).contains(&paid), "{paid} paid fetches");
+    let (requests, bytes) = spend(&stack, 2).await;
+    assert_eq!(requests, Some(paid as u64));
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("paid_tier_reserved_bytes"), bytes);
+}
+
 #[tokio::test]
 async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_using_it() {
     // Arrange: a budget of one byte for the residential (paid) tier.
@@ -315,16 +362,7 @@ async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_usi
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
     stack.put_active_run().await;
-    stack
-        .dynamodb
-        .update_item()
-        .table_name(&stack.table)
-        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
-        .update_expression("SET paid_tier_budget_bytes = :one")
-        .expression_attribute_values(":one", AttributeValue::N("1".into()))
-        .send()
-        .await
-        .expect("set the run's budget");
+    set_paid_budget(&stack, 1).await;
     for i in 0..3 {
         let path = format!("/blocks/{}/{i}", datacenter.egress);
         stack
@@ -355,9 +393,11 @@ async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_usi
     }
     assert_eq!(stack.task("free").await.status(), Some("successful"));
     assert_eq!(residential.requests().len(), 1);
+    // After each invocation's give-back the account holds what was spent, no more.
     let run = stack.run_item(JOB, RUN).await;
-    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(1));
-    assert_eq!(spend(&stack, 2).await.0, Some(1));
+    let (requests, bytes) = spend(&stack, 2).await;
+    assert_eq!(requests, Some(1));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), bytes);
 }
 
 #[tokio::test]

@@ -71,6 +71,17 @@ impl SpendStore for DynamoTaskStore {
             Err(err) => Err(AwsError::from_sdk("UpdateItem(reserve_paid)", err)),
         }
     }
+
+    #[tracing::instrument(skip_all, fields(bytes))]
+    async fn return_paid(&self, job: &Id, run: &Id, bytes: u64) -> Result<(), AwsError> {
+        let give_back = writes::return_paid(bytes);
+        match self.update_run((job, run), give_back).send().await {
+            Ok(_) => Ok(()),
+            // The run is gone, or holds less reserved than that (an operator reset it).
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(return_paid)", err)),
+        }
+    }
 }
 
 impl Expression {
@@ -129,5 +140,14 @@ pub(crate) mod writes {
     )
     .value(":zero", n(0))
     .value(":chunk", n(chunk))
+    }
+
+    /// `bytes` reserved and not spent given back, never below nothing reserved.
+    pub(crate) fn return_paid(bytes: u64) -> Expression {
+        Expression::new(
+            "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :bytes".into(),
+            "paid_tier_reserved_bytes >= :bytes",
+        )
+        .value(":bytes", n(bytes))
     }
 }
