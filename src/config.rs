@@ -294,7 +294,10 @@ mod tests {
         assert_eq!(config.scrape_timeout, Duration::from_secs(30));
         assert_eq!(config.max_body_bytes, 10 * 1024 * 1024);
         assert!(!config.allow_private_networks);
-        assert!(!config.proxy_refuses_private, "a name unchecked here is refused");
+        assert!(
+            !config.proxy_refuses_private,
+            "a name unchecked here is refused"
+        );
         assert_eq!(config.allowed_ports, None);
         let polite = config.politeness;
         assert_eq!(polite.limits.max_rps, Some(1.0));
