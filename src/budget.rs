@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
+use crate::domain::spend::Reservation;
 use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
@@ -46,10 +47,24 @@ pub struct PaidAllowances {
 struct Allowance {
     /// Bytes reserved, neither held by a fetch nor spent (below 0: spent past its holds).
     left: i64,
+    /// Bytes spent here since the last give-back.
+    spent: u64,
     /// Paid fetches holding some of it now.
     holding: usize,
-    /// The run refused a reservation: its budget is spent, until then at least.
-    refused_until: Option<Instant>,
+    /// The run refused a reservation (spent, or held elsewhere), until then at least.
+    refused: Option<(Instant, Reservation)>,
+}
+
+/// What a paid fetch may do.
+#[derive(Debug)]
+pub enum PaidTurn {
+    /// Go, holding this much of the run's budget.
+    Go(PaidHold),
+    /// The run's budget is spent: the task fails for it.
+    Spent,
+    /// Reserved to the end by fetches in flight (here or elsewhere) or by sandboxes that
+    /// have not given back yet: the task tries again later.
+    Held,
 }
 
 /// A paid fetch's hold on `cap` bytes of its run's allowance; [`PaidAllowances::settle`]
@@ -63,58 +78,60 @@ pub struct PaidHold {
 
 impl PaidAllowances {
     /// A hold on `cap` bytes for a paid fetch of `task`, from what this sandbox has reserved
-    /// of the run's `budget` or can reserve now; `None` when the run's account says its
-    /// budget is spent (reserved to the end by fetches here and elsewhere).
+    /// of the run's `budget` or can reserve now; else what the run's account says.
     pub async fn hold<S: SpendStore>(
         &self,
         store: &S,
         task: &TaskRef,
         budget: u64,
         cap: u64,
-    ) -> Result<Option<PaidHold>, AwsError> {
+    ) -> Result<PaidTurn, AwsError> {
         let run = (task.job_id.clone(), task.run_id.clone());
         let chunk = chunk_of(budget, cap);
         for _ in 0..MOST_RESERVATIONS {
-            if let Some(held) = self.take(&run, cap) {
-                return Ok(held.then(|| PaidHold {
-                    run: run.clone(),
-                    cap,
-                }));
+            if let Some(turn) = self.take(&run, cap) {
+                return Ok(turn);
             }
-            let granted = store.reserve_paid(&run.0, &run.1, chunk).await?;
-            self.reserved(&run, chunk, granted, budget);
+            let answer = store.reserve_paid(&run.0, &run.1, chunk).await?;
+            self.reserved(&run, chunk, answer, budget);
         }
-        Ok(None)
+        Ok(PaidTurn::Held)
     }
 
-    /// Takes `cap` from the run's allowance if it has that much (`Some(true)`), says no if
-    /// the run refused lately (`Some(false)`), else `None`: a reservation is needed.
-    fn take(&self, run: &(Id, Id), cap: u64) -> Option<bool> {
+    /// Takes `cap` from the run's allowance if it has that much, says no if the run refused
+    /// lately, else `None`: a reservation is needed.
+    fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidTurn> {
         let mut runs = self.lock();
         let kept = runs.get_mut(run)?;
-        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
-        if kept.left >= cap {
-            kept.left -= cap;
+        let most = i64::try_from(cap).unwrap_or(i64::MAX);
+        if kept.left >= most {
+            kept.left -= most;
             kept.holding += 1;
-            return Some(true);
+            let run = run.clone();
+            return Some(PaidTurn::Go(PaidHold { run, cap }));
         }
-        kept.refused_until
-            .filter(|until| Instant::now() < *until)
-            .map(|_| false)
+        match kept.refused.filter(|(until, _)| Instant::now() < *until)? {
+            (_, Reservation::Spent) => Some(PaidTurn::Spent),
+            _ => Some(PaidTurn::Held),
+        }
     }
 
-    fn reserved(&self, run: &(Id, Id), chunk: u64, granted: bool, budget: u64) {
+    fn reserved(&self, run: &(Id, Id), chunk: u64, answer: Reservation, budget: u64) {
         let mut runs = self.lock();
         if runs.len() >= MOST_RUNS {
-            runs.retain(|_, kept| kept.left != 0 || kept.holding > 0);
+            runs.retain(|_, kept| kept.left != 0 || kept.holding > 0 || kept.spent > 0);
         }
         let kept = runs.entry(run.clone()).or_default();
-        if granted {
+        if answer == Reservation::Granted {
             kept.left += i64::try_from(chunk).unwrap_or(i64::MAX);
-            kept.refused_until = None;
+            kept.refused = None;
         } else {
-            tracing::info!(budget, "the run's paid-tier budget is spent");
-            kept.refused_until = Some(Instant::now() + RECHECK);
+            tracing::info!(
+                budget,
+                ?answer,
+                "the run's paid-tier budget is reserved to the end"
+            );
+            kept.refused = Some((Instant::now() + RECHECK, answer));
         }
     }
 
@@ -126,6 +143,7 @@ impl PaidAllowances {
         let mut runs = self.lock();
         let kept = runs.entry(hold.run).or_default();
         kept.left = kept.left.saturating_add(unspent);
+        kept.spent = kept.spent.saturating_add(bytes);
         kept.holding = kept.holding.saturating_sub(1);
     }
 
@@ -133,21 +151,25 @@ impl PaidAllowances {
     /// holds any of now (at the end of an invocation: a sandbox is frozen or recycled only
     /// between them). A give-back that fails is kept here for the next.
     pub async fn give_back<S: SpendStore>(&self, store: &S) {
-        let unspent: Vec<((Id, Id), u64)> = {
+        let settled: Vec<((Id, Id), (u64, u64))> = {
             let mut runs = self.lock();
             runs.iter_mut()
-                .filter(|(_, kept)| kept.holding == 0 && kept.left > 0)
-                .map(|(run, kept)| (run.clone(), std::mem::take(&mut kept.left) as u64))
+                .filter(|(_, kept)| kept.holding == 0 && (kept.left > 0 || kept.spent > 0))
+                .map(|(run, kept)| {
+                    let unspent = u64::try_from(std::mem::take(&mut kept.left)).unwrap_or(0);
+                    (run.clone(), (unspent, std::mem::take(&mut kept.spent)))
+                })
                 .collect()
         };
-        for (run, bytes) in unspent {
-            if let Err(err) = store.return_paid(&run.0, &run.1, bytes).await {
-                tracing::warn!(error = %err, bytes, "unspent paid-tier bytes not given back yet");
+        for (run, (unspent, spent)) in settled {
+            if let Err(err) = store.return_paid(&run.0, &run.1, (unspent, spent)).await {
+                tracing::warn!(error = %err, unspent, "paid-tier bytes not settled yet");
                 let mut runs = self.lock();
                 let kept = runs.entry(run).or_default();
                 kept.left = kept
                     .left
-                    .saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+                    .saturating_add(i64::try_from(unspent).unwrap_or(i64::MAX));
+                kept.spent = kept.spent.saturating_add(spent);
             }
         }
     }
@@ -163,22 +185,23 @@ mod tests {
     use crate::domain::model::Counting;
     use crate::domain::spend::Spend;
 
-    /// A run's account as the run item keeps it: reserved against a budget, under a lock.
+    /// A run's account as the run item keeps it: reserved and spent against a budget.
     struct Account {
         budget: u64,
-        reserved: Mutex<u64>,
+        /// Reserved, and given back as spent.
+        books: Mutex<(u64, u64)>,
     }
 
     impl Account {
         fn new(budget: u64) -> Self {
             Self {
                 budget,
-                reserved: Mutex::new(0),
+                books: Mutex::new((0, 0)),
             }
         }
 
-        fn reserved(&self) -> u64 {
-            *self.reserved.lock().unwrap_or_else(PoisonError::into_inner)
+        fn books(&self) -> (u64, u64) {
+            *self.books.lock().unwrap_or_else(PoisonError::into_inner)
         }
     }
 
@@ -193,19 +216,28 @@ mod tests {
             Ok(())
         }
 
-        async fn reserve_paid(&self, _: &Id, _: &Id, chunk: u64) -> Result<bool, AwsError> {
+        async fn reserve_paid(&self, _: &Id, _: &Id, chunk: u64) -> Result<Reservation, AwsError> {
             tokio::task::yield_now().await; // others race in between
-            let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
-            let granted = *reserved < self.budget;
-            if granted {
-                *reserved += chunk;
-            }
-            Ok(granted)
+            let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
+            Ok(match *books {
+                (reserved, _) if reserved < self.budget => {
+                    books.0 += chunk;
+                    Reservation::Granted
+                }
+                (_, spent) if spent < self.budget => Reservation::Held,
+                _ => Reservation::Spent,
+            })
         }
 
-        async fn return_paid(&self, _: &Id, _: &Id, bytes: u64) -> Result<(), AwsError> {
-            let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
-            *reserved = reserved.saturating_sub(bytes);
+        async fn return_paid(
+            &self,
+            _: &Id,
+            _: &Id,
+            (unspent, spent): (u64, u64),
+        ) -> Result<(), AwsError> {
+            let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
+            books.0 = books.0.saturating_sub(unspent);
+            books.1 += spent;
             Ok(())
         }
     }
@@ -228,7 +260,10 @@ mod tests {
         // Act: every fetch that gets a hold spends all of it.
         let fetches = sandboxes.iter().flat_map(|paid| {
             (0..16).map(|_| async {
-                let hold = paid.hold(&account, &task(), budget, cap).await.unwrap()?;
+                let PaidTurn::Go(hold) = paid.hold(&account, &task(), budget, cap).await.unwrap()
+                else {
+                    return None;
+                };
                 tokio::task::yield_now().await;
                 paid.settle(hold, cap);
                 Some(cap)
@@ -251,27 +286,35 @@ mod tests {
         let (budget, cap) = (300 << 10, 64 << 10);
         let account = Account::new(budget);
         let (first, second) = (PaidAllowances::default(), PaidAllowances::default());
-        let hold = first
-            .hold(&account, &task(), budget, cap)
-            .await
-            .unwrap()
-            .expect("a hold");
+        let PaidTurn::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
+            panic!("a hold on a fresh budget");
+        };
         first.settle(hold, 1_000);
 
         // Act
         first.give_back(&account).await;
         let mut held = 0;
-        while let Some(hold) = second.hold(&account, &task(), budget, cap).await.unwrap() {
+        while let PaidTurn::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap() {
             second.settle(hold, cap);
             held += cap;
         }
+        let busy = PaidAllowances::default()
+            .hold(&account, &task(), budget, cap)
+            .await;
+        second.give_back(&account).await;
+        let spent = PaidAllowances::default()
+            .hold(&account, &task(), budget, cap)
+            .await;
 
-        // Assert: reserved = spent after the give-back; the second sandbox spent the rest.
-        assert_eq!(held + 1_000, account.reserved());
+        // Assert: the second sandbox spent the rest; while it held it, the account said
+        // "held", and once given back as spent, "spent".
         assert!(
             held + 1_000 >= budget,
             "{held}: the budget was not stranded"
         );
+        assert_eq!(account.books(), (held + 1_000, held + 1_000));
+        assert!(matches!(busy.unwrap(), PaidTurn::Held));
+        assert!(matches!(spent.unwrap(), PaidTurn::Spent));
     }
 
     #[test]

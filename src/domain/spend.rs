@@ -3,6 +3,17 @@
 /// The most proxy tiers `PROXY_URLS` may name.
 pub const MAX_TIERS: usize = 4;
 
+/// A run's paid-tier account's answer to a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    Granted,
+    /// What sandboxes gave back as spent has reached the budget (or the run has none).
+    Spent,
+    /// Reserved to the end, but not all spent: fetches in flight, or sandboxes that have not
+    /// given back yet, hold the rest. Worth asking again soon.
+    Held,
+}
+
 /// Requests sent and body bytes received through one tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierSpend {

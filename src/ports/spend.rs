@@ -5,7 +5,7 @@ use std::future::Future;
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::Spend;
+use crate::domain::spend::{Reservation, Spend};
 use crate::ports::error::AwsError;
 
 /// Where spend is counted and the paid tier's budget kept.
@@ -20,20 +20,21 @@ pub trait SpendStore: Send + Sync {
         delivery: &str,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
-    /// Reserves `chunk` bytes of the run's paid-tier budget: `false` once the reserved bytes
-    /// reach the budget (or the run has none).
+    /// Reserves `chunk` bytes of the run's paid-tier budget, refused once the reserved bytes
+    /// reach the budget (then spent, or held elsewhere), or if the run has none.
     fn reserve_paid(
         &self,
         job: &Id,
         run: &Id,
         chunk: u64,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Reservation, AwsError>> + Send;
 
-    /// Gives `bytes` reserved and not spent back to the run's paid-tier budget.
+    /// Settles a sandbox's reservations of the run's paid-tier budget: `settled` is
+    /// (unspent, spent): the unspent bytes go back, the spent are counted as spent.
     fn return_paid(
         &self,
         job: &Id,
         run: &Id,
-        bytes: u64,
+        settled: (u64, u64),
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }

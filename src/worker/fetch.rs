@@ -2,6 +2,7 @@
 //! budget), its spend recorded, and the convergence of what it brought.
 
 use crate::batch::Invocation;
+use crate::budget::PaidTurn;
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
@@ -103,8 +104,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
         let cap = self.settings.paid_fetch_cap;
         let hold = match self.paid.hold(&self.tasks, task, run_budget, cap).await {
-            Ok(Some(hold)) => hold,
-            Ok(None) => return first,
+            Ok(PaidTurn::Go(hold)) => hold,
+            Ok(PaidTurn::Spent) => return first,
+            Ok(PaidTurn::Held) => {
+                let reason =
+                    "the paid tier's budget is held by fetches in flight: tried again later";
+                let page = Err(FetchError::ours(reason.to_owned()));
+                return Fetched { page, ..first };
+            }
             Err(err) => {
                 let reason = format!("the paid tier's budget could not be read: {err}");
                 let page = Err(FetchError::ours(reason));

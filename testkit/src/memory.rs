@@ -16,7 +16,7 @@ use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
 };
-use conveyor_worker::domain::spend::Spend;
+use conveyor_worker::domain::spend::{Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
@@ -268,12 +268,17 @@ impl SpendStore for MemoryTasks {
         Ok(())
     }
 
-    async fn reserve_paid(&self, _job: &Id, _run: &Id, _chunk: u64) -> Result<bool, AwsError> {
+    async fn reserve_paid(
+        &self,
+        _job: &Id,
+        _run: &Id,
+        _chunk: u64,
+    ) -> Result<Reservation, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(Reservation::Granted)
     }
 
-    async fn return_paid(&self, _job: &Id, _run: &Id, _bytes: u64) -> Result<(), AwsError> {
+    async fn return_paid(&self, _job: &Id, _run: &Id, _: (u64, u64)) -> Result<(), AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -353,6 +353,7 @@ async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbo
     assert_eq!(requests, Some(paid as u64));
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("paid_tier_reserved_bytes"), bytes);
+    assert_eq!(run.n("paid_tier_spent_bytes"), bytes);
 }
 
 #[tokio::test]

@@ -3,15 +3,16 @@
 //! reserved from the run item in chunks.
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::TransactWriteItem;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::Spend;
+use crate::domain::spend::{Reservation, Spend};
 use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
-use crate::store::dynamo::attributes::n;
+use crate::store::dynamo::attributes::{Item, n, number};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
@@ -62,25 +63,49 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all, fields(chunk))]
-    async fn reserve_paid(&self, job: &Id, run: &Id, chunk: u64) -> Result<bool, AwsError> {
+    async fn reserve_paid(&self, job: &Id, run: &Id, chunk: u64) -> Result<Reservation, AwsError> {
         let reserve = writes::reserve_paid(chunk);
-        let result = self.update_run((job, run), reserve).send().await;
+        let result = self
+            .update_run((job, run), reserve)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
         match result {
-            Ok(_) => Ok(true),
-            Err(err) if is_condition_failure(&err) => Ok(false),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(reserve_paid)", err)),
+            Ok(_) => Ok(Reservation::Granted),
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
+                    Ok(refusal(e.item().unwrap_or(&Default::default())))
+                }
+                _ => Err(AwsError::from_sdk("UpdateItem(reserve_paid)", err)),
+            },
         }
     }
 
-    #[tracing::instrument(skip_all, fields(bytes))]
-    async fn return_paid(&self, job: &Id, run: &Id, bytes: u64) -> Result<(), AwsError> {
-        let give_back = writes::return_paid(bytes);
+    #[tracing::instrument(skip_all, fields(unspent, spent))]
+    async fn return_paid(
+        &self,
+        job: &Id,
+        run: &Id,
+        (unspent, spent): (u64, u64),
+    ) -> Result<(), AwsError> {
+        let give_back = writes::return_paid(unspent, spent);
         match self.update_run((job, run), give_back).send().await {
             Ok(_) => Ok(()),
             // The run is gone, or holds less reserved than that (an operator reset it).
             Err(err) if is_condition_failure(&err) => Ok(()),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(return_paid)", err)),
         }
+    }
+}
+
+/// What a refused reservation says, from the run item as it was: spent when the bytes given
+/// back as spent reach the budget (or there is no budget, or no run), else held elsewhere.
+fn refusal(run: &Item) -> Reservation {
+    let budget: Option<u64> = number(run, "paid_tier_budget_bytes");
+    let spent: u64 = number(run, "paid_tier_spent_bytes").unwrap_or(0);
+    match budget {
+        Some(budget) if spent < budget => Reservation::Held,
+        _ => Reservation::Spent,
     }
 }
 
@@ -142,12 +167,15 @@ pub(crate) mod writes {
     .value(":chunk", n(chunk))
     }
 
-    /// `bytes` reserved and not spent given back, never below nothing reserved.
-    pub(crate) fn return_paid(bytes: u64) -> Expression {
+    /// `unspent` bytes reserved given back (never below nothing reserved), `spent` counted.
+    pub(crate) fn return_paid(unspent: u64, spent: u64) -> Expression {
         Expression::new(
-            "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :bytes".into(),
-            "paid_tier_reserved_bytes >= :bytes",
+            "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :unspent \
+             ADD paid_tier_spent_bytes :spent"
+                .into(),
+            "paid_tier_reserved_bytes >= :unspent",
         )
-        .value(":bytes", n(bytes))
+        .value(":unspent", n(unspent))
+        .value(":spent", n(spent))
     }
 }
