@@ -322,19 +322,28 @@ async fn set_paid_budget(stack: &Stack, bytes: u64) {
         .expect("set the run's budget");
 }
 
-#[tokio::test]
-async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbox_at_most() {
-    // Arrange: a budget under one page; two sandboxes with ten blocked tasks each, at once.
+/// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
+/// datacenter tier is blocked on; the site and both tiers.
+async fn budgeted_run(budget: u64, blocked: usize) -> (Stack, Site, ForwardProxy, ForwardProxy) {
     let (stack, site) = (Stack::new().await, Site::start().await);
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
     stack.put_active_run().await;
-    set_paid_budget(&stack, 10).await;
-    let tasks: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
-    for (i, task) in tasks.iter().enumerate() {
+    set_paid_budget(&stack, budget).await;
+    for i in 0..blocked {
         let path = format!("/blocks/{}/{i}", datacenter.egress);
-        stack.put_task(task, &site.url(&path), "pending").await;
+        stack
+            .put_task(&format!("t{i}"), &site.url(&path), "pending")
+            .await;
     }
+    (stack, site, datacenter, residential)
+}
+
+#[tokio::test]
+async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbox_at_most() {
+    // Arrange: a budget under one page; two sandboxes with ten blocked tasks each, at once.
+    let (stack, _site, datacenter, residential) = budgeted_run(10, 20).await;
+    let tasks: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
     let tiers = [datacenter.url(), residential.url()];
     let sandboxes = [proxied(&stack, &tiers, None), proxied(&stack, &tiers, None)];
 
@@ -359,17 +368,7 @@ async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbo
 #[tokio::test]
 async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_using_it() {
     // Arrange: a budget of one byte for the residential (paid) tier.
-    let (stack, site) = (Stack::new().await, Site::start().await);
-    let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
-    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
-    stack.put_active_run().await;
-    set_paid_budget(&stack, 1).await;
-    for i in 0..3 {
-        let path = format!("/blocks/{}/{i}", datacenter.egress);
-        stack
-            .put_task(&format!("t{i}"), &site.url(&path), "pending")
-            .await;
-    }
+    let (stack, site, datacenter, residential) = budgeted_run(1, 3).await;
     stack
         .put_task("free", &site.url("/page/free"), "pending")
         .await;
