@@ -16,7 +16,13 @@ export SAM_CLI_TELEMETRY := 0
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
 test: lint tinyproxy
-	scripts/with-moto cargo test --locked --workspace
+	scripts/with-moto cargo test --locked --workspace -- --skip $(QUIET_TESTS)
+	scripts/with-moto cargo test --locked -p conveyor-worker --test it -- $(QUIET_TESTS)
+
+# Tests whose bound is wall-clock time at a host's rate (N/r plus 10%): on a 2-CPU machine
+# another test beside them moves the emulator's delivery by seconds, so they run alone after
+# the rest, with the same bounds.
+QUIET_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate
 
 ## run: the sample events through the function under cargo lambda watch, then a whole run
 run: $(VENV)/.run
