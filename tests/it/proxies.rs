@@ -506,16 +506,22 @@ async fn fetch_times(
     times[times.len() / 2]
 }
 
-#[tokio::test]
-async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
-    // Arrange: a proxy stand-in that hangs up on its first request, then answers.
-    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+/// A run with one task, `t1`, and a worker whose one tier is the proxy stand-in at `addr`.
+async fn one_task_through(addr: std::net::SocketAddr) -> (Stack, TestWorker) {
     let stack = Stack::new().await;
     stack.put_active_run().await;
     stack
         .put_task("t1", "http://127.0.0.1:9/page", "pending")
         .await;
     let worker = proxied(&stack, &[format!("http://{addr}")], None);
+    (stack, worker)
+}
+
+#[tokio::test]
+async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
+    // Arrange: a proxy stand-in that hangs up on its first request, then answers.
+    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+    let (stack, worker) = one_task_through(addr).await;
 
     // Act
     let reply = run_batch(&worker, vec![delivery("t1")]).await;
@@ -534,12 +540,7 @@ async fn a_proxy_that_holds_a_request_and_hangs_up_unanswered_is_not_asked_again
     // idle-connection race: it read the request and chose not to answer).
     let (addr, served) =
         conveyor_testkit::site::hangs_up(usize::MAX, Duration::from_millis(1_500)).await;
-    let stack = Stack::new().await;
-    stack.put_active_run().await;
-    stack
-        .put_task("t1", "http://127.0.0.1:9/page", "pending")
-        .await;
-    let worker = proxied(&stack, &[format!("http://{addr}")], None);
+    let (_stack, worker) = one_task_through(addr).await;
 
     // Act
     let started = std::time::Instant::now();
