@@ -1,23 +1,34 @@
 //! The paid proxy tier's budget as one sandbox sees it: chunks of a run's budget reserved
-//! from its run item (one write per chunk, not per fetch); each paid fetch holds its most
-//! (a body and its hops) of them while it runs, so concurrency cannot spend past what was
-//! reserved; and what is left unspent goes back to the run at the end of each invocation, so
-//! a sandbox Lambda recycles strands none of it.
+//! from its run item under this sandbox's lease (one write per chunk, not per fetch); each
+//! paid fetch holds its most (a body and its hops) of them while it runs, so concurrency
+//! cannot spend past what was reserved; what is left unspent goes back to the run at the end
+//! of each invocation, and a sandbox that died before it did strands it only until its lease
+//! expires: another sandbox that finds the budget held then takes it back for the run.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::domain::spend::Reservation;
+use crate::domain::spend::{Lease, Reservation};
 use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
+/// How long a sandbox's lease on its reservations lasts past its latest one. The sandbox
+/// uses them for half of it at most, and a fetch or invocation lasts 15 minutes at most, so
+/// a lease expires only once its holder is done with it or dead.
+pub const LEASE: Duration = Duration::from_secs(30 * 60);
+
 /// How long a sandbox takes a refused reservation as the run's answer before asking again
-/// (an operator may raise the budget, another sandbox give some back).
+/// (an operator may raise the budget, another sandbox give some back), at most: never
+/// longer than a tenth of the lease.
 const RECHECK: Duration = Duration::from_secs(5);
+
+/// A sandbox looks for a run's expired leases (a Query of them) at most once every
+/// `1 / RECLAIM_EVERY` of a lease: every 3 minutes at the default.
+const RECLAIM_EVERY: u32 = 10;
 
 /// The most runs a sandbox keeps allowances for; past it, the spent ones are let go.
 const MOST_RUNS: usize = 1024;
@@ -38,21 +49,41 @@ pub fn chunk_of(budget: u64, cap: u64) -> u64 {
 }
 
 /// This sandbox's share of each run's paid-tier budget.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PaidAllowances {
-    runs: Mutex<HashMap<(Id, Id), Allowance>>,
+    /// This sandbox in its leases.
+    holder: String,
+    lease: Duration,
+    runs: Runs,
+    /// One reservation at a time: the fetches waiting for it take from what it brought.
+    asking: tokio::sync::Mutex<()>,
 }
 
+/// Each run's allowance, shared with the holds on it (a hold dropped unsettled ends itself).
+type Runs = Arc<Mutex<HashMap<(Id, Id), Allowance>>>;
+
+/// What this sandbox knows of its reservations of one run. The lease item is the account's
+/// record of them: a give-back settles what the lease says (its reserved bytes and the spend
+/// noted on it) and what this sandbox spent but could not note, never what it remembers
+/// having reserved, so a reservation whose answer was lost is given back all the same.
 #[derive(Debug, Default)]
 struct Allowance {
     /// Bytes reserved, neither held by a fetch nor spent (below 0: spent past its holds).
     left: i64,
-    /// Bytes spent here since the last give-back.
-    spent: u64,
+    /// Until when `left` may be held by new fetches: half the lease after its latest
+    /// reservation, so that no fetch outlives the lease.
+    usable_until: Option<Instant>,
+    /// A reservation was asked for since the last give-back: this sandbox may hold a lease.
+    leased: bool,
+    /// Bytes spent here that the lease does not know of (a note that failed, a fetch cut
+    /// off before it settled), for the give-back to count.
+    unnoted: u64,
     /// Paid fetches holding some of it now.
     holding: usize,
     /// The run refused a reservation (spent, or held elsewhere), until then at least.
     refused: Option<(Instant, Reservation)>,
+    /// When this sandbox last looked for the run's expired leases.
+    reclaimed: Option<Instant>,
 }
 
 /// What a paid fetch may do.
@@ -68,15 +99,58 @@ pub enum PaidTurn {
 }
 
 /// A paid fetch's hold on `cap` bytes of its run's allowance; [`PaidAllowances::settle`]
-/// ends it with what the fetch spent.
+/// ends it with what the fetch spent. Dropped unsettled (its record cut off at the
+/// invocation's end), it counts as having spent all of it: the fetch may have.
 #[derive(Debug)]
 #[must_use = "a hold is settled with what the fetch spent"]
 pub struct PaidHold {
     run: (Id, Id),
     cap: u64,
+    runs: Runs,
+    settled: bool,
+}
+
+impl Drop for PaidHold {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(
+                cap = self.cap,
+                "a paid fetch cut off before it settled counts its whole hold as spent"
+            );
+            release(&self.runs, &self.run, (self.cap, self.cap), true);
+        }
+    }
+}
+
+/// Ends a hold of `cap` of which `spent` was spent, in memory; `unnoted` when the lease will
+/// not hear of the spend.
+fn release(runs: &Runs, run: &(Id, Id), (cap, spent): (u64, u64), unnoted: bool) {
+    let mut runs = lock(runs);
+    let kept = runs.entry(run.clone()).or_default();
+    kept.left = kept.left.saturating_add(signed(cap) - signed(spent));
+    kept.holding = kept.holding.saturating_sub(1);
+    if unnoted {
+        kept.unnoted = kept.unnoted.saturating_add(spent);
+    }
+}
+
+impl Default for PaidAllowances {
+    fn default() -> Self {
+        Self::new(LEASE)
+    }
 }
 
 impl PaidAllowances {
+    /// A sandbox's allowances, its reservations leased for `lease` (a random holder name).
+    pub fn new(lease: Duration) -> Self {
+        Self {
+            holder: format!("{:032x}", fastrand::u128(..)),
+            lease,
+            runs: Runs::default(),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
     /// A hold on `cap` bytes for a paid fetch of `task`, from what this sandbox has reserved
     /// of the run's `budget` or can reserve now; else what the run's account says.
     pub async fn hold<S: SpendStore>(
@@ -92,8 +166,22 @@ impl PaidAllowances {
             if let Some(turn) = self.take(&run, cap) {
                 return Ok(turn);
             }
-            let answer = store.reserve_paid(&run.0, &run.1, chunk).await?;
-            self.reserved(&run, chunk, answer, budget);
+            let _asking = self.asking.lock().await;
+            if let Some(turn) = self.take(&run, cap) {
+                return Ok(turn);
+            }
+            let asked = Instant::now();
+            let lease = self.lease_from_now();
+            let keys = (&run.0, &run.1);
+            self.asks(&run);
+            let mut answer = store.reserve_paid(keys, &lease, chunk).await?;
+            if answer == Reservation::Held
+                && self.reclaims(&run)
+                && store.reclaim_paid(keys, epoch_ms()).await? > 0
+            {
+                answer = store.reserve_paid(keys, &lease, chunk).await?;
+            }
+            self.reserved(&run, (chunk, asked), answer, budget);
         }
         Ok(PaidTurn::Held)
     }
@@ -101,14 +189,17 @@ impl PaidAllowances {
     /// Takes `cap` from the run's allowance if it has that much, says no if the run refused
     /// lately, else `None`: a reservation is needed.
     fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidTurn> {
-        let mut runs = self.lock();
+        let mut runs = lock(&self.runs);
         let kept = runs.get_mut(run)?;
-        let most = i64::try_from(cap).unwrap_or(i64::MAX);
-        if kept.left >= most {
-            kept.left -= most;
+        if kept.usable() && kept.left >= signed(cap) {
+            kept.left -= signed(cap);
             kept.holding += 1;
-            let run = run.clone();
-            return Some(PaidTurn::Go(PaidHold { run, cap }));
+            return Some(PaidTurn::Go(PaidHold {
+                run: run.clone(),
+                cap,
+                runs: self.runs.clone(),
+                settled: false,
+            }));
         }
         match kept.refused.filter(|(until, _)| Instant::now() < *until)? {
             (_, Reservation::Spent) => Some(PaidTurn::Spent),
@@ -116,14 +207,54 @@ impl PaidAllowances {
         }
     }
 
-    fn reserved(&self, run: &(Id, Id), chunk: u64, answer: Reservation, budget: u64) {
-        let mut runs = self.lock();
-        if runs.len() >= MOST_RUNS {
-            runs.retain(|_, kept| kept.left != 0 || kept.holding > 0 || kept.spent > 0);
+    /// This sandbox's lease, from now.
+    fn lease_from_now(&self) -> Lease {
+        let length = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        Lease {
+            holder: self.holder.clone(),
+            expires_at_ms: epoch_ms().saturating_add(length),
         }
+    }
+
+    /// Notes, before the reservation is sent, that this sandbox may hold a lease on the run
+    /// from now on (its answer may be lost, or its record cut off, once it went through).
+    fn asks(&self, run: &(Id, Id)) {
+        let mut runs = lock(&self.runs);
+        if runs.len() >= MOST_RUNS {
+            runs.retain(|_, kept| kept.leased || kept.holding > 0 || kept.unnoted > 0);
+        }
+        runs.entry(run.clone()).or_default().leased = true;
+    }
+
+    /// Whether it is time to look for the run's expired leases (noted as looked for if so).
+    fn reclaims(&self, run: &(Id, Id)) -> bool {
+        let mut runs = lock(&self.runs);
+        let kept = runs.entry(run.clone()).or_default();
+        let every = self.lease / RECLAIM_EVERY;
+        if kept.reclaimed.is_some_and(|at| at.elapsed() < every) {
+            return false;
+        }
+        kept.reclaimed = Some(Instant::now());
+        true
+    }
+
+    fn reserved(
+        &self,
+        run: &(Id, Id),
+        (chunk, asked): (u64, Instant),
+        answer: Reservation,
+        budget: u64,
+    ) {
+        let mut runs = lock(&self.runs);
         let kept = runs.entry(run.clone()).or_default();
         if answer == Reservation::Granted {
-            kept.left += i64::try_from(chunk).unwrap_or(i64::MAX);
+            // What was left past its usable time is not used again: its lease may have been
+            // taken back meanwhile (the give-back settles it from the lease either way).
+            if !kept.usable() {
+                kept.left = kept.left.min(0);
+            }
+            kept.left += signed(chunk);
+            kept.usable_until = Some(asked + self.lease / 2);
             kept.refused = None;
         } else {
             tracing::info!(
@@ -131,52 +262,73 @@ impl PaidAllowances {
                 ?answer,
                 "the run's paid-tier budget is reserved to the end"
             );
-            kept.refused = Some((Instant::now() + RECHECK, answer));
+            let recheck = RECHECK.min(self.lease / RECLAIM_EVERY);
+            kept.refused = Some((Instant::now() + recheck, answer));
         }
     }
 
     /// Ends `hold`: the fetch spent `bytes` through the paid tier; the rest of its hold is
-    /// this sandbox's again.
-    pub fn settle(&self, hold: PaidHold, bytes: u64) {
-        let unspent =
-            i64::try_from(hold.cap).unwrap_or(i64::MAX) - i64::try_from(bytes).unwrap_or(i64::MAX);
-        let mut runs = self.lock();
-        let kept = runs.entry(hold.run).or_default();
-        kept.left = kept.left.saturating_add(unspent);
-        kept.spent = kept.spent.saturating_add(bytes);
-        kept.holding = kept.holding.saturating_sub(1);
+    /// this sandbox's again. The spend is noted on this sandbox's lease; a note that fails
+    /// is kept here for the give-back.
+    pub async fn settle<S: SpendStore>(&self, store: &S, mut hold: PaidHold, bytes: u64) {
+        hold.settled = true;
+        let (job, run) = &hold.run;
+        let noted = store.note_paid((job, run), &self.holder, bytes).await;
+        if let Err(err) = &noted {
+            tracing::warn!(error = %err, bytes, "paid-tier spend not noted on the lease yet");
+        }
+        release(&self.runs, &hold.run, (hold.cap, bytes), noted.is_err());
     }
 
-    /// Gives what this sandbox reserved and did not spend back to each run no fetch here
-    /// holds any of now (at the end of an invocation: a sandbox is frozen or recycled only
-    /// between them). A give-back that fails is kept here for the next.
+    /// Settles and ends this sandbox's lease on each run no fetch here holds any of now (at
+    /// the end of an invocation: a sandbox is frozen or recycled only between them): the
+    /// run gets back what the lease reserved and was not spent. A give-back that fails is
+    /// asked again at the next.
     pub async fn give_back<S: SpendStore>(&self, store: &S) {
-        let settled: Vec<((Id, Id), (u64, u64))> = {
-            let mut runs = self.lock();
+        let due: Vec<((Id, Id), u64)> = {
+            let mut runs = lock(&self.runs);
             runs.iter_mut()
-                .filter(|(_, kept)| kept.holding == 0 && (kept.left > 0 || kept.spent > 0))
+                .filter(|(_, kept)| kept.holding == 0 && (kept.leased || kept.unnoted > 0))
                 .map(|(run, kept)| {
-                    let unspent = u64::try_from(std::mem::take(&mut kept.left)).unwrap_or(0);
-                    (run.clone(), (unspent, std::mem::take(&mut kept.spent)))
+                    (kept.left, kept.usable_until, kept.leased) = (0, None, false);
+                    (run.clone(), std::mem::take(&mut kept.unnoted))
                 })
                 .collect()
         };
-        for (run, (unspent, spent)) in settled {
-            if let Err(err) = store.return_paid(&run.0, &run.1, (unspent, spent)).await {
-                tracing::warn!(error = %err, unspent, "paid-tier bytes not settled yet");
-                let mut runs = self.lock();
+        for (run, unnoted) in due {
+            let keys = (&run.0, &run.1);
+            if let Err(err) = store.return_paid(keys, &self.holder, unnoted).await {
+                tracing::warn!(error = %err, unnoted, "paid-tier lease not settled yet");
+                let mut runs = lock(&self.runs);
                 let kept = runs.entry(run).or_default();
-                kept.left = kept
-                    .left
-                    .saturating_add(i64::try_from(unspent).unwrap_or(i64::MAX));
-                kept.spent = kept.spent.saturating_add(spent);
+                kept.leased = true;
+                kept.unnoted = kept.unnoted.saturating_add(unnoted);
             }
         }
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Id, Id), Allowance>> {
-        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+impl Allowance {
+    fn usable(&self) -> bool {
+        self.usable_until
+            .is_some_and(|until| Instant::now() < until)
     }
+}
+
+fn lock(runs: &Runs) -> std::sync::MutexGuard<'_, HashMap<(Id, Id), Allowance>> {
+    runs.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// Now, in milliseconds since the epoch (leases are compared across sandboxes' clocks).
+fn epoch_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -185,11 +337,17 @@ mod tests {
     use crate::domain::model::Counting;
     use crate::domain::spend::Spend;
 
-    /// A run's account as the run item keeps it: reserved and spent against a budget.
+    /// A run's account as the run item keeps it: reserved and spent against a budget, and
+    /// the sandboxes' leases (holder: reserved, noted spent, expiry).
     struct Account {
         budget: u64,
         /// Reserved, and given back as spent.
         books: Mutex<(u64, u64)>,
+        leases: Mutex<HashMap<String, (u64, u64, u64)>>,
+        /// Faults to play: reservations applied but answered with an error (a lost
+        /// answer), give-backs refused.
+        lose_answers: std::sync::atomic::AtomicBool,
+        refuse_returns: std::sync::atomic::AtomicBool,
     }
 
     impl Account {
@@ -197,11 +355,35 @@ mod tests {
             Self {
                 budget,
                 books: Mutex::new((0, 0)),
+                leases: Mutex::default(),
+                lose_answers: false.into(),
+                refuse_returns: false.into(),
+            }
+        }
+
+        fn fault(flag: &std::sync::atomic::AtomicBool) -> bool {
+            flag.load(std::sync::atomic::Ordering::Relaxed)
+        }
+
+        fn lost() -> AwsError {
+            AwsError::Conflict {
+                detail: "no answer".into(),
             }
         }
 
         fn books(&self) -> (u64, u64) {
             *self.books.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64, u64)>> {
+            self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// A lease of `reserved` bytes settled, `spent` of them (or more) spent.
+        fn settled(&self, (reserved, spent): (u64, u64)) {
+            let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
+            books.0 = (books.0 + spent).saturating_sub(reserved);
+            books.1 += spent;
         }
     }
 
@@ -216,29 +398,69 @@ mod tests {
             Ok(())
         }
 
-        async fn reserve_paid(&self, _: &Id, _: &Id, chunk: u64) -> Result<Reservation, AwsError> {
+        async fn reserve_paid(
+            &self,
+            _: (&Id, &Id),
+            lease: &Lease,
+            chunk: u64,
+        ) -> Result<Reservation, AwsError> {
             tokio::task::yield_now().await; // others race in between
             let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
-            Ok(match *books {
+            let answer = match *books {
                 (reserved, _) if reserved < self.budget => {
                     books.0 += chunk;
+                    let mut leases = self.leases();
+                    let held = leases.entry(lease.holder.clone()).or_default();
+                    (held.0, held.2) = (held.0 + chunk, lease.expires_at_ms);
                     Reservation::Granted
                 }
                 (_, spent) if spent < self.budget => Reservation::Held,
                 _ => Reservation::Spent,
-            })
+            };
+            match Self::fault(&self.lose_answers) {
+                true => Err(Self::lost()),
+                false => Ok(answer),
+            }
+        }
+
+        async fn note_paid(&self, _: (&Id, &Id), holder: &str, bytes: u64) -> Result<(), AwsError> {
+            match self.leases().get_mut(holder) {
+                Some(held) => held.1 += bytes,
+                None => {
+                    return Err(AwsError::Refused {
+                        detail: "no lease".into(),
+                    });
+                }
+            }
+            Ok(())
         }
 
         async fn return_paid(
             &self,
-            _: &Id,
-            _: &Id,
-            (unspent, spent): (u64, u64),
+            _: (&Id, &Id),
+            holder: &str,
+            unnoted: u64,
         ) -> Result<(), AwsError> {
-            let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
-            books.0 = books.0.saturating_sub(unspent);
-            books.1 += spent;
+            if Self::fault(&self.refuse_returns) {
+                return Err(Self::lost());
+            }
+            let (reserved, noted, _) = self.leases().remove(holder).unwrap_or_default();
+            self.settled((reserved, noted + unnoted));
             Ok(())
+        }
+
+        async fn reclaim_paid(&self, _: (&Id, &Id), now_ms: u64) -> Result<usize, AwsError> {
+            let mut leases = self.leases();
+            let expired: Vec<String> = leases
+                .iter()
+                .filter(|(_, held)| held.2 < now_ms)
+                .map(|(holder, _)| holder.clone())
+                .collect();
+            for holder in &expired {
+                let (reserved, spent, _) = leases.remove(holder).unwrap_or_default();
+                self.settled((reserved, spent));
+            }
+            Ok(expired.len())
         }
     }
 
@@ -265,7 +487,7 @@ mod tests {
                     return None;
                 };
                 tokio::task::yield_now().await;
-                paid.settle(hold, cap);
+                paid.settle(&account, hold, cap).await;
                 Some(cap)
             })
         });
@@ -289,13 +511,13 @@ mod tests {
         let PaidTurn::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
             panic!("a hold on a fresh budget");
         };
-        first.settle(hold, 1_000);
+        first.settle(&account, hold, 1_000).await;
 
         // Act
         first.give_back(&account).await;
         let mut held = 0;
         while let PaidTurn::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap() {
-            second.settle(hold, cap);
+            second.settle(&account, hold, cap).await;
             held += cap;
         }
         let busy = PaidAllowances::default()
@@ -315,6 +537,139 @@ mod tests {
         assert_eq!(account.books(), (held + 1_000, held + 1_000));
         assert!(matches!(busy.unwrap(), PaidTurn::Held));
         assert!(matches!(spent.unwrap(), PaidTurn::Spent));
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_that_dies_holding_reservations_strands_them_only_until_its_lease_ends() {
+        // Arrange: a budget of two fetches, leases of 200 ms; a sandbox spends 1,000 bytes
+        // of one hold, takes the rest of the budget for a second, and dies in that fetch.
+        let (budget, cap, lease) = (128 << 10, 64 << 10, Duration::from_millis(200));
+        let account = Account::new(budget);
+        let dead = PaidAllowances::new(lease);
+        let go = |turn: Result<PaidTurn, AwsError>| match turn.unwrap() {
+            PaidTurn::Go(hold) => hold,
+            turn => panic!("{turn:?}"),
+        };
+        let first = go(dead.hold(&account, &task(), budget, cap).await);
+        dead.settle(&account, first, 1_000).await;
+        let _in_flight = go(dead.hold(&account, &task(), budget, cap).await);
+        let other = PaidAllowances::new(lease);
+
+        // Act: another sandbox asks while the lease lasts, and after.
+        let during = other.hold(&account, &task(), budget, cap).await.unwrap();
+        tokio::time::sleep(lease + Duration::from_millis(50)).await;
+        let mut spent = 0;
+        while let PaidTurn::Go(hold) = other.hold(&account, &task(), budget, cap).await.unwrap() {
+            other.settle(&account, hold, cap).await;
+            spent += cap;
+        }
+        other.give_back(&account).await;
+
+        // Assert: held while the lease lasted; then the rest of the budget was the other's
+        // (the dead sandbox's noted 1,000 bytes stay spent, its fetch in flight is the one
+        // cap the run may spend past its budget).
+        assert!(matches!(during, PaidTurn::Held), "{during:?}");
+        assert_eq!(spent, budget);
+        assert_eq!(account.books(), (spent + 1_000, spent + 1_000));
+    }
+
+    fn go(turn: Result<PaidTurn, AwsError>) -> PaidHold {
+        match turn {
+            Ok(PaidTurn::Go(hold)) => hold,
+            turn => panic!("{turn:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reservation_whose_answer_was_lost_is_given_back_all_the_same() {
+        // Arrange: the account takes the reservation but its answer never comes back.
+        let (budget, cap) = (1 << 20, 64 << 10);
+        let account = Account::new(budget);
+        let sandbox = PaidAllowances::default();
+        account
+            .lose_answers
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+
+        // Act
+        let turn = sandbox.hold(&account, &task(), budget, cap).await;
+        sandbox.give_back(&account).await;
+
+        // Assert: the fetch did not go, and nothing stays reserved.
+        assert!(turn.is_err(), "{turn:?}");
+        assert_eq!(account.books(), (0, 0));
+        assert!(account.leases().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_hold_dropped_before_it_settled_counts_as_spent_in_full() {
+        // Arrange
+        let (budget, cap) = (1 << 20, 64 << 10);
+        let account = Account::new(budget);
+        let sandbox = PaidAllowances::default();
+        let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
+        sandbox.settle(&account, settled, 1_000).await;
+
+        // Act: a fetch cut off with its record at the invocation's end.
+        drop(go(sandbox.hold(&account, &task(), budget, cap).await));
+        sandbox.give_back(&account).await;
+
+        // Assert: what may have been spent is spent; the rest of the chunk went back.
+        assert_eq!(account.books(), (1_000 + cap, 1_000 + cap));
+    }
+
+    #[tokio::test]
+    async fn a_fetch_that_spent_past_its_hold_is_counted_reserved_as_spent() {
+        // Arrange
+        let (budget, cap) = (1 << 20, 64 << 10);
+        let account = Account::new(budget);
+        let sandbox = PaidAllowances::default();
+        let hold = go(sandbox.hold(&account, &task(), budget, cap).await);
+
+        // Act: the wire carried more than the hold (headers, TLS, a relay's read-ahead).
+        let chunk = chunk_of(budget, cap);
+        sandbox.settle(&account, hold, chunk + 500).await;
+        sandbox.give_back(&account).await;
+
+        // Assert
+        assert_eq!(account.books(), (chunk + 500, chunk + 500));
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_whose_lease_was_taken_back_does_not_spend_what_it_had_left() {
+        // Arrange: a sandbox reserves a chunk of four fetches, spends a little of one,
+        // cannot give back, and sleeps past its lease, which another sandbox takes back.
+        let (budget, cap, lease) = (1 << 20, 16 << 10, Duration::from_millis(200));
+        let (account, chunk) = (Account::new(budget), chunk_of(budget, cap));
+        let sleeper = PaidAllowances::new(lease);
+        let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
+        sleeper.settle(&account, hold, 1_000).await;
+        let refuse = |on: bool| {
+            account
+                .refuse_returns
+                .store(on, std::sync::atomic::Ordering::Relaxed)
+        };
+        refuse(true);
+        sleeper.give_back(&account).await;
+        refuse(false);
+        tokio::time::sleep(lease + Duration::from_millis(50)).await;
+        let run = (&task().job_id, &task().run_id);
+        assert_eq!(account.reclaim_paid(run, epoch_ms()).await.unwrap(), 1);
+
+        // Act: the sleeper wakes and fetches until it must reserve a second chunk.
+        let first = account.books().0;
+        let mut holds = 0;
+        while account.books().0 <= first + chunk {
+            let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
+            sleeper.settle(&account, hold, cap).await;
+            holds += 1;
+        }
+        sleeper.give_back(&account).await;
+
+        // Assert: the chunk it had left before it slept was not used again; every byte
+        // spent came from a reservation the account knows of.
+        assert_eq!(holds, chunk / cap + 1);
+        let (reserved, spent) = account.books();
+        assert_eq!((reserved, spent), (spent, 1_000 + holds * cap));
     }
 
     #[test]

@@ -9,9 +9,10 @@ use sha2::{Digest, Sha256};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
+use crate::domain::refresh::Validators;
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
-use crate::ports::results::{NewResult, Put, ResultStore};
+use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
 use crate::retry::{FINISH_THROTTLED, Patience};
 
@@ -91,6 +92,52 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
                 Converged::Succeeded { .. } => Converged::Succeeded { adopted },
                 other => other,
             })
+    }
+
+    /// Carries a refresh task's earlier result forward on a `304 Not Modified`: copied to the
+    /// task's key (the first object stored there wins, as for a page; a later writer adopts
+    /// it) and the task finished as successful with it. `None` when the earlier object changed
+    /// since it was checked (nothing was copied).
+    #[tracing::instrument(skip_all, fields(%key))]
+    pub async fn carry_forward(
+        &self,
+        task: &TaskRef,
+        key: &ResultKey,
+        earlier: &Earlier,
+        page: &Page,
+    ) -> Result<Option<Converged>, AwsError> {
+        let validators = confirmed(&earlier.stored.validators, &page.validators);
+        let carried = Carried {
+            key,
+            earlier,
+            url: &page.url,
+            validators: &validators,
+            fetched_at: SystemTime::now(),
+        };
+        let copied = self
+            .patience
+            .retry(|| self.results.carry_if_absent(carried));
+        let (stored, adopted) = match copied.await? {
+            Copied::Stored => {
+                let stored = StoredResult {
+                    key: key.clone(),
+                    validators,
+                    not_modified: true,
+                    ..earlier.stored.clone()
+                };
+                (stored, false)
+            }
+            Copied::AlreadyThere => match self.results.describe(key).await? {
+                Some(stored) => (stored, true),
+                None => return Ok(None),
+            },
+            Copied::EarlierChanged => return Ok(None),
+        };
+        let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
+        Ok(Some(match converged {
+            Converged::Succeeded { .. } => Converged::Succeeded { adopted },
+            other => other,
+        }))
     }
 
     /// Finishes the task as failed, unless an earlier delivery already stored its page: a
@@ -209,5 +256,16 @@ fn described(key: &ResultKey, page: &Page, sha256: &str) -> StoredResult {
         http_status: page.http_status,
         content_type: page.content_type.clone(),
         final_url: page.final_url.clone(),
+        validators: page.validators.clone(),
+        not_modified: false,
+    }
+}
+
+/// The validators a carried-forward result keeps: those the 304 sent (RFC 9111 4.3.4
+/// updates the stored response with them), the earlier ones where it sent none.
+fn confirmed(earlier: &Validators, answered: &Validators) -> Validators {
+    Validators {
+        etag: answered.etag.clone().or_else(|| earlier.etag.clone()),
+        last_modified: (answered.last_modified.clone()).or_else(|| earlier.last_modified.clone()),
     }
 }

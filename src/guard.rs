@@ -11,6 +11,7 @@ use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, TaskStatus};
+use crate::domain::refresh::Prior;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::{Claim, Lease, TaskStore};
 use crate::retry::Patience;
@@ -27,8 +28,13 @@ pub struct Wanted {
 /// What the guard's reads let through.
 #[derive(Debug)]
 pub enum Checked {
-    /// Work is wanted: fetch `url` (after the claim).
-    Wanted { url: Option<String>, wanted: Wanted },
+    /// Work is wanted: fetch `url` (after the claim), asking whether it changed since
+    /// `prior` when the task refreshes an earlier result.
+    Wanted {
+        url: Option<String>,
+        prior: Option<Prior>,
+        wanted: Wanted,
+    },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
 }
@@ -43,6 +49,7 @@ pub enum Admission {
         redelivery: bool,
         attempts: u32,
         url: Option<String>,
+        prior: Option<Prior>,
     },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
@@ -66,6 +73,7 @@ pub async fn check<S: TaskStore>(
     Ok(match parents.wanted(store, task).await? {
         Ok(wanted) => Checked::Wanted {
             url: current.url,
+            prior: current.prior,
             wanted,
         },
         Err(why) => Checked::Skipped(Outcome::NotWanted(why)),
@@ -83,12 +91,18 @@ pub async fn claim<S: TaskStore>(
 ) -> Result<Admission, AwsError> {
     Ok(
         match patience.retry(|| store.claim(task, now, lease)).await? {
-            Claim::Claimed { attempts, was, url } => {
+            Claim::Claimed {
+                attempts,
+                was,
+                url,
+                prior,
+            } => {
                 tracing::debug!(attempts, was = was.as_str(), "claimed");
                 Admission::Admitted {
                     redelivery: was == TaskStatus::Processing,
                     attempts,
                     url,
+                    prior,
                 }
             }
             Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),

@@ -13,7 +13,7 @@ async fn main() -> Result<(), Error> {
         Ok(config) => config,
         Err(err) => return Err(aws::fail_init("ConfigError", err).await),
     };
-    let sdk = aws::sdk_config(aws::Trust::CompiledIn).await;
+    let sdk = aws::SharedSdk::load(aws::Trust::CompiledIn);
     let secret = match aws::proxy_secret(&config, &sdk).await {
         Ok(secret) => secret,
         Err(err) => return Err(aws::fail_init("ProxySecretError", err).await),
@@ -24,8 +24,9 @@ async fn main() -> Result<(), Error> {
     };
     let limits = BatchLimits::from(&config);
     let metrics = &MetricsSettings::from(&config);
-    let worker = &worker;
+    let (worker, sdk) = (&worker, &sdk);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
+        sdk.ready().await;
         Ok::<_, Error>(aws::handle(worker, limits, metrics, event).await)
     }))
     .await

@@ -26,6 +26,9 @@ pub struct MetricsSettings {
 pub struct Measures {
     fetch_ms: Mutex<Vec<f64>>,
     bytes_stored: AtomicU64,
+    /// Pages not modified (`304`), and the bytes of the earlier results carried forward.
+    not_modified: AtomicU64,
+    bytes_not_fetched: AtomicU64,
     /// Writes that met a concurrent change and were tried again (`retry::Patience`).
     pub conflicts: AtomicU64,
     pub polite: PoliteMeasures,
@@ -58,6 +61,12 @@ impl Measures {
         self.bytes_stored.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// A page was not modified: its earlier result of this size was carried forward.
+    pub fn not_modified(&self, bytes: u64) {
+        self.not_modified.fetch_add(1, Ordering::Relaxed);
+        self.bytes_not_fetched.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// A fetch spent this through proxies.
     pub fn spent(&self, spend: &Spend) {
         let mut all = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
@@ -66,11 +75,27 @@ impl Measures {
 }
 
 /// The metrics of each proxy tier, by tier (static names, as EMF wants them).
-const TIER_METRICS: [(&str, &str); MAX_TIERS] = [
-    ("ProxyRequestsTier1", "ProxyBytesTier1"),
-    ("ProxyRequestsTier2", "ProxyBytesTier2"),
-    ("ProxyRequestsTier3", "ProxyBytesTier3"),
-    ("ProxyRequestsTier4", "ProxyBytesTier4"),
+const TIER_METRICS: [(&str, &str, &str); MAX_TIERS] = [
+    (
+        "ProxyRequestsTier1",
+        "ProxyBytesTier1",
+        "ProxyWireBytesTier1",
+    ),
+    (
+        "ProxyRequestsTier2",
+        "ProxyBytesTier2",
+        "ProxyWireBytesTier2",
+    ),
+    (
+        "ProxyRequestsTier3",
+        "ProxyBytesTier3",
+        "ProxyWireBytesTier3",
+    ),
+    (
+        "ProxyRequestsTier4",
+        "ProxyBytesTier4",
+        "ProxyWireBytesTier4",
+    ),
 ];
 
 /// What one invocation did, by the ack contract.
@@ -91,6 +116,10 @@ pub struct Tally {
     pub retried: u64,
     pub fetch_ms: Vec<f64>,
     pub bytes_stored: u64,
+    /// Pages a site said were not modified (`304`), their earlier results carried forward,
+    /// and those results' bytes: what was not fetched again.
+    pub not_modified: u64,
+    pub bytes_not_fetched: u64,
     /// Writes that met a concurrent change (a DynamoDB transaction in flight on the same
     /// item, S3's 409) and were tried again.
     pub conflicts: u64,
@@ -115,6 +144,8 @@ impl Tally {
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner),
             bytes_stored: measures.bytes_stored.into_inner(),
+            not_modified: measures.not_modified.into_inner(),
+            bytes_not_fetched: measures.bytes_not_fetched.into_inner(),
             conflicts: measures.conflicts.into_inner(),
             polite_slept_ms: measures.polite.slept_ms.into_inner(),
             host_cooldowns: measures.polite.cooldowns.into_inner(),
@@ -174,17 +205,20 @@ impl Tally {
             ("HostCooldowns", self.host_cooldowns),
             ("RobotsFetches", self.robots_fetches),
             ("RobotsDisallowed", self.robots_disallowed),
+            ("NotModified", self.not_modified),
         ];
         let mut first = vec![
             ("BytesStored", "Bytes", json!(self.bytes_stored)),
+            ("BytesNotFetched", "Bytes", json!(self.bytes_not_fetched)),
             ("PoliteWait", "Milliseconds", json!(self.polite_slept_ms)),
         ];
         first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
         for (tier, spend) in self.spend.spent() {
             // `spent` yields tiers 1 to MAX_TIERS: always an index of the table.
-            let (requests, bytes) = TIER_METRICS[tier - 1];
+            let (requests, bytes, wire) = TIER_METRICS[tier - 1];
             first.push((requests, "Count", json!(spend.requests)));
             first.push((bytes, "Bytes", json!(spend.bytes)));
+            first.push((wire, "Bytes", json!(spend.wire_bytes)));
         }
         let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
         if let Some(chunk) = latencies.next() {
@@ -251,6 +285,7 @@ mod tests {
     use super::*;
     use crate::contract::NotWanted;
     use crate::domain::message::Poison;
+    use crate::domain::spend::TierSpend;
 
     fn settings() -> MetricsSettings {
         MetricsSettings {
@@ -358,9 +393,15 @@ mod tests {
             .fetch_add(1, Ordering::Relaxed);
 
         let mut spend = Spend::default();
-        spend.add(2, 2, 300);
+        let spent = TierSpend {
+            requests: 2,
+            bytes: 300,
+            wire_bytes: 120,
+        };
+        spend.add(2, spent);
         measures.spent(&spend);
         measures.spent(&spend);
+        measures.not_modified(2048);
 
         let tally = Tally::of(&outcomes, measures);
 
@@ -374,6 +415,8 @@ mod tests {
             retried: 2,
             fetch_ms: vec![120.0],
             bytes_stored: 36,
+            not_modified: 1,
+            bytes_not_fetched: 2048,
             conflicts: 3,
             polite_holds: 2,
             polite_slept_ms: 250,
@@ -386,7 +429,10 @@ mod tests {
         let document = &tally.documents(&settings(), "r", SystemTime::UNIX_EPOCH)[0];
         assert_eq!(document["ProxyBytesTier2"], 600);
         assert_eq!(document["ProxyRequestsTier2"], 4);
+        assert_eq!(document["ProxyWireBytesTier2"], 240);
         assert!(document.get("ProxyBytesTier1").is_none());
+        assert_eq!(document["NotModified"], 1);
+        assert_eq!(document["BytesNotFetched"], 2048);
     }
 
     #[test]

@@ -40,6 +40,7 @@ impl From<&Config> for FetchSettings {
             proxies: config.proxies.clone(),
             proxy_session: config.proxy_session,
             proxy_refuses_private: config.proxy_refuses_private,
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -69,6 +70,7 @@ impl From<&Config> for RecordSettings {
             politeness: config.politeness.clone(),
             proxy_tiers: config.proxies.len(),
             paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes, config.max_redirects),
+            paid_lease: crate::budget::LEASE,
         }
     }
 }

@@ -20,8 +20,9 @@ pub type ContentType = Bounded<512>;
 /// A URL a page led to (after redirects). Browsers and CDNs stop at about 8 KB; 2 KB keeps
 /// the task item small.
 pub type UrlText = Bounded<2048>;
-/// A URL in S3 user metadata, which S3 caps at 2 KB for all its keys and values together.
-pub type MetadataUrl = Bounded<800>;
+/// A URL in S3 user metadata, which S3 caps at 2 KB for all its keys and values together
+/// (an object has two, beside its SHA-256, validators and where it was refreshed from).
+pub type MetadataUrl = Bounded<560>;
 /// Why a task failed, as written on the task.
 pub type Reason = Bounded<1024>;
 

@@ -164,10 +164,24 @@ impl QuarantineKey {
         Self(format!("{prefix}{safe}.json"))
     }
 
+    /// The key a replayed message was quarantined under before (its
+    /// [`REPLAYED_FROM`] attribute), if it is one this prefix's keys could be: a poison body
+    /// replayed again lands on the same object, never beside it.
+    pub fn replayed(prefix: &str, key: &str) -> Option<Self> {
+        let id = key.strip_prefix(prefix)?.strip_suffix(".json")?;
+        let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        let fits = !id.is_empty() && id.len() <= MAX_ID_LEN && id.chars().all(plain);
+        fits.then(|| Self(key.to_owned()))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
+
+/// The message attribute `conveyor-ops replay-quarantine` names a replayed body's
+/// quarantine object by.
+pub const REPLAYED_FROM: &str = "conveyor-quarantine-key";
 
 #[cfg(test)]
 mod tests {
@@ -188,6 +202,24 @@ mod tests {
         );
         for bad in ["a#b", "a/b", "a b", "é", "a\0", "a:b"] {
             assert_eq!(Id::parse(bad), Err(IdError::BadCharacter), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_replayed_messages_key_is_kept_only_if_this_prefix_could_have_made_it() {
+        let key = |k| QuarantineKey::replayed("quarantine/", k).map(|k| k.0);
+        assert_eq!(
+            key("quarantine/0b1c-9f.json").as_deref(),
+            Some("quarantine/0b1c-9f.json")
+        );
+        for bad in [
+            "quarantine/../x.json",
+            "other/a.json",
+            "quarantine/a/b.json",
+            "quarantine/.json",
+            "quarantine/a",
+        ] {
+            assert_eq!(key(bad), None, "{bad}");
         }
     }
 

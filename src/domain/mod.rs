@@ -1,5 +1,5 @@
 //! The types every step shares, free of AWS: ids, the message body, tasks and their ends,
-//! a host's limits and their rule, bounded text and time.
+//! a host's limits and their rule, a refresh's earlier result, bounded text and time.
 
 pub mod bounds;
 pub mod ids;
@@ -7,5 +7,6 @@ pub mod limits;
 pub mod message;
 pub mod model;
 pub mod proxy;
+pub mod refresh;
 pub mod spend;
 pub mod time;

@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::domain::bounds::{ContentType, Reason, UrlText};
 use crate::domain::ids::{Id, ResultKey};
+use crate::domain::refresh::{Prior, Validators};
 
 /// A task's lifecycle: `pending -> processing -> successful | failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,8 @@ pub struct Task {
     pub status: TaskStatus,
     /// As the producer wrote it; checked by the scraper, not here.
     pub url: Option<String>,
+    /// A refresh task's earlier result, when the producer gave a whole and valid one.
+    pub prior: Option<Prior>,
 }
 
 /// The statuses of a task's job and run (`None`: the item is gone), and how the run counts
@@ -152,6 +155,8 @@ impl ShardSizes {
 }
 
 /// A page as fetched: the bytes exactly as served, with what the response said of them.
+/// A `304 Not Modified` to a conditional request is a page too, with no body: the earlier
+/// result is the page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
     /// The URL as requested, normalised (ASCII).
@@ -160,6 +165,18 @@ pub struct Page {
     pub final_url: UrlText,
     pub content_type: ContentType,
     pub body: Bytes,
+    /// The response's `ETag` and `Last-Modified`, where valid.
+    pub validators: Validators,
+}
+
+/// The status of a response that says the earlier result still stands.
+pub const NOT_MODIFIED: u16 = 304;
+
+impl Page {
+    /// A `304 Not Modified`: the site confirmed the earlier result.
+    pub fn not_modified(&self) -> bool {
+        self.http_status == NOT_MODIFIED
+    }
 }
 
 /// A result object as it stands in S3, whoever stored it.
@@ -171,6 +188,10 @@ pub struct StoredResult {
     pub http_status: u16,
     pub content_type: ContentType,
     pub final_url: UrlText,
+    /// The validators of the response it was stored from (or confirmed by).
+    pub validators: Validators,
+    /// Carried forward from an earlier result on a `304 Not Modified`: nothing was fetched.
+    pub not_modified: bool,
 }
 
 /// Why a task failed, as written on the task.
@@ -186,6 +207,7 @@ impl StoredResult {
         Self {
             content_type: ContentType::default(),
             final_url: UrlText::default(),
+            validators: Validators::default(),
             ..self.clone()
         }
     }

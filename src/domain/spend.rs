@@ -1,4 +1,5 @@
-//! What fetching through proxies costs: requests and bytes received, per proxy tier.
+//! What fetching through proxies costs: requests, and bytes received and on the wire, per
+//! proxy tier.
 
 /// The most proxy tiers `PROXY_URLS` may name.
 pub const MAX_TIERS: usize = 4;
@@ -14,16 +15,40 @@ pub enum Reservation {
     Held,
 }
 
-/// Requests sent and body bytes received through one tier.
+/// A sandbox's lease on the paid-tier bytes it reserved of a run: whose they are, and until
+/// when (milliseconds since the epoch) they count as held. Past that, a sandbox that finds
+/// the budget held may take them back for the run: a sandbox that died holding them strands
+/// them no longer than that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The sandbox, as its allowances name it (random per cold start).
+    pub holder: String,
+    pub expires_at_ms: u64,
+}
+
+/// Requests sent and bytes through one tier: `bytes` of bodies received (decoded, as the
+/// pages are stored), `wire_bytes` as the proxy carried them both ways (request and answer
+/// heads, bodies as sent, CONNECT and TLS): what providers bill.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierSpend {
     pub requests: u64,
     pub bytes: u64,
+    pub wire_bytes: u64,
 }
 
 impl TierSpend {
     pub fn is_zero(&self) -> bool {
-        self.requests == 0 && self.bytes == 0
+        *self == Self::default()
+    }
+
+    /// What the paid tier's budget is charged: the wire bytes, or where none were counted
+    /// (no relay saw the connection), the body bytes.
+    pub fn billed(&self) -> u64 {
+        if self.wire_bytes > 0 {
+            self.wire_bytes
+        } else {
+            self.bytes
+        }
     }
 }
 
@@ -35,12 +60,13 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// Adds one request's bytes to `tier` (1-based); a tier past [`MAX_TIERS`] is ignored
-    /// (config refuses it).
-    pub fn add(&mut self, tier: usize, requests: u64, bytes: u64) {
+    /// Adds `spent` to `tier` (1-based); a tier past [`MAX_TIERS`] is ignored (config
+    /// refuses it).
+    pub fn add(&mut self, tier: usize, spent: TierSpend) {
         if let Some(spend) = tier.checked_sub(1).and_then(|i| self.tiers.get_mut(i)) {
-            spend.requests += requests;
-            spend.bytes += bytes;
+            spend.requests += spent.requests;
+            spend.bytes += spent.bytes;
+            spend.wire_bytes += spent.wire_bytes;
         }
     }
 
@@ -66,7 +92,7 @@ impl Spend {
     /// Both spends together.
     pub fn plus(mut self, other: &Spend) -> Spend {
         for (tier, spend) in other.spent() {
-            self.add(tier, spend.requests, spend.bytes);
+            self.add(tier, spend);
         }
         self
     }
@@ -79,22 +105,23 @@ mod tests {
     #[test]
     fn spend_adds_up_by_tier_and_ignores_tiers_that_cannot_be() {
         let mut spend = Spend::default();
+        let spent = |requests, bytes, wire_bytes| TierSpend {
+            requests,
+            bytes,
+            wire_bytes,
+        };
 
-        spend.add(1, 1, 100);
-        spend.add(2, 1, 50);
-        spend.add(1, 1, 10);
-        spend.add(0, 1, 1);
-        spend.add(MAX_TIERS + 1, 1, 1);
+        spend.add(1, spent(1, 100, 40));
+        spend.add(2, spent(1, 50, 0));
+        spend.add(1, spent(1, 10, 5));
+        spend.add(0, spent(1, 1, 1));
+        spend.add(MAX_TIERS + 1, spent(1, 1, 1));
 
-        assert_eq!(
-            spend.tier(1),
-            TierSpend {
-                requests: 2,
-                bytes: 110
-            }
-        );
+        assert_eq!(spend.tier(1), spent(2, 110, 45));
         assert_eq!(spend.spent().count(), 2);
         assert_eq!(spend.plus(&spend).tier(2).bytes, 100);
         assert!(Spend::default().is_zero());
+        assert_eq!(spend.tier(1).billed(), 45, "the wire, where it was counted");
+        assert_eq!(spend.tier(2).billed(), 50);
     }
 }

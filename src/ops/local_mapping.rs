@@ -12,9 +12,14 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::Message;
 
-use crate::batch::{BatchLimits, ProcessRecord, process_batch};
+use crate::batch::{BatchLimits, ProcessRecord, run_batch};
+use crate::metrics::Tally;
+use crate::ops::count;
 use crate::ports::error::AwsError;
 use crate::store::sqs::{SqsQueue, to_record};
+
+/// How long every SQS call may fail before a watched mapping gives up, by default.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(120);
 
 /// How the mapping polls and invokes.
 #[derive(Debug, Clone)]
@@ -41,8 +46,17 @@ pub struct MappingStats {
     pub retried: AtomicU64,
     /// SQS calls of the mapping itself that failed (it carries on, as Lambda's does).
     pub sqs_errors: AtomicU64,
+    /// Since when every SQS call has failed, and the last failure, while they do.
+    pub failing: Mutex<Option<(Instant, String)>>,
     /// Message ids deleted after an ack.
     pub acked: Mutex<HashSet<String>>,
+    /// What the records came to: tasks ended successful (by this mapping's deliveries),
+    /// failed, and acknowledged without work (already ended, not wanted, poison); bytes
+    /// stored.
+    pub successful: AtomicU64,
+    pub failed: AtomicU64,
+    pub without_work: AtomicU64,
+    pub bytes_stored: AtomicU64,
 }
 
 impl MappingStats {
@@ -59,15 +73,45 @@ impl MappingStats {
         ids.extend(acked.iter().cloned());
     }
 
+    /// What a batch's records came to.
+    fn tally(&self, tally: &Tally) {
+        let add = |counter: &AtomicU64, n| counter.fetch_add(n, Ordering::Relaxed);
+        add(&self.successful, tally.succeeded);
+        add(&self.failed, tally.failed);
+        add(
+            &self.without_work,
+            tally.duplicate_guarded + tally.not_wanted + tally.poison,
+        );
+        add(&self.bytes_stored, tally.bytes_stored);
+    }
+
+    /// An SQS call of the mapping answered: a streak of failures is over.
+    fn answered(&self) {
+        *self.failing.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// How long every SQS call has failed for, and the last failure, if they do.
+    pub fn failing_for(&self) -> Option<(Duration, String)> {
+        let failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        failing
+            .as_ref()
+            .map(|(since, last)| (since.elapsed(), last.clone()))
+    }
+
     pub fn summary(&self) -> String {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         format!(
-            "{} batches, {} messages received, {} acknowledged and deleted, {} left for retry, \
-             {} failed SQS calls of the mapping",
-            self.batches.load(Ordering::Relaxed),
-            self.received.load(Ordering::Relaxed),
-            self.deleted.load(Ordering::Relaxed),
-            self.retried.load(Ordering::Relaxed),
-            self.sqs_errors.load(Ordering::Relaxed),
+            "{}, {} received, {} acknowledged and deleted, {} left for retry, {} of the \
+             mapping; tasks: {} successful, {} failed, {} already ended or not wanted; {} stored",
+            count(load(&self.batches), "batch"),
+            count(load(&self.received), "message"),
+            load(&self.deleted),
+            load(&self.retried),
+            count(load(&self.sqs_errors), "failed SQS call"),
+            load(&self.successful),
+            load(&self.failed),
+            load(&self.without_work),
+            count(load(&self.bytes_stored), "byte"),
         )
     }
 }
@@ -97,6 +141,8 @@ pub struct Watch<'a> {
     pub until_drained: bool,
     /// End after this long in any case.
     pub limit: Option<Duration>,
+    /// End once every SQS call has failed for this long.
+    pub give_up_after: Duration,
     pub report: &'a (dyn Fn(&Progress<'_>) + Sync),
 }
 
@@ -114,6 +160,8 @@ pub enum Ended {
     Drained,
     TimedOut,
     Stopped,
+    /// Every SQS call failed for [`Watch::give_up_after`].
+    Unreachable,
 }
 
 /// Runs the mapping while watching the queue: reports progress, and ends when the queue
@@ -156,10 +204,16 @@ async fn watch(
         let depth = match queue.depth().await {
             Ok(depth) => Some(depth),
             Err(err) => {
-                tracing::warn!(error = %err, "could not read the queue's depth");
+                tracing::debug!(error = %err, "could not read the queue's depth");
                 None
             }
         };
+        if stats
+            .failing_for()
+            .is_some_and(|(failing, _)| failing >= watch.give_up_after)
+        {
+            return Ended::Unreachable;
+        }
         empty_checks = if depth == Some(0) {
             empty_checks + 1
         } else {
@@ -204,6 +258,7 @@ async fn poll<P: ProcessRecord>(
                 continue;
             }
         };
+        stats.answered();
         if messages.is_empty() {
             if settings.wait_seconds == 0 {
                 // Short polling: pause rather than spin on an empty queue.
@@ -215,28 +270,32 @@ async fn poll<P: ProcessRecord>(
         let request_id = format!("local-{poller}-{invocation}");
         let invoked = invoke(queue, processor, settings, &messages, &request_id).await;
         match invoked {
-            Ok(acked) => stats.count(&messages, &acked),
+            Ok((acked, tally)) => {
+                stats.count(&messages, &acked);
+                stats.tally(&tally);
+            }
             Err(err) => failed(stats, &err).await,
         }
     }
 }
 
 /// One invocation: the batch through the processor, then the acknowledged messages
-/// deleted; the ids deleted.
+/// deleted; the ids deleted, and what the records came to.
 async fn invoke<P: ProcessRecord>(
     queue: &SqsQueue,
     processor: &P,
     settings: &MappingSettings,
     messages: &[Message],
     request_id: &str,
-) -> Result<Vec<String>, AwsError> {
+) -> Result<(Vec<String>, Tally), AwsError> {
     let records: Vec<SqsMessage> = messages
         .iter()
         .map(|m| to_record(m, &settings.queue_arn))
         .collect();
     let deadline = SystemTime::now() + settings.timeout;
-    let reply = process_batch(processor, &records, request_id, deadline, settings.limits).await;
-    let retry: HashSet<&str> = reply
+    let run = run_batch(processor, &records, request_id, deadline, settings.limits).await;
+    let retry: HashSet<&str> = run
+        .response
         .batch_item_failures
         .iter()
         .map(|f| f.item_identifier.as_str())
@@ -246,14 +305,32 @@ async fn invoke<P: ProcessRecord>(
         .filter(|m| !retry.contains(m.message_id().unwrap_or_default()))
         .collect();
     queue.delete(&acked).await?;
-    Ok(acked
+    let ids = acked
         .iter()
         .filter_map(|m| m.message_id().map(str::to_owned))
-        .collect())
+        .collect();
+    Ok((ids, run.tally))
 }
 
+/// A failed SQS call of the mapping: counted, said at the first of a streak only, and a
+/// pause that grows with the streak (to 5 s), so an emulator gone is not asked 20 times a
+/// second.
 async fn failed(stats: &MappingStats, err: &AwsError) {
-    tracing::warn!(error = %err, "an SQS call of the event source mapping failed; polling on");
-    stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls = stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
+    let (first, streak) = {
+        let mut failing = stats.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = failing.is_none();
+        let since = failing
+            .as_ref()
+            .map_or_else(Instant::now, |(since, _)| *since);
+        *failing = Some((since, err.to_string()));
+        (first, since.elapsed())
+    };
+    if first || calls == 0 {
+        tracing::warn!(error = %err, "an SQS call of the event source mapping failed; polling on");
+    } else {
+        tracing::debug!(error = %err, "an SQS call of the event source mapping failed");
+    }
+    let pause = Duration::from_millis(200).saturating_add(streak / 4);
+    tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
 }

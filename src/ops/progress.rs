@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::domain::ids::Id;
 use crate::domain::model::Counting;
-use crate::domain::spend::{MAX_TIERS, Spend};
+use crate::domain::spend::{MAX_TIERS, Spend, TierSpend};
 use crate::ports::error::AwsError;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string, text};
@@ -13,7 +13,7 @@ use crate::store::dynamo::runs::counting_of;
 use crate::store::dynamo::spend::writes::spend_names;
 
 /// A run as stored, and its tasks by status.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct RunProgress {
     /// The run item's attributes that tell its progress (status, counters, times).
     pub run: BTreeMap<String, String>,
@@ -21,7 +21,12 @@ pub struct RunProgress {
     pub by_status: BTreeMap<String, u64>,
     /// Failed tasks: (task id, error).
     pub failures: Vec<(String, String)>,
+    /// Tasks not ended yet: (task id, status), at most [`MOST_STUCK`].
+    pub open: Vec<(String, String)>,
 }
+
+/// The most open tasks a progress keeps the ids of.
+pub const MOST_STUCK: usize = 20;
 
 impl RunProgress {
     /// Tasks in the run, by the tasks themselves.
@@ -35,6 +40,24 @@ impl RunProgress {
             .iter()
             .filter_map(|s| self.by_status.get(*s))
             .sum()
+    }
+
+    /// Where the run item's count of tasks left and its tasks disagree, why that can be.
+    pub fn disagreement(&self) -> Option<String> {
+        let remaining: u64 = self.run.get("tasks_remaining")?.parse().ok()?;
+        let open = self.total() - self.finished();
+        (remaining != open).then(|| {
+            format!(
+                "the run counts {remaining} tasks remaining, its tasks say {open} not ended: \
+                 {}",
+                if remaining > open {
+                    "counts still on their way to the run (v2 shards), or a task ended \
+                     without being counted"
+                } else {
+                    "tasks added or re-queued since the run was counted"
+                }
+            )
+        })
     }
 
     /// The run ended (completed, cancelled, failed), or, for a run without counters, has no
@@ -52,7 +75,7 @@ impl RunProgress {
 }
 
 /// The run item's attributes that tell its progress.
-const RUN_FIELDS: [&str; 15] = [
+const RUN_FIELDS: [&str; 18] = [
     "status",
     "counter_shards",
     "counter_groups",
@@ -68,6 +91,9 @@ const RUN_FIELDS: [&str; 15] = [
     "completed_at",
     "paid_tier_budget_bytes",
     "paid_tier_reserved_bytes",
+    "refreshes",
+    "pages_not_modified",
+    "bytes_not_fetched",
 ];
 
 /// The run item and every task of the run (one Query, paged).
@@ -85,6 +111,8 @@ pub async fn progress(
         if status == "failed" {
             let error = string(&item, "error").unwrap_or_default().to_owned();
             progress.failures.push((task, error));
+        } else if status != "successful" && progress.open.len() < MOST_STUCK {
+            progress.open.push((task, status.clone()));
         }
         *progress.by_status.entry(status).or_default() += 1;
     }
@@ -112,14 +140,17 @@ pub async fn run_fields(
     if let Some(Counting::Shards(sharding)) = counting_of(&item) {
         let shards = tasks.shard_items(job, run, sharding.shards).await?;
         for (counter, sum) in shard_sums(&shards) {
-            fields.insert(counter.into(), sum.to_string());
+            if sum > 0 || counter.starts_with("tasks_") {
+                fields.insert(counter.into(), sum.to_string());
+            }
         }
         counters.extend(shards);
     }
     for (tier, spent) in spend_of(&counters).spent() {
-        let (requests, bytes) = spend_names(tier);
+        let [requests, bytes, wire] = spend_names(tier);
         fields.insert(requests, spent.requests.to_string());
         fields.insert(bytes, spent.bytes.to_string());
+        fields.insert(wire, spent.wire_bytes.to_string());
     }
     Ok(fields)
 }
@@ -129,17 +160,28 @@ pub fn spend_of(counters: &[Item]) -> Spend {
     let mut spend = Spend::default();
     for item in counters {
         for tier in 1..=MAX_TIERS {
-            let (requests, bytes) = spend_names(tier);
-            let requests = number::<u64>(item, &requests).unwrap_or(0);
-            spend.add(tier, requests, number::<u64>(item, &bytes).unwrap_or(0));
+            let [requests, bytes, wire] = spend_names(tier).map(|name| number(item, &name));
+            let spent = TierSpend {
+                requests: requests.unwrap_or(0),
+                bytes: bytes.unwrap_or(0),
+                wire_bytes: wire.unwrap_or(0),
+            };
+            spend.add(tier, spent);
         }
     }
     spend
 }
 
 /// The counters of a run's shards, added up.
-fn shard_sums(shards: &[Item]) -> [(&'static str, u64); 3] {
-    ["tasks_remaining", "tasks_succeeded", "tasks_failed"].map(|counter| {
+fn shard_sums(shards: &[Item]) -> [(&'static str, u64); 5] {
+    [
+        "tasks_remaining",
+        "tasks_succeeded",
+        "tasks_failed",
+        "pages_not_modified",
+        "bytes_not_fetched",
+    ]
+    .map(|counter| {
         let sum = shards
             .iter()
             .filter_map(|s| number::<u64>(s, counter))
@@ -158,6 +200,7 @@ mod tests {
             run: run.iter().map(owned).collect(),
             by_status: by_status.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
             failures: Vec::new(),
+            open: Vec::new(),
         }
     }
 

@@ -1,6 +1,8 @@
 //! `conveyor-ops replay-quarantine`: each quarantined poison message's body sent back to the
-//! queue (once the producer or the worker is fixed), optionally deleting what was sent.
+//! queue (once the producer or the worker is fixed), optionally deleting what was sent; a
+//! body still poison lands on its own object again, never beside it; and the list of them.
 
+use crate::domain::ids::REPLAYED_FROM;
 use crate::ports::error::AwsError;
 use crate::store::s3::S3ResultStore;
 use crate::store::sqs::SqsQueue;
@@ -14,21 +16,27 @@ pub struct Replayed {
     pub skipped: Vec<(String, String)>,
 }
 
-/// Sends each quarantined message's body under `prefix` back to the queue; with `delete`,
-/// removes each object once its body is sent.
+/// Sends each quarantined message's body under `prefix` back to the queue; with `delete`
+/// (how long each message waits in the queue), removes each object once its body is sent:
+/// the wait, longer than the delete takes, has a body still poison quarantined again after
+/// the delete, never before it (which would delete the new record).
 pub async fn replay_quarantine(
     quarantine: &S3ResultStore,
     prefix: &str,
     queue: &SqsQueue,
-    delete: bool,
+    delete: Option<std::time::Duration>,
 ) -> Result<Replayed, AwsError> {
     let mut replayed = Replayed::default();
     for key in quarantine.keys_under(prefix).await? {
         match original_body(&quarantine.read(&key).await?) {
             Ok(body) => {
-                queue.send(&body).await?;
+                // Named by its object, so that a body still poison lands on it again.
+                let delay = delete.unwrap_or_default();
+                queue
+                    .send_with(&body, &[(REPLAYED_FROM, &key)], delay)
+                    .await?;
                 replayed.sent.push(key.clone());
-                if delete {
+                if delete.is_some() {
                     quarantine.delete(&key).await?;
                     replayed.deleted.push(key);
                 }
@@ -37,6 +45,39 @@ pub async fn replay_quarantine(
         }
     }
     Ok(replayed)
+}
+
+/// One quarantined message, as an operator reads it before replaying.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Quarantined {
+    pub key: String,
+    pub reason: String,
+    pub quarantined_at: String,
+    /// The body's first 120 characters.
+    pub body: String,
+}
+
+/// Every quarantined message under `prefix`, with why it was quarantined.
+pub async fn list_quarantine(
+    quarantine: &S3ResultStore,
+    prefix: &str,
+) -> Result<Vec<Quarantined>, AwsError> {
+    let mut listed = Vec::new();
+    for key in quarantine.keys_under(prefix).await? {
+        let document: serde_json::Value =
+            serde_json::from_slice(&quarantine.read(&key).await?).unwrap_or_default();
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_owned();
+        listed.push(Quarantined {
+            reason: text(&document["reason"]),
+            quarantined_at: text(&document["quarantined_at"]),
+            body: text(&document["record"]["body"])
+                .chars()
+                .take(120)
+                .collect(),
+            key,
+        });
+    }
+    Ok(listed)
 }
 
 /// The original body of a quarantine document, or why it cannot be replayed.

@@ -22,7 +22,7 @@ pub struct Requeued {
     pub reset: Vec<String>,
     /// Task ids sent to the queue.
     pub sent: Vec<String>,
-    /// Task ids whose message could not be sent: re-run with `resend_pending`.
+    /// Task ids whose message could not be sent: re-run with `resend_open`.
     pub unsent: Vec<String>,
     /// Failed tasks left failed because concurrent writes kept conflicting with the reset:
     /// re-run to re-queue them.
@@ -33,7 +33,7 @@ pub struct Requeued {
 }
 
 /// Tasks reset before their messages are sent: a failure or an interrupt between the two
-/// leaves at most this many pending without a message (`--resend-pending` sends them).
+/// leaves at most this many pending without a message (`--resend-open` sends them).
 const RESET_AHEAD: usize = 10;
 
 /// How long, and how often, one task's reset is tried again while it conflicts with
@@ -47,15 +47,16 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
 
 /// Sets the run's failed tasks back to pending (each with its run's or counter shard's
 /// count, in one transaction, so a task is never counted twice) and sends one message per
-/// task, each ten right after its resets. With `resend_pending`, tasks
-/// already pending are sent again too (a duplicate is harmless: the worker converges). A
+/// task, each ten right after its resets. With `resend_open`, tasks not ended (pending, or
+/// processing with their message gone) are sent again too (a duplicate is harmless: the
+/// worker converges). A
 /// cancelled run is left alone. An error, or `stop` turning true, ends it early (said in
 /// [`Requeued::stopped`]) once the resets made so far are sent.
 pub async fn requeue_failed(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
-    resend_pending: bool,
+    resend_open: bool,
     stop: &AtomicBool,
 ) -> Result<Requeued, AwsError> {
     let (counting, spread) = requeueable(tasks, (job, run)).await?;
@@ -86,7 +87,7 @@ pub async fn requeue_failed(
                     break;
                 }
             },
-            Some("pending") if resend_pending => to_send.push(task_ref),
+            Some("pending" | "processing") if resend_open => to_send.push(task_ref),
             _ => {}
         }
         if to_send.len() == RESET_AHEAD {

@@ -25,6 +25,10 @@ pub struct TaskResult {
     pub size: Option<u64>,
     pub http_status: Option<u16>,
     pub content_type: Option<String>,
+    /// Carried forward from the run it refreshes: the site said the page had not changed.
+    pub not_modified: bool,
+    pub etag: Option<String>,
+    pub last_modified: Option<String>,
     pub error: Option<String>,
     /// Where the object was written, with `--out`.
     pub file: Option<PathBuf>,
@@ -54,13 +58,27 @@ pub struct Options {
 /// Objects checked (or downloaded) at once.
 const AT_ONCE: usize = 16;
 
+/// Why the results could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("{0}")]
+    Aws(#[from] AwsError),
+    /// A downloaded object could not be written here.
+    #[error("could not write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Every task of the run (or the failed ones), in task order, each successful one checked.
 pub async fn results(
     tasks: &DynamoTaskStore,
     objects: &S3ResultStore,
     (job, run): (&Id, &Id),
     options: &Options,
-) -> Result<Vec<TaskResult>, AwsError> {
+) -> Result<Vec<TaskResult>, ResultsError> {
+    objects.check_bucket().await?;
     let mut items = tasks.run_tasks(job, run).await?;
     items.sort_by(|a, b| a.0.cmp(&b.0));
     let wanted = items
@@ -84,6 +102,11 @@ fn of_item(task_id: String, item: &Item) -> TaskResult {
         size: number(item, "result_size"),
         http_status: number(item, "http_status"),
         content_type: text("content_type"),
+        not_modified: item
+            .get("not_modified")
+            .is_some_and(|v| v.as_bool() == Ok(&true)),
+        etag: text("etag"),
+        last_modified: text("last_modified"),
         error: text("error"),
         file: None,
         check: Check::NotApplicable,
@@ -95,7 +118,7 @@ async fn check(
     objects: &S3ResultStore,
     mut task: TaskResult,
     out: Option<&Path>,
-) -> Result<TaskResult, AwsError> {
+) -> Result<TaskResult, ResultsError> {
     let (Some(key), "successful") = (task.result_key.clone(), task.status.as_str()) else {
         return Ok(task);
     };
@@ -115,10 +138,14 @@ async fn check(
             )),
         },
         Some(dir) => {
-            let bytes = objects.read(&key).await?;
+            let Some(bytes) = objects.read_if_there(&key).await? else {
+                task.check = Check::Mismatch(format!("no object at {key}"));
+                return Ok(task);
+            };
             let file = dir.join(&task.task_id);
-            std::fs::write(&file, &bytes).map_err(|e| AwsError::Refused {
-                detail: format!("could not write {}: {e}", file.display()),
+            std::fs::write(&file, &bytes).map_err(|source| ResultsError::Write {
+                path: file.clone(),
+                source,
             })?;
             task.file = Some(file);
             let sha256 = hex::encode(Sha256::digest(&bytes));

@@ -4,12 +4,14 @@
 //! Safe to run again after a crash: creates never overwrite, and the run's submit cursor
 //! says which tasks were written and sent.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
+use crate::domain::refresh::Prior;
 use crate::ports::error::AwsError;
 use crate::scraper::MAX_URL_BYTES;
 use crate::store::dynamo::DynamoTaskStore;
@@ -79,6 +81,8 @@ pub struct Submitted {
     pub resumed_from: u64,
     /// Tasks this submit created (the rest of those it went through existed already).
     pub created: u64,
+    /// Of those, tasks given their earlier result (a refresh run).
+    pub with_earlier: u64,
     pub sent: u64,
 }
 
@@ -88,12 +92,17 @@ const CHUNK: usize = 100;
 const PUTS_AT_ONCE: usize = 16;
 
 /// How a submitted run keeps its tasks: its counter tree (none: the run item counts, v1),
-/// and whether its tasks and results spread over the tree's shards (v3).
+/// whether its tasks and results spread over the tree's shards (v3), and the earlier run of
+/// the job it refreshes, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub struct Layout<'a> {
     pub sharding: Option<Sharding>,
     pub spread: bool,
+    pub refreshes: Option<&'a Id>,
 }
+
+/// An earlier run a refresh asks after: its id and how its tasks spread.
+type EarlierRun<'a> = (&'a Id, Option<u32>);
 
 /// Creates the job, the run and the tasks, and sends one message per task, a chunk at a
 /// time; `progress` is told how many tasks are done after each chunk. A run that exists
@@ -103,7 +112,7 @@ pub async fn submit(
     queue: &SqsQueue,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
-    layout: Layout,
+    layout: Layout<'_>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Submitted, AwsError> {
     if let Created::Existing(item) = tasks.create_job(job).await?
@@ -111,6 +120,10 @@ pub async fn submit(
     {
         return Err(refused(format!("job {job} is cancelled")));
     }
+    let earlier = match layout.refreshes {
+        Some(earlier) => Some(earlier_run(tasks, job, earlier).await?),
+        None => None,
+    };
     let (resumed_from, spread) = create_run(tasks, (job, run), urls, layout).await?;
     let mut submitted = Submitted {
         total: urls.len() as u64,
@@ -121,7 +134,11 @@ pub async fn submit(
     let start = resumed_from as usize;
     for (index, chunk) in urls[start.min(urls.len())..].chunks(CHUNK).enumerate() {
         let run_of = (job, run, spread);
-        let refs = create_tasks(tasks, run_of, chunk, &mut submitted).await?;
+        let priors = match earlier {
+            Some(earlier) => earlier_results(tasks, (job, earlier), chunk).await?,
+            None => HashMap::new(),
+        };
+        let refs = create_tasks(tasks, run_of, (chunk, &priors), &mut submitted).await?;
         send_all(queue, &refs).await?;
         submitted.sent += refs.len() as u64;
         let through = (start + index * CHUNK + chunk.len()) as u64;
@@ -137,7 +154,7 @@ async fn create_run(
     tasks: &DynamoTaskStore,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
-    layout: Layout,
+    layout: Layout<'_>,
 ) -> Result<(u64, Option<u32>), AwsError> {
     let total = urls.len() as u64;
     let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
@@ -148,7 +165,8 @@ async fn create_run(
         .as_ref()
         .filter(|_| layout.spread)
         .map(|s| s.sharding.shards);
-    let created = tasks.create_run((job, run), total, (sizes.as_ref(), spread.is_some()));
+    let how = (sizes.as_ref(), spread.is_some(), layout.refreshes);
+    let created = tasks.create_run((job, run), total, how);
     let resumed_from = match created.await? {
         Created::Written => 0,
         Created::Existing(item) => {
@@ -158,7 +176,11 @@ async fn create_run(
                 _ => None,
             };
             spread = spread_of(&item);
-            resume_from(&item, job, run, total)?
+            let from: u64 = number(&item, "submitted_through").unwrap_or(0);
+            let submitted = &urls[..(from as usize).min(urls.len())];
+            same_list(tasks, (job, run, spread), submitted).await?;
+            same_length(&item, (job, run), urls)?;
+            from
         }
     };
     // Before any task: a task is only ever sent once its counters exist.
@@ -182,33 +204,116 @@ pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<
     (shards > 0).then_some(Sharding { shards, groups })
 }
 
-/// Where an earlier submit of the same run stopped; refused if the run is another list's.
-fn resume_from(
+/// The run was created for as many URLs as this list has; refused naming the first line
+/// past the shorter of the two.
+fn same_length(
     item: &crate::store::dynamo::attributes::Item,
-    job: &Id,
-    run: &Id,
-    total: u64,
-) -> Result<u64, AwsError> {
+    (job, run): (&Id, &Id),
+    urls: &[(usize, String)],
+) -> Result<(), AwsError> {
     let stored: Option<u64> = number(item, "tasks_total");
-    if stored != Some(total) {
-        return Err(refused(format!(
-            "run {job}/{run} exists with {} tasks, this list has {total}: another list?",
-            stored.map_or("no counted".into(), |t| t.to_string())
-        )));
-    }
-    Ok(number(item, "submitted_through").unwrap_or(0))
+    let total = urls.len() as u64;
+    let Some(stored) = stored.filter(|&stored| stored != total) else {
+        return match stored {
+            Some(_) => Ok(()),
+            None => Err(refused(format!(
+                "run {job}/{run} exists without a count of its tasks: not a submitted list"
+            ))),
+        };
+    };
+    let why = match urls.get(stored as usize) {
+        Some((line, _)) => format!(
+            "line {line}: this list has {total} URLs, run {job}/{run} was submitted with \
+             {stored}: lines were added since"
+        ),
+        None => format!(
+            "line {}: this list ends with {total} URLs, run {job}/{run} was submitted with \
+             {stored}: lines were removed since",
+            urls.last().map_or(0, |(line, _)| *line)
+        ),
+    };
+    Err(refused(why))
 }
 
-/// Creates a chunk's tasks (a few at once); a task that exists must have the same URL.
+/// The tasks an earlier submit wrote have the URLs of this list, read 100 at a time:
+/// refused at the first line whose URL differs.
+async fn same_list(
+    tasks: &DynamoTaskStore,
+    (job, run, spread): (&Id, &Id, Option<u32>),
+    submitted: &[(usize, String)],
+) -> Result<(), AwsError> {
+    for chunk in submitted.chunks(100) {
+        let refs: Vec<TaskRef> = chunk
+            .iter()
+            .map(|(line, _)| {
+                TaskRef::new(job.clone(), run.clone(), task_id(*line)).spread_over(spread)
+            })
+            .collect();
+        let stored = tasks.stored_urls(&refs).await?;
+        for ((line, url), task) in chunk.iter().zip(&refs) {
+            let was = stored.get(task.task_id.as_str());
+            if was.is_some_and(|was| was != url) {
+                return Err(refused(format!(
+                    "line {line}: task {} exists with another URL: the list changed since it \
+                     was first submitted",
+                    task.task_id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The earlier run a refresh names: it must exist in the job.
+async fn earlier_run<'a>(
+    tasks: &DynamoTaskStore,
+    job: &Id,
+    earlier: &'a Id,
+) -> Result<EarlierRun<'a>, AwsError> {
+    match tasks.run_item(job, earlier).await? {
+        Some(item) => Ok((earlier, spread_of(&item))),
+        None => Err(refused(format!(
+            "run {job}/{earlier} does not exist: there is nothing to refresh"
+        ))),
+    }
+}
+
+/// The earlier results of a chunk's tasks that a refresh can carry forward: the earlier
+/// run's task of the same line, successful, with the same URL (read 100 at a time).
+async fn earlier_results(
+    tasks: &DynamoTaskStore,
+    (job, (earlier, spread)): (&Id, EarlierRun<'_>),
+    chunk: &[(usize, String)],
+) -> Result<HashMap<String, Prior>, AwsError> {
+    let refs: Vec<TaskRef> = chunk
+        .iter()
+        .map(|(line, _)| {
+            TaskRef::new(job.clone(), earlier.clone(), task_id(*line)).spread_over(spread)
+        })
+        .collect();
+    let mut found = tasks.earlier_results(&refs).await?;
+    Ok(chunk
+        .iter()
+        .filter_map(|(line, url)| {
+            let task = task_id(*line).as_str().to_owned();
+            let (was, prior) = found.remove(&task)?;
+            (was == *url).then_some((task, prior))
+        })
+        .collect())
+}
+
+/// Creates a chunk's tasks (a few at once), each with its earlier result if it has one; a
+/// task that exists must have the same URL.
 async fn create_tasks(
     tasks: &DynamoTaskStore,
     (job, run, spread): (&Id, &Id, Option<u32>),
-    chunk: &[(usize, String)],
+    (chunk, priors): (&[(usize, String)], &HashMap<String, Prior>),
     submitted: &mut Submitted,
 ) -> Result<Vec<TaskRef>, AwsError> {
     let creates = chunk.iter().map(|(line, url)| async move {
         let task = TaskRef::new(job.clone(), run.clone(), task_id(*line)).spread_over(spread);
-        match tasks.create_task(&task, url).await? {
+        let prior = priors.get(task.task_id.as_str());
+        match tasks.create_task(&task, url, prior).await? {
             Created::Written => Ok((task, true)),
             Created::Existing(item) if string(&item, "url") == Some(url.as_str()) => {
                 Ok((task, false))
@@ -225,6 +330,10 @@ async fn create_tasks(
         .try_collect()
         .await?;
     submitted.created += created.iter().filter(|(_, new)| *new).count() as u64;
+    submitted.with_earlier += created
+        .iter()
+        .filter(|(task, new)| *new && priors.contains_key(task.task_id.as_str()))
+        .count() as u64;
     Ok(created.into_iter().map(|(task, _)| task).collect())
 }
 
@@ -250,10 +359,16 @@ async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), AwsError>
             return Ok(());
         }
     }
-    Err(refused(format!(
-        "SQS did not take {} messages after five tries; run submit again",
-        unsent.len()
-    )))
+    let code = format!(
+        "{} not taken after five tries (run submit again)",
+        crate::ops::count(unsent.len() as u64, "message")
+    );
+    let why = code.clone();
+    Err(AwsError::aws(
+        "SendMessageBatch",
+        crate::ports::error::AwsFault::Refused { code },
+        why,
+    ))
 }
 
 fn refused(detail: String) -> AwsError {

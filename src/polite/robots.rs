@@ -122,6 +122,7 @@ mod tests {
             final_url: "http://h/robots.txt".into(),
             content_type: "text/plain".into(),
             body: body.as_bytes().to_vec().into(),
+            validators: Default::default(),
         })
     }
 

@@ -1,11 +1,13 @@
-//! The result store's port: the first object stored under a task's key wins; poison messages
-//! are kept for a person.
+//! The result store's port: the first object stored under a task's key wins (a page, or an
+//! earlier result carried forward on a `304 Not Modified`); poison messages are kept for a
+//! person.
 
 use std::future::Future;
 use std::time::SystemTime;
 
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::{Page, StoredResult};
+use crate::domain::refresh::{Prior, Validators};
 use crate::ports::error::AwsError;
 
 /// A page on its way into the store.
@@ -25,6 +27,43 @@ pub enum Put {
     AlreadyThere,
 }
 
+/// An earlier result whose bytes are the ones its task names: its version now (what a copy
+/// of it is conditional on), and what it describes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    pub version: String,
+    pub stored: StoredResult,
+}
+
+/// What checking an earlier result found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    Usable(Earlier),
+    /// Gone, without a SHA-256 checksum, or not the bytes its task names: why.
+    Unusable(String),
+}
+
+/// An earlier result on its way to a task's key, confirmed by a `304 Not Modified`.
+#[derive(Debug, Clone, Copy)]
+pub struct Carried<'a> {
+    pub key: &'a ResultKey,
+    pub earlier: &'a Earlier,
+    /// The task's URL, and the validators the 304 confirmed.
+    pub url: &'a str,
+    pub validators: &'a Validators,
+    pub fetched_at: SystemTime,
+}
+
+/// The result of a conditional copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copied {
+    Stored,
+    /// An object was already under the key; it stays, and the caller adopts it.
+    AlreadyThere,
+    /// The earlier object changed since it was checked: nothing was copied.
+    EarlierChanged,
+}
+
 /// Where result objects live.
 pub trait ResultStore: Send + Sync {
     /// Stores the page only if nothing is stored under the key yet.
@@ -38,6 +77,20 @@ pub trait ResultStore: Send + Sync {
         &self,
         key: &ResultKey,
     ) -> impl Future<Output = Result<Option<StoredResult>, AwsError>> + Send;
+
+    /// The earlier result of a refresh task, checked by the SHA-256 the store computed of
+    /// its bytes against the one the task names.
+    fn check_earlier(
+        &self,
+        prior: &Prior,
+    ) -> impl Future<Output = Result<Checked, AwsError>> + Send;
+
+    /// Copies a checked earlier result to the task's key, only if nothing is stored there
+    /// yet and the earlier object is still the version checked.
+    fn carry_if_absent(
+        &self,
+        carried: Carried<'_>,
+    ) -> impl Future<Output = Result<Copied, AwsError>> + Send;
 
     /// Keeps a poison message (a JSON document) for a person to inspect and replay.
     fn quarantine(

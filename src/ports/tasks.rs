@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 
@@ -15,11 +16,12 @@ pub use crate::domain::model::Lease;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// This delivery may work on the task; `attempts` counts the claims so far, this one
-    /// included; `url` is the task's.
+    /// included; `url` is the task's, and `prior` its earlier result if it refreshes one.
     Claimed {
         attempts: u32,
         was: TaskStatus,
         url: Option<String>,
+        prior: Option<Prior>,
     },
     /// The task became terminal since the guard read it.
     AlreadyTerminal,

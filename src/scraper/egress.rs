@@ -1,8 +1,10 @@
 //! Fetching through proxy tiers: the target checked here before anything is sent, the
 //! host's sticky proxy in each tier, redirects followed hop by hop (each hop checked
 //! again), blocks escalated to the next tier, the proxy's own failures kept apart from the
-//! site's, and every request and body byte metered.
+//! site's, and every request, body byte and wire byte (through each proxy's relay, `wire`)
+//! metered.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -11,13 +13,16 @@ use reqwest::redirect;
 use tokio::time::Instant;
 use url::Url;
 
+use super::reuse::Answered;
+use super::wire::{self, Relay};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
-    classify, client_builder, refusal,
+    classify, client_builder, refusal_of,
 };
 use crate::domain::model::Page;
-use crate::domain::proxy::{ProxyAddr, ProxySecret, sticky};
-use crate::domain::spend::Spend;
+use crate::domain::proxy::{Credentials, ProxyAddr, ProxySecret, sticky};
+use crate::domain::refresh::Validators;
+use crate::domain::spend::{Spend, TierSpend};
 
 /// The reason a task fails when only the paid tier could fetch it and the run's budget for
 /// that tier is spent.
@@ -38,19 +43,15 @@ pub(super) struct Routes {
 }
 
 /// A proxy and its client, built at its first use (a sandbox uses the proxies its hosts
-/// stick to, not all of them; each client costs a TLS configuration).
+/// stick to, not all of them; each client costs a TLS configuration and a relay).
 struct Route {
     addr: ProxyAddr,
-    proxy: reqwest::Proxy,
-    client: OnceLock<Result<reqwest::Client, String>>,
+    credentials: Option<Credentials>,
+    client: OnceLock<Result<(reqwest::Client, Option<Relay>), String>>,
 }
 
-/// Requests sent and body bytes received through one proxy.
-#[derive(Debug, Default, Clone, Copy)]
-struct Meter {
-    requests: u64,
-    bytes: u64,
-}
+/// Requests sent and bytes received and on the wire through one proxy.
+type Meter = TierSpend;
 
 impl Routes {
     pub(super) fn new(
@@ -76,7 +77,7 @@ impl Routes {
     }
 
     /// Tries the tiers in order while the answer looks like a block, within the budget.
-    pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask) -> Fetched {
+    pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask<'_>) -> Fetched {
         if let Err(refused) = self.check_target(&url).await {
             return Fetched::unspent(Err(FetchError::permanent(refused.to_string())));
         }
@@ -87,10 +88,8 @@ impl Routes {
         let mut tier = ask.first_tier.max(1);
         while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
             let left = ask.budget.saturating_sub(started.elapsed());
-            let (page, meter) = self
-                .via(fetcher, route, url.clone(), (left, ask.keep_first))
-                .await;
-            spend.add(tier, meter.requests, meter.bytes);
+            let (page, meter) = self.via(fetcher, route, url.clone(), (left, ask)).await;
+            spend.add(tier, meter);
             match page {
                 Err(err) if err.blocked && tier < usable => {
                     let proxy = route.addr.label();
@@ -183,12 +182,13 @@ impl Routes {
         fetcher: &HttpFetcher,
         route: &Route,
         mut url: Url,
-        (budget, keep_first): (Duration, Option<u64>),
+        (budget, ask): (Duration, Ask<'_>),
     ) -> (Result<Page, FetchError>, Meter) {
         let (requested, started) = (url.to_string(), Instant::now());
+        let conditional = ask.if_changed.is_some();
         let mut meter = Meter::default();
-        let client = match route.client(&self.settings, &self.lookup) {
-            Ok(client) => client,
+        let (client, relay) = match route.client(&self.settings, &self.lookup) {
+            Ok(built) => built,
             Err(err) => return (Err(err), meter),
         };
         for _ in 0..=self.settings.max_redirects {
@@ -196,24 +196,37 @@ impl Routes {
             // speaks once it is open; over plain http the proxy answers for the site.
             let tunnelled = url.scheme() == "https";
             let left = budget.saturating_sub(started.elapsed());
-            let response = match send(client, &url, left, &mut meter.requests).await {
+            let sent = send(
+                (client, &fetcher.answered),
+                (&url, ask.if_changed),
+                left,
+                &mut meter.requests,
+            );
+            let response = match sent.await {
                 Ok(response) => response,
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
+            let wire = relay.and_then(|relay| relay.count_of(&response));
+            if response.headers().contains_key(wire::UNREACHABLE) {
+                return (Err(unreachable(&route.addr)), meter);
+            }
             if let Some(next) = redirect_target(&response) {
-                meter.bytes += drain(response).await;
+                discard(response, wire, &mut meter).await;
                 if let Err(refused) = self.check_target(&next).await {
                     return (Err(FetchError::permanent(refused.to_string())), meter);
                 }
                 url = next;
                 continue;
             }
-            if let Some(refused) = refusal(&response) {
-                meter.bytes += drain(response).await;
+            if let Some(refused) = refusal_of(&response, conditional) {
+                discard(response, wire, &mut meter).await;
                 return (Err(answered(refused, tunnelled)), meter);
             }
-            let body = (&mut meter.bytes, keep_first);
-            let page = fetcher.page_of(response, requested, body).await;
+            let body = (&mut meter.bytes, ask.keep_first);
+            let page = fetcher
+                .page_of(response, (requested, conditional), body)
+                .await;
+            meter.wire_bytes += wire::claim(wire);
             return (page, meter);
         }
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);
@@ -222,49 +235,98 @@ impl Routes {
 }
 
 impl Route {
-    fn new(
-        credentials: Option<&crate::domain::proxy::Credentials>,
-        addr: &ProxyAddr,
-    ) -> Result<Self, reqwest::Error> {
-        let mut proxy = reqwest::Proxy::all(addr.url().as_str())?;
-        if let Some(credentials) = credentials {
-            proxy = proxy.basic_auth(&credentials.username, &credentials.password);
-        }
+    fn new(credentials: Option<&Credentials>, addr: &ProxyAddr) -> Result<Self, reqwest::Error> {
+        // Refused here, at the cold start, rather than at the proxy's first use.
+        reqwest::Proxy::all(addr.url().as_str())?;
         Ok(Self {
             addr: addr.clone(),
-            proxy,
+            credentials: credentials.cloned(),
             client: OnceLock::new(),
         })
     }
 
-    /// The proxy's client, built the first time it is asked for.
+    /// The proxy's client and its relay, built the first time they are asked for.
     fn client(
         &self,
         settings: &FetchSettings,
         lookup: &Arc<dyn Lookup>,
-    ) -> Result<&reqwest::Client, FetchError> {
-        let built = self.client.get_or_init(|| {
-            let resolver = ProxyResolver {
-                name: self.addr.name().map(str::to_owned),
-                lookup: lookup.clone(),
-            };
-            client_builder(settings)
-                // Followed here, hop by hop, each hop checked as the first was.
-                .redirect(redirect::Policy::none())
-                .dns_resolver(Arc::new(resolver))
-                .proxy(self.proxy.clone())
-                .build()
-                .map_err(|e| e.to_string())
-        });
+    ) -> Result<(&reqwest::Client, Option<&Relay>), FetchError> {
+        let built = self
+            .client
+            .get_or_init(|| self.build(settings, lookup).map_err(|e| e.to_string()));
         let label = self.addr.label();
         built
             .as_ref()
+            .map(|(client, relay)| (client, relay.as_ref()))
             .map_err(|e| FetchError::ours(format!("proxy {label}: no client: {e}")))
+    }
+
+    /// A client whose proxy is this one's relay: the proxy's name (kept for TLS to an https
+    /// proxy) resolves to the relay on loopback, at the relay's port; an address is the
+    /// relay's. An https proxy named by its address is asked directly (TLS checks that
+    /// address): its wire bytes are not counted.
+    fn build(
+        &self,
+        settings: &FetchSettings,
+        lookup: &Arc<dyn Lookup>,
+    ) -> Result<(reqwest::Client, Option<Relay>), Box<dyn std::error::Error>> {
+        let url = self.addr.url();
+        if url.scheme() == "https" && self.addr.name().is_none() {
+            let client = self.client_via(settings, url, lookup)?;
+            return Ok((client, None));
+        }
+        let upstream = wire::Upstream {
+            host: self.addr.name().map_or_else(
+                || {
+                    url.host_str()
+                        .unwrap_or_default()
+                        .trim_matches(['[', ']'])
+                        .to_owned()
+                },
+                str::to_owned,
+            ),
+            port: url.port_or_known_default().unwrap_or(80),
+            lookup: lookup.clone(),
+        };
+        let relay = Relay::start(upstream)?;
+        let mut relayed = url.clone();
+        relayed
+            .set_port(Some(relay.port()))
+            .map_err(|()| "no port")?;
+        if self.addr.name().is_none() {
+            relayed.set_host(Some("127.0.0.1"))?;
+        }
+        let relayed_to = Arc::new(RelayLookup);
+        let client = self.client_via(settings, &relayed, &(relayed_to as Arc<dyn Lookup>))?;
+        Ok((client, Some(relay)))
+    }
+
+    /// A client of the proxy at `url` (its name resolved by `lookup`).
+    fn client_via(
+        &self,
+        settings: &FetchSettings,
+        url: &Url,
+        lookup: &Arc<dyn Lookup>,
+    ) -> Result<reqwest::Client, reqwest::Error> {
+        let mut proxy = reqwest::Proxy::all(url.as_str())?;
+        if let Some(credentials) = &self.credentials {
+            proxy = proxy.basic_auth(&credentials.username, &credentials.password);
+        }
+        let resolver = ProxyResolver {
+            name: self.addr.name().map(str::to_owned),
+            lookup: lookup.clone(),
+        };
+        client_builder(settings)
+            // Followed here, hop by hop, each hop checked as the first was.
+            .redirect(redirect::Policy::none())
+            .dns_resolver(Arc::new(resolver))
+            .proxy(proxy)
+            .build()
     }
 }
 
-/// A proxy's client resolves the proxy's own name and nothing else: its address is exempt
-/// from the public-internet rule only as the proxy (the target's name goes to the proxy).
+/// A proxy's client resolves the proxy's own name (to its relay) and nothing else: the
+/// target's name goes to the proxy (checked before, [`Routes::check_target`]).
 struct ProxyResolver {
     name: Option<String>,
     lookup: Arc<dyn Lookup>,
@@ -285,33 +347,81 @@ impl Resolve for ProxyResolver {
     }
 }
 
+/// The proxy's name as its relayed client resolves it: the relay, on loopback.
+struct RelayLookup;
+
+impl Lookup for RelayLookup {
+    fn lookup(
+        &self,
+        _host: String,
+    ) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<std::net::IpAddr>>> {
+        Box::pin(async { Ok(vec![std::net::Ipv4Addr::LOCALHOST.into()]) })
+    }
+}
+
+/// The relay could not reach the proxy: a tier that is down, as a block the next may pass.
+fn unreachable(proxy: &ProxyAddr) -> FetchError {
+    let label = proxy.label();
+    FetchError {
+        blocked: true,
+        ..FetchError::ours(format!("proxy {label}: no connection"))
+    }
+}
+
 /// How soon a closed, unanswered request must fail to be the idle connection race: a pooled
 /// connection the peer closed while idle fails within a round trip; one that waited longer
 /// reached a peer that chose not to answer.
 const IDLE_RACE: Duration = Duration::from_secs(1);
 
-/// One request, sent once more at once if the peer (a proxy, a site) closed a pooled
-/// connection under it (the idle connection race: a GET, safe to repeat), with what is
-/// left of `left`. Only a prompt close is that race ([`IDLE_RACE`]); a peer that holds the
-/// request and then closes unanswered is not asked again. It adds one to `requests` either
-/// way: a request closed before any answer was, in that race, never read (a proxy closing
-/// its idle connection), so only the one sent again can have gone further.
+/// One request, sent once more at once if the peer (a proxy, a site) closed a reused
+/// connection under it (the idle connection race: a GET, safe to repeat), with what is left
+/// of `left`. Only a prompt close ([`IDLE_RACE`]) of a connection that had answered before
+/// is that race; a peer that holds the request and then closes unanswered, or closes a
+/// fresh connection, is not asked again. It adds one to `requests` either way: a request
+/// closed in that race was never read, so only the one sent again can have gone further.
 pub(super) async fn send(
-    client: &reqwest::Client,
-    url: &Url,
+    (client, answered): (&reqwest::Client, &Answered),
+    (url, if_changed): (&Url, Option<&Validators>),
     left: Duration,
     requests: &mut u64,
 ) -> Result<reqwest::Response, reqwest::Error> {
     *requests += 1;
     let started = Instant::now();
-    match client.get(url.clone()).timeout(left).send().await {
-        Err(err) if closed_unanswered(&err) && started.elapsed() < IDLE_RACE => {
-            tracing::debug!("a pooled connection was closed under the request: sent once more");
-            let left = left.saturating_sub(started.elapsed());
-            client.get(url.clone()).timeout(left).send().await
+    let get = |left| conditional(client.get(url.clone()).timeout(left), if_changed);
+    let sent = match get(left).send().await {
+        Err(err)
+            if closed_unanswered(&err)
+                && started.elapsed() < IDLE_RACE
+                && answered.reused(&err) =>
+        {
+            tracing::debug!("a reused connection was closed under the request: sent once more");
+            get(left.saturating_sub(started.elapsed())).send().await
         }
         sent => sent,
+    };
+    if let Ok(response) = &sent {
+        answered.note(response);
     }
+    sent
+}
+
+/// The request asking only for a changed page, when there are validators to ask with:
+/// checked values (`domain::refresh`), safe as header values.
+fn conditional(
+    request: reqwest::RequestBuilder,
+    if_changed: Option<&Validators>,
+) -> reqwest::RequestBuilder {
+    let Some(validators) = if_changed else {
+        return request;
+    };
+    let mut request = request;
+    if let Some(etag) = &validators.etag {
+        request = request.header(reqwest::header::IF_NONE_MATCH, etag.as_str());
+    }
+    if let Some(date) = &validators.last_modified {
+        request = request.header(reqwest::header::IF_MODIFIED_SINCE, date.as_str());
+    }
+    request
 }
 
 /// The connection closed before the answer was complete, by hyper's own kind.
@@ -329,6 +439,13 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
     let location = response.headers().get(reqwest::header::LOCATION)?;
     let next = response.url().join(location.to_str().ok()?).ok()?;
     matches!(next.scheme(), "http" | "https").then_some(next)
+}
+
+/// Reads what is left of an answer the fetch does not keep (a redirect's, a refusal's),
+/// counting its body and its connection's wire bytes.
+async fn discard(response: reqwest::Response, wire: Option<Arc<AtomicU64>>, meter: &mut Meter) {
+    meter.bytes += drain(response).await;
+    meter.wire_bytes += wire::claim(wire);
 }
 
 /// Reads up to [`DRAIN_BYTES`] of a body no page is made of, for the meter.

@@ -5,12 +5,14 @@ mod body;
 mod classify;
 mod egress;
 pub mod policy;
+mod reuse;
+mod wire;
 
 pub use classify::{classify_status, retry_after};
 pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,8 +20,9 @@ use reqwest::redirect;
 use url::Url;
 
 use crate::domain::bounds::{ContentType, UrlText};
-use crate::domain::model::Page;
+use crate::domain::model::{NOT_MODIFIED, Page};
 use crate::domain::proxy::{ProxySecret, Tiers};
+use crate::domain::refresh::Validators;
 use crate::domain::spend::Spend;
 pub use body::CappedBody;
 use egress::Routes;
@@ -80,7 +83,7 @@ impl FetchError {
 
 /// What a fetch may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask {
+pub struct Ask<'a> {
     /// The most time the fetch may take.
     pub budget: Duration,
     /// The proxy tier to start from (1-based).
@@ -91,9 +94,12 @@ pub struct Ask {
     /// Keep the body's first this many bytes and stop reading (robots.txt), instead of
     /// refusing a body over `MAX_BODY_BYTES`.
     pub keep_first: Option<u64>,
+    /// Ask only if the page changed since the response these validators came from
+    /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
+    pub if_changed: Option<&'a Validators>,
 }
 
-impl Ask {
+impl Ask<'_> {
     /// Every tier, within `budget`.
     pub fn within(budget: Duration) -> Self {
         Self {
@@ -101,6 +107,7 @@ impl Ask {
             first_tier: 1,
             paid_tier: true,
             keep_first: None,
+            if_changed: None,
         }
     }
 }
@@ -137,7 +144,7 @@ impl Fetched {
 /// Fetches pages.
 pub trait Fetcher: Send + Sync {
     /// Fetches `url` as `ask` allows.
-    fn fetch(&self, url: &str, ask: Ask) -> impl Future<Output = Fetched> + Send;
+    fn fetch(&self, url: &str, ask: Ask<'_>) -> impl Future<Output = Fetched> + Send;
 
     /// Why `url` is refused before anything is sent or resolved (its length, its syntax,
     /// scheme, credentials, port, a literal address), if it is: checked before the host's
@@ -165,14 +172,22 @@ pub struct FetchSettings {
     /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`): a target
     /// name that does not resolve here is left to them instead of refused.
     pub proxy_refuses_private: bool,
+    /// Roots trusted besides Mozilla's (DER): none as deployed; a test's own CA.
+    pub extra_roots: Vec<Vec<u8>>,
 }
 
 /// [`Fetcher`] over pooled reqwest clients (rustls), built once per cold start: one direct,
 /// or one per proxy of `PROXY_URLS`.
 #[derive(Clone)]
 pub struct HttpFetcher {
-    client: reqwest::Client,
+    /// The direct client, built at the first direct fetch: a cold start does not wait for
+    /// its TLS roots and configuration, and with proxies it is never built.
+    client: Arc<OnceLock<Result<reqwest::Client, String>>>,
+    build: Arc<dyn Fn() -> Result<reqwest::Client, reqwest::Error> + Send + Sync>,
     routes: Option<Arc<Routes>>,
+    /// The connections that have answered, of every client: which ones a request was sent
+    /// again on.
+    answered: Arc<reuse::Answered>,
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
     max_body_bytes: u64,
@@ -205,29 +220,23 @@ impl HttpFetcher {
         lookup: Arc<dyn Lookup>,
     ) -> Result<Self, reqwest::Error> {
         let policy = Arc::new(policy);
-        let max_redirects = settings.max_redirects;
-        let hops = policy.clone();
-        let redirects = redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() > max_redirects {
-                attempt.error(Refused::TooManyRedirects(max_redirects))
-            } else if let Err(refused) = hops.check_url(attempt.url()) {
-                attempt.error(refused)
-            } else {
-                attempt.follow()
-            }
-        });
-        let resolver = GuardedResolver {
+        let resolver = Arc::new(GuardedResolver {
             policy: policy.clone(),
             lookup: lookup.clone(),
+        });
+        let (direct, hops) = (settings.clone(), policy.clone());
+        let build = move || {
+            client_builder(&direct)
+                .redirect(redirects(hops.clone(), direct.max_redirects))
+                .dns_resolver(resolver.clone())
+                .no_proxy()
+                .build()
         };
-        let client = client_builder(settings)
-            .redirect(redirects)
-            .dns_resolver(Arc::new(resolver))
-            .no_proxy()
-            .build()?;
         Ok(Self {
-            client,
+            client: Arc::new(OnceLock::new()),
+            build: Arc::new(build),
             routes: None,
+            answered: Arc::default(),
             policy,
             lookup,
             max_body_bytes: settings.max_body_bytes,
@@ -293,38 +302,66 @@ impl HttpFetcher {
     async fn page_of(
         &self,
         response: reqwest::Response,
-        requested: String,
+        (requested, conditional): (String, bool),
         body: (&mut u64, Option<u64>),
     ) -> Result<Page, FetchError> {
-        if let Some(refusal) = refusal(&response) {
+        let status = response.status().as_u16();
+        if let Some(refusal) = refusal_of(&response, conditional) {
             return Err(refusal);
         }
-        let status = response.status().as_u16();
-        let final_url = UrlText::new(response.url().as_str());
-        let content_type = ContentType::new(
+        let header = |name| {
             response
                 .headers()
-                .get(reqwest::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/octet-stream"),
+                .get(name)
+                .and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok())
+        };
+        let content_type = header(reqwest::header::CONTENT_TYPE);
+        let content_type = ContentType::new(content_type.unwrap_or("application/octet-stream"));
+        let validators = Validators::parse(
+            header(reqwest::header::ETAG),
+            header(reqwest::header::LAST_MODIFIED),
         );
-        let body = self.read_body(response, status, body).await?;
+        let final_url = UrlText::new(response.url().as_str());
+        let body = match status {
+            NOT_MODIFIED => Bytes::new(),
+            _ => self.read_body(response, status, body).await?,
+        };
         Ok(Page {
             url: requested,
             http_status: status,
             final_url,
             content_type,
             body,
+            validators,
         })
     }
 
-    async fn fetch_direct(&self, parsed: Url, ask: Ask) -> Result<Page, FetchError> {
-        let requested = parsed.to_string();
-        let response = egress::send(&self.client, &parsed, ask.budget, &mut 0)
+    /// The direct client, built the first time a fetch needs it.
+    fn direct(&self) -> Result<&reqwest::Client, FetchError> {
+        let built = self
+            .client
+            .get_or_init(|| (self.build)().map_err(|e| e.to_string()));
+        built
+            .as_ref()
+            .map_err(|e| FetchError::ours(format!("no HTTP client: {e}")))
+    }
+
+    async fn fetch_direct(&self, parsed: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
+        let requested = (parsed.to_string(), ask.if_changed.is_some());
+        let client = (self.direct()?, &*self.answered);
+        let response = egress::send(client, (&parsed, ask.if_changed), ask.budget, &mut 0)
             .await
             .map_err(|e| classify::classify_error(&e))?;
         self.page_of(response, requested, (&mut 0, ask.keep_first))
             .await
+    }
+
+    /// One fetch through the proxies, or direct.
+    async fn fetch_once(&self, parsed: Url, ask: Ask<'_>) -> Fetched {
+        match &self.routes {
+            Some(routes) => routes.fetch(self, parsed, ask).await,
+            None => Fetched::unspent(self.fetch_direct(parsed, ask).await),
+        }
     }
 
     /// The checks that need no network: length, syntax, then scheme, credentials, port and
@@ -360,12 +397,34 @@ fn refusal(response: &reqwest::Response) -> Option<FetchError> {
     })
 }
 
+/// Why a response holds no page, unless it is a `304 Not Modified` to a conditional request:
+/// that one confirms the earlier result.
+fn refusal_of(response: &reqwest::Response, conditional: bool) -> Option<FetchError> {
+    let not_modified = conditional && response.status().as_u16() == NOT_MODIFIED;
+    refusal(response).filter(|_| !not_modified)
+}
+
+/// Redirects followed by reqwest, each hop checked by the address policy, at most `most`.
+fn redirects(hops: Arc<AddressPolicy>, most: usize) -> redirect::Policy {
+    redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > most {
+            attempt.error(Refused::TooManyRedirects(most))
+        } else if let Err(refused) = hops.check_url(attempt.url()) {
+            attempt.error(refused)
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
 /// What every client shares: Mozilla's roots, compiled in (no reading and parsing of the
 /// system's certificate store at every cold start, 10+ ms, and the same trust on every
 /// host), the user agent, the connect timeout.
 fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
     let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
         .iter()
+        .map(|der| der.as_ref())
+        .chain(settings.extra_roots.iter().map(Vec::as_slice))
         .filter_map(|der| reqwest::Certificate::from_der(der).ok());
     reqwest::Client::builder()
         .tls_certs_only(roots)
@@ -375,14 +434,34 @@ fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
 
 impl Fetcher for HttpFetcher {
     #[tracing::instrument(skip_all, fields(%url))]
-    async fn fetch(&self, url: &str, ask: Ask) -> Fetched {
+    async fn fetch(&self, url: &str, ask: Ask<'_>) -> Fetched {
         let parsed = match self.checked(url) {
             Ok(parsed) => parsed,
             Err(refused) => return Fetched::unspent(Err(refused)),
         };
-        match &self.routes {
-            Some(routes) => routes.fetch(self, parsed, ask).await,
-            None => Fetched::unspent(self.fetch_direct(parsed, ask).await),
+        let started = tokio::time::Instant::now();
+        let first = self.fetch_once(parsed.clone(), ask).await;
+        let (Some(sent), Ok(page)) = (ask.if_changed, &first.page) else {
+            return first;
+        };
+        if !page.not_modified() || sent.confirmed_by(&page.validators) {
+            return first;
+        }
+        // A 304 for some other representation (RFC 9111 4.3.4): the page, in full.
+        let answered = &page.validators;
+        tracing::info!(
+            ?answered,
+            "a 304 that does not confirm what was sent: fetched in full"
+        );
+        let ask = Ask {
+            if_changed: None,
+            budget: ask.budget.saturating_sub(started.elapsed()),
+            ..ask
+        };
+        let again = self.fetch_once(parsed, ask).await;
+        Fetched {
+            spend: first.spend.plus(&again.spend),
+            ..again
         }
     }
 

@@ -6,6 +6,7 @@
 
 pub mod dynamo;
 pub mod error;
+pub mod lazy;
 pub mod s3;
 pub mod secrets;
 pub mod sqs;

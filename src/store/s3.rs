@@ -1,16 +1,24 @@
 //! The result store's S3 adapter (`ports::results::ResultStore`): the first object stored
-//! under a task's key wins (`If-None-Match: *`).
+//! under a task's key wins (`If-None-Match: *`); every object carries the SHA-256 of its
+//! bytes as S3's own checksum, which is what an earlier result is checked by before it is
+//! copied forward (server-side, conditional on its version and on the key being empty).
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 
-use crate::domain::bounds::MetadataUrl;
+use aws_sdk_s3::operation::head_object::HeadObjectOutput;
+use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, MetadataDirective};
+use base64::Engine as _;
+
+use crate::domain::bounds::{Bounded, MetadataUrl};
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::StoredResult;
+use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
 use crate::ports::error::AwsError;
-use crate::ports::results::{NewResult, Put, ResultStore};
+use crate::ports::results::{Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::store::error::service_code;
+use crate::store::lazy::Lazy;
 
 /// User metadata names on every result object.
 pub mod meta {
@@ -19,19 +27,23 @@ pub mod meta {
     pub const HTTP_STATUS: &str = "http-status";
     pub const SHA256: &str = "sha256";
     pub const FETCHED_AT: &str = "fetched-at";
+    pub const ETAG: &str = "etag";
+    pub const LAST_MODIFIED: &str = "last-modified";
+    /// On an object carried forward on a `304 Not Modified`: the earlier object's key.
+    pub const REFRESHED_FROM: &str = "refreshed-from";
 }
 
 /// [`ResultStore`] on one S3 bucket.
 #[derive(Debug, Clone)]
 pub struct S3ResultStore {
-    client: Client,
+    client: Lazy<Client>,
     bucket: String,
 }
 
 impl S3ResultStore {
-    pub fn new(client: Client, bucket: impl Into<String>) -> Self {
+    pub fn new(client: impl Into<Lazy<Client>>, bucket: impl Into<String>) -> Self {
         Self {
-            client,
+            client: client.into(),
             bucket: bucket.into(),
         }
     }
@@ -40,7 +52,7 @@ impl S3ResultStore {
 impl ResultStore for S3ResultStore {
     #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
     async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
-        let result = self
+        let request = self
             .client
             .put_object()
             .bucket(&self.bucket)
@@ -48,6 +60,9 @@ impl ResultStore for S3ResultStore {
             .if_none_match("*")
             .body(ByteStream::from(new.page.body.clone()))
             .content_type(new.page.content_type.as_str())
+            // S3 checks the bytes against it and keeps it: a refresh's proof of them.
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .checksum_sha256(base64_of_hex(new.sha256))
             .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str())
             .metadata(
                 meta::FINAL_URL,
@@ -55,9 +70,8 @@ impl ResultStore for S3ResultStore {
             )
             .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
             .metadata(meta::SHA256, new.sha256)
-            .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at))
-            .send()
-            .await;
+            .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
+        let result = with_validators(request, &new.page.validators).send().await;
         match result {
             Ok(_) => Ok(Put::Stored),
             Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(Put::AlreadyThere),
@@ -67,45 +81,72 @@ impl ResultStore for S3ResultStore {
 
     #[tracing::instrument(skip_all, fields(%key))]
     async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
-        let head = match self
+        match self.head(key, false).await? {
+            Some(head) => described(key, &head).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %prior.key))]
+    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+        let Some(head) = self.head(&prior.key, true).await? else {
+            return Ok(Checked::Unusable("the earlier result is gone".into()));
+        };
+        let checksum = head.checksum_sha256.as_deref().and_then(hex_of_base64);
+        let Some(checksum) = checksum else {
+            return Ok(Checked::Unusable(
+                "the earlier result has no SHA-256 checksum".into(),
+            ));
+        };
+        let stored = described(&prior.key, &head)?;
+        if checksum != prior.sha256.as_str() || stored.sha256 != prior.sha256.as_str() {
+            return Ok(Checked::Unusable(
+                "the earlier result's bytes are not the ones its task names".into(),
+            ));
+        }
+        let version = head.e_tag.clone().unwrap_or_default();
+        Ok(Checked::Usable(Earlier { version, stored }))
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %carried.key))]
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+        let earlier = &carried.earlier.stored;
+        let source = format!("{}/{}", self.bucket, encoded(earlier.key.as_str()));
+        let request = self
             .client
-            .head_object()
+            .copy_object()
             .bucket(&self.bucket)
-            .key(key.as_str())
-            .send()
-            .await
-        {
-            Ok(head) => head,
-            Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => {
-                return Ok(None);
+            .key(carried.key.as_str())
+            .copy_source(source)
+            .copy_source_if_match(&carried.earlier.version)
+            .if_none_match("*")
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .metadata_directive(MetadataDirective::Replace)
+            .content_type(earlier.content_type.as_str())
+            .metadata(meta::SOURCE_URL, MetadataUrl::new(carried.url).as_str())
+            .metadata(
+                meta::FINAL_URL,
+                MetadataUrl::new(&earlier.final_url).as_str(),
+            )
+            .metadata(meta::HTTP_STATUS, earlier.http_status.to_string())
+            .metadata(meta::SHA256, &earlier.sha256)
+            .metadata(meta::FETCHED_AT, rfc3339(carried.fetched_at))
+            .metadata(
+                meta::REFRESHED_FROM,
+                Refreshed::new(earlier.key.as_str()).as_str(),
+            );
+        let result = with_validators(request, carried.validators).send().await;
+        match result {
+            Ok(_) => Ok(Copied::Stored),
+            // The key was taken, or the earlier object changed: which one, the key says.
+            Err(err) if service_code(&err) == Some("PreconditionFailed") => {
+                match self.head(carried.key, false).await? {
+                    Some(_) => Ok(Copied::AlreadyThere),
+                    None => Ok(Copied::EarlierChanged),
+                }
             }
-            Err(err) => return Err(AwsError::from_sdk("HeadObject", err)),
-        };
-        let corrupt = |detail: String| AwsError::Corrupt {
-            what: "result object",
-            detail: format!("{key}: {detail}"),
-        };
-        let metadata = head.metadata.unwrap_or_default();
-        let field = |name: &str| {
-            metadata
-                .get(name)
-                .cloned()
-                .ok_or_else(|| corrupt(format!("no {name} metadata")))
-        };
-        let http_status = field(meta::HTTP_STATUS)?;
-        Ok(Some(StoredResult {
-            key: key.clone(),
-            sha256: field(meta::SHA256)?,
-            size: head
-                .content_length
-                .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(|| corrupt("no content length".into()))?,
-            http_status: http_status
-                .parse()
-                .map_err(|_| corrupt(format!("http-status {http_status:?}")))?,
-            content_type: head.content_type.unwrap_or_default().into(),
-            final_url: field(meta::FINAL_URL)?.into(),
-        }))
+            Err(err) => Err(AwsError::from_sdk("CopyObject", err)),
+        }
     }
 
     #[tracing::instrument(skip_all, fields(key = key.as_str()))]
@@ -121,6 +162,122 @@ impl ResultStore for S3ResultStore {
             .map_err(|e| AwsError::from_sdk("PutObject(quarantine)", e))?;
         Ok(())
     }
+}
+
+/// The earlier key, as its carried-forward copy's metadata names it (S3 caps user metadata
+/// at 2 KB for all of it: two URLs of 560, validators of 232, this, and the rest).
+type Refreshed = Bounded<400>;
+
+impl S3ResultStore {
+    /// The object's head (with its checksum if `checksum`), or `None` when there is none.
+    async fn head(
+        &self,
+        key: &ResultKey,
+        checksum: bool,
+    ) -> Result<Option<HeadObjectOutput>, AwsError> {
+        let mut request = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key.as_str());
+        if checksum {
+            request = request.checksum_mode(ChecksumMode::Enabled);
+        }
+        match request.send().await {
+            Ok(head) => Ok(Some(head)),
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
+            Err(err) => Err(AwsError::from_sdk("HeadObject", err)),
+        }
+    }
+}
+
+/// A put or a copy with the validators it stores as metadata.
+fn with_validators<B: WithMetadata>(request: B, validators: &Validators) -> B {
+    let mut request = request;
+    if let Some(etag) = &validators.etag {
+        request = request.with_metadata(meta::ETAG, etag.as_str());
+    }
+    if let Some(date) = &validators.last_modified {
+        request = request.with_metadata(meta::LAST_MODIFIED, date.as_str());
+    }
+    request
+}
+
+/// The requests that take user metadata.
+trait WithMetadata {
+    fn with_metadata(self, name: &str, value: &str) -> Self;
+}
+
+impl WithMetadata for aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+    fn with_metadata(self, name: &str, value: &str) -> Self {
+        self.metadata(name, value)
+    }
+}
+
+impl WithMetadata for aws_sdk_s3::operation::copy_object::builders::CopyObjectFluentBuilder {
+    fn with_metadata(self, name: &str, value: &str) -> Self {
+        self.metadata(name, value)
+    }
+}
+
+/// A result object as its head and metadata describe it.
+fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, AwsError> {
+    let corrupt = |detail: String| AwsError::Corrupt {
+        what: "result object",
+        detail: format!("{key}: {detail}"),
+    };
+    let metadata = head.metadata.clone().unwrap_or_default();
+    let field = |name: &str| {
+        metadata
+            .get(name)
+            .cloned()
+            .ok_or_else(|| corrupt(format!("no {name} metadata")))
+    };
+    let http_status = field(meta::HTTP_STATUS)?;
+    let validators = Validators::parse(
+        metadata.get(meta::ETAG).map(String::as_str),
+        metadata.get(meta::LAST_MODIFIED).map(String::as_str),
+    );
+    Ok(StoredResult {
+        key: key.clone(),
+        sha256: field(meta::SHA256)?,
+        size: head
+            .content_length
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| corrupt("no content length".into()))?,
+        http_status: http_status
+            .parse()
+            .map_err(|_| corrupt(format!("http-status {http_status:?}")))?,
+        content_type: head.content_type.clone().unwrap_or_default().into(),
+        final_url: field(meta::FINAL_URL)?.into(),
+        validators,
+        not_modified: metadata.contains_key(meta::REFRESHED_FROM),
+    })
+}
+
+/// A hex SHA-256 as S3's `x-amz-checksum-sha256` takes it (base64 of the bytes).
+fn base64_of_hex(sha256: &str) -> String {
+    let bytes = hex::decode(sha256).unwrap_or_default();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The hex SHA-256 of a full-object checksum S3 gives (base64), if it is one.
+fn hex_of_base64(checksum: &str) -> Option<String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(checksum)
+        .ok()?;
+    (bytes.len() == 32).then(|| hex::encode(bytes))
+}
+
+/// A key as `x-amz-copy-source` takes it: percent-encoded, its slashes kept.
+fn encoded(key: &str) -> String {
+    const KEPT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(key, KEPT).to_string()
 }
 
 /// What operators do with the quarantine.
@@ -148,19 +305,45 @@ impl S3ResultStore {
 
     /// The object's bytes.
     pub async fn read(&self, key: &str) -> Result<Vec<u8>, AwsError> {
-        let object = self
+        self.read_if_there(key)
+            .await?
+            .ok_or_else(|| AwsError::Conflict {
+                detail: format!("the object at {key} is gone"),
+            })
+    }
+
+    /// The bucket is there and may be read (HeadBucket): its absence said before any object.
+    pub async fn check_bucket(&self) -> Result<(), AwsError> {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("HeadBucket", e))?;
+        Ok(())
+    }
+
+    /// The object's bytes, or `None` when the bucket has no object at `key`.
+    pub async fn read_if_there(&self, key: &str) -> Result<Option<Vec<u8>>, AwsError> {
+        let sent = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
-            .await
-            .map_err(|e| AwsError::from_sdk("GetObject", e))?;
+            .await;
+        let object = match sent {
+            Ok(object) => object,
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Ok(None);
+            }
+            Err(err) => return Err(AwsError::from_sdk("GetObject", err)),
+        };
         let bytes = object.body.collect().await.map_err(|e| AwsError::Corrupt {
             what: "object body",
             detail: format!("{key}: {e}"),
         })?;
-        Ok(bytes.to_vec())
+        Ok(Some(bytes.to_vec()))
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), AwsError> {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
+    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
     SendMessageBatchRequestEntry,
 };
 
@@ -16,18 +17,22 @@ use crate::domain::ids::TaskRef;
 use crate::domain::message;
 use crate::ports::error::AwsError;
 use crate::ports::queue::{QueueRef, SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
+use crate::store::lazy::Lazy;
 
 /// [`Visibility`] through SQS `ChangeMessageVisibility`.
 #[derive(Debug, Clone)]
 pub struct SqsVisibility {
-    client: Client,
-    endpoint: Option<String>,
+    client: Lazy<Client>,
+    endpoint: Lazy<Option<String>>,
 }
 
 impl SqsVisibility {
     /// `endpoint`: the configured endpoint override, if any (`AWS_ENDPOINT_URL`).
-    pub fn new(client: Client, endpoint: Option<String>) -> Self {
-        Self { client, endpoint }
+    pub fn new(client: impl Into<Lazy<Client>>, endpoint: impl Into<Lazy<Option<String>>>) -> Self {
+        Self {
+            client: client.into(),
+            endpoint: endpoint.into(),
+        }
     }
 }
 
@@ -200,6 +205,59 @@ impl SqsQueue {
         Ok(())
     }
 
+    /// Makes these received messages visible again at once (at most 10).
+    pub async fn release(&self, messages: &[&Message]) -> Result<(), AwsError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let entries = messages.iter().enumerate().map(|(i, m)| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .visibility_timeout(0)
+                .build()
+                .expect("id and receipt handle, the required fields, are set")
+        });
+        self.client
+            .change_message_visibility_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("ChangeMessageVisibilityBatch", e))?;
+        Ok(())
+    }
+
+    /// Sends one message body, with `attributes` (name, string value) if any, delivered
+    /// after `delay` (at most SQS's 15 minutes).
+    pub async fn send_with(
+        &self,
+        body: &str,
+        attributes: &[(&str, &str)],
+        delay: std::time::Duration,
+    ) -> Result<(), AwsError> {
+        let delay = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
+        let mut request = self
+            .client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .delay_seconds(delay);
+        for (name, value) in attributes {
+            let value = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(*value)
+                .build()
+                .expect("the data type, the required field, is set");
+            request = request.message_attributes(*name, value);
+        }
+        request
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+        Ok(())
+    }
+
     /// Sends one message body.
     pub async fn send(&self, body: &str) -> Result<(), AwsError> {
         self.client
@@ -247,6 +305,17 @@ pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
         .flatten()
         .map(|(name, value)| (name.as_str().to_owned(), value.clone().into()))
         .collect();
+    let message_attributes: serde_json::Map<String, serde_json::Value> = message
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, value)| {
+            let text = value.string_value()?;
+            let attribute =
+                serde_json::json!({ "stringValue": text, "dataType": value.data_type() });
+            Some((name.clone(), attribute))
+        })
+        .collect();
     let region = queue_arn.split(':').nth(3).unwrap_or_default();
     let json = serde_json::json!({
         "messageId": message.message_id(),
@@ -254,7 +323,7 @@ pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
         "body": message.body(),
         "md5OfBody": message.md5_of_body(),
         "attributes": attributes,
-        "messageAttributes": {},
+        "messageAttributes": message_attributes,
         "eventSource": "aws:sqs",
         "eventSourceARN": queue_arn,
         "awsRegion": region,

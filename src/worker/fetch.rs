@@ -13,7 +13,7 @@ use crate::polite::{Later, Permit};
 use crate::ports::error::AwsError;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
-use crate::ports::results::ResultStore;
+use crate::ports::results::{Checked, Earlier, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::retry::Patience;
@@ -23,6 +23,26 @@ use tokio::time::Instant;
 
 use super::{Attempt, DISALLOWED, MIN_FETCH, Work, Worker, outcome_of};
 
+/// The outcome of carrying an earlier result forward (`None`: it changed as it was copied,
+/// and the record comes back to check it again).
+fn carried(
+    converged: Option<Converged>,
+    earlier: &Earlier,
+    attempt: Attempt,
+    measures: &Measures,
+) -> Outcome {
+    let Some(converged) = converged else {
+        return Outcome::ScrapeTransient {
+            reason: "the earlier result changed as it was copied: asked again".into(),
+            retry_after: None,
+        };
+    };
+    if converged == (Converged::Succeeded { adopted: false }) {
+        measures.not_modified(earlier.stored.size);
+    }
+    outcome_of(converged, attempt.redelivery, false)
+}
+
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
@@ -31,23 +51,47 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     pub(super) async fn scrape(
         &self,
         task: &TaskRef,
-        work: Work,
+        mut work: Work,
         (mut stores, key): (Stores<'_, T, R>, &ResultKey),
         attempt: Attempt,
         invocation: &Invocation,
     ) -> Result<Outcome, AwsError> {
         let delivery = work.delivery.clone();
+        let earlier = self.earlier(&mut work).await?;
         let fetched = self
             .fetch_polite(task, work, attempt.budget, invocation)
             .await;
         stores.spend = fetched.spend;
         let measures = &invocation.measures;
-        let converged = self.converge(&stores, task, key, fetched.page, attempt, measures);
+        let page = (fetched.page, earlier.as_ref());
+        let converged = self.converge(&stores, task, key, page, attempt, measures);
         let converged = converged.await;
         if !stores.spend_counted() {
             self.record_spend(task, &stores, &delivery).await;
         }
         converged
+    }
+
+    /// A refresh task's earlier result, if it can be carried forward (its object is there,
+    /// with the bytes the task names); otherwise the work forgets it and fetches in full.
+    async fn earlier(&self, work: &mut Work) -> Result<Option<Earlier>, AwsError> {
+        let Some(prior) = work.prior.take() else {
+            return Ok(None);
+        };
+        if !prior.is_under(&self.settings.results_prefix) {
+            tracing::warn!(key = %prior.key, "the earlier result is not one of the results: fetched in full");
+            return Ok(None);
+        }
+        match self.results.check_earlier(&prior).await? {
+            Checked::Usable(earlier) => {
+                work.prior = Some(prior);
+                Ok(Some(earlier))
+            }
+            Checked::Unusable(why) => {
+                tracing::info!(%why, key = %prior.key, "the earlier result cannot be carried forward: fetched in full");
+                Ok(None)
+            }
+        }
     }
 
     /// Fetches with the host's permit, given back with the answer after; without one (the
@@ -89,14 +133,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
     ) -> Fetched {
         let url = work.url.as_deref();
+        let within = |budget| Ask {
+            if_changed: work.prior.as_ref().map(|prior| &prior.validators),
+            ..Ask::within(budget)
+        };
         let (Some(run_budget), paid @ 1..) = (work.wanted.paid_budget, self.settings.proxy_tiers)
         else {
-            return self.fetch(url, Ask::within(budget), invocation).await;
+            return self.fetch(url, within(budget), invocation).await;
         };
         let started = Instant::now();
         let withheld = Ask {
             paid_tier: false,
-            ..Ask::within(budget)
+            ..within(budget)
         };
         let first = self.fetch(url, withheld, invocation).await;
         if !first.wants_paid_tier {
@@ -121,10 +169,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let ask = Ask {
             first_tier: paid,
-            ..Ask::within(budget.saturating_sub(started.elapsed()))
+            ..within(budget.saturating_sub(started.elapsed()))
         };
         let last = self.fetch(url, ask, invocation).await;
-        self.paid.settle(hold, last.spend.tier(paid).bytes);
+        let spent = last.spend.tier(paid).billed();
+        self.paid.settle(&self.tasks, hold, spent).await;
         Fetched {
             spend: first.spend.plus(&last.spend),
             ..last
@@ -220,7 +269,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     pub(super) async fn fetch(
         &self,
         url: Option<&str>,
-        ask: Ask,
+        ask: Ask<'_>,
         invocation: &Invocation,
     ) -> Fetched {
         let Some(url) = url else {
@@ -240,19 +289,26 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         stores: &Stores<'_, T, R>,
         task: &TaskRef,
         key: &ResultKey,
-        fetched: Result<Page, FetchError>,
+        (fetched, earlier): (Result<Page, FetchError>, Option<&Earlier>),
         attempt: Attempt,
         measures: &Measures,
     ) -> Result<Outcome, AwsError> {
-        let err = match fetched {
-            Ok(page) => {
+        let err = match (fetched, earlier) {
+            (Ok(page), Some(earlier)) if page.not_modified() => {
+                let converged = stores.carry_forward(task, key, earlier, &page).await?;
+                return Ok(carried(converged, earlier, attempt, measures));
+            }
+            (Ok(page), _) if page.not_modified() => {
+                FetchError::transient("HTTP 304 to a request that named no earlier result")
+            }
+            (Ok(page), _) => {
                 let converged = stores.succeed(task, key, &page).await?;
                 if converged == (Converged::Succeeded { adopted: false }) {
                     measures.stored(page.body.len() as u64);
                 }
                 return Ok(outcome_of(converged, attempt.redelivery, false));
             }
-            Err(err) => err,
+            (Err(err), _) => err,
         };
         // Our own budget ended the fetch, not the site's slowness: not the page's failure.
         if err.timed_out && attempt.budget < self.settings.scrape_timeout {

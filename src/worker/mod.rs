@@ -18,6 +18,7 @@ use crate::contract::Outcome;
 use crate::converge::Converged;
 use crate::domain::message;
 use crate::domain::model::DuplicatePolicy;
+use crate::domain::refresh::Prior;
 use crate::domain::time::epoch_millis;
 use crate::guard::{ParentsCache, Wanted};
 use crate::polite::{Gate, HoldReason, Permit, Politeness};
@@ -53,6 +54,9 @@ pub struct RecordSettings {
     /// The most bytes one paid fetch can spend ([`crate::scraper::most_spent`]): what it holds
     /// of its run's budget while it runs.
     pub paid_fetch_cap: u64,
+    /// How long this sandbox's lease on its paid-tier reservations lasts
+    /// ([`crate::budget::LEASE`]).
+    pub paid_lease: Duration,
 }
 
 /// The worker's ports and settings, built once per cold start, and what a sandbox keeps
@@ -77,7 +81,7 @@ impl<T, R, F, V> Worker<T, R, F, V> {
         Self {
             parents: ParentsCache::new(settings.parents_ttl),
             gate: Gate::new(settings.politeness.clone()),
-            paid: PaidAllowances::default(),
+            paid: PaidAllowances::new(settings.paid_lease),
             pressure: Pressure::default(),
             tasks,
             results,
@@ -188,6 +192,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 /// What the guard's reads and the gate gave a delivery to work on.
 struct Work {
     url: Option<String>,
+    /// The earlier result a refresh task names; once checked, only one that can be carried
+    /// forward, whose validators the fetch asks with (`None`: the page is fetched in full).
+    prior: Option<Prior>,
     wanted: Wanted,
     /// The host's permit to fetch; `None`: the task fails without a request, for `refused`
     /// (robots.txt forbids the URL when there is no reason).
@@ -202,7 +209,7 @@ impl Work {
     /// The work of `delivery` on the task at `url`, with the host's permit, or the reason
     /// it fails without a request.
     fn of(
-        (url, wanted): (Option<String>, Wanted),
+        (url, prior, wanted): (Option<String>, Option<Prior>, Wanted),
         pass: Result<Permit, FetchError>,
         delivery: &Delivery,
     ) -> Self {
@@ -212,6 +219,7 @@ impl Work {
         };
         Self {
             url,
+            prior,
             wanted,
             permit,
             refused,
@@ -268,11 +276,12 @@ fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
 }
 
 /// A claim made: whether an earlier delivery had claimed the task, the task's claims so far
-/// (this one included), and its URL.
+/// (this one included), its URL and its earlier result.
 struct Claimed {
     redelivery: bool,
     attempts: u32,
     url: Option<String>,
+    prior: Option<Prior>,
 }
 
 /// What a delivery knows of its attempt at a task.

@@ -3,7 +3,7 @@
 //! or a claim's attempt given back.
 
 use crate::contract::Outcome;
-use crate::domain::ids::{QuarantineKey, TaskRef};
+use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{self, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
@@ -110,8 +110,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Keeps a poison message in S3 before it is acknowledged; if that fails, it is retried
     /// rather than lost.
     pub(super) async fn quarantine(&self, record: &SqsMessage, poison: Poison) -> Outcome {
+        let prefix = &self.settings.quarantine_prefix;
+        let replayed = record
+            .message_attributes
+            .get(REPLAYED_FROM)
+            .and_then(|attribute| attribute.string_value.as_deref())
+            .and_then(|key| QuarantineKey::replayed(prefix, key));
         let message_id = record.message_id.as_deref().unwrap_or_default();
-        let key = QuarantineKey::for_message(&self.settings.quarantine_prefix, message_id);
+        let key = replayed.unwrap_or_else(|| QuarantineKey::for_message(prefix, message_id));
         let document = serde_json::json!({
             "reason": poison.0,
             "quarantined_at": rfc3339(SystemTime::now()),

@@ -68,8 +68,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
-        let (url, wanted) = match guard::check(&self.tasks, &self.parents, task).await? {
-            Checked::Wanted { url, wanted } => (url, wanted),
+        let (url, prior, wanted) = match guard::check(&self.tasks, &self.parents, task).await? {
+            Checked::Wanted { url, prior, wanted } => (url, prior, wanted),
             Checked::Skipped(outcome) => return Ok(outcome),
         };
         let Some(budget) = self.fetch_budget(invocation) else {
@@ -80,7 +80,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Ok(pass) => pass,
             Err(held) => return Ok(held),
         };
-        let work = Work::of((url, wanted), pass, delivery);
+        let work = Work::of((url, prior, wanted), pass, delivery);
         self.claimed(task, work, invocation, owner).await
     }
 
@@ -176,10 +176,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                     redelivery,
                     attempts,
                     url,
+                    prior,
                 } => Ok(Claimed {
                     redelivery,
                     attempts,
                     url,
+                    prior,
                 }),
                 Admission::Skipped(outcome) => Err(outcome),
             },
@@ -210,7 +212,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             self.unclaim(task, &claim).await;
             return Ok(Outcome::NoTimeLeft);
         };
-        let url = claim.url.clone();
+        let (url, prior) = (claim.url.clone(), claim.prior.clone());
         let entered = self.enter_host(url.as_deref(), &wanted, delivery, budget, invocation);
         let pass = match entered.await {
             Ok(Ok(pass)) => pass,
@@ -223,7 +225,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 return Err(err);
             }
         };
-        let work = Work::of((url, wanted), pass, delivery);
+        let work = Work::of((url, prior, wanted), pass, delivery);
         self.after_claim(task, work, claim, invocation).await
     }
 

@@ -37,13 +37,33 @@ impl Expression {
         self
     }
 
+    /// With `adds` (an attribute and the placeholder of its value, `:name`) in the update's
+    /// `ADD` clause, which it gets if it has none.
+    pub(crate) fn with_adds(mut self, adds: &[(String, String)]) -> Self {
+        if adds.is_empty() {
+            return self;
+        }
+        let adds = adds
+            .iter()
+            .map(|(name, value)| format!("{name} {value}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.update = match self.update.split_once("ADD ") {
+            Some((before, after)) => format!("{before}ADD {adds}, {after}"),
+            None => format!("{} ADD {adds}", self.update)
+                .trim_start()
+                .to_owned(),
+        };
+        self
+    }
+
     /// As one item of a transaction.
     pub(crate) fn into_update(self, table: &str, key: Item) -> Update {
         Update::builder()
             .table_name(table)
             .set_key(Some(key))
             .update_expression(self.update)
-            .condition_expression(self.condition)
+            .set_condition_expression((!self.condition.is_empty()).then_some(self.condition))
             .set_expression_attribute_names(non_empty(self.names))
             .set_expression_attribute_values(non_empty(self.values))
             // What the item was when the condition failed: a success tells a failure it

@@ -2,7 +2,8 @@
 //! or in data contract v3 spread over one per counter shard (`RUN#<job>#<run>#<shard>`);
 //! a job and its runs share the job's (`JOB#<job>`); each counter shard and counter group of
 //! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`), and so
-//! does each host the fleet fetches from (`HOST#<host:port>`). Keys are strings `pk` and `sk`.
+//! does each host the fleet fetches from (`HOST#<host:port>`) and the sandboxes' leases on a
+//! run's paid-tier budget (`LEASES#<job>#<run>`). Keys are strings `pk` and `sk`.
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::store::dynamo::attributes::{Item, s};
@@ -68,6 +69,16 @@ pub fn job_key(job: &Id) -> Item {
 
 pub fn run_key(job: &Id, run: &Id) -> Item {
     key(job_partition(job), run_sort(run))
+}
+
+/// A sandbox's lease on the run's paid-tier budget, in a partition of the run's leases
+/// (one Query finds them; the run item's own partition stays its job's).
+pub fn lease_key(job: &Id, run: &Id, holder: &str) -> Item {
+    key(lease_partition(job, run), format!("LEASE#{holder}"))
+}
+
+pub fn lease_partition(job: &Id, run: &Id) -> String {
+    format!("LEASES#{job}#{run}")
 }
 
 /// The sort key of a counter shard item.

@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::types::{CancellationReason, KeysAndAttributes};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::ports::error::{AwsError, AwsFault};
+use crate::store::lazy::Lazy;
 use attributes::Item;
 use expressions::Expression;
 
@@ -26,14 +27,14 @@ pub mod tasks;
 /// The task store (`ports::tasks::TaskStore`, and the hosts, spend and runs) on one DynamoDB table with string keys `pk` and `sk`.
 #[derive(Debug, Clone)]
 pub struct DynamoTaskStore {
-    pub(crate) client: Client,
+    pub(crate) client: Lazy<Client>,
     pub(crate) table: String,
 }
 
 impl DynamoTaskStore {
-    pub fn new(client: Client, table: impl Into<String>) -> Self {
+    pub fn new(client: impl Into<Lazy<Client>>, table: impl Into<String>) -> Self {
         Self {
-            client,
+            client: client.into(),
             table: table.into(),
         }
     }

@@ -12,7 +12,8 @@ use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::Finish;
-use crate::store::dynamo::attributes::{Item, number, string};
+use crate::store::dynamo::attributes::{Item, n, number, string};
+use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
@@ -120,6 +121,7 @@ impl DynamoTaskStore {
             .into_update(&self.table, keys::task_key(task));
         let run_update = writes::run_count(step, terminal, now)
             .with_spend(spend)
+            .with_not_modified(terminal)
             .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
         let result = self
             .client
@@ -190,6 +192,26 @@ fn counted_refusal(
         }
     }
     Err(AwsError::from_sdk("TransactWriteItems(finish)", err))
+}
+
+impl Expression {
+    /// With a success carried forward on a `304 Not Modified` counted on the counter item
+    /// (the run or a shard): one page not modified, and its bytes not fetched.
+    pub(crate) fn with_not_modified(self, terminal: &Terminal) -> Self {
+        let Terminal::Succeeded(stored) = terminal else {
+            return self;
+        };
+        if !stored.not_modified {
+            return self;
+        }
+        let adds = [
+            ("pages_not_modified".to_owned(), ":nm_pages".to_owned()),
+            ("bytes_not_fetched".to_owned(), ":nm_bytes".to_owned()),
+        ];
+        self.value(":nm_pages", n(1))
+            .value(":nm_bytes", n(stored.size))
+            .with_adds(&adds)
+    }
 }
 
 /// The run item's writes.

@@ -13,6 +13,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 
 use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
+use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
 use crate::ports::error::AwsError;
 use crate::store::dynamo::attributes::{Item, n, number, s, string, strings};
@@ -58,10 +59,13 @@ impl DynamoTaskStore {
         &self,
         (job, run): (&Id, &Id),
         total: u64,
-        (sizes, spread): (Option<&ShardSizes>, bool),
+        (sizes, spread, refreshes): (Option<&ShardSizes>, bool, Option<&Id>),
     ) -> Result<Created, AwsError> {
         let mut item = keys::run_key(job, run);
         item.extend(strings(&[("status", "running"), ("created_at", &now())]));
+        if let Some(earlier) = refreshes {
+            item.insert("refreshes".into(), s(earlier.as_str()));
+        }
         let counters = match sizes {
             None => vec![
                 ("tasks_remaining", total),
@@ -128,11 +132,51 @@ impl DynamoTaskStore {
     }
 
     /// The task, `pending` with its URL, unless it exists already.
-    pub async fn create_task(&self, task: &TaskRef, url: &str) -> Result<Created, AwsError> {
+    pub async fn create_task(
+        &self,
+        task: &TaskRef,
+        url: &str,
+        prior: Option<&Prior>,
+    ) -> Result<Created, AwsError> {
         let mut item = keys::task_key(task);
         item.extend(strings(&[("url", url), ("status", "pending")]));
         item.insert("created_at".into(), s(&now()));
+        if let Some(prior) = prior {
+            item.extend(prior_fields(prior));
+        }
         self.create(item, "PutItem(task)").await
+    }
+
+    /// The results of these tasks of an earlier run that a refresh can carry forward, by
+    /// task id: each successful task's object, its SHA-256 and its validators, with its URL
+    /// (read 100 at a time).
+    pub async fn earlier_results(
+        &self,
+        refs: &[TaskRef],
+    ) -> Result<std::collections::HashMap<String, (String, Prior)>, AwsError> {
+        let keys = refs.iter().map(keys::task_key).collect();
+        let asked = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+            .set_keys(Some(keys))
+            .projection_expression(
+                "sk, #url, #status, result_key, result_sha256, etag, last_modified",
+            )
+            .expression_attribute_names("#url", "url")
+            .expression_attribute_names("#status", "status")
+            .consistent_read(true)
+            .build()
+            .expect("keys, the required field, are set");
+        let items = self
+            .batch_get(asked, "BatchGetItem(earlier results)")
+            .await?;
+        let earlier = |item: &Item| {
+            (string(item, "status") == Some("successful")).then_some(())?;
+            let task = keys::task_of_sort(string(item, "sk")?)?.to_owned();
+            let validators = Validators::parse(string(item, "etag"), string(item, "last_modified"));
+            let result = (string(item, "result_key"), string(item, "result_sha256"));
+            let prior = Prior::of(result, validators)?;
+            Some((task, (string(item, "url")?.to_owned(), prior)))
+        };
+        Ok(items.iter().filter_map(earlier).collect())
     }
 
     /// Moves the run's submit cursor forward to `through` (never back).
@@ -243,6 +287,30 @@ impl DynamoTaskStore {
             .await?;
         tasks.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(tasks)
+    }
+
+    /// The URL each of these tasks (at most 100) was created with, by task id; a task not
+    /// there is left out.
+    pub async fn stored_urls(
+        &self,
+        refs: &[TaskRef],
+    ) -> Result<std::collections::HashMap<String, String>, AwsError> {
+        let keys = refs.iter().map(keys::task_key).collect();
+        let asked = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+            .set_keys(Some(keys))
+            .projection_expression("sk, #url")
+            .expression_attribute_names("#url", "url")
+            .consistent_read(true)
+            .build()
+            .expect("keys, the required field, are set");
+        let items = self
+            .batch_get(asked, "BatchGetItem(submitted tasks)")
+            .await?;
+        let url_of = |item: &Item| {
+            let task = keys::task_of_sort(string(item, "sk")?)?;
+            Some((task.to_owned(), string(item, "url")?.to_owned()))
+        };
+        Ok(items.iter().filter_map(url_of).collect())
     }
 
     /// The tasks under one partition key (a Query, paged).
@@ -368,4 +436,19 @@ pub(crate) mod writes {
         .value(":through", n(through))
         .value(":now", s(now))
     }
+}
+
+/// A refresh task's earlier result, as the task item carries it for the worker.
+fn prior_fields(prior: &Prior) -> Item {
+    let mut item = strings(&[
+        ("prior_result_key", prior.key.as_str()),
+        ("prior_sha256", prior.sha256.as_str()),
+    ]);
+    if let Some(etag) = &prior.validators.etag {
+        item.insert("prior_etag".into(), s(etag.as_str()));
+    }
+    if let Some(date) = &prior.validators.last_modified {
+        item.insert("prior_last_modified".into(), s(date.as_str()));
+    }
+    item
 }

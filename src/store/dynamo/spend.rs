@@ -1,21 +1,23 @@
 //! What runs spend through proxies: each fetch's requests and bytes added to the counter item
 //! its task counts in (the run item, or its shard), exactly once; and the paid tier's budget,
-//! reserved from the run item in chunks.
+//! reserved from the run item in chunks, each sandbox's under a lease of its own.
 
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use aws_sdk_dynamodb::types::{CancellationReason, Delete, TransactWriteItem, Update};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::{Reservation, Spend};
+use crate::domain::spend::{Lease, Reservation, Spend};
 use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
-use crate::store::dynamo::attributes::{Item, n, number};
+use crate::store::dynamo::attributes::{Item, n, number, s};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
+use crate::store::error::cancellation_fault;
 use writes::spend_names;
 
 impl SpendStore for DynamoTaskStore {
@@ -63,39 +65,265 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all, fields(chunk))]
-    async fn reserve_paid(&self, job: &Id, run: &Id, chunk: u64) -> Result<Reservation, AwsError> {
-        let reserve = writes::reserve_paid(chunk);
-        let result = self
-            .update_run((job, run), reserve)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Reservation::Granted),
-            Err(err) => match err.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
-                    Ok(refusal(e.item().unwrap_or(&Default::default())))
-                }
-                _ => Err(AwsError::from_sdk("UpdateItem(reserve_paid)", err)),
-            },
+    async fn reserve_paid(
+        &self,
+        (job, run): (&Id, &Id),
+        lease: &Lease,
+        chunk: u64,
+    ) -> Result<Reservation, AwsError> {
+        let mut tries = 0;
+        loop {
+            match self.try_reserve((job, run), lease, chunk).await {
+                Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => tries += 1,
+                answer => return answer,
+            }
+            // Others reserved or settled the run item at once: a short pause, jittered.
+            let pause = 20 + fastrand::u64(..80) * tries;
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
         }
     }
 
-    #[tracing::instrument(skip_all, fields(unspent, spent))]
-    async fn return_paid(
+    #[tracing::instrument(skip_all, fields(bytes))]
+    async fn note_paid(
         &self,
-        job: &Id,
-        run: &Id,
-        (unspent, spent): (u64, u64),
+        (job, run): (&Id, &Id),
+        holder: &str,
+        bytes: u64,
     ) -> Result<(), AwsError> {
-        let give_back = writes::return_paid(unspent, spent);
-        match self.update_run((job, run), give_back).send().await {
+        let note = writes::note_paid(bytes);
+        let request = note
+            .apply_to(self.client.update_item())
+            .table_name(&self.table)
+            .set_key(Some(keys::lease_key(job, run, holder)));
+        match request.send().await {
             Ok(_) => Ok(()),
-            // The run is gone, or holds less reserved than that (an operator reset it).
-            Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(return_paid)", err)),
+            // The lease was taken back (this sandbox was frozen past it) or given back: the
+            // holder counts the spend at its give-back.
+            Err(err) if is_condition_failure(&err) => Err(AwsError::Refused {
+                detail: "the paid-tier lease is gone".into(),
+            }),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(note_paid)", err)),
         }
     }
+
+    #[tracing::instrument(skip_all, fields(unnoted))]
+    async fn return_paid(
+        &self,
+        (job, run): (&Id, &Id),
+        holder: &str,
+        unnoted: u64,
+    ) -> Result<(), AwsError> {
+        let mut tries = 0;
+        loop {
+            let answer = match self.lease_item(job, run, holder).await? {
+                Some(lease) => self.settle_lease((job, run), &lease, unnoted).await,
+                None if unnoted == 0 => return Ok(()),
+                None => return self.count_unnoted((job, run), unnoted).await,
+            };
+            match answer {
+                Ok(true) => return Ok(()),
+                // Noted on, or taken back, since it was read: read it again.
+                Ok(false) if tries < CONFLICT_TRIES => {}
+                Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => {}
+                Ok(false) => {
+                    tracing::warn!(unnoted, "paid-tier lease changing under its give-back");
+                    return Ok(());
+                }
+                Err(err) => return Err(err),
+            }
+            tries += 1;
+        }
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn reclaim_paid(&self, (job, run): (&Id, &Id), now_ms: u64) -> Result<usize, AwsError> {
+        let mut taken = 0;
+        for lease in self.leases(job, run).await? {
+            if number::<u64>(&lease, "expires_at_ms").is_some_and(|at| at < now_ms)
+                && self.settle_lease((job, run), &lease, 0).await?
+            {
+                taken += 1;
+            }
+        }
+        Ok(taken)
+    }
+}
+
+/// Pauses and tries of a reservation that met another write of the run item in a
+/// transaction (`TransactionConflict`: production cancels overlapping ones).
+const CONFLICT_TRIES: u64 = 4;
+
+impl DynamoTaskStore {
+    /// A chunk reserved and the holder's lease extended, in one transaction.
+    async fn try_reserve(
+        &self,
+        (job, run): (&Id, &Id),
+        lease: &Lease,
+        chunk: u64,
+    ) -> Result<Reservation, AwsError> {
+        let run_write =
+            writes::reserve_paid(chunk).into_update(&self.table, keys::run_key(job, run));
+        let extended = writes::lease(chunk, lease.expires_at_ms)
+            .into_update(&self.table, keys::lease_key(job, run, &lease.holder));
+        let lease = TransactWriteItem::builder().update(extended).build();
+        let operation = "TransactWriteItems(reserve_paid)";
+        let Some(reasons) = self.with_lease(operation, run_write, lease).await? else {
+            return Ok(Reservation::Granted);
+        };
+        // The run item as the refusal found it, or as it is now when the answer does not
+        // carry it.
+        let run = match reasons.first().and_then(|r| r.item()) {
+            Some(item) => Some(item.clone()),
+            None => self.run_item(job, run).await?,
+        };
+        Ok(refusal(&run.unwrap_or_default()))
+    }
+
+    /// The run's leases (a Query of their partition, paged).
+    async fn leases(&self, job: &Id, run: &Id) -> Result<Vec<Item>, AwsError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(&keys::lease_partition(job, run)))
+            .consistent_read(true)
+            .into_paginator()
+            .items()
+            .send();
+        let mut leases = Vec::new();
+        while let Some(item) = pages.next().await {
+            leases.push(item.map_err(|e| AwsError::from_sdk("Query(leases)", e))?);
+        }
+        Ok(leases)
+    }
+
+    /// This holder's lease, read consistently, if it has one.
+    async fn lease_item(&self, job: &Id, run: &Id, holder: &str) -> Result<Option<Item>, AwsError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(keys::lease_key(job, run, holder)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| AwsError::from_sdk("GetItem(lease)", e))?;
+        Ok(out.item)
+    }
+
+    /// A lease, as it was read, settled for the run and ended: what it noted as spent and
+    /// `unnoted` are spent (past its reserved bytes too: the run's reserved bytes grow by
+    /// the difference), the rest goes back. Refused (`false`) if it changed meanwhile.
+    async fn settle_lease(
+        &self,
+        (job, run): (&Id, &Id),
+        lease: &Item,
+        unnoted: u64,
+    ) -> Result<bool, AwsError> {
+        let reserved: u64 = number(lease, "reserved").unwrap_or(0);
+        let noted: u64 = number(lease, "spent").unwrap_or(0);
+        let (Some(pk), Some(sk)) = (lease.get("pk"), lease.get("sk")) else {
+            return Ok(false);
+        };
+        let key = Item::from([("pk".to_owned(), pk.clone()), ("sk".to_owned(), sk.clone())]);
+        let spent = noted.saturating_add(unnoted);
+        let seen = (reserved, noted, number(lease, "expires_at_ms").unwrap_or(0));
+        let run_write = writes::return_paid(signed(reserved) - signed(spent), spent)
+            .into_update(&self.table, keys::run_key(job, run));
+        let ended = TransactWriteItem::builder()
+            .delete(lease_ended(&self.table, key, seen))
+            .build();
+        let operation = "TransactWriteItems(settle_paid)";
+        let refused = self
+            .with_lease(operation, run_write, ended)
+            .await?
+            .is_some();
+        if !refused {
+            tracing::info!(reserved, spent, "a paid-tier lease settled for the run");
+        }
+        Ok(!refused)
+    }
+
+    /// Bytes spent under a lease that is gone (taken back before this sandbox gave it back,
+    /// which counted them as unspent): reserved and spent both.
+    async fn count_unnoted(&self, (job, run): (&Id, &Id), unnoted: u64) -> Result<(), AwsError> {
+        let request = writes::return_paid(-signed(unnoted), unnoted)
+            .apply_to(self.client.update_item())
+            .table_name(&self.table)
+            .set_key(Some(keys::run_key(job, run)));
+        match request.send().await {
+            Ok(_) => Ok(()),
+            Err(err) if is_condition_failure(&err) => {
+                tracing::warn!(
+                    unnoted,
+                    "the run's paid-tier account is gone: spend not counted"
+                );
+                Ok(())
+            }
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(count_unnoted)", err)),
+        }
+    }
+
+    /// The run item's write and its lease's, in one transaction: `None` when done, the
+    /// cancellation reasons when a condition refused it.
+    async fn with_lease(
+        &self,
+        operation: &'static str,
+        run: Update,
+        lease: TransactWriteItem,
+    ) -> Result<Option<Vec<CancellationReason>>, AwsError> {
+        let items = vec![TransactWriteItem::builder().update(run).build(), lease];
+        let sent = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(None),
+            Err(err) => refused_by_conditions(operation, err).map(Some),
+        }
+    }
+}
+
+/// The cancellation reasons of a transaction refused by its conditions alone; any other
+/// failure (a conflict with another transaction, throttling) classified as an error.
+fn refused_by_conditions(
+    operation: &'static str,
+    err: SdkError<TransactWriteItemsError, HttpResponse>,
+) -> Result<Vec<CancellationReason>, AwsError> {
+    if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
+        let reasons = e.cancellation_reasons();
+        match cancellation_fault(&cancellation_codes(reasons)) {
+            None => return Ok(reasons.to_vec()),
+            Some(fault) => return Err(AwsError::aws(operation, fault, err)),
+        }
+    }
+    Err(AwsError::from_sdk(operation, err))
+}
+
+/// A lease's end: the item deleted only as it was read (`seen`: its reserved bytes, noted
+/// spend and expiry), so that no reservation or note is lost between the read and the
+/// delete. A note that comes once the lease is gone is refused, and its holder counts that
+/// spend at its give-back.
+fn lease_ended(table: &str, key: Item, (reserved, noted, expires): (u64, u64, u64)) -> Delete {
+    Delete::builder()
+        .table_name(table)
+        .set_key(Some(key))
+        .condition_expression(
+            "reserved = :reserved AND (attribute_not_exists(spent) OR spent = :noted) \
+             AND expires_at_ms = :expires",
+        )
+        .expression_attribute_values(":reserved", n(reserved))
+        .expression_attribute_values(":noted", n(noted))
+        .expression_attribute_values(":expires", n(expires))
+        .build()
+        .expect("table and key, the required fields, are set")
+}
+
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// What a refused reservation says, from the run item as it was: spent when the bytes given
@@ -115,23 +343,15 @@ impl Expression {
     pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {
         let mut adds = Vec::new();
         for (tier, spent) in spend.spent() {
-            let (requests, bytes) = spend_names(tier);
-            adds.push(format!("{requests} :spent_r{tier}, {bytes} :spent_b{tier}"));
-            self = self
-                .value(&format!(":spent_r{tier}"), n(spent.requests))
-                .value(&format!(":spent_b{tier}"), n(spent.bytes));
+            let names = spend_names(tier);
+            let figures = [spent.requests, spent.bytes, spent.wire_bytes];
+            for ((name, figure), kind) in names.into_iter().zip(figures).zip(["r", "b", "w"]) {
+                let placeholder = format!(":spent_{kind}{tier}");
+                self = self.value(&placeholder, n(figure));
+                adds.push((name, placeholder));
+            }
         }
-        if adds.is_empty() {
-            return self;
-        }
-        let adds = adds.join(", ");
-        self.update = match self.update.split_once("ADD ") {
-            Some((before, after)) => format!("{before}ADD {adds}, {after}"),
-            None => format!("{} ADD {adds}", self.update)
-                .trim_start()
-                .to_owned(),
-        };
-        self
+        self.with_adds(&adds)
     }
 }
 
@@ -141,12 +361,14 @@ pub(crate) mod writes {
     use crate::store::dynamo::attributes::n;
     use crate::store::dynamo::expressions::Expression;
 
-    /// The names of tier `tier`'s spend on a counter item: requests and body bytes received.
-    pub fn spend_names(tier: usize) -> (String, String) {
-        (
+    /// The names of tier `tier`'s spend on a counter item: requests, body bytes received,
+    /// and bytes on the wire.
+    pub fn spend_names(tier: usize) -> [String; 3] {
+        [
             format!("proxy_requests_t{tier}"),
             format!("proxy_bytes_t{tier}"),
-        )
+            format!("proxy_wire_bytes_t{tier}"),
+        ]
     }
 
     /// One delivery's spend added to an existing counter item (run or shard), alone.
@@ -167,8 +389,26 @@ pub(crate) mod writes {
     .value(":chunk", n(chunk))
     }
 
-    /// `unspent` bytes reserved given back (never below nothing reserved), `spent` counted.
-    pub(crate) fn return_paid(unspent: u64, spent: u64) -> Expression {
+    /// A holder's lease on `chunk` more bytes, extended to `expires_at_ms`.
+    pub(crate) fn lease(chunk: u64, expires_at_ms: u64) -> Expression {
+        Expression::new(
+            "SET expires_at_ms = :expires, spent = if_not_exists(spent, :zero) ADD reserved :chunk"
+                .into(),
+            "",
+        )
+        .value(":expires", n(expires_at_ms))
+        .value(":zero", n(0))
+        .value(":chunk", n(chunk))
+    }
+
+    /// A paid fetch's spend noted on its holder's lease, while the lease is there.
+    pub(crate) fn note_paid(bytes: u64) -> Expression {
+        Expression::new("ADD spent :bytes".into(), "attribute_exists(pk)").value(":bytes", n(bytes))
+    }
+
+    /// `unspent` bytes reserved given back (never below nothing reserved; below 0, spent
+    /// past what was reserved), `spent` counted.
+    pub(crate) fn return_paid(unspent: i64, spent: u64) -> Expression {
         Expression::new(
             "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :unspent \
              ADD paid_tier_spent_bytes :spent"

@@ -13,6 +13,7 @@ use crate::domain::ids::TaskRef;
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::Lease;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::refresh::{Prior, Validators};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
 use crate::ports::error::AwsError;
@@ -33,7 +34,9 @@ impl TaskStore for DynamoTaskStore {
             // Strongly consistent: a task written just before its message was sent (or
             // re-queued just now) must never read as missing or terminal, which would ack it.
             .consistent_read(true)
-            .projection_expression("#status, #url")
+            .projection_expression(
+                "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified",
+            )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
             .send()
@@ -45,6 +48,7 @@ impl TaskStore for DynamoTaskStore {
         Ok(Some(Task {
             status: status_of(&item)?,
             url: string(&item, "url").map(str::to_owned),
+            prior: prior_of(&item),
         }))
     }
 
@@ -104,7 +108,13 @@ impl TaskStore for DynamoTaskStore {
                 let attempts = number(&old, "attempts").unwrap_or(0) + 1;
                 let was = status_of(&old)?;
                 let url = string(&old, "url").map(str::to_owned);
-                Ok(Claim::Claimed { attempts, was, url })
+                let prior = prior_of(&old);
+                Ok(Claim::Claimed {
+                    attempts,
+                    was,
+                    url,
+                    prior,
+                })
             }
             Err(err) => match err.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
@@ -214,6 +224,17 @@ fn job_politeness(job: &Item) -> JobPoliteness {
         );
     }
     politeness
+}
+
+/// A refresh task's earlier result, as its producer wrote it (`prior_*`), if whole and valid.
+fn prior_of(item: &Item) -> Option<Prior> {
+    let text = |name| string(item, name);
+    let validators = Validators::parse(text("prior_etag"), text("prior_last_modified"));
+    let prior = Prior::of((text("prior_result_key"), text("prior_sha256")), validators);
+    if prior.is_none() && item.contains_key("prior_result_key") {
+        tracing::warn!("the task's earlier result is not whole or not valid: fetched in full");
+    }
+    prior
 }
 
 /// A task item that is `failed` and names no stored result.
@@ -356,6 +377,13 @@ pub(crate) mod writes {
         set.extend(["result_size = :size", "http_status = :http"]);
         values.extend([(":key", s(r.key.as_str())), (":sha", s(&r.sha256))]);
         values.extend([(":size", n(r.size)), (":http", n(r.http_status))]);
+        if r.not_modified {
+            set.push("not_modified = :not_modified");
+            values.push((":not_modified", AttributeValue::Bool(true)));
+        } else {
+            remove.push("not_modified");
+        }
+        let (etag, date) = (&r.validators.etag, &r.validators.last_modified);
         let optional = [
             (
                 "content_type = :ctype",
@@ -364,6 +392,18 @@ pub(crate) mod writes {
                 &*r.content_type,
             ),
             ("final_url = :final", "final_url", ":final", &*r.final_url),
+            (
+                "etag = :etag",
+                "etag",
+                ":etag",
+                etag.as_ref().map_or("", |e| e.as_str()),
+            ),
+            (
+                "last_modified = :modified",
+                "last_modified",
+                ":modified",
+                date.as_ref().map_or("", |d| d.as_str()),
+            ),
         ];
         for (assignment, name, placeholder, value) in optional {
             if value.is_empty() {

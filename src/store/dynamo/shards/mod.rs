@@ -175,7 +175,7 @@ impl DynamoTaskStore {
         for (level, counter) in counters.into_iter().enumerate() {
             // The shard (level 0) takes the delivery's spend, in the task's own transaction.
             let counter = if level == 0 {
-                counter.with_spend(spend)
+                counter.with_spend(spend).with_not_modified(terminal)
             } else {
                 counter
             };

@@ -1,0 +1,75 @@
+//! `conveyor-ops redrive`: what the dead-letter queue holds, each message with its task and
+//! receives, and (when asked) every one moved back to the task queue.
+
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+
+use crate::domain::message;
+use crate::ports::error::AwsError;
+use crate::store::sqs::SqsQueue;
+
+/// One dead-lettered message, as an operator reads it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetter {
+    pub message_id: String,
+    /// `job/run/task`, or why the body names no task.
+    pub task: String,
+    /// Deliveries SQS counted before it gave up.
+    pub receives: Option<u64>,
+}
+
+/// What a redrive saw and did.
+#[derive(Debug, Default)]
+pub struct Redriven {
+    pub seen: Vec<DeadLetter>,
+    /// Messages sent back to the task queue and deleted from the dead-letter queue.
+    pub moved: usize,
+}
+
+/// Reads up to `most` messages of `dead`; with `to`, sends each back to it and deletes it
+/// from `dead` (sent first: a crash in between leaves a duplicate, which the worker
+/// absorbs); without, makes them visible again, as they were.
+pub async fn redrive(
+    dead: &SqsQueue,
+    to: Option<&SqsQueue>,
+    most: usize,
+) -> Result<Redriven, AwsError> {
+    let mut redriven = Redriven::default();
+    let mut held: Vec<Message> = Vec::new();
+    while redriven.seen.len() < most {
+        let batch = dead.receive(10, 1).await?;
+        if batch.is_empty() {
+            break;
+        }
+        for message in batch {
+            redriven.seen.push(described(&message));
+            match to {
+                Some(to) => {
+                    to.send(message.body().unwrap_or_default()).await?;
+                    dead.delete(&[&message]).await?;
+                    redriven.moved += 1;
+                }
+                None => held.push(message),
+            }
+        }
+    }
+    for chunk in held.chunks(10) {
+        dead.release(&chunk.iter().collect::<Vec<_>>()).await?;
+    }
+    Ok(redriven)
+}
+
+fn described(message: &Message) -> DeadLetter {
+    let task = match message::parse_body(message.body()) {
+        Ok(task) => format!("{}/{}/{}", task.job_id, task.run_id, task.task_id),
+        Err(poison) => format!("(no task: {})", poison.0),
+    };
+    let receives = message
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+        .and_then(|n| n.parse().ok());
+    DeadLetter {
+        message_id: message.message_id().unwrap_or_default().to_owned(),
+        task,
+        receives,
+    }
+}

@@ -1,0 +1,231 @@
+//! Wire bytes as a proxy provider bills them: a relay on loopback in front of each proxy
+//! counts every byte each way on each connection the client opens to it (request and
+//! response heads, bodies as sent, compressed or not, CONNECT and TLS), and a fetch claims
+//! its connection's count after each hop. reqwest does not let a layer wrap its connections,
+//! so the count sits between it and the proxy instead, on the socket.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::Lookup;
+
+/// What the relay answers a client whose proxy it could not reach (an HTTP request or a
+/// CONNECT both read it): the header tells it from the proxy's own 502.
+pub(super) const UNREACHABLE: &str = "x-conveyor-relay";
+const UNREACHABLE_ANSWER: &[u8] =
+    b"HTTP/1.1 502 Bad Gateway\r\nx-conveyor-relay: unreachable\r\ncontent-length: 0\r\n\r\n";
+
+/// How long the relay tries to reach its proxy.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The relay of one proxy: where the client connects, and the connections' counts by the
+/// client's port.
+pub(super) struct Relay {
+    addr: SocketAddr,
+    open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
+}
+
+/// The proxy a relay connects to: its name (resolved at each connection, as the client
+/// would) or address, and port.
+#[derive(Clone)]
+pub(super) struct Upstream {
+    pub host: String,
+    pub port: u16,
+    pub lookup: Arc<dyn Lookup>,
+}
+
+impl Relay {
+    /// A relay on 127.0.0.1 to `upstream`, accepting on the runtime it is started on.
+    pub(super) fn start(upstream: Upstream) -> io::Result<Self> {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let listener = TcpListener::from_std(listener)?;
+        let open = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(accept(listener, upstream, open.clone()));
+        Ok(Self { addr, open })
+    }
+
+    pub(super) fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The count of `response`'s connection: [`claim`] it once the hop's body is read
+    /// (before the connection can serve another request); it outlives the connection.
+    pub(super) fn count_of(&self, response: &reqwest::Response) -> Option<Arc<AtomicU64>> {
+        let info = response
+            .extensions()
+            .get::<hyper_util::client::legacy::connect::HttpInfo>()?;
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.get(&info.local_addr().port()).cloned()
+    }
+}
+
+/// The bytes on a connection since they were last claimed: a hop's request and answer, and
+/// the connection's set-up (CONNECT, TLS) if the hop was its first.
+pub(super) fn claim(count: Option<Arc<AtomicU64>>) -> u64 {
+    count.map_or(0, |count| count.swap(0, Ordering::Relaxed))
+}
+
+async fn accept(
+    listener: TcpListener,
+    upstream: Upstream,
+    open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
+) {
+    loop {
+        let (client, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "proxy relay: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let count = Arc::new(AtomicU64::new(0));
+        let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
+        table.insert(peer.port(), count.clone());
+        drop(table);
+        let (upstream, open) = (upstream.clone(), open.clone());
+        tokio::spawn(async move {
+            relay(client, &upstream, &count).await;
+            let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
+            table.remove(&peer.port());
+            let unclaimed = count.load(Ordering::Relaxed);
+            if unclaimed > 0 {
+                tracing::debug!(
+                    unclaimed,
+                    "proxy relay: a connection closed with bytes no fetch claimed"
+                );
+            }
+        });
+    }
+}
+
+/// One connection: relayed to the proxy both ways, every byte counted, until either side
+/// closes; a proxy out of reach is answered [`UNREACHABLE_ANSWER`].
+async fn relay(mut client: TcpStream, upstream: &Upstream, count: &AtomicU64) {
+    let proxy = match tokio::time::timeout(CONNECT_TIMEOUT, connect(upstream)).await {
+        Ok(Ok(proxy)) => proxy,
+        _ => {
+            let _ = client.write_all(UNREACHABLE_ANSWER).await;
+            let _ = client.shutdown().await;
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = proxy.set_nodelay(true);
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_proxy, mut to_proxy) = proxy.into_split();
+    tokio::join!(
+        pump(&mut from_client, &mut to_proxy, count),
+        pump(&mut from_proxy, &mut to_client, count),
+    );
+}
+
+async fn connect(upstream: &Upstream) -> io::Result<TcpStream> {
+    let ips = match upstream.host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => upstream.lookup.lookup(upstream.host.clone()).await?,
+    };
+    let addrs: Vec<SocketAddr> = ips
+        .into_iter()
+        .map(|ip| SocketAddr::new(ip, upstream.port))
+        .collect();
+    TcpStream::connect(addrs.as_slice()).await
+}
+
+/// Copies one way, counting, until the reader ends or either side fails; then ends the
+/// writer's side so the other end sees the close.
+async fn pump<R, W>(from: &mut R, to: &mut W, count: &AtomicU64)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        count.fetch_add(read as u64, Ordering::Relaxed);
+        if to.write_all(&buf[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scraper::policy::SystemLookup;
+
+    fn to(addr: SocketAddr) -> Upstream {
+        Upstream {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            lookup: Arc::new(SystemLookup),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relay_counts_every_byte_both_ways_and_a_claim_takes_them_once() {
+        // Arrange: an upstream that answers each read with twice its bytes.
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = upstream.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut peer, _) = upstream.accept().await.unwrap();
+            let mut buf = [0; 64];
+            while let Ok(read @ 1..) = peer.read(&mut buf).await {
+                let twice = [&buf[..read], &buf[..read]].concat();
+                peer.write_all(&twice).await.unwrap();
+            }
+        });
+        let relay = Relay::start(to(addr)).unwrap();
+
+        // Act: 10 bytes out, 20 back.
+        let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
+            .await
+            .unwrap();
+        client.write_all(b"0123456789").await.unwrap();
+        let mut answer = [0; 20];
+        client.read_exact(&mut answer).await.unwrap();
+        let port = client.local_addr().unwrap().port();
+        let count = relay.open.lock().unwrap().get(&port).cloned();
+
+        // Assert
+        assert_eq!(claim(count.clone()), 30);
+        assert_eq!(claim(count), 0, "claimed once");
+    }
+
+    #[tokio::test]
+    async fn a_relay_whose_proxy_is_out_of_reach_answers_so() {
+        // Arrange: an address nothing listens on (bound, then let go).
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = gone.local_addr().unwrap();
+        drop(gone);
+        let relay = Relay::start(to(addr)).unwrap();
+
+        // Act
+        let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
+            .await
+            .unwrap();
+        client
+            .write_all(b"GET http://x/ HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+
+        // Assert
+        assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+        assert!(answer.contains(UNREACHABLE), "{answer}");
+    }
+}
