@@ -3,8 +3,19 @@
 //! and the worker run against a queue the way Lambda's event source mapping would. One file
 //! per command; the routines themselves are in the library's `ops`.
 
+/// `println!` for what a command reports: a reader that went away (`| head -1`) ends the
+/// process quietly, with the status a shell gives a writer killed by SIGPIPE (141), instead
+/// of `println!`'s panic.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::said(std::format_args!($($arg)*))
+    };
+}
+
+mod exit;
 mod poll;
 mod progress;
+mod redrive;
 mod replay;
 mod report;
 mod requeue;
@@ -17,14 +28,19 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use conveyor_worker::aws;
 use conveyor_worker::domain::ids::Id;
+use conveyor_worker::ops::count;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsQueue;
+use exit::{Exit, Named};
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 
 #[derive(Parser)]
 #[command(
+    name = "conveyor-ops",
     version,
+    after_help = "Exit codes: 0 done, 1 failed, 2 bad input, 3 incomplete, 4 dead-lettered, \
+                  5 AWS out of reach or refusing (docs/runbook.md)",
     about = "Operate conveyor-worker: submit runs, watch them, read results, re-queue, replay"
 )]
 struct Cli {
@@ -39,7 +55,29 @@ enum Command {
     Results(results::ResultsArgs),
     RequeueFailed(requeue::RequeueArgs),
     ReplayQuarantine(replay::ReplayArgs),
+    Redrive(redrive::RedriveArgs),
     Poll(poll::PollArgs),
+}
+
+impl Command {
+    /// The table, bucket and queue this command names, for its errors.
+    fn named(&self) -> Named {
+        let env = |name: &str| std::env::var(name).ok();
+        let (table, bucket, queue) = match self {
+            Self::Submit(a) => (Some(&a.table), None, Some(&a.queue_url)),
+            Self::Progress(a) => (Some(&a.run.table), None, a.queue_url.as_ref()),
+            Self::Results(a) => (Some(&a.run.table), Some(&a.bucket), None),
+            Self::RequeueFailed(a) => (Some(&a.run.table), None, Some(&a.queue_url)),
+            Self::ReplayQuarantine(a) => (None, Some(&a.bucket), Some(&a.queue_url)),
+            Self::Redrive(a) => (None, None, Some(&a.queue_url)),
+            Self::Poll(a) => (None, None, Some(&a.queue_url)),
+        };
+        Named {
+            table: table.cloned().or_else(|| env("TABLE_NAME")),
+            bucket: bucket.cloned().or_else(|| env("RESULTS_BUCKET")),
+            queue_url: queue.cloned().or_else(|| env("QUEUE_URL")),
+        }
+    }
 }
 
 /// A run of the table.
@@ -48,8 +86,10 @@ struct RunArgs {
     /// The table (the stack's TableName output).
     #[arg(long, env = "TABLE_NAME")]
     table: String,
+    /// The job's id (letters, digits, `-` and `_`).
     #[arg(long, value_parser = parse_id)]
     job: Id,
+    /// The run's id within the job.
     #[arg(long, value_parser = parse_id)]
     run: Id,
 }
@@ -60,44 +100,79 @@ fn parse_id(raw: &str) -> Result<Id, String> {
 
 type Outcome = Result<(), Box<dyn Error>>;
 
+/// One line to stdout ([`say!`]).
+fn said(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(err) = writeln!(std::io::stdout().lock(), "{line}") {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("conveyor-ops: cannot write to stdout: {err}");
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The SDK's credential chain warns at every provider it tries (instance metadata, ...):
+    // a missing credential is said once, by the error it ends in.
+    let quiet_sdk = "warn,aws_config=error,aws_smithy_runtime=error";
     fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet_sdk.into()))
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage(&err),
+    };
+    let named = cli.command.named();
+    let result = match cli.command {
         Command::Submit(args) => submit::run(args).await,
         Command::Progress(args) => progress::run(args).await,
         Command::Results(args) => results::run(args).await,
         Command::RequeueFailed(args) => requeue::run(args).await,
         Command::ReplayQuarantine(args) => replay::run(args).await,
+        Command::Redrive(args) => redrive::run(args).await,
         Command::Poll(args) => poll::run(args).await,
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Exit::Done.into(),
         Err(err) => {
-            eprintln!("conveyor-ops: {}", explain(err.as_ref()));
-            ExitCode::FAILURE
+            let (exit, line) = exit::ending(err.as_ref(), &named);
+            eprintln!("conveyor-ops: {line}");
+            exit.into()
         }
     }
 }
 
-/// An error with every cause under it ("GetItem(run) not sent: dispatch failure: ...:
-/// Connection refused"), each said once.
-fn explain(err: &(dyn Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(next) = cause {
-        let said = next.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = next.source();
+/// A command line clap refused: its message, with the environment variable that can give a
+/// missing value; help and the version are no error.
+fn usage(err: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = err.print();
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        return Exit::Done.into();
     }
-    text
+    if err.kind() == ErrorKind::MissingRequiredArgument {
+        let text = err.to_string();
+        for (flag, env) in ENV_OF {
+            if text.contains(&format!("{flag} <")) {
+                eprintln!("  {flag} can come from the environment: set {env}");
+            }
+        }
+    }
+    Exit::BadInput.into()
 }
+
+/// The flags an environment variable can give.
+const ENV_OF: [(&str, &str); 4] = [
+    ("--table", "TABLE_NAME"),
+    ("--bucket", "RESULTS_BUCKET"),
+    ("--queue-url", "QUEUE_URL"),
+    ("--prefix", "QUARANTINE_PREFIX"),
+];
 
 /// The standard AWS settings, with the system's certificate store.
 async fn sdk() -> aws_config::SdkConfig {

@@ -1,6 +1,6 @@
 //! `conveyor-ops poll`: the worker against a queue, as Lambda's event source mapping runs it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use conveyor_worker::Config;
@@ -10,6 +10,7 @@ use conveyor_worker::ops::local_mapping::{
     self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
 
+use crate::exit::{Exit, stop};
 use crate::{Outcome, queue};
 
 /// Run the worker against a queue, as Lambda's event source mapping would.
@@ -23,7 +24,7 @@ use crate::{Outcome, queue};
 pub struct PollArgs {
     /// The queue to poll.
     #[arg(long, env = "QUEUE_URL")]
-    queue_url: String,
+    pub(crate) queue_url: String,
     /// Concurrent pollers, like concurrent Lambda instances.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pollers: u16,
@@ -37,7 +38,8 @@ pub struct PollArgs {
     /// visibility timeout and above DEADLINE_MARGIN_MS.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-    /// Stop once the queue is empty: nothing visible and nothing in flight.
+    /// Stop once the queue is empty: nothing visible, in flight or delayed (stopped before,
+    /// by Ctrl-C or --limit, it exits 3).
     #[arg(long)]
     until_drained: bool,
     /// Stop after this long in any case (e.g. "10m").
@@ -46,6 +48,15 @@ pub struct PollArgs {
     /// How often to print progress.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     progress_every: Duration,
+    /// Give up (exit code 5) once every SQS call has failed for this long.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    give_up_after: Duration,
+    /// No progress lines: the summary alone.
+    #[arg(short, long)]
+    quiet: bool,
+    /// The summary as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn run(args: PollArgs) -> Outcome {
@@ -60,8 +71,9 @@ pub async fn run(args: PollArgs) -> Outcome {
         .into());
     }
     let sdk = aws::sdk_config(aws::Trust::System).await;
-    let secret = aws::proxy_secret(&config, &sdk).await?;
-    let worker = AwsWorker::from_config(&config, &sdk, &secret)?;
+    let shared = aws::SharedSdk::loaded(sdk.clone());
+    let secret = aws::proxy_secret(&config, &shared).await?;
+    let worker = AwsWorker::from_config(&config, &shared, &secret)?;
     let queue = queue(&sdk, &args.queue_url);
     let settings = MappingSettings {
         queue_arn: queue.arn().await?.ok_or("the queue did not say its ARN")?,
@@ -72,20 +84,95 @@ pub async fn run(args: PollArgs) -> Outcome {
         limits: BatchLimits::from(&config),
     };
     let dead_letters = queue.dead_letter_queue().await?;
-    let dead_before = depth(dead_letters.as_ref()).await;
-    let stats = MappingStats::default();
+    let dead_before = depth(dead_letters.as_ref()).await?;
+    let (stats, started) = (MappingStats::default(), Instant::now());
     let ended = watched(&args, &queue, &worker, &settings, &stats).await;
-    let dead = depth(dead_letters.as_ref())
-        .await
-        .saturating_sub(dead_before);
-    println!(
-        "{}: {}, {dead} moved to the dead-letter queue",
-        describe(ended),
-        stats.summary()
-    );
+    let dead = match ended {
+        // SQS is out of reach: its dead letters cannot be counted now.
+        Ended::Unreachable => 0,
+        _ => depth(dead_letters.as_ref())
+            .await?
+            .saturating_sub(dead_before),
+    };
+    summary(&args, (ended, started.elapsed()), &stats, dead)?;
+    verdict(&args, ended, &stats, dead)
+}
+
+/// The exit code of a poll that ended: AWS out of reach, dead letters, not drained, done.
+fn verdict(args: &PollArgs, ended: Ended, stats: &MappingStats, dead: u64) -> Outcome {
     match ended {
-        Ended::TimedOut if args.until_drained => Err("the queue did not drain in time".into()),
+        Ended::Unreachable => {
+            let (failing, last) = stats.failing_for().unwrap_or_default();
+            let failing = humantime::format_duration(Duration::from_secs(failing.as_secs()));
+            let why = format!(
+                "queue {}: every SQS call failed for {failing}: {last}",
+                args.queue_url
+            );
+            Err(stop(Exit::Aws, why))
+        }
+        _ if dead > 0 => Err(stop(
+            Exit::DeadLettered,
+            format!(
+                "{} went to the dead-letter queue (conveyor-ops redrive shows them)",
+                crate::count(dead, "message")
+            ),
+        )),
+        Ended::TimedOut if args.until_drained => {
+            Err(stop(Exit::Incomplete, "the queue did not drain in time"))
+        }
+        Ended::Stopped if args.until_drained => {
+            Err(stop(Exit::Incomplete, "stopped before the queue drained"))
+        }
         _ => Ok(()),
+    }
+}
+
+/// The end-of-run summary: what the mapping did, how long, how fast, what dead-lettered.
+fn summary(
+    args: &PollArgs,
+    (ended, elapsed): (Ended, Duration),
+    stats: &MappingStats,
+    dead: u64,
+) -> Outcome {
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+    let acked = load(&stats.deleted);
+    let rate = acked as f64 / elapsed.as_secs_f64().max(1e-3);
+    if args.json {
+        let summary = serde_json::json!({
+            "ended": describe(ended),
+            "elapsed_seconds": elapsed.as_secs_f64(),
+            "batches": load(&stats.batches),
+            "received": load(&stats.received),
+            "acknowledged": acked,
+            "left_for_retry": load(&stats.retried),
+            "dead_lettered": dead,
+            "failed_sqs_calls": load(&stats.sqs_errors),
+            "acknowledged_per_second": rate,
+            "tasks_successful": load(&stats.successful),
+            "tasks_failed": load(&stats.failed),
+            "already_ended_or_not_wanted": load(&stats.without_work),
+            "bytes_stored": load(&stats.bytes_stored),
+        });
+        say!("{summary}");
+        return Ok(());
+    }
+    let elapsed = humantime::format_duration(Duration::from_secs(elapsed.as_secs()));
+    say!(
+        "{} after {elapsed}: {}; {} acknowledged a second; {dead} moved to the dead-letter \
+         queue",
+        describe(ended),
+        stats.summary(),
+        format_rate(rate)
+    );
+    Ok(())
+}
+
+/// A rate as a person reads it: whole numbers from 10 up, one decimal below.
+fn format_rate(rate: f64) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}")
+    } else {
+        format!("{rate:.1}")
     }
 }
 
@@ -99,39 +186,55 @@ async fn watched(
 ) -> Ended {
     let report = |p: &Progress<'_>| {
         let depth = p.depth.map_or_else(|| "?".into(), |d| d.to_string());
-        println!(
+        say!(
             "{:>5} s  {depth} queued  {}",
             p.elapsed.as_secs(),
             p.stats.summary()
         );
     };
+    let quiet = |_: &Progress<'_>| {};
     let watch = Watch {
         check_every: Duration::from_secs(1),
         report_every: args.progress_every,
         until_drained: args.until_drained,
         limit: args.limit,
-        report: &report,
+        give_up_after: args.give_up_after,
+        report: if args.quiet || args.json {
+            &quiet
+        } else {
+            &report
+        },
     };
     let until = if args.until_drained {
         ", until it drains"
     } else {
         "; Ctrl-C stops"
     };
-    println!(
-        "polling {} with {} pollers, batches of up to {}{until}",
-        queue.url(),
-        settings.pollers,
-        settings.batch_size,
-    );
+    if !args.quiet && !args.json {
+        say!(
+            "polling {} with {} pollers, batches of up to {}{until}",
+            queue.url(),
+            settings.pollers,
+            settings.batch_size,
+        );
+    }
     local_mapping::run_watched(queue, worker, settings, stats, &watch, interrupted()).await
 }
 
-/// Messages in the queue, if there is one and it answers (0 otherwise).
-async fn depth(queue: Option<&conveyor_worker::store::sqs::SqsQueue>) -> u64 {
-    match queue {
-        Some(queue) => queue.depth().await.unwrap_or(0),
-        None => 0,
-    }
+/// Messages in the dead-letter queue, if there is one (0 otherwise); an error names it.
+async fn depth(
+    queue: Option<&conveyor_worker::store::sqs::SqsQueue>,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let Some(queue) = queue else {
+        return Ok(0);
+    };
+    queue.depth().await.map_err(|err| {
+        let why = format!(
+            "the dead-letter queue {} could not be read: {err}",
+            queue.url()
+        );
+        stop(Exit::Aws, why)
+    })
 }
 
 /// Ctrl-C; without a signal handler, never (run until drained).
@@ -146,5 +249,6 @@ fn describe(ended: Ended) -> &'static str {
         Ended::Drained => "drained",
         Ended::TimedOut => "time limit reached",
         Ended::Stopped => "stopped",
+        Ended::Unreachable => "SQS out of reach",
     }
 }

@@ -21,9 +21,8 @@ impl Reporter {
     /// `what` names the things counted ("tasks submitted").
     pub fn new(total: u64, what: &'static str, every: Duration) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
-            let style =
-                ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} ({per_sec}, {eta} left)")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
             ProgressBar::new(total).with_style(style).with_message(what)
         });
         Self {
@@ -44,7 +43,7 @@ impl Reporter {
         let mut printed = self.printed.lock().unwrap_or_else(PoisonError::into_inner);
         let due = printed.is_none_or(|at| at.elapsed() >= self.every);
         if due || done >= self.total {
-            println!("{done}/{} {}", self.total, self.what);
+            say!("{done}/{} {}", self.total, self.what);
             *printed = Some(Instant::now());
         }
     }

@@ -13,14 +13,14 @@ use crate::{Outcome, RunArgs, queue, sdk, tasks};
 #[derive(Args)]
 pub struct RequeueArgs {
     #[command(flatten)]
-    run: RunArgs,
+    pub(crate) run: RunArgs,
     /// The task queue (the stack's TasksQueueUrl output).
     #[arg(long, env = "QUEUE_URL")]
-    queue_url: String,
-    /// Send pending tasks again too (after a re-queue whose sends failed; duplicates are
-    /// harmless).
-    #[arg(long)]
-    resend_pending: bool,
+    pub(crate) queue_url: String,
+    /// Send the tasks not ended (pending or processing) again too: after a re-queue whose
+    /// sends failed, or a stall whose messages are gone (duplicates are harmless).
+    #[arg(long, alias = "resend-pending")]
+    resend_open: bool,
 }
 
 pub async fn run(args: RequeueArgs) -> Outcome {
@@ -38,19 +38,19 @@ pub async fn run(args: RequeueArgs) -> Outcome {
     });
     let run_ids = (&job, &run);
     let requeued =
-        requeue::requeue_failed(&tasks, &queue, run_ids, args.resend_pending, &stop).await?;
-    println!(
-        "run {job}/{run}: {} failed tasks set back to pending, {} messages sent",
-        requeued.reset.len(),
-        requeued.sent.len()
+        requeue::requeue_failed(&tasks, &queue, run_ids, args.resend_open, &stop).await?;
+    say!(
+        "run {job}/{run}: {} set back to pending, {} sent",
+        crate::count(requeued.reset.len() as u64, "failed task"),
+        crate::count(requeued.sent.len() as u64, "message")
     );
     if !requeued.conflicted.is_empty() {
-        println!("still failed: {}", requeued.conflicted.join(" "));
+        say!("still failed: {}", requeued.conflicted.join(" "));
         return Err("concurrent writes kept conflicting with some resets: run again".into());
     }
     if !requeued.unsent.is_empty() {
-        println!("not sent: {}", requeued.unsent.join(" "));
-        return Err("some messages were not sent: run again with --resend-pending".into());
+        say!("not sent: {}", requeued.unsent.join(" "));
+        return Err("some messages were not sent: run again with --resend-open".into());
     }
     if let Some(why) = requeued.stopped {
         return Err(format!("stopped before the run's last task ({why}): run again").into());

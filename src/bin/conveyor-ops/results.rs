@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use conveyor_worker::ops::results::{self, Check, Options, TaskResult};
 
+use crate::exit::{Exit, stop};
 use crate::{Outcome, RunArgs, objects, sdk, tasks};
 
 /// List a run's tasks with source URL, status and SHA-256, checking each stored object
@@ -13,10 +14,10 @@ use crate::{Outcome, RunArgs, objects, sdk, tasks};
 #[derive(Args)]
 pub struct ResultsArgs {
     #[command(flatten)]
-    run: RunArgs,
+    pub(crate) run: RunArgs,
     /// The results bucket (the stack's BucketName output).
     #[arg(long, env = "RESULTS_BUCKET")]
-    bucket: String,
+    pub(crate) bucket: String,
     /// Download every stored object into this folder, named by its task id, checking its
     /// bytes against the task's SHA-256.
     #[arg(long)]
@@ -27,16 +28,20 @@ pub struct ResultsArgs {
     /// One JSON object a line, for scripts.
     #[arg(long)]
     json: bool,
+    /// No task lines: the summary alone.
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 pub async fn run(args: ResultsArgs) -> Outcome {
+    let started = std::time::Instant::now();
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     let sdk = sdk().await;
     let (tasks, objects) = (
         tasks(&sdk, args.run.table.clone()),
-        objects(&sdk, args.bucket),
+        objects(&sdk, args.bucket.clone()),
     );
     let options = Options {
         failed_only: args.failed,
@@ -44,19 +49,97 @@ pub async fn run(args: ResultsArgs) -> Outcome {
     };
     let runs = (&args.run.job, &args.run.run);
     let found = results::results(&tasks, &objects, runs, &options).await?;
-    for task in &found {
+    for task in found.iter().filter(|_| !args.quiet) {
         if args.json {
-            println!("{}", serde_json::to_string(task)?);
+            say!("{}", serde_json::to_string(task)?);
         } else {
-            println!("{}", line(task));
+            say!("{}", line(task));
         }
     }
-    let mismatched = found
-        .iter()
-        .filter(|t| matches!(t.check, Check::Mismatch(_)));
-    match mismatched.count() {
-        0 => Ok(()),
-        n => Err(format!("{n} stored objects do not match their task's record").into()),
+    let tally = Tally::of(&found);
+    // On stderr: standard output is the tasks alone, for scripts.
+    eprintln!("{}", tally.summary(started.elapsed()));
+    tally.ending(&args)
+}
+
+/// The run's tasks counted as they ended.
+#[derive(Debug, Default)]
+struct Tally {
+    successful: usize,
+    failed: usize,
+    open: usize,
+    mismatched: usize,
+    bytes: u64,
+    /// Carried forward on a `304 Not Modified`, and their bytes (not fetched again).
+    not_modified: usize,
+    bytes_not_fetched: u64,
+}
+
+impl Tally {
+    fn of(found: &[TaskResult]) -> Self {
+        let mut tally = Tally::default();
+        for task in found {
+            match task.status.as_str() {
+                "successful" => tally.successful += 1,
+                "failed" => tally.failed += 1,
+                _ => tally.open += 1,
+            }
+            tally.mismatched += usize::from(matches!(task.check, Check::Mismatch(_)));
+            tally.bytes += task.size.unwrap_or(0);
+            if task.not_modified {
+                tally.not_modified += 1;
+                tally.bytes_not_fetched += task.size.unwrap_or(0);
+            }
+        }
+        tally
+    }
+
+    fn summary(&self, elapsed: std::time::Duration) -> String {
+        let listed = self.successful + self.failed + self.open;
+        let rate = listed as f64 / elapsed.as_secs_f64().max(1e-3);
+        let refreshed = match self.not_modified {
+            0 => String::new(),
+            n => format!(
+                " ({n} not modified, their {} bytes not fetched again)",
+                self.bytes_not_fetched
+            ),
+        };
+        format!(
+            "{}: {} successful{refreshed}, {} failed, {} not ended; {} bytes stored, {} not \
+             matching their record; in {:.1} s ({rate:.0} a second)",
+            crate::count(listed as u64, "task"),
+            self.successful,
+            self.failed,
+            self.open,
+            self.bytes,
+            self.mismatched,
+            elapsed.as_secs_f64(),
+        )
+    }
+
+    /// A mismatch fails; tasks not ended yet leave the results incomplete.
+    fn ending(&self, args: &ResultsArgs) -> Outcome {
+        if self.mismatched > 0 {
+            let n = self.mismatched;
+            return Err(stop(
+                Exit::Failed,
+                format!(
+                    "{} not matching their task's record",
+                    crate::count(n as u64, "stored object")
+                ),
+            ));
+        }
+        if self.open > 0 && !args.failed {
+            let n = self.open;
+            return Err(stop(
+                Exit::Incomplete,
+                format!(
+                    "{} not ended yet: the results are incomplete",
+                    crate::count(n as u64, "task")
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -65,8 +148,13 @@ fn line(task: &TaskResult) -> String {
     let detail = match (&task.check, task.status.as_str()) {
         (Check::Verified, _) => {
             let sha = task.sha256.as_deref().unwrap_or_default();
+            let carried = if task.not_modified {
+                "  not modified"
+            } else {
+                ""
+            };
             format!(
-                "sha256 {}  {} bytes",
+                "sha256 {}  {} bytes{carried}",
                 &sha[..sha.len().min(16)],
                 task.size.unwrap_or(0)
             )
