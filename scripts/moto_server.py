@@ -16,6 +16,12 @@ patched here without changing what any request returns:
   ReceiveMessage returns (to check its retention period). `compute_queue_attributes_once`
   computes them once per GetQueueAttributes and reads the retention period directly.
 
+CopyObject's conditions (`If-None-Match` on the destination, `x-amz-copy-source-if-match`
+on the source), which moto ignores, are applied here as S3 applies them.
+
+It also counts the write units DynamoDB would bill for every write (moto answers a constant
+ConsumedCapacity), read back as `write_units` in the production-like layer's stats.
+
 The same moto is also served behind `prodlike.py` (conflicts, stale reads, S3 limits, as
 production has them) on a second port, for the tests that ask for it.
 
@@ -105,6 +111,80 @@ def copy_touched_items_only():
     backend.transact_write_items = transact_write_items
 
 
+def count_write_units():
+    """DynamoDB's write units for each write as it bills them: a unit per KB (rounded up, at
+    least one) of the larger of the item's images before and after; twice that in a
+    transaction; a write its condition refused costs the same. ConditionCheck entries are
+    not counted."""
+    backend = dynamodb_models.DynamoDBBackend
+    in_transaction = threading.local()
+
+    def size_of(self, table_name, attrs):
+        table = self.tables.get(table_name)
+        try:
+            hash_key, range_key = self.get_keys_value(table, attrs)
+            item = table.get_item(hash_key, range_key)
+        except Exception:
+            return 0
+        return item.size() if item is not None else 0
+
+    def counted(original):
+        def write(self, table_name, attrs, *args, **kwargs):
+            before = size_of(self, table_name, attrs)
+            try:
+                return original(self, table_name, attrs, *args, **kwargs)
+            finally:
+                after = size_of(self, table_name, attrs)
+                units = max(1, -(-max(before, after) // 1024))
+                twice = 2 if getattr(in_transaction, "on", False) else 1
+                prodlike.STATE.count("write_units", table_name, units * twice)
+
+        return write
+
+    def transactional(original):
+        def transact(self, transact_items):
+            in_transaction.on = True
+            try:
+                return original(self, transact_items)
+            finally:
+                in_transaction.on = False
+
+        return transact
+
+    for name in ("put_item", "update_item", "delete_item"):
+        setattr(backend, name, counted(getattr(backend, name)))
+    backend.transact_write_items = transactional(backend.transact_write_items)
+
+
+def conditional_copies():
+    """CopyObject as S3 conditions it (moto 5.2 ignores both headers): `If-None-Match: *`
+    refuses a destination key that holds an object, and `x-amz-copy-source-if-match` a
+    source whose ETag is another, each with 412 PreconditionFailed. S3 requests are
+    serialised here, so the check and the copy are one step."""
+    from urllib.parse import unquote, urlparse
+
+    from moto.s3.exceptions import PreconditionFailed
+    from moto.s3.responses import S3Response
+
+    copy_object = S3Response.copy_object
+
+    def conditional_copy_object(self):
+        source = urlparse(self.headers.get("x-amz-copy-source", ""))
+        src_bucket, _, src_key = unquote(source.path).lstrip("/").partition("/")
+        if self.headers.get("If-None-Match") == "*" and self.backend.get_object(
+            self.bucket_name, self.parse_key_name()
+        ) is not None:
+            raise PreconditionFailed("If-None-Match")
+        wanted = self.headers.get("x-amz-copy-source-if-match")
+        if wanted is not None:
+            found = self.backend.get_object(src_bucket, src_key)
+            if found is None or found.etag.strip('"') != wanted.strip('"'):
+                raise PreconditionFailed("x-amz-copy-source-If-Match")
+        return copy_object(self)
+
+    S3Response.copy_object = conditional_copy_object
+
+
 def compute_queue_attributes_once():
     def get_queue_attributes(self, queue_name, attribute_names):
         queue = self.get_queue(queue_name)
@@ -135,6 +215,8 @@ def serve(port, app):
 
 def main():
     copy_touched_items_only()
+    count_write_units()
+    conditional_copies()
     compute_queue_attributes_once()
     ports = [int(p) for p in sys.argv[1:3]] + [0, 0]
     app = one_at_a_time(prodlike.Recording(DomainDispatcherApplication(create_backend_app)))

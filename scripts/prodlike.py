@@ -21,7 +21,9 @@ moto already refuses DynamoDB items over 400 KB. Writes through either port are 
 the stale reads (a producer seeding through the plain port is read stale through this one).
 
 Admin paths on the layer's port, for tests:
-- `GET /_prodlike/stats`: what the layer did, `{kind: {table or bucket: count}}`.
+- `GET /_prodlike/stats`: what the layer did, `{kind: {table or bucket: count}}`; also
+  `write_units`, the write units DynamoDB would bill for every write through either port
+  (scripts/moto_server.py counts them).
 - `POST /_prodlike/throttle` with `{"table": T, "share": S, "seconds": D}`: for the next D
   seconds, a share S of the writes to table T (PutItem, UpdateItem, DeleteItem,
   TransactWriteItems) is answered `ProvisionedThroughputExceededException`, as a hot
@@ -82,9 +84,9 @@ class State:
             share, until = self.throttles.get(table, (0.0, 0.0))
             return time.monotonic() < until and random.random() < share
 
-    def count(self, kind, resource):
+    def count(self, kind, resource, n=1):
         with self.lock:
-            self.stats[kind][resource] += 1
+            self.stats[kind][resource] += n
 
     def try_hold(self, held, forced, keys):
         """Holds every key, or none if any is held already (or a test asked for a conflict

@@ -14,8 +14,9 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
+use conveyor_worker::domain::refresh::Prior;
 use conveyor_worker::ports::error::AwsError;
-use conveyor_worker::ports::results::{NewResult, Put, ResultStore};
+use conveyor_worker::ports::results::{Carried, Checked, Copied, NewResult, Put, ResultStore};
 
 /// How often, and how, AWS misbehaves.
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +88,18 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
 
     async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.inner.describe(key).await
+    }
+
+    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+        self.inner.check_earlier(prior).await
+    }
+
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+        let copied = self.inner.carry_if_absent(carried).await?;
+        if fastrand::f64() < self.crash_rate {
+            panic!("injected crash after the S3 copy, before the terminal write");
+        }
+        Ok(copied)
     }
 
     async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {

@@ -6,12 +6,14 @@
 pub mod chaos;
 pub mod demo;
 pub mod forward_proxy;
+pub mod fresh_site;
 pub mod memory;
 pub mod pause;
 pub mod polite_site;
 pub mod queue;
 pub mod scenario;
 pub mod site;
+pub mod tls_site;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -313,13 +315,14 @@ impl Stack {
         let settings = FetchSettings {
             connect_timeout: Duration::from_secs(2),
             max_redirects: 3,
-            max_body_bytes: MAX_BODY_BYTES,
+            max_body_bytes: tuning.max_body_bytes,
             user_agent: "conveyor-worker-tests".into(),
             allow_private_networks: tuning.allow_private_networks,
             allowed_ports: None,
             proxies: tuning.proxies.clone(),
             proxy_session: Duration::from_secs(600),
             proxy_refuses_private: tuning.proxy_refuses_private,
+            extra_roots: tuning.extra_roots.clone(),
         };
         let policy = AddressPolicy::new(tuning.allow_private_networks, None)
             .trusting(tuning.trusted.iter().copied());
@@ -416,7 +419,7 @@ impl Stack {
         let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
         let (job, run) = (id(job), id(run));
         store
-            .create_run((&job, &run), ids.len() as u64, (Some(&sizes), spread))
+            .create_run((&job, &run), ids.len() as u64, (Some(&sizes), spread, None))
             .await
             .expect("create the run");
         store
@@ -550,6 +553,19 @@ impl Stack {
         self.put_counted_run(JOB, RUN, 1000).await;
     }
 
+    /// Gives [`RUN`] a budget of `bytes` for the paid proxy tier.
+    pub async fn set_paid_budget(&self, bytes: u64) {
+        self.dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
+            .update_expression("SET paid_tier_budget_bytes = :budget")
+            .expression_attribute_values(":budget", attributes::n(bytes))
+            .send()
+            .await
+            .expect("set the run's budget");
+    }
+
     pub async fn put_task(&self, task: &str, url: &str, status: &str) {
         self.put_task_in(JOB, RUN, task, url, status).await;
     }
@@ -674,6 +690,10 @@ pub struct WorkerTuning {
     pub allow_private_networks: bool,
     /// `PROXY_REFUSES_PRIVATE` (default false, as deployed).
     pub proxy_refuses_private: bool,
+    /// Roots the fetcher trusts besides Mozilla's: an https front's CA ([`tls_site`]).
+    pub extra_roots: Vec<Vec<u8>>,
+    /// `MAX_BODY_BYTES`: [`MAX_BODY_BYTES`] unless a test needs a page of real size.
+    pub max_body_bytes: u64,
     /// Addresses the fetcher trusts although they are not public (a site on 127.0.0.2).
     pub trusted: Vec<std::net::IpAddr>,
     /// The resolver; the system's unless a test gives a table.
@@ -693,6 +713,9 @@ pub struct WorkerTuning {
     /// Proxy tiers (none: direct) and their credentials.
     pub proxies: Tiers,
     pub proxy_secret: ProxySecret,
+    /// How long a sandbox's paid-tier lease lasts (production's 30 minutes by default; a
+    /// test of a sandbox that dies holding one shrinks it rather than wait).
+    pub paid_lease: Duration,
 }
 
 impl WorkerTuning {
@@ -710,7 +733,8 @@ impl WorkerTuning {
             duplicate_policy: self.duplicate_policy,
             politeness: self.politeness.clone(),
             proxy_tiers: self.proxies.len(),
-            paid_fetch_cap: conveyor_worker::scraper::most_spent(MAX_BODY_BYTES, 3),
+            paid_fetch_cap: conveyor_worker::scraper::most_spent(self.max_body_bytes, 3),
+            paid_lease: self.paid_lease,
         }
     }
 }
@@ -725,6 +749,8 @@ impl Default for WorkerTuning {
             bucket: None,
             allow_private_networks: true,
             proxy_refuses_private: false,
+            extra_roots: Vec::new(),
+            max_body_bytes: MAX_BODY_BYTES,
             trusted: Vec::new(),
             lookup: None,
             // Deterministic: always the ceiling, one second doubling.
@@ -738,6 +764,7 @@ impl Default for WorkerTuning {
             s3_faults: None,
             politeness: Politeness::off(),
             proxies: Tiers::default(),
+            paid_lease: conveyor_worker::budget::LEASE,
             proxy_secret: ProxySecret::default(),
         }
     }

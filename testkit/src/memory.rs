@@ -16,12 +16,15 @@ use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
 };
-use conveyor_worker::domain::spend::{Reservation, Spend};
+use conveyor_worker::domain::refresh::{Prior, Validators};
+use conveyor_worker::domain::spend::{Lease as PaidLease, Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{QueueRef, Visibility};
-use conveyor_worker::ports::results::{NewResult, Put, ResultStore};
+use conveyor_worker::ports::results::{
+    Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore,
+};
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore};
 use conveyor_worker::scraper::{self, Fetched, Fetcher};
@@ -107,6 +110,7 @@ impl TaskStore for MemoryTasks {
         Ok(lock(&self.tasks).get(task).map(|t| Task {
             status: t.status,
             url: t.url.clone(),
+            prior: None,
         }))
     }
 
@@ -147,6 +151,7 @@ impl TaskStore for MemoryTasks {
             attempts: entry.attempts,
             was,
             url: entry.url.clone(),
+            prior: None,
         })
     }
 
@@ -236,6 +241,8 @@ impl ResultStore for MemoryResults {
             http_status: new.page.http_status,
             content_type: new.page.content_type.clone(),
             final_url: new.page.final_url.clone(),
+            validators: new.page.validators.clone(),
+            not_modified: false,
         };
         objects.insert(new.key.as_str().to_owned(), described);
         Ok(Put::Stored)
@@ -244,6 +251,34 @@ impl ResultStore for MemoryResults {
     async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(lock(&self.objects).get(key.as_str()).cloned())
+    }
+
+    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(match lock(&self.objects).get(prior.key.as_str()) {
+            Some(stored) if stored.sha256 == prior.sha256.as_str() => Checked::Usable(Earlier {
+                version: stored.sha256.clone(),
+                stored: stored.clone(),
+            }),
+            Some(_) => Checked::Unusable("another object".into()),
+            None => Checked::Unusable("gone".into()),
+        })
+    }
+
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut objects = lock(&self.objects);
+        if objects.contains_key(carried.key.as_str()) {
+            return Ok(Copied::AlreadyThere);
+        }
+        let stored = StoredResult {
+            key: carried.key.clone(),
+            validators: carried.validators.clone(),
+            not_modified: true,
+            ..carried.earlier.stored.clone()
+        };
+        objects.insert(carried.key.as_str().to_owned(), stored);
+        Ok(Copied::Stored)
     }
 
     async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
@@ -270,17 +305,37 @@ impl SpendStore for MemoryTasks {
 
     async fn reserve_paid(
         &self,
-        _job: &Id,
-        _run: &Id,
+        _run: (&Id, &Id),
+        _lease: &PaidLease,
         _chunk: u64,
     ) -> Result<Reservation, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(Reservation::Granted)
     }
 
-    async fn return_paid(&self, _job: &Id, _run: &Id, _: (u64, u64)) -> Result<(), AwsError> {
+    async fn note_paid(
+        &self,
+        _run: (&Id, &Id),
+        _holder: &str,
+        _bytes: u64,
+    ) -> Result<(), AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    async fn return_paid(
+        &self,
+        _run: (&Id, &Id),
+        _holder: &str,
+        _unnoted: u64,
+    ) -> Result<(), AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn reclaim_paid(&self, _run: (&Id, &Id), _now_ms: u64) -> Result<usize, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(0)
     }
 }
 
@@ -419,7 +474,7 @@ pub struct MemoryPages {
 }
 
 impl Fetcher for MemoryPages {
-    async fn fetch(&self, url: &str, _ask: scraper::Ask) -> Fetched {
+    async fn fetch(&self, url: &str, _ask: scraper::Ask<'_>) -> Fetched {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -429,6 +484,7 @@ impl Fetcher for MemoryPages {
             final_url: url.into(),
             content_type: "text/html".into(),
             body: self.body.clone(),
+            validators: Validators::default(),
         }))
     }
 }

@@ -386,6 +386,7 @@ impl Prepared {
             report_every: Duration::from_secs(10),
             until_drained: true,
             limit: Some(LIMIT),
+            give_up_after: conveyor_worker::ops::local_mapping::GIVE_UP_AFTER,
             report: &report,
         };
         let started = Instant::now();

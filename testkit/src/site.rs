@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -13,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bytes served by `/big`; tests set MAX_BODY_BYTES below it.
 pub const BIG_BODY: usize = 64 * 1024;
@@ -72,6 +74,7 @@ impl Site {
             .route("/retry-after-date/{secs}", get(retry_after_date))
             .route("/redirect-to", get(redirect_to))
             .route("/encoded/{encoding}/{size}", get(encoded))
+            .route("/article/{size}", get(article))
             .route("/flaky/{name}", get(flaky))
             .route("/down/{name}", get(down))
             .route("/gone/{name}", get(gone))
@@ -137,16 +140,23 @@ async fn serve_count(State(served): State<Served>, request: Request, next: Next)
     response
 }
 
-/// 403 to requests from `ip` (a proxy tier's egress a site has blocked), the page to others.
+/// 403 to requests from `ip` (a proxy tier's egress a site has blocked), the page to others:
+/// after `slow_ms` milliseconds and padded to `bytes` bytes if the query says so.
 async fn blocks(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((ip, name)): Path<(IpAddr, String)>,
+    Query(query): Query<HashMap<String, u64>>,
 ) -> Response {
     if peer.ip() == ip {
-        (StatusCode::FORBIDDEN, "blocked").into_response()
-    } else {
-        format!("page {name}, through {}", peer.ip()).into_response()
+        return (StatusCode::FORBIDDEN, "blocked").into_response();
     }
+    if let Some(ms) = query.get("slow_ms") {
+        tokio::time::sleep(Duration::from_millis(*ms)).await;
+    }
+    let mut page = format!("page {name}, through {}", peer.ip());
+    let padded = query.get("bytes").map_or(0, |&n| n as usize);
+    page.extend(std::iter::repeat_n('.', padded.saturating_sub(page.len())));
+    page.into_response()
 }
 
 async fn count_hits(State(hits): State<Hits>, request: Request, next: Next) -> Response {
@@ -224,6 +234,43 @@ async fn redirect_to(Query(query): Query<HashMap<String, String>>) -> Response {
     }
 }
 
+/// An HTML page of about `size` bytes of prose (words of a small vocabulary and numbers,
+/// as a real article compresses: to a fifth or so), gzip-encoded.
+async fn article(Path(size): Path<usize>) -> Response {
+    const WORDS: [&str; 24] = [
+        "the", "run", "of", "pages", "a", "site", "serves", "through", "proxies", "and", "tasks",
+        "with", "price", "in", "stock", "review", "shipping", "order", "color", "size", "delivery",
+        "returns", "customer", "rating",
+    ];
+    let mut rng = fastrand::Rng::with_seed(size as u64);
+    let mut page = String::from("<html><body><article>");
+    while page.len() < size {
+        page.push_str("<p>");
+        for _ in 0..rng.usize(8..20) {
+            page.push_str(WORDS[rng.usize(..WORDS.len())]);
+            page.push(' ');
+        }
+        page.push_str(&format!(
+            "{}.{:02}</p>\n",
+            rng.u32(1..10_000),
+            rng.u8(..100)
+        ));
+    }
+    page.push_str("</article></body></html>");
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    match e.write_all(page.as_bytes()).and_then(|()| e.finish()) {
+        Ok(body) => (
+            [
+                (header::CONTENT_ENCODING, "gzip"),
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
 /// `size` bytes of `a`, encoded with `gzip`, `deflate` or `br`.
 async fn encoded(Path((encoding, size)): Path<(String, usize)>) -> Response {
     let plain = vec![b'a'; size];
@@ -282,19 +329,58 @@ pub async fn broken_server(reply: &'static [u8]) -> SocketAddr {
 /// A server that hangs up unanswered on its first request (as a peer closes an idle
 /// connection a pool is reusing), then answers `ok` to every other; it says how many
 /// requests it was sent.
-pub async fn hangs_up_once() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+pub async fn hangs_up_once() -> (SocketAddr, Arc<AtomicUsize>) {
     hangs_up(1, Duration::ZERO).await
 }
 
 /// A server that holds each of its first `times` requests for `after`, then hangs up
 /// unanswered (a peer that chose not to answer), and answers `ok` to every later one; it
 /// says how many requests it was sent.
-pub async fn hangs_up(
-    times: usize,
-    after: Duration,
-) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+pub async fn hangs_up(times: usize, after: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    raw_server(move |mut socket, count| async move {
+        let mut request = [0_u8; 4096];
+        let _ = socket.read(&mut request).await;
+        if count.fetch_add(1, Ordering::Relaxed) >= times {
+            let _ = socket.write_all(OK).await;
+            return;
+        }
+        tokio::time::sleep(after).await;
+        // Dropping the socket hangs up unanswered.
+    })
+    .await
+}
+
+/// A server that answers the first request of each connection and keeps it open, then
+/// hangs up unanswered on the next request sent on it (as a peer closes a kept-alive
+/// connection just as a pool reuses it); it says how many requests it was sent.
+pub async fn hangs_up_on_reuse() -> (SocketAddr, Arc<AtomicUsize>) {
+    raw_server(|mut socket, count| async move {
+        let mut request = [0_u8; 4096];
+        if socket.read(&mut request).await.unwrap_or(0) == 0 {
+            return;
+        }
+        count.fetch_add(1, Ordering::Relaxed);
+        if socket.write_all(OK).await.is_err() {
+            return;
+        }
+        if socket.read(&mut request).await.unwrap_or(0) > 0 {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        // Dropping the socket hangs up unanswered.
+    })
+    .await
+}
+
+/// A minimal answer, kept alive.
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+/// A server on 127.0.0.1 that hands each connection to `serve` with the count of requests
+/// it was sent, which it says.
+async fn raw_server<F, Fut>(serve: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(tokio::net::TcpStream, Arc<AtomicUsize>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a server on 127.0.0.1");
@@ -304,19 +390,8 @@ pub async fn hangs_up(
     let served = Arc::new(AtomicUsize::new(0));
     let count = served.clone();
     tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut request = [0_u8; 4096];
-                let _ = socket.read(&mut request).await;
-                if count.fetch_add(1, Ordering::Relaxed) >= times {
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    let _ = socket.write_all(ok).await;
-                    return;
-                }
-                tokio::time::sleep(after).await;
-                // Dropping the socket hangs up unanswered.
-            });
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(serve(socket, count.clone()));
         }
     });
     (addr, served)

@@ -258,7 +258,32 @@ async fn resets_and_cut_bodies_are_transient() {
 }
 
 #[tokio::test]
-async fn a_request_a_site_drops_unanswered_is_sent_once_more_at_once() {
+async fn a_request_a_site_drops_on_a_reused_connection_is_sent_once_more_at_once() {
+    // Arrange: a site that answers the first request of each connection, keeps it open,
+    // and hangs up on the next one sent on it; two tasks, the second on the first's
+    // connection.
+    let (addr, served) = conveyor_testkit::site::hangs_up_on_reuse().await;
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    for task in ["t1", "t2"] {
+        let url = format!("http://{addr}/{task}");
+        stack.put_task(task, &url, "pending").await;
+    }
+    let worker = stack.worker();
+    run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t2")]).await;
+
+    // Assert
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t2").await.status(), Some("successful"));
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 3);
+}
+
+#[tokio::test]
+async fn a_request_a_site_drops_on_a_fresh_connection_is_not_sent_again_at_once() {
+    // Arrange
     let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
     let stack = Stack::new().await;
     stack.put_active_run().await;
@@ -266,9 +291,10 @@ async fn a_request_a_site_drops_unanswered_is_sent_once_more_at_once() {
         .put_task("t1", &format!("http://{addr}/page"), "pending")
         .await;
 
+    // Act
     let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
 
-    assert!(retried(&reply).is_empty());
-    assert_eq!(stack.task("t1").await.status(), Some("successful"));
-    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
+    // Assert: one request, back for a retry.
+    assert_eq!(retried(&reply), ["t1"]);
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 1);
 }

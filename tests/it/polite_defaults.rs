@@ -17,7 +17,7 @@ use conveyor_worker::store::dynamo::{attributes, keys};
 use crate::politeness::{Fleet, by_operation, drain_with, pages, statuses, tasks_of};
 
 /// The politeness a deployed function has: every default of `Config`, nothing switched off.
-fn production_defaults() -> Politeness {
+pub(crate) fn production_defaults() -> Politeness {
     let required =
         |name: &str| matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "required".to_owned());
     Config::from_lookup(required)

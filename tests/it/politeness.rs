@@ -92,10 +92,21 @@ pub(crate) async fn drain_with(
     politeness: Politeness,
     fleet: Fleet,
 ) -> Drained {
+    let tune = |t: &mut WorkerTuning| t.politeness = politeness.clone();
+    drain_tuned(stack, queue, &tune, fleet).await
+}
+
+/// [`drain_with`], each sandbox's worker tuned by `tune`.
+pub(crate) async fn drain_tuned(
+    stack: &Stack,
+    queue: &Queue,
+    tune: &dyn Fn(&mut WorkerTuning),
+    fleet: Fleet,
+) -> Drained {
     let backlog = queue.depth(stack).await;
     let backlog_read = std::sync::OnceLock::new();
     let workers: Vec<_> = (0..fleet.sandboxes)
-        .map(|_| stack.worker_with(|t| t.politeness = politeness.clone()))
+        .map(|_| stack.worker_with(tune))
         .collect();
     let settings = MappingSettings {
         queue_arn: queue.arn.clone(),
@@ -127,6 +138,7 @@ pub(crate) async fn drain_with(
             report_every: Duration::ZERO,
             until_drained: true,
             limit: Some(fleet.limit),
+            give_up_after: conveyor_worker::ops::local_mapping::GIVE_UP_AFTER,
             report: &report,
         };
         let stop = std::future::pending();

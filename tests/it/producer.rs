@@ -252,11 +252,27 @@ async fn downloaded_results_are_the_stored_bytes_and_a_tampered_object_is_report
     let key = format!("{PREFIX}{JOB}/{RUN}/t000003");
     stack.put_object(&key, b"not what was fetched", 200).await;
     let tampered = ops(&stack, &["results", "--job", JOB, "--run", RUN]).await;
-
     let bytes = std::fs::read(out.join("t000001")).expect("downloaded");
+    let key = format!("{PREFIX}{JOB}/{RUN}/t000001");
+    stack
+        .s3
+        .delete_object()
+        .bucket(&stack.bucket)
+        .key(&key)
+        .send()
+        .await
+        .expect("delete an object");
+    let missing = ops(&stack, &download).await;
+
     assert_eq!(bytes, b"<html><body>page a</body></html>");
     assert!(!out.join("t000002").exists(), "a failed task has no object");
-    assert!(!tampered.status.success());
+    assert_eq!(tampered.status.code(), Some(1));
+    assert_eq!(missing.status.code(), Some(1));
+    let listed = String::from_utf8_lossy(&missing.stdout);
+    assert!(
+        listed.contains(&format!("MISMATCH: no object at {key}")),
+        "{listed}"
+    );
     let stdout = String::from_utf8_lossy(&tampered.stdout);
     assert!(
         stdout.contains("t000003") && stdout.contains("MISMATCH"),

@@ -186,7 +186,7 @@ async fn a_long_final_url_is_cut_in_the_task_and_in_the_metadata() {
     assert_eq!(final_url.len(), 2048);
     assert!(final_url.starts_with(&site.url("/page/long?pad=aaa")));
     let object = stack.object(&Stack::key("t1")).await.expect("stored");
-    assert_eq!(object.metadata["final-url"].len(), 800);
+    assert_eq!(object.metadata["final-url"].len(), 560);
     assert_eq!(stack.layer_count("metadata_refusals").await, 0);
 }
 

@@ -6,14 +6,13 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
+use conveyor_testkit::tls_site::TlsSite;
 use conveyor_testkit::*;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
-use conveyor_worker::store::dynamo::keys;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
 use crate::ops::{ops, succeeded};
@@ -308,20 +307,6 @@ async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() 
     assert_eq!(stack.task("public").await.status(), Some("successful"));
 }
 
-/// Gives the run a budget of `bytes` for the paid tier.
-async fn set_paid_budget(stack: &Stack, bytes: u64) {
-    stack
-        .dynamodb
-        .update_item()
-        .table_name(&stack.table)
-        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
-        .update_expression("SET paid_tier_budget_bytes = :budget")
-        .expression_attribute_values(":budget", AttributeValue::N(bytes.to_string()))
-        .send()
-        .await
-        .expect("set the run's budget");
-}
-
 /// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
 /// datacenter tier is blocked on; the site and both tiers.
 async fn budgeted_run(budget: u64, blocked: usize) -> (Stack, Site, ForwardProxy, ForwardProxy) {
@@ -329,7 +314,7 @@ async fn budgeted_run(budget: u64, blocked: usize) -> (Stack, Site, ForwardProxy
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
     stack.put_active_run().await;
-    set_paid_budget(&stack, budget).await;
+    stack.set_paid_budget(budget).await;
     for i in 0..blocked {
         let path = format!("/blocks/{}/{i}", datacenter.egress);
         stack
@@ -358,11 +343,170 @@ async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbo
     // sandbox began on what was left; the account holds what was spent.
     let paid = residential.requests().len();
     assert!((1..=2).contains(&paid), "{paid} paid fetches");
-    let (requests, bytes) = spend(&stack, 2).await;
+    let (requests, _) = spend(&stack, 2).await;
     assert_eq!(requests, Some(paid as u64));
     let run = stack.run_item(JOB, RUN).await;
-    assert_eq!(run.n("paid_tier_reserved_bytes"), bytes);
-    assert_eq!(run.n("paid_tier_spent_bytes"), bytes);
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    // The bound: the budget and one fetch's most a sandbox.
+    let cap = sandboxes[0].settings.paid_fetch_cap;
+    assert!(wire <= 10 + 2 * cap, "{wire}");
+    eprintln!(
+        "budget 10 B: {paid} paid fetches, {wire} wire bytes spent, bound {}",
+        10 + 2 * cap
+    );
+}
+
+#[tokio::test]
+async fn four_sandboxes_racing_for_a_paid_budget_spend_it_to_its_end_and_past_it_by_less_than_a_hold_each()
+ {
+    // Arrange: pages of 200 KB that only the paid tier gets, MAX_BODY_BYTES 256 KiB (a
+    // fetch holds 512 KiB: the page and its hops' drained bodies), a budget of two holds;
+    // four sandboxes of three tasks each, invoked at once, round after round. Leases of 5 s
+    // (production's 30 minutes, shrunk), so a refused reservation is asked again after
+    // 0.5 s, a round's pause, as a message held back comes again.
+    let (stack, site, datacenter, residential) = budgeted_run(0, 0).await;
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let sandboxes: Vec<TestWorker> = (0..4)
+        .map(|_| {
+            stack.worker_with(|t| {
+                t.proxies = tiers.clone();
+                t.max_body_bytes = 256 * 1024;
+                t.paid_lease = Duration::from_secs(5);
+            })
+        })
+        .collect();
+    let cap = sandboxes[0].settings.paid_fetch_cap;
+    let budget = 2 * cap;
+    stack.set_paid_budget(budget).await;
+    let egress = &datacenter.egress;
+    let tasks: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    for task in &tasks {
+        let url = site.url(&format!("/blocks/{egress}/{task}?bytes=200000"));
+        stack.put_task(task, &url, "pending").await;
+    }
+
+    // Act: every sandbox's open tasks at once, until none is open.
+    for _ in 0..30 {
+        let mut open = Vec::new();
+        for task in &tasks {
+            if !matches!(
+                stack.task(task).await.status(),
+                Some("successful" | "failed")
+            ) {
+                open.push(task.clone());
+            }
+        }
+        if open.is_empty() {
+            break;
+        }
+        let batches = sandboxes.iter().enumerate().map(|(k, worker)| {
+            let mine = open
+                .iter()
+                .skip(k)
+                .step_by(4)
+                .map(|t| delivery(t))
+                .collect();
+            run_batch(worker, mine)
+        });
+        futures_util::future::join_all(batches).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+
+    // Assert: the whole budget was spent, past it by less than one hold a sandbox; the
+    // account holds what was spent; a task failed for the budget only once it was spent.
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+    assert!(
+        wire >= budget && wire <= budget + 4 * cap,
+        "{wire} of {budget}"
+    );
+    let mut outcomes = (0, 0);
+    for task in &tasks {
+        let item = stack.task(task).await;
+        match item.status() {
+            Some("successful") => outcomes.0 += 1,
+            _ => {
+                assert!(
+                    item.s("error").unwrap_or_default().contains("budget"),
+                    "{task}"
+                );
+                outcomes.1 += 1;
+            }
+        }
+    }
+    assert_eq!(
+        outcomes.0,
+        residential.requests().len(),
+        "one paid fetch a success"
+    );
+    assert!(outcomes.1 > 0, "the budget ran out before the tasks did");
+    eprintln!(
+        "budget {budget} B (holds of {cap} B, 4 sandboxes): {} paid fetches, {wire} wire bytes \
+         spent, {} B past the budget (bound {} B)",
+        outcomes.0,
+        wire - budget,
+        4 * cap
+    );
+}
+
+#[tokio::test]
+async fn sandboxes_that_die_in_paid_fetches_strand_their_reservations_only_until_their_leases_end()
+{
+    // Arrange: a budget of two fetches' most; two sandboxes whose paid fetches (a page of
+    // 10 s) die with them; leases of 4 s (production's 30 minutes, shrunk, not skipped).
+    let (stack, site, datacenter, residential) = budgeted_run(0, 0).await;
+    let tiers = [datacenter.url(), residential.url()];
+    let leased = || {
+        stack.worker_with(|t| {
+            t.proxies = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
+            t.paid_lease = Duration::from_secs(4);
+        })
+    };
+    let survivor = leased();
+    stack
+        .set_paid_budget(2 * survivor.settings.paid_fetch_cap)
+        .await;
+    let egress = &datacenter.egress;
+    // t0 and t1 take 400 ms, so that their fetches overlap: together they need the whole
+    // budget at once.
+    for (task, slow) in [("d0", 10_000), ("d1", 10_000), ("t0", 400), ("t1", 400)] {
+        let url = site.url(&format!("/blocks/{egress}/{task}?slow_ms={slow}"));
+        stack.put_task(task, &url, "pending").await;
+    }
+
+    // Act: the sandboxes die 1 s into their fetches; the survivor asks at once, then
+    // once the leases are over.
+    for task in ["d0", "d1"] {
+        let dying = leased();
+        let died = tokio::time::timeout(
+            Duration::from_millis(1_000),
+            run_batch(&dying, vec![delivery(task)]),
+        );
+        assert!(
+            died.await.is_err(),
+            "{task}'s sandbox was to die in its fetch"
+        );
+    }
+    let during = run_batch(&survivor, vec![delivery("t0")]).await;
+    tokio::time::sleep(Duration::from_millis(4_300)).await;
+    let after = run_batch(&survivor, vec![delivery("t0"), delivery("t1")]).await;
+
+    // Assert: held while the leases lasted, then the whole budget was there again (two
+    // fetches holding a half each at once); the account holds what was spent, no more.
+    assert_eq!(retried(&during).len(), 1, "the budget was held");
+    assert!(retried(&after).is_empty(), "{after:?}");
+    for task in ["t0", "t1"] {
+        assert_eq!(stack.task(task).await.status(), Some("successful"));
+    }
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2");
+    assert!(wire.is_some_and(|wire| wire > 0));
+    assert_eq!(run.n("paid_tier_spent_bytes"), wire);
+    assert_eq!(run.n("paid_tier_reserved_bytes"), wire);
 }
 
 #[tokio::test]
@@ -395,9 +539,11 @@ async fn once_a_runs_paid_tier_budget_is_spent_blocked_tasks_fail_instead_of_usi
     assert_eq!(residential.requests().len(), 1);
     // After each invocation's give-back the account holds what was spent, no more.
     let run = stack.run_item(JOB, RUN).await;
-    let (requests, bytes) = spend(&stack, 2).await;
+    let (requests, _) = spend(&stack, 2).await;
     assert_eq!(requests, Some(1));
-    assert_eq!(run.n("paid_tier_reserved_bytes"), bytes);
+    let wire = run.n("proxy_wire_bytes_t2");
+    assert!(wire.is_some_and(|wire| wire > 0));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), wire);
 }
 
 #[tokio::test]
@@ -518,20 +664,40 @@ async fn one_task_through(addr: std::net::SocketAddr) -> (Stack, TestWorker) {
 }
 
 #[tokio::test]
-async fn a_request_the_proxy_drops_unanswered_is_sent_once_more_at_once() {
-    // Arrange: a proxy stand-in that hangs up on its first request, then answers.
-    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+async fn a_request_the_proxy_drops_on_a_reused_connection_is_sent_once_more_at_once() {
+    // Arrange: a proxy stand-in that answers the first request of each connection, keeps
+    // it open, and hangs up on the next request sent on it; a second task through it.
+    let (addr, served) = conveyor_testkit::site::hangs_up_on_reuse().await;
     let (stack, worker) = one_task_through(addr).await;
+    stack
+        .put_task("t2", "http://127.0.0.1:9/other", "pending")
+        .await;
+    run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Act: t2's request goes out on t1's kept connection.
+    let reply = run_batch(&worker, vec![delivery("t2")]).await;
+
+    // Assert: answered on a fresh connection at once; the request closed unanswered is not
+    // counted (in the idle-connection race it is never read, so the site never sees it).
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t2").await.status(), Some("successful"));
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(spend(&stack, 1).await, (Some(2), Some(4)));
+}
+
+#[tokio::test]
+async fn a_request_the_proxy_drops_on_a_fresh_connection_is_not_sent_again_at_once() {
+    // Arrange: a proxy stand-in that hangs up at once on its first request (no pool reused
+    // that connection: the proxy read the request and chose not to answer), then answers.
+    let (addr, served) = conveyor_testkit::site::hangs_up_once().await;
+    let (_stack, worker) = one_task_through(addr).await;
 
     // Act
     let reply = run_batch(&worker, vec![delivery("t1")]).await;
 
-    // Assert: answered on the second request; the one closed unanswered is not counted
-    // (in the idle-connection race it is never read, so the site never sees it).
-    assert!(retried(&reply).is_empty());
-    assert_eq!(stack.task("t1").await.status(), Some("successful"));
-    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 2);
-    assert_eq!(spend(&stack, 1).await, (Some(1), Some(2)));
+    // Assert: one request; back for a retry.
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(retried(&reply), ["t1"]);
 }
 
 #[tokio::test]
@@ -579,6 +745,9 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
         .env("PROXY_SECRET_ARN", secret)
         // Dead pages dead-letter in two seconds rather than eight.
         .env("RETRY_BACKOFF_MAX_MS", "400")
+        // Every line the worker and its libraries (the SDK, hyper, reqwest) log, at their most
+        // verbose, for the secret's sake.
+        .env("RUST_LOG", "trace")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -586,14 +755,27 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
         .expect("run conveyor-ops");
 
     // Assert: every request the site saw came through the proxy and is counted once, its
-    // bytes too, whichever delivery made it and however it ended.
-    succeeded(&out);
+    // bytes too, whichever delivery made it and however it ended (dead pages dead-letter:
+    // exit code 4).
+    crate::ops::drained(&out);
     let peers = prepared.site.peers();
     assert!(peers.len() >= 30, "{}", peers.len());
     assert!(peers.iter().all(|(_, ip)| *ip == proxy.egress), "{peers:?}");
     let served = prepared.site.bytes_served();
     let (requests, bytes) = spend(&prepared.stack, 1).await;
     assert_eq!((requests, bytes), (Some(peers.len() as u64), Some(served)));
+    // No line the process wrote holds the proxy's password, alone or as the header that
+    // carries it.
+    let said = [out.stdout, out.stderr].concat();
+    let said = String::from_utf8_lossy(&said);
+    let header = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))
+    };
+    for secret in [PASSWORD, header.as_str()] {
+        assert!(!said.contains(secret), "the output holds {secret}");
+    }
+    assert!(said.lines().count() > 100, "trace lines were written");
 }
 
 #[tokio::test]
@@ -696,4 +878,126 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_refused_unless_the_p
         asked.iter().any(|r| r.contains("nowhere.test/trusted")),
         "{asked:?}"
     );
+}
+
+/// The path of a redirect to `target`.
+fn redirect_to(target: &str) -> String {
+    let target = url::form_urlencoded::byte_serialize(target.as_bytes()).collect::<String>();
+    format!("/redirect-to?url={target}")
+}
+
+/// A run, the site, its https front and a real proxy.
+async fn tls_run() -> (Stack, Site, TlsSite, ForwardProxy) {
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tls = TlsSite::start(site.addr).await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    (stack, site, tls, proxy)
+}
+
+/// A worker through `proxy` that trusts the https front's CA, taking bodies of `max_body`.
+fn through_to_tls(stack: &Stack, proxy: &ForwardProxy, tls: &TlsSite, max_body: u64) -> TestWorker {
+    stack.worker_with(|t| {
+        t.proxies = Tiers::parse(&proxy.url()).expect("proxy URLs");
+        t.extra_roots = vec![tls.ca_der.clone()];
+        t.max_body_bytes = max_body;
+    })
+}
+
+#[tokio::test]
+async fn after_a_redirect_across_schemes_who_answered_is_the_hops_question() {
+    // Arrange: a site, its https front and a real proxy; a 502 and a 407 on the hop after a
+    // redirect from https to http, and from http to https; each on its final attempt.
+    let (stack, site, tls, proxy) = tls_run().await;
+    let mut tasks = Vec::new();
+    for status in [502, 407] {
+        let plain_hop = tls.url(&redirect_to(&site.url(&format!("/status/{status}"))));
+        let tls_hop = site.url(&redirect_to(&tls.url(&format!("/status/{status}"))));
+        for (task, url) in [
+            (format!("to-plain-{status}"), plain_hop),
+            (format!("to-tls-{status}"), tls_hop),
+        ] {
+            stack.put_task(&task, &url, "pending").await;
+            tasks.push(record(&task, &body(&task), MAX_ATTEMPTS));
+        }
+    }
+    // And tinyproxy's own answer on the hop after a redirect from http to https: it cannot
+    // open the tunnel to a port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let nowhere = closed.local_addr().expect("an address").to_string();
+    drop(closed);
+    let dead = format!("https://{nowhere}/page");
+    stack
+        .put_task("to-dead-tls", &site.url(&redirect_to(&dead)), "pending")
+        .await;
+    tasks.push(record("to-dead-tls", &body("to-dead-tls"), MAX_ATTEMPTS));
+    let worker = through_to_tls(&stack, &proxy, &tls, MAX_BODY_BYTES);
+
+    // Act
+    let reply = run_batch(&worker, tasks).await;
+
+    // Assert: over plain http the proxy answers for the site, so the hop's 502 and 407 are
+    // taken as the proxy's (ours: back, the attempt unspent), whatever the first hop was;
+    // inside a tunnel only the site speaks, so they end the task as the site's; a tunnel
+    // the proxy refused at the second hop is the proxy's.
+    let mut back = retried(&reply);
+    back.sort();
+    assert_eq!(back, ["to-dead-tls", "to-plain-407", "to-plain-502"]);
+    let asked = proxy.requests();
+    assert!(
+        asked.iter().any(|r| r.starts_with("CONNECT 127.0.0.1")),
+        "{asked:?}"
+    );
+    for status in [502, 407] {
+        let item = stack.task(&format!("to-tls-{status}")).await;
+        assert_eq!(item.status(), Some("failed"), "{status}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(error.contains(&format!("HTTP {status}")), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn wire_bytes_count_what_the_proxy_carried_a_gzip_page_through_a_tunnel_far_under_its_body() {
+    // Arrange: a gzip page of 200 KB of prose over https through a real proxy, then an
+    // uncompressed one of 16 KiB (MAX_BODY_BYTES raised from the tests' 16 KiB to hold the
+    // page).
+    let (stack, _site, tls, proxy) = tls_run().await;
+    stack
+        .put_task("gzip", &tls.url("/article/200000"), "pending")
+        .await;
+    stack
+        .put_task("plain", &tls.url("/bytes/16384"), "pending")
+        .await;
+    let worker = through_to_tls(&stack, &proxy, &tls, 256 * 1024);
+
+    // Act
+    run_batch(&worker, vec![delivery("gzip")]).await;
+    let gzip = tier_spend(&stack, 1).await;
+    run_batch(&worker, vec![delivery("plain")]).await;
+    let both = tier_spend(&stack, 1).await;
+
+    // Assert: the gzip page cost a fraction of its decoded body on the wire (CONNECT and
+    // the TLS handshake included); the plain one a little more than its body.
+    assert_eq!(stack.task("gzip").await.status(), Some("successful"));
+    let ratio = gzip.wire_bytes as f64 / gzip.bytes as f64;
+    eprintln!(
+        "gzip page through a tunnel: {} body bytes, {} wire bytes, ratio {ratio:.3}",
+        gzip.bytes, gzip.wire_bytes
+    );
+    assert!(gzip.bytes >= 200_000 && ratio < 0.5, "{gzip:?}");
+    let (bytes, wire) = (both.bytes - gzip.bytes, both.wire_bytes - gzip.wire_bytes);
+    eprintln!("plain page through a tunnel: {bytes} body bytes, {wire} wire bytes");
+    assert_eq!(bytes, 16_384);
+    assert!(wire > bytes && wire < bytes + 16 * 1024, "{wire}");
+}
+
+/// The run's spend through `tier`, wire bytes too.
+async fn tier_spend(stack: &Stack, tier: usize) -> conveyor_worker::domain::spend::TierSpend {
+    let run = stack.run_item(JOB, RUN).await;
+    let n = |name: &str| run.n(&format!("{name}_t{tier}")).unwrap_or(0);
+    conveyor_worker::domain::spend::TierSpend {
+        requests: n("proxy_requests"),
+        bytes: n("proxy_bytes"),
+        wire_bytes: n("proxy_wire_bytes"),
+    }
 }

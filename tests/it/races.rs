@@ -313,6 +313,7 @@ fn page(body: &'static [u8]) -> conveyor_worker::domain::model::Page {
         final_url: "http://site.example/a".into(),
         content_type: "text/plain".into(),
         body: body.into(),
+        validators: Default::default(),
     }
 }
 

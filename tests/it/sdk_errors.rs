@@ -19,8 +19,10 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
+use conveyor_worker::domain::spend::{Lease, Reservation};
 use conveyor_worker::ports::error::{AwsError, AwsFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
+use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore};
 use conveyor_worker::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
@@ -201,6 +203,40 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
 }
 
 #[tokio::test]
+async fn a_paid_tier_reservation_meeting_a_transaction_conflict_is_asked_again_in_place() {
+    // Arrange: production cancels overlapping transactions of the run item; the third try
+    // goes through.
+    let conflict = || {
+        let reasons = ["TransactionConflict", "None"]
+            .map(|code| CancellationReason::builder().code(code).build());
+        TransactWriteItemsError::TransactionCanceledException(
+            TransactionCanceledException::builder()
+                .set_cancellation_reasons(Some(reasons.into()))
+                .build(),
+        )
+    };
+    let rule = mock!(aws_sdk_dynamodb::Client::transact_write_items)
+        .sequence()
+        .error(conflict)
+        .times(2)
+        .output(|| TransactWriteItemsOutput::builder().build())
+        .build();
+    let store = tasks(&rule);
+    let lease = Lease {
+        holder: "sandbox".into(),
+        expires_at_ms: 1,
+    };
+    let (job, run) = (Id::parse("j").unwrap(), Id::parse("r").unwrap());
+
+    // Act
+    let answer = store.reserve_paid((&job, &run), &lease, 1024).await;
+
+    // Assert
+    assert_eq!(answer.expect("granted"), Reservation::Granted);
+    assert_eq!(rule.num_calls(), 3);
+}
+
+#[tokio::test]
 async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_is() {
     let store = tasks(&cancelled(&["ValidationError", "None"]));
 
@@ -312,6 +348,7 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         final_url: "http://example.com/".into(),
         content_type: "text/html".into(),
         body: "hello".into(),
+        validators: Default::default(),
     };
     let new = NewResult {
         key: &key,
@@ -340,6 +377,7 @@ fn page() -> Page {
         final_url: "http://example.com/".into(),
         content_type: "text/html".into(),
         body: "hello".into(),
+        validators: Default::default(),
     }
 }
 

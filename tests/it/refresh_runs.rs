@@ -1,0 +1,321 @@
+//! Refresh runs: a run submitted with `--refreshes` gives each task its earlier result, the
+//! worker asks the site "changed since?" (RFC 9110), and an unchanged page's earlier object
+//! is carried forward instead of paid for again; changed pages, earlier objects gone or
+//! altered, and sites that ignore the question are fetched in full. Through a real proxy
+//! (tinyproxy), drained by sandboxes behind the local event source mapping, politeness at
+//! its production defaults (the job's own rate, as a producer sets it for a large run).
+
+use std::time::Duration;
+
+use conveyor_testkit::forward_proxy::ForwardProxy;
+use conveyor_testkit::fresh_site::FreshSite;
+use conveyor_testkit::queue::Queue;
+use conveyor_testkit::*;
+use conveyor_worker::domain::proxy::Tiers;
+use conveyor_worker::store::dynamo::{attributes, keys};
+
+use crate::ops::{list, ops, succeeded};
+use crate::polite_defaults::production_defaults;
+use crate::politeness::{Fleet, drain_tuned};
+
+/// The earlier run and the refresh.
+const FIRST: &str = "first";
+const REFRESH: &str = "refresh";
+
+/// Four sandboxes of two pollers, invocations of 20 s.
+const FLEET: Fleet = Fleet {
+    sandboxes: 4,
+    pollers: 2,
+    timeout: Duration::from_secs(20),
+    limit: Duration::from_secs(180),
+};
+
+/// The job, active, with its own rate and in-flight limit for its hosts at the most a job
+/// may set (one local site here: the defaults' one request a second would take minutes;
+/// politeness at a host's rate is `polite_defaults`' subject). The host's turn is still
+/// taken for every fetch, the conditional ones too.
+async fn fast_job(stack: &Stack) {
+    job_with_limits(stack, (10_000, 64)).await;
+}
+
+/// The job with its own host limits, `(0, 0)` for none: a job may say its host needs no
+/// turns (its own site), and the 500-page runs measure a refresh's own requests and bytes;
+/// what a turn costs is the same in both runs.
+async fn job_with_limits(stack: &Stack, (max_rps, max_inflight): (u32, u32)) {
+    let mut item = keys::job_key(&id(JOB));
+    item.insert("status".into(), attributes::s("active"));
+    item.insert("host_max_rps".into(), attributes::n(max_rps));
+    item.insert("host_max_inflight".into(), attributes::n(max_inflight));
+    stack.put_item(item).await;
+}
+
+/// `run` of `urls` submitted by `conveyor-ops` (refreshing `refreshes`), then drained
+/// through `proxy`; what `submit` printed.
+async fn submit_and_drain(
+    stack: &Stack,
+    proxy: &ForwardProxy,
+    run: (&str, Option<&str>),
+    urls: &[String],
+) -> String {
+    let queue = Queue::create(stack, 30).await;
+    let submitted = submit(stack, &queue, run, urls).await;
+    drain(stack, proxy, &queue).await;
+    submitted
+}
+
+/// `run` of `urls` submitted by `conveyor-ops` (refreshing `refreshes`) to `queue`; what it
+/// printed.
+async fn submit(
+    stack: &Stack,
+    queue: &Queue,
+    (run, refreshes): (&str, Option<&str>),
+    urls: &[String],
+) -> String {
+    let file = list(urls);
+    let mut args = vec![
+        "submit",
+        "--job",
+        JOB,
+        "--run",
+        run,
+        "--queue-url",
+        &queue.url,
+    ];
+    args.extend(["--urls", &file]);
+    args.extend(
+        refreshes
+            .map(|earlier| ["--refreshes", earlier])
+            .into_iter()
+            .flatten(),
+    );
+    succeeded(&ops(stack, &args).await)
+}
+
+/// Drains `queue` with [`FLEET`], each worker through `proxy` with the production
+/// politeness.
+async fn drain(stack: &Stack, proxy: &ForwardProxy, queue: &Queue) {
+    let tiers = Tiers::parse(&proxy.url()).expect("the proxy's URL");
+    let tune = |t: &mut WorkerTuning| {
+        t.proxies = tiers.clone();
+        t.politeness = production_defaults();
+    };
+    drain_tuned(stack, queue, &tune, FLEET).await;
+}
+
+/// A run's fields as `conveyor-ops progress --json` adds them up (its shards included).
+async fn run_fields(stack: &Stack, run: &str) -> serde_json::Value {
+    let args = ["progress", "--job", JOB, "--run", run, "--json"];
+    let printed = succeeded(&ops(stack, &args).await);
+    serde_json::from_str::<serde_json::Value>(&printed).expect("JSON")["run"].clone()
+}
+
+fn field(run: &serde_json::Value, name: &str) -> u64 {
+    run[name].as_str().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Each task's result key and SHA-256, by task id, as `conveyor-ops results --json` lists
+/// them.
+async fn results(stack: &Stack, run: &str) -> Vec<serde_json::Value> {
+    let args = ["results", "--job", JOB, "--run", run, "--json"];
+    let printed = succeeded(&ops(stack, &args).await);
+    printed
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refresh_of_500_unchanged_pages_costs_a_fraction_of_the_first_runs_proxy_bytes() {
+    // Arrange: 500 pages of 16,000 bytes through a real proxy, the first run fetched and
+    // stored.
+    let (stack, site) = (Stack::new().await, FreshSite::start().await);
+    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), false).await;
+    job_with_limits(&stack, (0, 0)).await;
+    let urls: Vec<String> = (0..500)
+        .map(|i| site.url(&format!("/fresh/p{i}?bytes=16000")))
+        .collect();
+    submit_and_drain(&stack, &proxy, (FIRST, None), &urls).await;
+    let first = run_fields(&stack, FIRST).await;
+    let answered = site.answers();
+
+    // Act: the same list, refreshing the first run.
+    stack.calls.clear();
+    let submitted = submit_and_drain(&stack, &proxy, (REFRESH, Some(FIRST)), &urls).await;
+    let refresh = run_fields(&stack, REFRESH).await;
+    let calls = stack.calls.calls();
+
+    // Assert: every page asked "changed since?" and answered 304; each object carried
+    // forward byte for byte; the refresh's proxy bytes a small share of the first run's.
+    assert!(
+        submitted.contains("(500 with a result of first)"),
+        "{submitted}"
+    );
+    let (full, not_modified) = site.answers();
+    assert_eq!((full, not_modified), (answered.0, answered.1 + 500));
+    assert_eq!(field(&refresh, "tasks_succeeded"), 500);
+    assert_eq!(field(&refresh, "pages_not_modified"), 500);
+    assert_eq!(field(&refresh, "bytes_not_fetched"), 500 * 16_000);
+    let (first_wire, refresh_wire) = (
+        field(&first, "proxy_wire_bytes_t1"),
+        field(&refresh, "proxy_wire_bytes_t1"),
+    );
+    let share = refresh_wire as f64 / first_wire as f64;
+    eprintln!(
+        "first run: {first_wire} wire bytes, {} requests; refresh: {refresh_wire} wire bytes, \
+         {} requests ({:.1}%); {:.2} AWS requests per refreshed task: {}",
+        field(&first, "proxy_requests_t1"),
+        field(&refresh, "proxy_requests_t1"),
+        share * 100.0,
+        calls.len() as f64 / 500.0,
+        crate::politeness::by_operation(&calls),
+    );
+    assert!(share <= 0.05, "{share}");
+    let (earlier, now) = (
+        versions(&stack, FIRST).await,
+        versions(&stack, REFRESH).await,
+    );
+    assert_eq!(earlier.len(), 500);
+    assert_eq!(earlier, now, "every object byte for byte the first run's");
+}
+
+/// Each task's object in `run` by its content's MD5 (S3's ETag of an object stored whole),
+/// by task id: one listing of the bucket, not a read of every object.
+async fn versions(stack: &Stack, run: &str) -> std::collections::BTreeMap<String, String> {
+    let mut pages = stack
+        .s3
+        .list_objects_v2()
+        .bucket(&stack.bucket)
+        .into_paginator()
+        .send();
+    let mut versions = std::collections::BTreeMap::new();
+    let marker = format!("/{JOB}/{run}/");
+    while let Some(page) = pages.next().await {
+        for object in page.expect("list the bucket").contents() {
+            let key = object.key().unwrap_or_default();
+            if let Some((_, task)) = key.split_once(&marker) {
+                let etag = object.e_tag().unwrap_or_default().to_owned();
+                versions.insert(task.to_owned(), etag);
+            }
+        }
+    }
+    versions
+}
+
+/// The first and the refresh run of `urls`, the earlier results as `prepare` left them.
+async fn refreshed(
+    urls: &[String],
+    prepare: impl AsyncFnOnce(&Stack, &[serde_json::Value]),
+) -> (Stack, Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), false).await;
+    fast_job(&stack).await;
+    submit_and_drain(&stack, &proxy, (FIRST, None), urls).await;
+    let earlier = results(&stack, FIRST).await;
+    prepare(&stack, &earlier).await;
+    submit_and_drain(&stack, &proxy, (REFRESH, Some(FIRST)), urls).await;
+    let now = results(&stack, REFRESH).await;
+    (stack, earlier, now)
+}
+
+fn key_of(result: &serde_json::Value) -> String {
+    result["result_key"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn changed_pages_and_earlier_objects_gone_or_altered_are_fetched_in_full_and_stored_new() {
+    // Arrange: 12 pages; between the runs pages 0 and 1 change, the earlier objects of 2 and
+    // 3 are deleted, 4 is overwritten (no checksum), 5 overwritten with a checksum of its
+    // new bytes and the old SHA-256 in its metadata; 6 and 7 are on a site that ignores the
+    // question, 8 and 9 on one whose 304 names another entity tag, 10 and 11 are dated only.
+    let site = FreshSite::start().await;
+    let mut urls: Vec<String> = (0..6).map(|i| site.url(&format!("/fresh/p{i}"))).collect();
+    urls.extend((6..8).map(|i| site.url(&format!("/ignores/p{i}"))));
+    urls.extend((8..10).map(|i| site.url(&format!("/liar/p{i}"))));
+    urls.extend((10..12).map(|i| site.url(&format!("/dated/p{i}"))));
+    let prepare = async |stack: &Stack, earlier: &[serde_json::Value]| {
+        site.change("p0");
+        site.change("p1");
+        for gone in &earlier[2..4] {
+            let deleted = stack
+                .s3
+                .delete_object()
+                .bucket(&stack.bucket)
+                .key(key_of(gone));
+            deleted.send().await.expect("delete an object");
+        }
+        stack
+            .put_object(&key_of(&earlier[4]), b"altered", 200)
+            .await;
+        let forged = stack
+            .s3
+            .put_object()
+            .bucket(&stack.bucket)
+            .key(key_of(&earlier[5]))
+            .body(b"altered too".to_vec().into())
+            .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Sha256)
+            .metadata("sha256", earlier[5]["sha256"].as_str().unwrap_or_default())
+            .metadata("http-status", "200")
+            .metadata("final-url", "http://earlier.example/");
+        forged.send().await.expect("put an object");
+    };
+
+    // Act
+    let (stack, earlier, now) = refreshed(&urls, prepare).await;
+
+    // Assert: only the unchanged pages whose earlier object is intact were carried forward
+    // (and the dated ones, by If-Modified-Since); every other page was fetched again, its
+    // object the page's bytes.
+    let carried: Vec<bool> = now.iter().map(|r| r["not_modified"] == true).collect();
+    let expected = [
+        false, false, false, false, false, false, false, false, false, false, true, true,
+    ];
+    assert_eq!(carried, expected, "{now:?}");
+    for (i, (before, after)) in earlier.iter().zip(&now).enumerate() {
+        assert_eq!(after["status"], "successful", "{after}");
+        let stored = stack.object(&key_of(after)).await.expect("an object");
+        let sha = stored.sha256();
+        assert_eq!(
+            after["sha256"],
+            sha.as_str(),
+            "task {i}: the record describes the bytes"
+        );
+        let changed = matches!(i, 0 | 1);
+        assert_eq!(before["sha256"] != after["sha256"], changed, "task {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_refresh_tasks_converge_each_task_carried_forward_and_counted_once() {
+    // Arrange: 20 unchanged pages refreshed, every message of the refresh sent twice.
+    let site = FreshSite::start().await;
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), false).await;
+    fast_job(&stack).await;
+    let urls: Vec<String> = (0..20).map(|i| site.url(&format!("/fresh/p{i}"))).collect();
+    submit_and_drain(&stack, &proxy, (FIRST, None), &urls).await;
+    let queue = Queue::create(&stack, 30).await;
+    submit(&stack, &queue, (REFRESH, Some(FIRST)), &urls).await;
+    let bodies: Vec<String> = queue
+        .drain(&stack)
+        .await
+        .into_iter()
+        .filter_map(|m| m.body)
+        .collect();
+    let again = Queue::create(&stack, 30).await;
+    for chunk in [bodies.clone(), bodies].concat().chunks(10) {
+        again.send_batch(&stack, chunk).await;
+    }
+
+    // Act
+    drain(&stack, &proxy, &again).await;
+
+    // Assert: each task once successful, carried forward, counted once.
+    let refresh = run_fields(&stack, REFRESH).await;
+    assert_eq!(field(&refresh, "tasks_succeeded"), 20);
+    assert_eq!(field(&refresh, "tasks_remaining"), 0);
+    assert_eq!(field(&refresh, "pages_not_modified"), 20);
+    assert_eq!(refresh["status"], "completed");
+    for result in results(&stack, REFRESH).await {
+        assert_eq!(result["not_modified"], true, "{result}");
+    }
+}
