@@ -12,12 +12,32 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench lint clean tinyproxy
+.PHONY: test run stack build bench bench-quick lint clean tinyproxy
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
 test: lint tinyproxy
-	scripts/with-moto cargo test --locked --workspace -- --skip $(QUIET_TESTS)
-	scripts/with-moto cargo test --locked -p conveyor-worker --test it -- $(QUIET_TESTS)
+	cargo test --locked --workspace --no-run
+	scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) & heavy=$$!; \
+	rest=0; scripts/with-moto cargo test --locked --workspace -- \
+	  --skip $(QUIET_TESTS) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
+	wait $$heavy && exit $$rest
+	scripts/with-moto cargo test --locked --workspace --test it -- $(QUIET_TESTS)
+	$(MAKE) bench-quick
+
+## bench-quick: every benchmark at small sizes, with its assertions (part of `make test`):
+## criterion's benches once each, then every figure of `make bench` (nothing written)
+## (--tests: with the test targets in the build, the dependencies' features are the ones
+## `cargo test` built, so after it only the benchmark's binary is linked, not 70 s of crates)
+bench-quick: $(VENV)/.test tinyproxy
+	cargo test --locked --workspace --bench pipeline
+	cargo build --locked --workspace --bins --tests --profile test
+	scripts/with-moto target/debug/bench --quick
+
+# The tests that keep the emulator busiest (whole runs of hundreds of tasks), against an
+# emulator of their own beside the rest: moto serves one request at a time on one core, so
+# two of them use both of the machine's. (Names no unit test's path contains: --skip
+# matches any part of one.)
+HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500
 
 # Tests whose bound is wall-clock time at a host's rate (N/r plus 10%): on a 2-CPU machine
 # another test beside them moves the emulator's delivery by seconds, so they run alone after
@@ -40,7 +60,7 @@ build: $(VENV)/.build
 
 ## bench: the figures against their floors, and the run progress simulation, into BENCHMARKS.md
 ## and docs/*.svg (`target/release/simulate` alone redoes the simulation's part, in half a minute)
-bench: build $(VENV)/.test
+bench: build $(VENV)/.test tinyproxy
 	cargo build --locked --release --workspace --bins
 	cargo bench --locked --bench pipeline
 	scripts/with-moto target/release/bench
