@@ -3,7 +3,8 @@
 //! `If-Modified-Since` still names it gets `304 Not Modified` with no body. A test changes a
 //! page between runs. Pages under `/ignores/` send validators but always answer in full,
 //! pages under `/dated/` send a `Last-Modified` alone, and pages under `/liar/` answer any
-//! conditional request with a 304 that names another entity tag.
+//! conditional request with a 304 that names another entity tag. A test can hold the next
+//! conditional request of a page until it has done something between a worker's steps.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
 
 /// The bytes of a page unless the URL's `bytes` says otherwise.
 const PAGE_BYTES: usize = 16 * 1024;
@@ -27,6 +29,33 @@ struct Pages {
     /// Answers given: full pages and 304s.
     full: usize,
     not_modified: usize,
+    /// The page whose next conditional request waits for the test ([`FreshSite::hold`]).
+    hold: Option<(String, Hold)>,
+}
+
+/// The site's side of a held request: it says the request came, then waits.
+#[derive(Debug)]
+struct Hold {
+    reached: oneshot::Sender<()>,
+    resume: oneshot::Receiver<()>,
+}
+
+/// The test's side of a held request.
+#[derive(Debug)]
+pub struct Held {
+    reached: oneshot::Receiver<()>,
+    resume: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// Waits until the held request has come, then lets the site answer it once `between`
+    /// is done.
+    pub async fn between(self, between: impl AsyncFnOnce()) {
+        self.reached.await.expect("the held request came");
+        between().await;
+        // The site may have stopped with its test: nothing is left to let go then.
+        let _ = self.resume.send(());
+    }
 }
 
 /// A running site; it stops with the test's runtime.
@@ -65,6 +94,17 @@ impl FreshSite {
             .or_default() += 1;
     }
 
+    /// Holds the next conditional request of the page `name` until the test lets it go.
+    pub fn hold(&self, name: &str) -> Held {
+        let (reached, reached_rx) = oneshot::channel();
+        let (resume_tx, resume) = oneshot::channel();
+        lock(&self.pages).hold = Some((name.to_owned(), Hold { reached, resume }));
+        Held {
+            reached: reached_rx,
+            resume: resume_tx,
+        }
+    }
+
     /// (full answers, 304s) so far.
     pub fn answers(&self) -> (usize, usize) {
         let pages = lock(&self.pages);
@@ -95,7 +135,22 @@ type Args = (
 );
 
 async fn fresh((State(pages), Path(name), Query(query), asked): Args) -> Response {
+    if conditional(&asked) {
+        let held = {
+            let mut pages = lock(&pages);
+            let ours = pages.hold.as_ref().is_some_and(|(page, _)| *page == name);
+            ours.then(|| pages.hold.take()).flatten()
+        };
+        if let Some((_, hold)) = held {
+            let _ = hold.reached.send(());
+            let _ = hold.resume.await;
+        }
+    }
     answer(&pages, &name, &query, &asked, (true, true))
+}
+
+fn conditional(asked: &HeaderMap) -> bool {
+    asked.contains_key(header::IF_NONE_MATCH) || asked.contains_key(header::IF_MODIFIED_SINCE)
 }
 
 async fn dated((State(pages), Path(name), Query(query), asked): Args) -> Response {
@@ -107,9 +162,7 @@ async fn ignores((State(pages), Path(name), Query(query), asked): Args) -> Respo
 }
 
 async fn liar((State(pages), Path(name), Query(query), asked): Args) -> Response {
-    let conditional =
-        asked.contains_key(header::IF_NONE_MATCH) || asked.contains_key(header::IF_MODIFIED_SINCE);
-    if !conditional {
+    if !conditional(&asked) {
         return answer(&pages, &name, &query, &asked, (true, true));
     }
     lock(&pages).not_modified += 1;

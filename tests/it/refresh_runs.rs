@@ -319,3 +319,39 @@ async fn duplicates_of_refresh_tasks_converge_each_task_carried_forward_and_coun
         assert_eq!(result["not_modified"], true, "{result}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_earlier_object_altered_between_its_check_and_its_copy_is_never_adopted() {
+    // Arrange: one unchanged page; the site holds the refresh's conditional request (the
+    // worker has checked the earlier object by then, and copies it on the 304) while the
+    // test overwrites that object.
+    let site = FreshSite::start().await;
+    let urls = vec![site.url("/fresh/p0")];
+    let held = site.hold("p0");
+    let prepare = async move |stack: &Stack, earlier: &[serde_json::Value]| {
+        let (s3, bucket, key) = (stack.s3.clone(), stack.bucket.clone(), key_of(&earlier[0]));
+        tokio::spawn(held.between(async move || {
+            let altered = s3.put_object().bucket(bucket).key(key);
+            let altered = altered.body(b"altered between its check and its copy".to_vec().into());
+            altered.send().await.expect("put an object");
+        }));
+    };
+
+    // Act
+    let (stack, earlier, now) = refreshed(&urls, prepare).await;
+
+    // Assert: the copy was refused (its source was no longer the object checked), the
+    // record came back, found the earlier object altered and fetched the page in full: the
+    // task's object holds the page's bytes, not the altered ones.
+    assert_eq!(
+        site.answers(),
+        (2, 1),
+        "the first fetch, the 304, the full fetch"
+    );
+    let result = &now[0];
+    assert_eq!(result["status"], "successful", "{result}");
+    assert_ne!(result["not_modified"], true, "{result}");
+    let stored = stack.object(&key_of(result)).await.expect("an object");
+    assert_eq!(earlier[0]["sha256"], stored.sha256().as_str());
+    assert_eq!(result["sha256"], stored.sha256().as_str());
+}
