@@ -12,11 +12,15 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick lint clean tinyproxy
+.PHONY: test run stack build bench bench-quick lint lint-rust lint-template clean tinyproxy
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
-test: lint tinyproxy
-	cargo test --locked --workspace --no-run
+## (the emulator's venv installs from the network while the Rust checks and build use the CPU)
+test: tinyproxy
+	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
+	{ $(MAKE) --no-print-directory lint-rust && cargo test --locked --workspace --no-run; } \
+	  || built=$$?; wait $$venv && exit $$built
+	$(MAKE) --no-print-directory lint-template
 	scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) & heavy=$$!; \
 	rest=0; scripts/with-moto cargo test --locked --workspace -- \
 	  --skip $(QUIET_TESTS) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
@@ -67,9 +71,13 @@ bench: build $(VENV)/.test tinyproxy
 	target/release/simulate
 
 ## lint: the quick checks alone
-lint: $(VENV)/.test
+lint: lint-rust lint-template
+
+lint-rust:
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
+
+lint-template: $(VENV)/.test
 	cfn-lint template.yaml
 	sam validate --lint --template template.yaml
 	python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
