@@ -83,8 +83,8 @@ impl Gate {
     /// Sleeps until the permit's start. Just before it, the host's item is asked again: a
     /// booked start takes its slot there (one write, which checks the cooldown too), and a
     /// slept one (or one whose claim took long) reads the cooldown; a host that pushed back
-    /// meanwhile (another sandbox saw
-    /// its 429 or 503), or a slot still taken, gives the permit back and answers the wait.
+    /// meanwhile (another sandbox saw its 429 or 503), or a slot still taken, gives the
+    /// permit back and answers the wait.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
@@ -110,9 +110,20 @@ impl Gate {
             let left = permit.start.saturating_sub(now_ms());
             tokio::time::sleep(Duration::from_millis(left)).await;
         }
-        // A start missed by more than its interval (the claim took that long) is void: the
-        // fetch would bunch with the next ones. The schedule is taken again, once (booked, if
-        // it is full past the sleep).
+        self.again_if_missed(store, permit, (&host, max_rps), measures)
+            .await
+    }
+
+    /// A start missed by more than its interval (the claim took that long) is void: the
+    /// fetch would bunch with the next ones. The schedule is taken again, once (booked, if
+    /// it is full past the sleep).
+    async fn again_if_missed<S: HostStore>(
+        &self,
+        store: &S,
+        permit: Permit,
+        (host, max_rps): (&Host, Option<f64>),
+        measures: &Measures,
+    ) -> Result<Result<Permit, Later>, AwsError> {
         let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
         if now_ms() <= permit.start.saturating_add(interval) {
             return Ok(Ok(permit));
@@ -122,7 +133,7 @@ impl Gate {
             max_inflight: None,
         };
         let far = Some(permit.far);
-        match self.take(store, &host, schedule, AGAIN_BUDGET, far).await? {
+        match self.take(store, host, schedule, AGAIN_BUDGET, far).await? {
             Entry::Go(again) => {
                 let wait = again.start.saturating_sub(now_ms());
                 tokio::time::sleep(Duration::from_millis(wait)).await;

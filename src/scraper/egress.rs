@@ -207,21 +207,15 @@ impl Routes {
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
             let wire = relay.and_then(|relay| relay.count_of(&response));
-            if response.headers().contains_key(wire::UNREACHABLE) {
-                return (Err(unreachable(&route.addr)), meter);
-            }
-            if let Some(next) = redirect_target(&response) {
-                discard(response, wire, &mut meter).await;
-                if let Err(refused) = self.check_target(&next).await {
-                    return (Err(FetchError::permanent(refused.to_string())), meter);
+            let hop = (&route.addr, tunnelled, conditional);
+            let response = match self.hop(response, hop, wire.clone(), &mut meter).await {
+                Hop::Page(response) => response,
+                Hop::Redirect(next) => {
+                    url = next;
+                    continue;
                 }
-                url = next;
-                continue;
-            }
-            if let Some(refused) = refusal_of(&response, conditional) {
-                discard(response, wire, &mut meter).await;
-                return (Err(answered(refused, tunnelled)), meter);
-            }
+                Hop::Failed(err) => return (Err(err), meter),
+            };
             let body = (&mut meter.bytes, ask.keep_first);
             let page = fetcher
                 .page_of(response, (requested, conditional), body)
@@ -231,6 +225,43 @@ impl Routes {
         }
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);
         (Err(FetchError::permanent(refused.to_string())), meter)
+    }
+}
+
+/// What one hop's answer is: the page, a redirect to follow, or the end of the fetch.
+enum Hop {
+    Page(reqwest::Response),
+    Redirect(Url),
+    Failed(FetchError),
+}
+
+impl Routes {
+    /// One hop's answer read: the proxy's own word that the site is out of reach, a
+    /// redirect (its target checked as the first URL was), a refusal (blamed on whoever
+    /// answered: `tunnelled`), or the page. A response that is not the page is read to its
+    /// end, its bytes counted.
+    async fn hop(
+        &self,
+        response: reqwest::Response,
+        (proxy, tunnelled, conditional): (&ProxyAddr, bool, bool),
+        wire: Option<Arc<AtomicU64>>,
+        meter: &mut Meter,
+    ) -> Hop {
+        if response.headers().contains_key(wire::UNREACHABLE) {
+            return Hop::Failed(unreachable(proxy));
+        }
+        if let Some(next) = redirect_target(&response) {
+            discard(response, wire, meter).await;
+            return match self.check_target(&next).await {
+                Ok(()) => Hop::Redirect(next),
+                Err(refused) => Hop::Failed(FetchError::permanent(refused.to_string())),
+            };
+        }
+        if let Some(refused) = refusal_of(&response, conditional) {
+            discard(response, wire, meter).await;
+            return Hop::Failed(answered(refused, tunnelled));
+        }
+        Hop::Page(response)
     }
 }
 
