@@ -226,16 +226,7 @@ impl Routes {
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);
         (Err(FetchError::permanent(refused.to_string())), meter)
     }
-}
 
-/// What one hop's answer is: the page, a redirect to follow, or the end of the fetch.
-enum Hop {
-    Page(reqwest::Response),
-    Redirect(Url),
-    Failed(FetchError),
-}
-
-impl Routes {
     /// One hop's answer read: the proxy's own word that the site is out of reach, a
     /// redirect (its target checked as the first URL was), a refusal (blamed on whoever
     /// answered: `tunnelled`), or the page. A response that is not the page is read to its
@@ -263,6 +254,13 @@ impl Routes {
         }
         Hop::Page(response)
     }
+}
+
+/// What one hop's answer is: the page, a redirect to follow, or the end of the fetch.
+enum Hop {
+    Page(reqwest::Response),
+    Redirect(Url),
+    Failed(FetchError),
 }
 
 impl Route {

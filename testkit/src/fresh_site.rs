@@ -142,6 +142,7 @@ async fn fresh((State(pages), Path(name), Query(query), asked): Args) -> Respons
             ours.then(|| pages.hold.take()).flatten()
         };
         if let Some((_, hold)) = held {
+            // A test that stopped waiting (it failed) lets the request go at once.
             let _ = hold.reached.send(());
             let _ = hold.resume.await;
         }
