@@ -11,7 +11,8 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-/// One request: its path, and when it arrived and was answered.
+/// One request: its path, and when it arrived and was answered (or dropped: a client that
+/// gives up closes its connection, and the server stops serving it).
 #[derive(Debug, Clone)]
 pub struct Visit {
     pub path: String,
@@ -140,15 +141,29 @@ async fn serve(State(log): State<Arc<Mutex<Log>>>, request: Request) -> Response
         }
         behaviour
     };
-    let response = answer(&path, &behaviour).await;
-    let mut log = lock(&log);
-    log.in_flight -= 1;
-    log.visits.push(Visit {
-        path,
-        started,
-        ended: Instant::now(),
-    });
-    response
+    let serving = Serving { log, path, started };
+    answer(&serving.path, &behaviour).await
+}
+
+/// A request in flight: it ends when it is answered or when the server drops it (its client
+/// closed the connection), so a request a client gave up on is not counted in flight for
+/// ever.
+struct Serving {
+    log: Arc<Mutex<Log>>,
+    path: String,
+    started: Instant,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let mut log = lock(&self.log);
+        log.in_flight -= 1;
+        log.visits.push(Visit {
+            path: std::mem::take(&mut self.path),
+            started: self.started,
+            ended: Instant::now(),
+        });
+    }
 }
 
 async fn answer(path: &str, behaviour: &Behaviour) -> Response {

@@ -221,6 +221,40 @@ async fn the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apar
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invocations_that_end_mid_fetch_keep_the_hosts_in_flight_limit() {
+    // Arrange: pages of 1.5 s in invocations of 3 s: fetches are cut by their invocation's
+    // end or their own budget (the request dropped, the site stops serving it), and their
+    // records come back to fetch again.
+    let stack = Stack::new().await;
+    let slow = Behaviour {
+        page_time: Duration::from_millis(1_500),
+        ..Behaviour::default()
+    };
+    let site = PoliteSite::start(slow).await;
+    let (queue, dlq) = run_of(&stack, &pages(&site, "page", 20)).await;
+    let short = Fleet {
+        timeout: Duration::from_secs(3),
+        ..SMALL_FLEET
+    };
+
+    // Act
+    drain_with(&stack, &queue, polite(Some(5.0), Some(4)), short).await;
+
+    // Assert: every task done once; fetches were cut and made again, and never more than
+    // the host's four at once, the cut ones counted until the site stopped serving them.
+    assert!(statuses(&stack, 20).await.iter().all(|s| s == "successful"));
+    assert_eq!(dlq.depth(&stack).await, 0);
+    let visits = site.visits();
+    let fetched = visits
+        .iter()
+        .filter(|v| v.path.starts_with("/page"))
+        .count();
+    assert!(fetched > 20, "{fetched} page requests: none was cut");
+    let in_flight = site.most_in_flight();
+    assert!(in_flight <= 4, "{in_flight} at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_429_with_retry_after_holds_the_host_for_every_sandbox() {
     let stack = Stack::new().await;
     let refusing = Behaviour {
