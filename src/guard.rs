@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
-use crate::domain::model::{Counting, Parents, TaskStatus};
+use crate::domain::model::{Counting, Parents, TaskStatus, Tries};
 use crate::domain::refresh::Prior;
 use crate::ports::error::AwsError;
-use crate::ports::tasks::{Claim, Lease, TaskStore};
+use crate::ports::tasks::{Claim, Lease, TaskStore, TriesFrom};
 use crate::retry::Patience;
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
@@ -29,11 +29,12 @@ pub struct Wanted {
 #[derive(Debug)]
 pub enum Checked {
     /// Work is wanted: fetch `url` (after the claim), asking whether it changed since
-    /// `prior` when the task refreshes an earlier result.
+    /// `prior` when the task refreshes an earlier result; `tries`: the task's so far.
     Wanted {
         url: Option<String>,
         prior: Option<Prior>,
         wanted: Wanted,
+        tries: Tries,
     },
     /// Nothing to do; the outcome says why.
     Skipped(Outcome),
@@ -75,6 +76,7 @@ pub async fn check<S: TaskStore>(
             url: current.url,
             prior: current.prior,
             wanted,
+            tries: current.tries,
         },
         Err(why) => Checked::Skipped(Outcome::NotWanted(why)),
     })
@@ -86,11 +88,14 @@ pub async fn check<S: TaskStore>(
 pub async fn claim<S: TaskStore>(
     store: &S,
     task: &TaskRef,
-    (now, lease): (SystemTime, Option<Lease<'_>>),
+    (now, lease, tries): (SystemTime, Option<Lease<'_>>, TriesFrom),
     patience: &Patience<'_>,
 ) -> Result<Admission, AwsError> {
     Ok(
-        match patience.retry(|| store.claim(task, now, lease)).await? {
+        match patience
+            .retry(|| store.claim(task, now, lease, tries))
+            .await?
+        {
             Claim::Claimed {
                 attempts,
                 was,

@@ -1,4 +1,19 @@
-//! Message parsing: an SQS body becomes the task it names, or poison with the reason why not.
+//! An SQS message, parsed once: the task it names, what the worker's own copies carry, and
+//! the rule for every way a message is born.
+//!
+//! | born as | how the worker tells | what it carries |
+//! |---|---|---|
+//! | a producer's message | no `copied_at` | nothing: its tries begin when it was sent |
+//! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booking, one wait more, the first wait's start; the rest as it was |
+//! | a copy for AWS's push-back, or a final attempt's | as above | the receives spent, one copy more, the first push-back (kept); the rest as it was |
+//! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
+//! | `conveyor-ops redrive --move` | [`Message::redriven`]: the task's fields alone | nothing |
+//! | SQS's own redrive (a move task) | `copied_at` older than when SQS took it by more than [`REDRIVE_GAP`] | what it carried is dropped: a fresh set of tries |
+//!
+//! Every copy keeps the producer's own fields, its `MessageGroupId` and its message
+//! attributes (the worker's part: `worker/park.rs`). A field of the worker's that is not a
+//! whole number reads as absent; a body from the previous release reads the same, since the
+//! field names did not change (`tests/fixtures/messages/`).
 
 use serde_json::{Map, Value};
 
@@ -9,7 +24,171 @@ use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 #[error("{0}")]
 pub struct Poison(pub String);
 
-/// The body a producer sends for `task`: what [`parse_body`] reads.
+/// A copy SQS took this much later than the worker wrote it was not sent by the worker: it is
+/// a redrive from the dead-letter queue (the worker's own copies are sent as they are written;
+/// a message reaches the dead-letter queue minutes after its last copy at the least).
+pub const REDRIVE_GAP_MS: u64 = 60_000;
+
+/// [`REDRIVE_GAP_MS`], as the docs name it.
+pub const REDRIVE_GAP: std::time::Duration = std::time::Duration::from_millis(REDRIVE_GAP_MS);
+
+/// What the worker's own copies carry beside the task (all absent in a producer's body).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// The start its host's schedule booked for it (ms since the epoch).
+    pub booking: Option<u64>,
+    /// The politeness waits it has had, and when the first began (ms since the epoch).
+    pub waits: u32,
+    pub polite_since: Option<u64>,
+    /// The receives earlier copies spent on the task.
+    pub receives_before: u32,
+    /// How many copies were sent for another try (a final attempt of ours, AWS's push-back).
+    pub copies: u32,
+    /// When AWS first pushed back on its copies (ms since the epoch).
+    pub pressed_since: Option<u64>,
+    /// When the worker sent this copy (ms since the epoch).
+    pub copied_at: Option<u64>,
+    /// When the task's current set of tries began: when the first message of the line was
+    /// sent (ms since the epoch).
+    pub tries_since: Option<u64>,
+}
+
+/// The body's field for each carried value. The names are the previous release's.
+const BOOKING: &str = "polite_start";
+const WAITS: &str = "polite_waits";
+const SINCE: &str = "polite_since";
+const RECEIVES_BEFORE: &str = "receives_before";
+const COPIES: &str = "copies";
+const PRESSED_SINCE: &str = "pressed_since";
+const COPIED_AT: &str = "copied_at";
+const TRIES_SINCE: &str = "tries_since";
+const CARRIED: [&str; 8] = [
+    BOOKING,
+    WAITS,
+    SINCE,
+    RECEIVES_BEFORE,
+    COPIES,
+    PRESSED_SINCE,
+    COPIED_AT,
+    TRIES_SINCE,
+];
+
+/// Data contract v3: the run's `counter_shards`, over which its tasks and results spread.
+const SPREAD: &str = "task_shards";
+
+/// A message as the worker reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub task: TaskRef,
+    pub carried: Carried,
+    /// SQS took it again long after the worker wrote it: what it carried was dropped.
+    pub redriven: bool,
+    /// The body's fields as they came, the producer's own ones included.
+    fields: Map<String, Value>,
+}
+
+impl Message {
+    /// Reads a body `sent_at` (SQS's `SentTimestamp`, ms since the epoch, if known).
+    pub fn parse(body: Option<&str>, sent_at: Option<u64>) -> Result<Self, Poison> {
+        let fields = object(body)?;
+        let task = task_of(&fields)?;
+        let mut carried = Carried::of(&fields);
+        let redriven = matches!((carried.copied_at, sent_at),
+            (Some(copied), Some(sent)) if sent > copied.saturating_add(REDRIVE_GAP_MS));
+        if redriven {
+            carried = Carried::default();
+        }
+        carried.tries_since = carried.tries_since.or(sent_at);
+        Ok(Self {
+            task,
+            carried,
+            redriven,
+            fields,
+        })
+    }
+
+    /// The body of a copy parked for its host's turn: carrying `booked` (or none), one wait
+    /// more and the first wait's start (`now` if this is the first).
+    pub fn parked(&self, booked: Option<u64>, now: u64) -> String {
+        let carried = Carried {
+            booking: booked,
+            waits: self.carried.waits.saturating_add(1),
+            polite_since: self.carried.polite_since.or(Some(now)),
+            copied_at: Some(now),
+            ..self.carried
+        };
+        self.with(carried)
+    }
+
+    /// The body of a copy sent for another try: `spent` receives behind it, one copy more,
+    /// and `pressed_at` if AWS pushed back on this one (an earlier copy's start is kept).
+    pub fn another_try(&self, spent: u32, pressed_at: Option<u64>, now: u64) -> String {
+        let carried = Carried {
+            receives_before: spent,
+            copies: self.carried.copies.saturating_add(1),
+            pressed_since: self.carried.pressed_since.or(pressed_at),
+            copied_at: Some(now),
+            ..self.carried
+        };
+        self.with(carried)
+    }
+
+    /// The body an operator's redrive sends: the producer's fields alone, for a fresh set of
+    /// tries.
+    pub fn redriven(&self) -> String {
+        self.with(Carried::default())
+    }
+
+    /// The body with the producer's fields as they came and `carried` as the worker's.
+    fn with(&self, carried: Carried) -> String {
+        let mut fields = self.fields.clone();
+        for name in CARRIED {
+            fields.remove(name);
+        }
+        let numbers = [
+            (BOOKING, carried.booking),
+            (WAITS, Some(u64::from(carried.waits)).filter(|&n| n > 0)),
+            (SINCE, carried.polite_since),
+            (RECEIVES_BEFORE, Some(u64::from(carried.receives_before))),
+            (COPIES, Some(u64::from(carried.copies))),
+            (PRESSED_SINCE, carried.pressed_since),
+            (COPIED_AT, carried.copied_at),
+            (TRIES_SINCE, carried.tries_since),
+        ];
+        if carried != Carried::default() {
+            for (name, value) in numbers {
+                if let Some(value) = value {
+                    fields.insert(name.into(), value.into());
+                }
+            }
+        }
+        Value::Object(fields).to_string()
+    }
+}
+
+impl Carried {
+    /// What a body carries, as written (absent for a body that is no JSON object).
+    pub fn read(body: Option<&str>) -> Self {
+        object(body).map_or_else(|_| Self::default(), |fields| Self::of(&fields))
+    }
+
+    fn of(fields: &Map<String, Value>) -> Self {
+        let number = |name: &str| fields.get(name).and_then(Value::as_u64);
+        let count = |name: &str| number(name).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        Self {
+            booking: number(BOOKING),
+            waits: count(WAITS),
+            polite_since: number(SINCE),
+            receives_before: count(RECEIVES_BEFORE),
+            copies: count(COPIES),
+            pressed_since: number(PRESSED_SINCE),
+            copied_at: number(COPIED_AT),
+            tries_since: number(TRIES_SINCE),
+        }
+    }
+}
+
+/// The body a producer sends for `task`.
 pub fn body(task: &TaskRef) -> String {
     let mut body = serde_json::json!({
         "job_id": task.job_id.as_str(),
@@ -22,23 +201,28 @@ pub fn body(task: &TaskRef) -> String {
     body.to_string()
 }
 
-/// Data contract v3: the run's `counter_shards`, over which its tasks and results spread.
-const SPREAD: &str = "task_shards";
-
-/// Reads `{"job_id": "...", "run_id": "...", "task_id": "..."}` and, in data contract v3,
-/// `"task_shards": N`; unknown fields are ignored.
+/// The task a body names: `{"job_id": "...", "run_id": "...", "task_id": "..."}` and, in
+/// data contract v3, `"task_shards": N`; unknown fields are ignored.
 pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
+    task_of(&object(body)?)
+}
+
+fn object(body: Option<&str>) -> Result<Map<String, Value>, Poison> {
     let body = body.ok_or_else(|| Poison("the message has no body".into()))?;
     let value: Value =
         serde_json::from_str(body).map_err(|e| Poison(format!("the body is not JSON: {e}")))?;
-    let Value::Object(fields) = value else {
-        return Err(Poison("the body is not a JSON object".into()));
-    };
+    match value {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(Poison("the body is not a JSON object".into())),
+    }
+}
+
+fn task_of(fields: &Map<String, Value>) -> Result<TaskRef, Poison> {
     Ok(TaskRef {
-        job_id: id_field(&fields, "job_id")?,
-        run_id: id_field(&fields, "run_id")?,
-        task_id: id_field(&fields, "task_id")?,
-        spread: spread_field(&fields)?,
+        job_id: id_field(fields, "job_id")?,
+        run_id: id_field(fields, "run_id")?,
+        task_id: id_field(fields, "task_id")?,
+        spread: spread_field(fields)?,
     })
 }
 
@@ -55,99 +239,6 @@ fn spread_field(fields: &Map<String, Value>) -> Result<Option<u32>, Poison> {
     }
 }
 
-/// The worker's own fields, carried by the copy of a message sent again while its host had
-/// no room: the start the host's schedule booked for it (ms since the epoch), how many such
-/// waits it has had, and when the first began (ms since the epoch). A producer's body has
-/// none.
-const BOOKING: &str = "polite_start";
-const WAITS: &str = "polite_waits";
-const SINCE: &str = "polite_since";
-
-/// When the task first waited for its host, if it has.
-pub fn polite_since(body: Option<&str>) -> Option<u64> {
-    field(body, SINCE)
-}
-
-/// The booking a body carries, if any.
-pub fn booking(body: Option<&str>) -> Option<u64> {
-    field(body, BOOKING)
-}
-
-/// The politeness waits a body has had.
-pub fn polite_waits(body: Option<&str>) -> u32 {
-    count(body, WAITS)
-}
-
-/// Carried by the copy of a message sent again after a final attempt that ended for a reason
-/// of ours (no time left, a store error), not the page's: the receives earlier copies spent
-/// on the task, and how many such copies there have been.
-const RECEIVES_BEFORE: &str = "receives_before";
-const COPIES: &str = "copies";
-
-/// The receives earlier copies of this message spent (0 for a producer's body).
-pub fn receives_before(body: Option<&str>) -> u32 {
-    count(body, RECEIVES_BEFORE)
-}
-
-/// How many times this message was sent again after a final attempt of ours.
-pub fn copies(body: Option<&str>) -> u32 {
-    count(body, COPIES)
-}
-
-/// When AWS first pushed back on the copies of this message (ms since the epoch), if it has:
-/// copies for AWS's push-back are bounded by time, not by their count.
-const PRESSED_SINCE: &str = "pressed_since";
-
-/// When the first copy of this message sent for AWS's push-back was sent, if one was.
-pub fn pressed_since(body: Option<&str>) -> Option<u64> {
-    field(body, PRESSED_SINCE)
-}
-
-/// `body` for a copy that has `spent` receives behind it and one copy more; `pressed_at`:
-/// AWS pushed back on this one, now (kept from an earlier copy if that was pushed back too).
-/// A body that is no JSON object is returned as it is.
-pub fn for_another_try(body: &str, spent: u32, pressed_at: Option<u64>) -> String {
-    let copies = copies(Some(body)).saturating_add(1);
-    let pressed = pressed_since(Some(body)).or(pressed_at);
-    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
-        return body.to_owned();
-    };
-    fields.insert(RECEIVES_BEFORE.into(), spent.into());
-    fields.insert(COPIES.into(), copies.into());
-    if let Some(since) = pressed {
-        fields.insert(PRESSED_SINCE.into(), since.into());
-    }
-    Value::Object(fields).to_string()
-}
-
-/// A count the worker keeps in the body (0 when absent; a larger one than fits is the most).
-fn count(body: Option<&str>, name: &str) -> u32 {
-    field(body, name).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
-}
-
-fn field(body: Option<&str>, name: &str) -> Option<u64> {
-    let value: Value = serde_json::from_str(body?).ok()?;
-    value.get(name)?.as_u64()
-}
-
-/// `body` for its next wait: carrying `booked` (or none: an earlier booking is dropped), one
-/// wait more, and when the first wait began (`now` if this is the first); a body that is no
-/// JSON object is returned as it is.
-pub fn for_next_wait(body: &str, booked: Option<u64>, now: u64) -> String {
-    let waits = polite_waits(Some(body)).saturating_add(1);
-    let since = polite_since(Some(body)).unwrap_or(now);
-    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(body) else {
-        return body.to_owned();
-    };
-    match booked {
-        Some(start) => fields.insert(BOOKING.into(), start.into()),
-        None => fields.remove(BOOKING),
-    };
-    fields.insert(WAITS.into(), waits.into());
-    fields.insert(SINCE.into(), since.into());
-    Value::Object(fields).to_string()
-}
-
 fn id_field(fields: &Map<String, Value>, name: &str) -> Result<Id, Poison> {
     match fields.get(name) {
         None => Err(Poison(format!("{name} is missing"))),
@@ -159,6 +250,12 @@ fn id_field(fields: &Map<String, Value>, name: &str) -> Result<Id, Poison> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BODY: &str = r#"{"job_id":"j","run_id":"r","task_id":"t","tenant":"acme"}"#;
+
+    fn read(body: &str, sent_at: Option<u64>) -> Message {
+        Message::parse(Some(body), sent_at).expect("a well-formed body")
+    }
 
     #[test]
     fn a_well_formed_body_names_its_task_and_ignores_unknown_fields() {
@@ -184,7 +281,7 @@ mod tests {
         .unwrap();
         assert_eq!(task.spread, Some(16));
         assert_eq!(parse_body(Some(&body(&task))).unwrap(), task);
-        let copy = for_another_try(&body(&task), 4, None);
+        let copy = read(&body(&task), None).another_try(4, None, 9);
         assert_eq!(parse_body(Some(&copy)).unwrap().spread, Some(16));
     }
 
@@ -228,7 +325,7 @@ mod tests {
             ),
         ];
         for (body, expected) in cases {
-            let poison = parse_body(body).unwrap_err();
+            let poison = Message::parse(body, None).unwrap_err();
             assert!(poison.0.contains(expected), "{body:?}: {poison}");
         }
         let too_long = format!(r#"{{"job_id":"{long}","run_id":"r","task_id":"t"}}"#);
@@ -241,61 +338,118 @@ mod tests {
     }
 
     #[test]
-    fn a_booking_and_the_waits_ride_along_the_body_and_leave_the_task_as_it_was() {
-        let body = r#"{"job_id":"j","run_id":"r","task_id":"t","extra":1}"#;
+    fn a_producers_message_carries_nothing_and_its_tries_begin_when_it_was_sent() {
+        let message = read(BODY, Some(1_000));
 
-        let booked = for_next_wait(body, Some(1_700_000_000_000), 5);
-        let unbooked = for_next_wait(&booked, None, 9);
-
-        assert_eq!(booking(Some(&booked)), Some(1_700_000_000_000));
         assert_eq!(
-            polite_since(Some(&unbooked)),
-            Some(5),
-            "the first wait's start"
+            message.carried,
+            Carried {
+                tries_since: Some(1_000),
+                ..Carried::default()
+            }
         );
-        assert_eq!(polite_since(Some(body)), None);
-        assert_eq!(parse_body(Some(&booked)), parse_body(Some(body)));
-        assert_eq!(booking(Some(&unbooked)), None);
-        assert_eq!(
-            (polite_waits(Some(body)), polite_waits(Some(&unbooked))),
-            (0, 2)
-        );
-        assert_eq!(for_next_wait("not json", Some(1), 5), "not json");
+        assert!(!message.redriven);
     }
 
     #[test]
-    fn a_copy_carries_the_receives_spent_and_counts_itself() {
-        let body = r#"{"job_id":"j","run_id":"r","task_id":"t"}"#;
+    fn a_parked_copy_carries_its_booking_and_waits_and_the_producers_fields() {
+        let producer = read(BODY, Some(1_000));
 
-        let first = for_another_try(body, 4, None);
-        let second = for_another_try(&first, 4, None);
+        let first = producer.parked(Some(1_700_000_000_000), 5_000);
+        let second = read(&first, Some(5_000)).parked(None, 9_000);
 
-        assert_eq!(parse_body(Some(&second)), parse_body(Some(body)));
-        assert_eq!((receives_before(Some(body)), copies(Some(body))), (0, 0));
+        let first = read(&first, Some(5_000));
+        let second = read(&second, Some(9_000));
+        assert_eq!(first.carried.booking, Some(1_700_000_000_000));
         assert_eq!(
-            (receives_before(Some(&second)), copies(Some(&second))),
-            (4, 2)
+            second.carried.booking, None,
+            "an earlier booking is dropped"
         );
-        assert_eq!(for_another_try("not json", 4, None), "not json");
+        assert_eq!((first.carried.waits, second.carried.waits), (1, 2));
+        assert_eq!(second.carried.polite_since, Some(5_000), "the first wait's");
+        assert_eq!(second.carried.tries_since, Some(1_000), "the line's first");
+        assert_eq!(second.task, producer.task);
+        assert_eq!(second.fields["tenant"], "acme");
     }
 
     #[test]
-    fn a_copy_keeps_when_aws_first_pushed_back_on_its_copies() {
-        let body = r#"{"job_id":"j","run_id":"r","task_id":"t"}"#;
+    fn a_copy_for_another_try_counts_itself_and_keeps_the_first_push_back() {
+        let producer = read(BODY, Some(1_000));
 
-        let out_of_time = for_another_try(body, 4, None);
-        let pushed_back = for_another_try(&out_of_time, 4, Some(1_000));
-        let again = for_another_try(&pushed_back, 4, Some(9_000));
-        let then_out_of_time = for_another_try(&again, 4, None);
+        let out_of_time = read(&producer.another_try(4, None, 2_000), Some(2_000));
+        let pushed_back = read(&out_of_time.another_try(4, Some(3_000), 3_000), Some(3_000));
+        let again = read(&pushed_back.another_try(4, Some(9_000), 9_000), Some(9_000));
 
-        assert_eq!(pressed_since(Some(&out_of_time)), None);
-        assert_eq!(pressed_since(Some(&pushed_back)), Some(1_000));
+        assert_eq!(out_of_time.carried.pressed_since, None);
+        assert_eq!(pushed_back.carried.pressed_since, Some(3_000));
         assert_eq!(
-            pressed_since(Some(&again)),
-            Some(1_000),
+            again.carried.pressed_since,
+            Some(3_000),
             "the first push-back's"
         );
-        assert_eq!(pressed_since(Some(&then_out_of_time)), Some(1_000));
-        assert_eq!(parse_body(Some(&then_out_of_time)), parse_body(Some(body)));
+        assert_eq!(
+            (again.carried.receives_before, again.carried.copies),
+            (4, 3)
+        );
+        assert_eq!(again.task, producer.task);
+    }
+
+    #[test]
+    fn a_copy_sqs_took_long_after_the_worker_wrote_it_is_a_redrive_with_fresh_tries() {
+        let copy = read(BODY, Some(1_000)).another_try(4, Some(2_000), 2_000);
+
+        let on_time = read(&copy, Some(2_000 + REDRIVE_GAP_MS));
+        let redriven = read(&copy, Some(2_001 + REDRIVE_GAP_MS));
+
+        assert!(!on_time.redriven);
+        assert_eq!(on_time.carried.receives_before, 4);
+        assert!(redriven.redriven);
+        assert_eq!(
+            redriven.carried,
+            Carried {
+                tries_since: Some(2_001 + REDRIVE_GAP_MS),
+                ..Carried::default()
+            }
+        );
+    }
+
+    #[test]
+    fn an_operators_redrive_sends_the_producers_fields_alone() {
+        let copy = read(BODY, Some(1_000)).parked(Some(7), 2_000);
+
+        let redriven = read(&read(&copy, None).redriven(), None);
+
+        assert_eq!(redriven.carried, Carried::default());
+        assert_eq!(redriven.fields, read(BODY, None).fields);
+    }
+
+    #[test]
+    fn the_previous_releases_bodies_read_as_they_were_written() {
+        let fixture = |name| match name {
+            "producer" => include_str!("../../tests/fixtures/messages/producer.json"),
+            "parked" => include_str!("../../tests/fixtures/messages/parked.json"),
+            "final_attempt_copy" => {
+                include_str!("../../tests/fixtures/messages/final_attempt_copy.json")
+            }
+            _ => include_str!("../../tests/fixtures/messages/pressed_copy.json"),
+        };
+        let carried = |name| read(fixture(name), Some(1_764_749_000_000)).carried;
+
+        assert_eq!(read(fixture("producer"), None).task.spread, Some(16));
+        assert_eq!(carried("parked").booking, Some(1_764_748_800_000));
+        assert_eq!(carried("parked").waits, 2);
+        assert_eq!(carried("parked").polite_since, Some(1_764_745_200_000));
+        assert_eq!(carried("final_attempt_copy").receives_before, 4);
+        assert_eq!(carried("final_attempt_copy").copies, 1);
+        let pressed = carried("pressed_copy");
+        assert_eq!(pressed.pressed_since, Some(1_764_741_600_000));
+        assert_eq!((pressed.receives_before, pressed.copies), (4, 3));
+        assert_eq!(
+            pressed.tries_since,
+            Some(1_764_749_000_000),
+            "when SQS took it"
+        );
+        let copy = read(fixture("pressed_copy"), None).another_try(4, None, 1);
+        assert_eq!(read(&copy, None).fields["tenant"], "acme");
     }
 }

@@ -49,6 +49,25 @@ pub struct Task {
     pub url: Option<String>,
     /// A refresh task's earlier result, when the producer gave a whole and valid one.
     pub prior: Option<Prior>,
+    /// Its tries so far: the claims of its current set, and when that set began.
+    pub tries: Tries,
+}
+
+/// A task's set of tries: its claims (every fetch follows one), and when the message that
+/// began the set was sent (ms since the epoch; `None` before the worker wrote it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tries {
+    pub attempts: u32,
+    pub since: Option<u64>,
+}
+
+impl Tries {
+    /// Whether a message of a line whose tries began `since` begins a fresh set: one sent
+    /// more than `gap_ms` after this set began (a message back from the dead-letter queue, a
+    /// re-queue). Items written before the set was kept count on.
+    pub fn fresh_for(&self, since: Option<u64>, gap_ms: u64) -> bool {
+        matches!((self.since, since), (Some(current), Some(new)) if new > current.saturating_add(gap_ms))
+    }
 }
 
 /// The statuses of a task's job and run (`None`: the item is gone), and how the run counts
@@ -284,4 +303,12 @@ impl std::str::FromStr for DuplicatePolicy {
 pub struct Lease<'a> {
     pub owner: &'a str,
     pub until: std::time::SystemTime,
+}
+
+/// Which set of tries a claim counts in: from `since` (ms since the epoch), the task's
+/// current set, or, when `fresh`, a new one that starts at this claim.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TriesFrom {
+    pub since: Option<u64>,
+    pub fresh: bool,
 }

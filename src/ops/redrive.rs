@@ -44,7 +44,7 @@ pub async fn redrive(
             redriven.seen.push(described(&message));
             match to {
                 Some(to) => {
-                    to.send(message.body().unwrap_or_default()).await?;
+                    to.send(&fresh_body(message.body())).await?;
                     dead.delete(&[&message]).await?;
                     redriven.moved += 1;
                 }
@@ -56,6 +56,15 @@ pub async fn redrive(
         dead.release(&chunk.iter().collect::<Vec<_>>()).await?;
     }
     Ok(redriven)
+}
+
+/// The body sent back to the task queue: the producer's fields alone, so the task gets a fresh
+/// set of tries (a body that names no task goes back as it was).
+fn fresh_body(body: Option<&str>) -> String {
+    match message::Message::parse(body, None) {
+        Ok(message) => message.redriven(),
+        Err(_) => body.unwrap_or_default().to_owned(),
+    }
 }
 
 fn described(message: &Message) -> DeadLetter {

@@ -71,14 +71,39 @@ pub trait Visibility: Send + Sync {
         delay: Duration,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
-    /// Sends a fresh copy of a message, due after `delay` (at most SQS's 15 minutes): its
+    /// Sends a fresh copy of a message, due after its delay (at most SQS's 15 minutes): its
     /// receive count starts again.
     fn requeue(
         &self,
         queue: &QueueRef,
-        body: &str,
-        delay: Duration,
+        copy: &MessageCopy,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
+}
+
+/// A fresh copy of a received message: its body, when it is due, and what SQS keeps beside
+/// the body, as the producer sent it: the message group (a fair queue's tenant) and the
+/// message attributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageCopy {
+    pub body: String,
+    pub delay: Duration,
+    pub group: Option<String>,
+    pub attributes: Vec<Attribute>,
+}
+
+/// A message attribute: its name, data type (`String`, `Number`, `Binary`, with an optional
+/// custom suffix) and value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attribute {
+    pub name: String,
+    pub data_type: String,
+    pub value: AttributeValue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttributeValue {
+    Text(String),
+    Bytes(Vec<u8>),
 }
 
 /// SQS delays a message at most 15 minutes.

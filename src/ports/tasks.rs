@@ -10,7 +10,7 @@ use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 
-pub use crate::domain::model::Lease;
+pub use crate::domain::model::{Lease, TriesFrom};
 
 /// The result of trying to move a task to `processing`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,13 +58,15 @@ pub trait TaskStore: Send + Sync {
         task: &TaskRef,
     ) -> impl Future<Output = Result<Parents, AwsError>> + Send;
 
-    /// Moves a pending or processing task to processing, counting the attempt; with a
-    /// lease, only if no other invocation holds a live one, and takes it.
+    /// Moves a pending or processing task to processing, counting the attempt in the set of
+    /// tries `tries` names (a fresh set starts at one); with a lease, only if no other
+    /// invocation holds a live one, and takes it.
     fn claim(
         &self,
         task: &TaskRef,
         now: SystemTime,
         lease: Option<Lease<'_>>,
+        tries: TriesFrom,
     ) -> impl Future<Output = Result<Claim, AwsError>> + Send;
 
     /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
@@ -77,11 +79,12 @@ pub trait TaskStore: Send + Sync {
 
     /// Gives back the attempt a claim counted, and the status it found (`was`), when no
     /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
-    /// task is still processing.
+    /// task is still processing. The lease of `owner`, if it holds one, goes with it.
     fn unclaim(
         &self,
         task: &TaskRef,
         was: TaskStatus,
+        owner: Option<&str>,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
     /// The one terminal write: only a task still pending or processing can take it, except

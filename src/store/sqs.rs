@@ -2,7 +2,7 @@
 //! copies), and what operators do with a queue (receive, delete and send batches, read its
 //! depth and ARN), as Lambda's event source mapping would.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
@@ -16,8 +16,13 @@ use aws_sdk_sqs::types::{
 use crate::domain::ids::TaskRef;
 use crate::domain::message;
 use crate::ports::error::AwsError;
-use crate::ports::queue::{QueueRef, SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
+use crate::ports::queue::{
+    Attribute, AttributeValue, MessageCopy, QueueRef, SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility,
+};
 use crate::store::lazy::Lazy;
+use aws_sdk_sqs::primitives::Blob;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 
 /// [`Visibility`] through SQS `ChangeMessageVisibility`.
 #[derive(Debug, Clone)]
@@ -57,19 +62,39 @@ impl Visibility for SqsVisibility {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = delay.as_secs()))]
-    async fn requeue(&self, queue: &QueueRef, body: &str, delay: Duration) -> Result<(), AwsError> {
-        let seconds = delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32;
+    #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
+    async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
+        let seconds = copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32;
+        let attributes = copy
+            .attributes
+            .iter()
+            .map(|a| (a.name.clone(), attribute(a)));
         self.client
             .send_message()
             .queue_url(queue.url(self.endpoint.as_deref()))
-            .message_body(body)
+            .message_body(&copy.body)
             .delay_seconds(seconds)
+            .set_message_group_id(copy.group.clone())
+            .set_message_attributes(
+                Some(attributes.collect()).filter(|a: &HashMap<_, _>| !a.is_empty()),
+            )
             .send()
             .await
             .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
         Ok(())
     }
+}
+
+/// A copy's message attribute as SQS takes it.
+fn attribute(attribute: &Attribute) -> MessageAttributeValue {
+    let value = MessageAttributeValue::builder().data_type(&attribute.data_type);
+    let value = match &attribute.value {
+        AttributeValue::Text(text) => value.string_value(text),
+        AttributeValue::Bytes(bytes) => value.binary_value(Blob::new(bytes.clone())),
+    };
+    value
+        .build()
+        .expect("the data type, the required field, is set")
 }
 
 /// A queue as operators and the local event source mapping use it.
@@ -310,9 +335,14 @@ pub fn to_record(message: &Message, queue_arn: &str) -> SqsMessage {
         .into_iter()
         .flatten()
         .filter_map(|(name, value)| {
-            let text = value.string_value()?;
-            let attribute =
-                serde_json::json!({ "stringValue": text, "dataType": value.data_type() });
+            let mut attribute = serde_json::json!({ "dataType": value.data_type() });
+            match (value.string_value(), value.binary_value()) {
+                (Some(text), _) => attribute["stringValue"] = text.into(),
+                (None, Some(bytes)) => {
+                    attribute["binaryValue"] = BASE64.encode(bytes.as_ref()).into();
+                }
+                (None, None) => return None,
+            }
             Some((name.clone(), attribute))
         })
         .collect();

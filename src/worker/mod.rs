@@ -16,8 +16,9 @@ use crate::batch::Invocation;
 use crate::budget::PaidAllowances;
 use crate::contract::Outcome;
 use crate::converge::Converged;
-use crate::domain::message;
+use crate::domain::message::Message;
 use crate::domain::model::DuplicatePolicy;
+use crate::domain::model::TriesFrom;
 use crate::domain::refresh::Prior;
 use crate::domain::time::epoch_millis;
 use crate::guard::{ParentsCache, Wanted};
@@ -97,36 +98,45 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 {
     /// Processes one record within the invocation. Never fails: every end is an outcome.
     pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
-        let task = match message::parse_body(record.body.as_deref()) {
-            Ok(task) => task,
+        let message = match Message::parse(record.body.as_deref(), sent_at(record)) {
+            Ok(message) => message,
             Err(poison) => return self.quarantine(record, poison).await,
         };
+        let task = &message.task;
         let span = tracing::Span::current();
         span.record("job_id", task.job_id.as_str());
         span.record("run_id", task.run_id.as_str());
         span.record("task_id", task.task_id.as_str());
-        let body = record.body.as_deref();
-        let receives = receive_count(record) + message::receives_before(body);
+        if message.redriven {
+            tracing::info!("sent again long after its copy was written: a fresh set of tries");
+        }
+        let carried = &message.carried;
+        let receives = receive_count(record) + carried.receives_before;
         let owner = self.lease_owner(invocation, record);
         let delivery = Delivery {
             receives,
-            booked: message::booking(body),
-            waits: message::polite_waits(body),
-            wait_left: self.wait_left(body),
+            booked: carried.booking,
+            waits: carried.waits,
+            wait_left: self.wait_left(carried.polite_since),
             id: delivery_id(record, receives),
+            tries: TriesFrom {
+                since: carried.tries_since,
+                fresh: false,
+            },
+            spent: false,
         };
         let outcome = self
-            .process_task(&task, &delivery, invocation, owner.as_deref())
+            .process_task(task, &delivery, invocation, owner.as_deref())
             .await
             .unwrap_or_else(Outcome::Store);
-        let outcome = self.requeue_politely(record, outcome).await;
+        let outcome = self.requeue_politely(record, &message, outcome).await;
         if let Some(owner) = owner.as_deref()
             && ends_without_terminal_write(&outcome)
         {
-            self.release(&task, owner).await;
+            self.release(task, owner).await;
         }
-        let outcome = self.send_again(record, outcome, receives).await;
-        if let Some(delay) = self.hold_for(&outcome, receives, message::copies(body)) {
+        let outcome = self.send_again(record, &message, outcome, receives).await;
+        if let Some(delay) = self.hold_for(&outcome, receives, carried.copies) {
             self.hold(record, delay).await;
         }
         outcome
@@ -147,11 +157,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// How much longer this task may wait for its host: `POLITE_MAX_WAIT_MS` from its first
     /// wait (which a copy's body carries).
-    fn wait_left(&self, body: Option<&str>) -> Duration {
+    fn wait_left(&self, polite_since: Option<u64>) -> Duration {
         let now = epoch_millis(SystemTime::now()) as u64;
-        let waited = message::polite_since(body).map_or(0, |since| now.saturating_sub(since));
+        let waited = polite_since.map_or(0, |since| now.saturating_sub(since));
         let max_wait = self.settings.politeness.max_wait;
         max_wait.saturating_sub(Duration::from_millis(waited))
+    }
+
+    /// The hold of a record AWS pushed back on: it grows with the receives and copies while
+    /// the sandbox's pressure is strained.
+    fn pressed_hold(&self, receives: u32, copies: u32) -> Duration {
+        let strain = self.pressure.strain();
+        self.settings.backoff.pressed(receives + copies, strain)
     }
 
     /// How long a message to retry stays invisible before it comes back, if not the
@@ -177,11 +194,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             // room), jittered so they do not all return at once, never next to nothing. The
             // copies are bounded by time (PRESSED_COPIES_FOR), so they outlast a table's
             // warm-up. A refusal (access, a missing table) waits out the queue's timeout.
-            outcome if pushed_back(outcome) => Some(
-                self.settings
-                    .backoff
-                    .pressed(receives + copies, self.pressure.strain()),
-            ),
+            outcome if pushed_back(outcome) => Some(self.pressed_hold(receives, copies)),
             Outcome::NoTimeLeft => Some(Duration::ZERO),
             Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
             _ => None,
@@ -201,6 +214,8 @@ struct Work {
     permit: Option<Permit>,
     refused: Option<FetchError>,
     receives: u32,
+    /// The set of tries its claim counts in.
+    tries: TriesFrom,
     /// Names this delivery (its spend is recorded once).
     delivery: String,
 }
@@ -224,6 +239,7 @@ impl Work {
             permit,
             refused,
             receives: delivery.receives,
+            tries: delivery.tries,
             delivery: delivery.id.clone(),
         }
     }
@@ -239,7 +255,18 @@ struct Delivery {
     waits: u32,
     wait_left: Duration,
     id: String,
+    /// The set of tries its claim counts in (a fresh one for a message back from the
+    /// dead-letter queue).
+    tries: TriesFrom,
+    /// The task's tries were spent (its failures were ours, not the site's): it is no
+    /// longer parked for its host, but held back, so its receives take it to the
+    /// dead-letter queue.
+    spent: bool,
 }
+
+/// Why a task whose tries are spent is held back rather than parked for its host.
+pub const TRIES_SPENT: &str =
+    "its tries are spent on failures of ours: held back, toward the dead-letter queue";
 
 /// A name for this delivery, at most 36 characters (a DynamoDB idempotency token): the same
 /// for the same receive of a message (its receipt handle, new at every receive), different
@@ -282,6 +309,8 @@ struct Claimed {
     attempts: u32,
     url: Option<String>,
     prior: Option<Prior>,
+    /// The lease's owner, if the claim took one (`DUPLICATE_POLICY=lease`).
+    owner: Option<String>,
 }
 
 /// What a delivery knows of its attempt at a task.
@@ -329,6 +358,11 @@ fn ends_without_terminal_write(outcome: &Outcome) -> bool {
         outcome,
         Outcome::ScrapeTransient { .. } | Outcome::Store(_) | Outcome::NoTimeLeft
     )
+}
+
+/// SQS's `SentTimestamp` (ms since the epoch), if the record has it.
+fn sent_at(record: &SqsMessage) -> Option<u64> {
+    record.attributes.get("SentTimestamp")?.parse().ok()
 }
 
 /// SQS's `ApproximateReceiveCount`: 1 on the first delivery. Missing or odd values count as 1.

@@ -4,11 +4,13 @@
 
 use crate::contract::Outcome;
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
-use crate::domain::message::{self, Poison};
+use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::ports::hosts::HostStore;
-use crate::ports::queue::{QueueRef, SQS_MAX_DELAY, Visibility};
+use crate::ports::queue::{
+    Attribute, AttributeValue, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility,
+};
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
@@ -16,7 +18,7 @@ use crate::scraper::Fetcher;
 use aws_lambda_events::event::sqs::SqsMessage;
 use std::time::{Duration, SystemTime};
 
-use super::{Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, pushed_back, receive_count};
+use super::{Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, pushed_back, receive_count, sent_at};
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -28,22 +30,27 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
     /// FIFO queue (a copy would lose its place), nor if the copy cannot be sent (then held
     /// back instead).
-    pub(super) async fn requeue_politely(&self, record: &SqsMessage, outcome: Outcome) -> Outcome {
+    pub(super) async fn requeue_politely(
+        &self,
+        record: &SqsMessage,
+        message: &Message,
+        outcome: Outcome,
+    ) -> Outcome {
         let Outcome::PoliteHeld { delay, booked } = outcome else {
             return outcome;
         };
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
-        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), record.body.as_deref()) else {
+        let Some(queue) = QueueRef::from_arn(arn) else {
             return outcome;
         };
-        let carries_booking = booked.is_some() && message::booking(Some(body)) == booked;
+        let carries_booking = booked.is_some() && message.carried.booking == booked;
         let first_receive = receive_count(record) == 1;
         if arn.ends_with(".fifo") || (delay > SQS_MAX_DELAY && carries_booking && first_receive) {
             return outcome;
         }
         let now = epoch_millis(SystemTime::now()) as u64;
-        let body = message::for_next_wait(body, booked, now);
-        match self.visibility.requeue(&queue, &body, delay).await {
+        let copy = copy_of(record, message.parked(booked, now), delay);
+        match self.visibility.requeue(&queue, &copy).await {
             Ok(()) => Outcome::PoliteRequeued { delay },
             Err(err) => {
                 tracing::warn!(error = %err, "could not send the held record again; held back instead");
@@ -53,23 +60,30 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// A record the batch's cutoff stopped before it ended (or before it started: a batch
-    /// larger than its concurrency): on its final receive it is sent again as a fresh copy,
-    /// since it did not get its try; else it goes back to the queue.
+    /// larger than its concurrency, or records the sandbox's pressure held back): on its
+    /// final receive it is sent again as a fresh copy, since it did not get its try; else
+    /// it goes back to the queue. While the sandbox is strained, its copy is one for AWS's
+    /// push-back: bounded by time and due after the pressed hold, not at once.
     pub async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
-        let receives = receive_count(record) + message::receives_before(record.body.as_deref());
-        self.send_again(record, Outcome::OutOfTime, receives).await
+        let Ok(message) = Message::parse(record.body.as_deref(), sent_at(record)) else {
+            return Outcome::OutOfTime;
+        };
+        let receives = receive_count(record) + message.carried.receives_before;
+        self.send_again(record, &message, Outcome::OutOfTime, receives)
+            .await
     }
 
     /// A final attempt that ended for a reason of ours, not the page's (too little time
     /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy
     /// carrying the receives spent before it: the task still gets its last try instead of
-    /// the dead-letter queue. Bounded ([`MAX_COPIES`]; for AWS's push-back, by time instead:
-    /// [`PRESSED_COPIES_FOR`] from its first such copy), and not on a FIFO queue; if the copy
-    /// cannot be sent, the outcome stands (the message comes back and meets the redrive
-    /// policy).
+    /// the dead-letter queue. Bounded ([`MAX_COPIES`]; for AWS's push-back, and for records
+    /// the strained sandbox did not start, by time instead: [`PRESSED_COPIES_FOR`] from its
+    /// first such copy), and not on a FIFO queue; if the copy cannot be sent, the outcome
+    /// stands (the message comes back and meets the redrive policy).
     pub(super) async fn send_again(
         &self,
         record: &SqsMessage,
+        message: &Message,
         outcome: Outcome,
         receives: u32,
     ) -> Outcome {
@@ -78,32 +92,46 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Outcome::NoTimeLeft | Outcome::OutOfTime | Outcome::Store(_)
         );
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
-        let body = record.body.as_deref();
         let now = epoch_millis(SystemTime::now()) as u64;
-        let pressed = pushed_back(&outcome);
+        let pressed = self.pressed(&outcome);
         if !ours
             || receives < self.settings.max_attempts
             || arn.ends_with(".fifo")
-            || !may_copy(body, pressed, now)
+            || !may_copy(&message.carried, pressed, now)
         {
             return outcome;
         }
-        let (Some(queue), Some(body)) = (QueueRef::from_arn(arn), body) else {
+        let Some(queue) = QueueRef::from_arn(arn) else {
             return outcome;
         };
-        let copies = message::copies(Some(body));
-        let delay = self
-            .hold_for(&outcome, receives, copies)
-            .unwrap_or_default();
+        let copies = message.carried.copies;
+        let delay = match pressed {
+            true => self.pressed_hold(receives, copies),
+            false => self
+                .hold_for(&outcome, receives, copies)
+                .unwrap_or_default(),
+        };
         // This receive did not try the page: it is not counted.
-        let body =
-            message::for_another_try(body, receives.saturating_sub(1), pressed.then_some(now));
-        match self.visibility.requeue(&queue, &body, delay).await {
+        let body = message.another_try(receives.saturating_sub(1), pressed.then_some(now), now);
+        match self
+            .visibility
+            .requeue(&queue, &copy_of(record, body, delay))
+            .await
+        {
             Ok(()) => Outcome::SentAgain { delay },
             Err(err) => {
                 tracing::warn!(error = %err, "could not send the final attempt again");
                 outcome
             }
+        }
+    }
+
+    /// Whether `outcome` came of AWS's push-back: a store error of it, or a record the
+    /// cutoff stopped while the sandbox's pressure was strained (held back, not tried).
+    fn pressed(&self, outcome: &Outcome) -> bool {
+        match outcome {
+            Outcome::OutOfTime => self.pressure.strain() > 1.0,
+            outcome => pushed_back(outcome),
         }
     }
 
@@ -166,7 +194,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         } else {
             TaskStatus::Pending
         };
-        if let Err(err) = self.tasks.unclaim(task, was).await {
+        let owner = claim.owner.as_deref();
+        if let Err(err) = self.tasks.unclaim(task, was, owner).await {
             tracing::warn!(error = %err, "could not give the claim's attempt back");
         }
     }
@@ -176,12 +205,40 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 /// [`PRESSED_COPIES_FOR`] of its first copy for that (a pushed-back record's holds are as
 /// short as the sandbox's strain allows, so their count says little of the time); else
 /// while it has had fewer than [`MAX_COPIES`].
-fn may_copy(body: Option<&str>, pressed: bool, now: u64) -> bool {
-    match (pressed, message::pressed_since(body)) {
+fn may_copy(carried: &Carried, pressed: bool, now: u64) -> bool {
+    match (pressed, carried.pressed_since) {
         (true, Some(since)) => {
             Duration::from_millis(now.saturating_sub(since)) < PRESSED_COPIES_FOR
         }
         (true, None) => true,
-        (false, _) => message::copies(body) < MAX_COPIES,
+        (false, _) => carried.copies < MAX_COPIES,
+    }
+}
+
+/// A fresh copy of `record` with `body`, due after `delay`: the producer's message group
+/// and message attributes go with it (a fair queue's tenant).
+fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
+    let attributes = record
+        .message_attributes
+        .iter()
+        .filter_map(|(name, value)| {
+            let data_type = value.data_type.clone()?;
+            let value = match (&value.string_value, &value.binary_value) {
+                (Some(text), _) => AttributeValue::Text(text.clone()),
+                (None, Some(bytes)) => AttributeValue::Bytes(bytes.0.clone()),
+                (None, None) => return None,
+            };
+            let name = name.clone();
+            Some(Attribute {
+                name,
+                data_type,
+                value,
+            })
+        });
+    MessageCopy {
+        body,
+        delay,
+        group: record.attributes.get("MessageGroupId").cloned(),
+        attributes: attributes.collect(),
     }
 }

@@ -5,6 +5,8 @@ use crate::batch::Invocation;
 use crate::contract::Outcome;
 use crate::converge::Stores;
 use crate::domain::ids::{ResultKey, TaskRef};
+use crate::domain::message::REDRIVE_GAP_MS;
+use crate::domain::model::Tries;
 use crate::guard::{self, Admission, Checked, Wanted};
 use crate::polite::{Entry, Later, Permit, Visit};
 use crate::ports::error::AwsError;
@@ -12,12 +14,13 @@ use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
-use crate::ports::tasks::{Lease, TaskStore};
+use crate::ports::tasks::{Lease, TaskStore, TriesFrom};
 use crate::scraper::{FetchError, Fetcher};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Attempt, Claimed, DISALLOWED, Delivery, WAITED_TOO_LONG, Work, Worker, backed_off, outcome_of,
+    Attempt, Claimed, DISALLOWED, Delivery, TRIES_SPENT, WAITED_TOO_LONG, Work, Worker, backed_off,
+    outcome_of,
 };
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
@@ -68,10 +71,17 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
-        let (url, prior, wanted) = match guard::check(&self.tasks, &self.parents, task).await? {
-            Checked::Wanted { url, prior, wanted } => (url, prior, wanted),
+        let checked = guard::check(&self.tasks, &self.parents, task).await?;
+        let (url, prior, wanted, tries) = match checked {
+            Checked::Wanted {
+                url,
+                prior,
+                wanted,
+                tries,
+            } => (url, prior, wanted, tries),
             Checked::Skipped(outcome) => return Ok(outcome),
         };
+        let delivery = &self.in_tries(delivery, tries);
         let Some(budget) = self.fetch_budget(invocation) else {
             return Ok(Outcome::NoTimeLeft);
         };
@@ -82,6 +92,24 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let work = Work::of((url, prior, wanted), pass, delivery);
         self.claimed(task, work, invocation, owner).await
+    }
+
+    /// The delivery in the task's set of tries: a fresh set for a message sent long after the
+    /// set began (back from the dead-letter queue, a re-queue); spent when the set's
+    /// attempts are.
+    fn in_tries(&self, delivery: &Delivery, tries: Tries) -> Delivery {
+        let fresh = tries.fresh_for(delivery.tries.since, REDRIVE_GAP_MS);
+        if fresh {
+            tracing::info!(attempts = tries.attempts, "a fresh set of tries begins");
+        }
+        Delivery {
+            tries: TriesFrom {
+                fresh,
+                ..delivery.tries
+            },
+            spent: !fresh && tries.attempts >= self.settings.max_attempts,
+            ..delivery.clone()
+        }
     }
 
     /// The host's turn for this record (`Ok(Err(_))`: it fails without a request: our own
@@ -133,6 +161,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 (delay, Some(start))
             }
         };
+        if delivery.spent {
+            let reason = TRIES_SPENT.into();
+            return Ok(Err(Outcome::ScrapeTransient {
+                reason,
+                retry_after: None,
+            }));
+        }
         if delay > delivery.wait_left {
             return Ok(Ok(Err(FetchError::permanent(WAITED_TOO_LONG))));
         }
@@ -148,7 +183,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
-        let claim = match self.claim(task, work.receives, invocation, owner).await {
+        let claim = match self
+            .claim(task, (work.receives, work.tries), invocation, owner)
+            .await
+        {
             Ok(Ok(claim)) => claim,
             Ok(Err(outcome)) => return self.left(work.permit, Ok(outcome), invocation).await,
             Err(err) => return self.left(work.permit, Err(err), invocation).await,
@@ -160,7 +198,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     pub(super) async fn claim(
         &self,
         task: &TaskRef,
-        receives: u32,
+        (receives, tries): (u32, TriesFrom),
         invocation: &Invocation,
         owner: Option<&str>,
     ) -> Result<Result<Claimed, Outcome>, AwsError> {
@@ -169,7 +207,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             until: invocation.deadline,
         });
         let patience = self.patience(receives >= self.settings.max_attempts, invocation);
-        let claim = (SystemTime::now(), lease);
+        let claim = (SystemTime::now(), lease, tries);
         Ok(
             match guard::claim(&self.tasks, task, claim, &patience).await? {
                 Admission::Admitted {
@@ -182,6 +220,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                     attempts,
                     url,
                     prior,
+                    owner: owner.map(str::to_owned),
                 }),
                 Admission::Skipped(outcome) => Err(outcome),
             },
@@ -201,12 +240,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         owner: Option<&str>,
     ) -> Result<Outcome, AwsError> {
         let claim = match self
-            .claim(task, delivery.receives, invocation, owner)
+            .claim(task, (delivery.receives, delivery.tries), invocation, owner)
             .await?
         {
             Ok(claim) => claim,
             Err(Outcome::LostRace) => return Ok(Outcome::AlreadyTerminal),
             Err(outcome) => return Ok(outcome),
+        };
+        let delivery = &Delivery {
+            spent: claim.attempts > self.settings.max_attempts,
+            ..delivery.clone()
         };
         let Some(budget) = self.fetch_budget(invocation) else {
             self.unclaim(task, &claim).await;

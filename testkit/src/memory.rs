@@ -14,19 +14,19 @@ use bytes::Bytes;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
-    Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal,
+    Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal, Tries,
 };
 use conveyor_worker::domain::refresh::{Prior, Validators};
 use conveyor_worker::domain::spend::{Lease as PaidLease, Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
-use conveyor_worker::ports::queue::{QueueRef, Visibility};
+use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
 use conveyor_worker::ports::results::{
     Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore,
 };
 use conveyor_worker::ports::spend::SpendStore;
-use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore};
+use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore, TriesFrom};
 use conveyor_worker::scraper::{self, Fetched, Fetcher};
 use conveyor_worker::worker::Worker;
 
@@ -66,7 +66,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct MemoryTask {
     status: TaskStatus,
     url: Option<String>,
-    attempts: u32,
+    tries: Tries,
     lease: Option<(String, SystemTime)>,
     terminal: Option<Terminal>,
 }
@@ -88,7 +88,7 @@ impl MemoryTasks {
         let entry = MemoryTask {
             status,
             url: Some(url.to_owned()),
-            attempts: 0,
+            tries: Tries::default(),
             lease: None,
             terminal: None,
         };
@@ -111,6 +111,7 @@ impl TaskStore for MemoryTasks {
             status: t.status,
             url: t.url.clone(),
             prior: None,
+            tries: t.tries,
         }))
     }
 
@@ -128,6 +129,7 @@ impl TaskStore for MemoryTasks {
         task: &TaskRef,
         now: SystemTime,
         lease: Option<Lease<'_>>,
+        tries: TriesFrom,
     ) -> Result<Claim, AwsError> {
         self.served();
         let mut tasks = lock(&self.tasks);
@@ -145,23 +147,40 @@ impl TaskStore for MemoryTasks {
         }
         let was = entry.status;
         entry.status = TaskStatus::Processing;
-        entry.attempts += 1;
+        entry.tries = match (tries.fresh, tries.since) {
+            (true, Some(since)) => Tries {
+                attempts: 1,
+                since: Some(since),
+            },
+            _ => Tries {
+                attempts: entry.tries.attempts + 1,
+                since: entry.tries.since.or(tries.since),
+            },
+        };
         entry.lease = lease.map(|l| (l.owner.to_owned(), l.until));
         Ok(Claim::Claimed {
-            attempts: entry.attempts,
+            attempts: entry.tries.attempts,
             was,
             url: entry.url.clone(),
             prior: None,
         })
     }
 
-    async fn unclaim(&self, task: &TaskRef, was: TaskStatus) -> Result<(), AwsError> {
+    async fn unclaim(
+        &self,
+        task: &TaskRef,
+        was: TaskStatus,
+        owner: Option<&str>,
+    ) -> Result<(), AwsError> {
         self.served();
         if let Some(entry) = lock(&self.tasks).get_mut(task)
             && entry.status == TaskStatus::Processing
         {
-            entry.attempts = entry.attempts.saturating_sub(1);
+            entry.tries.attempts = entry.tries.attempts.saturating_sub(1);
             entry.status = was;
+        }
+        if let Some(owner) = owner {
+            self.release_lease(task, owner);
         }
         Ok(())
     }
@@ -437,11 +456,19 @@ impl HostStore for MemoryTasks {
     }
 }
 
-/// Hold-backs and fresh copies, counted and otherwise ignored.
+/// Hold-backs and fresh copies, counted (the copies kept) and otherwise ignored.
 #[derive(Debug, Default)]
 pub struct NoHold {
     pub holds: AtomicU64,
     pub requeued: AtomicU64,
+    sent: Mutex<Vec<MessageCopy>>,
+}
+
+impl NoHold {
+    /// The fresh copies sent, in order.
+    pub fn copies(&self) -> Vec<MessageCopy> {
+        lock(&self.sent).clone()
+    }
 }
 
 impl Visibility for NoHold {
@@ -455,13 +482,9 @@ impl Visibility for NoHold {
         Ok(())
     }
 
-    async fn requeue(
-        &self,
-        _queue: &QueueRef,
-        _body: &str,
-        _delay: Duration,
-    ) -> Result<(), AwsError> {
+    async fn requeue(&self, _queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
         self.requeued.fetch_add(1, Ordering::Relaxed);
+        lock(&self.sent).push(copy.clone());
         Ok(())
     }
 }

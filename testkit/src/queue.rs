@@ -104,6 +104,7 @@ impl Queue {
             .queue_url(&self.url)
             .max_number_of_messages(1)
             .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
             .send()
             .await
             .expect("receive");

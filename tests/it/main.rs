@@ -6,6 +6,7 @@ mod ack_contract;
 mod chaos;
 mod cold_start;
 mod fetching;
+mod lineage;
 mod observability;
 mod operator;
 mod ops;

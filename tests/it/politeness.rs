@@ -523,8 +523,15 @@ async fn a_wait_is_a_fresh_copy_due_later_and_past_the_longest_wait_the_task_fai
         "due after the cooldown, not before"
     );
     let copied = copy.0.body.as_deref();
-    assert_eq!(conveyor_worker::domain::message::polite_waits(copied), 1);
-    assert!(conveyor_worker::domain::message::polite_since(copied).is_some());
+    assert_eq!(
+        conveyor_worker::domain::message::Carried::read(copied).waits,
+        1
+    );
+    assert!(
+        conveyor_worker::domain::message::Carried::read(copied)
+            .polite_since
+            .is_some()
+    );
     assert!(
         retried(&last).is_empty(),
         "acked: failed, not dead-lettered"

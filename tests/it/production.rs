@@ -12,7 +12,7 @@ use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_testkit::*;
 use conveyor_worker::batch::{BatchLimits, process_batch};
 use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::domain::message;
+use conveyor_worker::domain::message::{Carried, Message};
 use conveyor_worker::retry::RetryPolicy;
 use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::worker::MAX_COPIES;
@@ -232,7 +232,7 @@ async fn a_task_record_refused_as_too_large_is_written_with_what_describes_the_o
 }
 
 /// Runs a batch of `records` with `left` before the invocation's deadline.
-async fn run_batch_with(
+pub(crate) async fn run_batch_with(
     worker: &TestWorker,
     records: Vec<aws_lambda_events::event::sqs::SqsMessage>,
     left: Duration,
@@ -270,7 +270,7 @@ async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last
     stack.put_active_run().await;
     stack.put_task("t1", &site.url("/down/a"), "pending").await;
     let queue = Queue::create(&stack, 60).await;
-    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1, None);
+    let spent = another_try(&body("t1"), MAX_ATTEMPTS - 1, None);
     queue.send(&stack, &spent).await;
     let last = queue.receive(&stack).await.expect("the final attempt");
     let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(2));
@@ -284,8 +284,8 @@ async fn a_final_attempt_without_time_left_is_sent_again_and_still_gets_its_last
     // final attempt it is.
     assert!(retried(&reply).is_empty(), "the copy replaces it");
     let copy_body = copy.body.as_deref();
-    assert_eq!(message::receives_before(copy_body), MAX_ATTEMPTS - 1);
-    assert_eq!(message::copies(copy_body), 2);
+    assert_eq!(Carried::read(copy_body).receives_before, MAX_ATTEMPTS - 1);
+    assert_eq!(Carried::read(copy_body).copies, 2);
     assert!(retried(&again).is_empty());
     let task = stack.task("t1").await;
     assert_eq!(task.status(), Some("failed"), "{task:?}");
@@ -310,7 +310,7 @@ async fn a_final_attempt_aws_pushed_back_on_is_sent_again_for_two_hours_whatever
     for (task, since) in [("t1", an_hour_ago), ("t2", three_hours_ago)] {
         let mut copied = body(task);
         for _ in 0..MAX_COPIES {
-            copied = message::for_another_try(&copied, MAX_ATTEMPTS - 1, Some(since));
+            copied = another_try(&copied, MAX_ATTEMPTS - 1, Some(since));
         }
         queue.send(&stack, &copied).await;
     }
@@ -350,8 +350,8 @@ async fn a_final_attempt_aws_pushed_back_on_is_sent_again_for_two_hours_whatever
         .expect("a copy of t1");
     let copy_body = copy.body.as_deref();
     assert!(copy_body.unwrap_or("").contains("t1"), "{copy:?}");
-    assert_eq!(message::copies(copy_body), MAX_COPIES + 1);
-    assert_eq!(message::pressed_since(copy_body), Some(an_hour_ago));
+    assert_eq!(Carried::read(copy_body).copies, MAX_COPIES + 1);
+    assert_eq!(Carried::read(copy_body).pressed_since, Some(an_hour_ago));
     assert_eq!(site.hits("/page/a") + site.hits("/page/b"), 0);
 }
 
@@ -366,10 +366,7 @@ async fn a_final_attempt_the_batch_never_reached_before_its_cutoff_is_sent_again
     stack.put_task("t2", &site.url("/page/b"), "pending").await;
     let queue = Queue::create(&stack, 60).await;
     queue
-        .send(
-            &stack,
-            &message::for_another_try(&body("t2"), MAX_ATTEMPTS - 1, None),
-        )
+        .send(&stack, &another_try(&body("t2"), MAX_ATTEMPTS - 1, None))
         .await;
     let last = queue.receive(&stack).await.expect("t2's final attempt");
     let slow = chaos::Faults {
@@ -399,7 +396,7 @@ async fn a_final_attempt_the_batch_never_reached_before_its_cutoff_is_sent_again
     // Assert: t1 goes back to the queue; t2 is acked, its copy carrying the receives spent.
     assert_eq!(retried(&reply), ["t1"]);
     assert_eq!(
-        message::receives_before(copy.body.as_deref()),
+        Carried::read(copy.body.as_deref()).receives_before,
         MAX_ATTEMPTS - 1
     );
     assert_eq!(site.hits("/page/b"), 0, "t2 was never tried");
@@ -467,4 +464,10 @@ async fn while_the_table_throttles_half_its_writes_nothing_is_lost_and_the_worke
         report.successful + report.failed + report.dead_lettered,
         report.total
     );
+}
+
+/// A copy of `body` for another try, as the worker sends one: `spent` receives behind it.
+fn another_try(body: &str, spent: u32, pressed_at: Option<u64>) -> String {
+    let message = Message::parse(Some(body), None).expect("a task's body");
+    message.another_try(spent, pressed_at, pressed_at.unwrap_or(0))
 }

@@ -23,7 +23,7 @@ use conveyor_worker::domain::spend::{Lease, Reservation};
 use conveyor_worker::ports::error::{AwsError, AwsFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
 use conveyor_worker::ports::spend::SpendStore;
-use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore};
+use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore, TriesFrom};
 use conveyor_worker::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
@@ -128,7 +128,7 @@ async fn a_claim_refused_for_a_terminal_task_is_an_outcome_not_an_error() {
     let store = store_failing_conditions(Some("successful"));
 
     let claim = store
-        .claim(&task(), SystemTime::now(), None)
+        .claim(&task(), SystemTime::now(), None, TriesFrom::default())
         .await
         .expect("an outcome");
 
@@ -140,7 +140,7 @@ async fn a_claim_refused_for_a_missing_task_says_it_is_missing() {
     let store = store_failing_conditions(None);
 
     let claim = store
-        .claim(&task(), SystemTime::now(), None)
+        .claim(&task(), SystemTime::now(), None, TriesFrom::default())
         .await
         .expect("an outcome");
 
@@ -263,7 +263,7 @@ async fn a_claim_meeting_a_transaction_in_flight_is_a_conflict() {
     });
 
     let err = tasks(&rule)
-        .claim(&task(), SystemTime::now(), None)
+        .claim(&task(), SystemTime::now(), None, TriesFrom::default())
         .await
         .expect_err("a conflict");
 

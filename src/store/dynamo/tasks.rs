@@ -11,8 +11,8 @@ use aws_sdk_dynamodb::types::{
 
 use crate::domain::ids::TaskRef;
 use crate::domain::limits::JobPoliteness;
-use crate::domain::model::Lease;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::spend::Spend;
 use crate::domain::time::rfc3339;
@@ -35,7 +35,8 @@ impl TaskStore for DynamoTaskStore {
             // re-queued just now) must never read as missing or terminal, which would ack it.
             .consistent_read(true)
             .projection_expression(
-                "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified",
+                "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified, \
+                 attempts, tries_since",
             )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
@@ -49,6 +50,10 @@ impl TaskStore for DynamoTaskStore {
             status: status_of(&item)?,
             url: string(&item, "url").map(str::to_owned),
             prior: prior_of(&item),
+            tries: Tries {
+                attempts: number(&item, "attempts").unwrap_or(0),
+                since: number(&item, "tries_since"),
+            },
         }))
     }
 
@@ -95,9 +100,10 @@ impl TaskStore for DynamoTaskStore {
         task: &TaskRef,
         now: SystemTime,
         lease: Option<Lease<'_>>,
+        tries: TriesFrom,
     ) -> Result<Claim, AwsError> {
         let result = self
-            .update_task(task, writes::claim(now, lease))
+            .update_task(task, writes::claim(now, lease, tries))
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -105,7 +111,12 @@ impl TaskStore for DynamoTaskStore {
         match result {
             Ok(out) => {
                 let old = out.attributes.unwrap_or_default();
-                let attempts = number(&old, "attempts").unwrap_or(0) + 1;
+                let counted = if tries.fresh {
+                    0
+                } else {
+                    number(&old, "attempts").unwrap_or(0)
+                };
+                let attempts = counted + 1;
                 let was = status_of(&old)?;
                 let url = string(&old, "url").map(str::to_owned);
                 let prior = prior_of(&old);
@@ -126,8 +137,16 @@ impl TaskStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all)]
-    async fn unclaim(&self, task: &TaskRef, was: TaskStatus) -> Result<(), AwsError> {
-        let result = self.update_task(task, writes::unclaim(was)).send().await;
+    async fn unclaim(
+        &self,
+        task: &TaskRef,
+        was: TaskStatus,
+        owner: Option<&str>,
+    ) -> Result<(), AwsError> {
+        let result = self
+            .update_task(task, writes::unclaim(was, owner))
+            .send()
+            .await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
@@ -257,7 +276,7 @@ pub(crate) mod writes {
 
     use aws_sdk_dynamodb::types::AttributeValue;
 
-    use crate::domain::model::{Lease, TaskStatus, Terminal};
+    use crate::domain::model::{Lease, TaskStatus, Terminal, TriesFrom};
     use crate::domain::time::{epoch_millis, rfc3339};
     use crate::store::dynamo::attributes::{n, s};
     use crate::store::dynamo::expressions::Expression;
@@ -265,14 +284,25 @@ pub(crate) mod writes {
     /// Only a task in one of these states can be claimed or finished.
     const OPEN: &str = "#status IN (:pending, :processing)";
 
-    /// A pending or processing task to processing, counting the attempt; with a lease, only if
-    /// no other delivery holds a live one, and taking it.
-    pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>) -> Expression {
-        const CLAIM: &str = "SET #status = :processing, updated_at = :now";
-        match lease {
-            None => Expression::new(format!("{CLAIM} ADD attempts :one"), OPEN),
+    /// A pending or processing task to processing, counting the attempt in its set of tries
+    /// (a fresh set starts at one; an item without `tries_since` takes the claim's); with a
+    /// lease, only if no other delivery holds a live one, and taking it.
+    pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>, tries: TriesFrom) -> Expression {
+        let count = match (tries.since, tries.fresh) {
+            (Some(_), true) => "SET attempts = :one, tries_since = :since,",
+            (Some(_), false) => "SET tries_since = if_not_exists(tries_since, :since),",
+            (None, _) => "SET",
+        };
+        let add = if tries.fresh && tries.since.is_some() {
+            ""
+        } else {
+            " ADD attempts :one"
+        };
+        let claim = format!("{count} #status = :processing, updated_at = :now");
+        let expression = match lease {
+            None => Expression::new(format!("{claim}{add}"), OPEN),
             Some(lease) => Expression::new(
-                format!("{CLAIM}, lease_owner = :owner, lease_until = :until ADD attempts :one"),
+                format!("{claim}, lease_owner = :owner, lease_until = :until{add}"),
                 "#status IN (:pending, :processing) AND (attribute_not_exists(lease_until) \
              OR lease_until < :now_ms OR lease_owner = :owner)",
             )
@@ -284,16 +314,26 @@ pub(crate) mod writes {
         .value(":pending", s(TaskStatus::Pending.as_str()))
         .value(":processing", s(TaskStatus::Processing.as_str()))
         .value(":now", s(&rfc3339(now)))
-        .value(":one", n(1))
+        .value(":one", n(1));
+        match tries.since {
+            Some(since) => expression.value(":since", n(since)),
+            None => expression,
+        }
     }
 
     /// A claim's attempt given back, and the status it found, while the task is still
-    /// processing.
-    pub(crate) fn unclaim(was: TaskStatus) -> Expression {
-        Expression::new(
-            "SET #status = :was ADD attempts :minus_one".into(),
-            "#status = :processing AND attempts > :zero",
-        )
+    /// processing; with `owner`, the lease it took goes too, while it holds it.
+    pub(crate) fn unclaim(was: TaskStatus, owner: Option<&str>) -> Expression {
+        const UNCLAIM: &str = "SET #status = :was ADD attempts :minus_one";
+        const STILL_OURS: &str = "#status = :processing AND attempts > :zero";
+        match owner {
+            None => Expression::new(UNCLAIM.into(), STILL_OURS),
+            Some(owner) => Expression::new(
+                format!("{UNCLAIM} REMOVE lease_owner, lease_until"),
+                "#status = :processing AND attempts > :zero AND lease_owner = :owner",
+            )
+            .value(":owner", s(owner)),
+        }
         .name("#status", "status")
         .value(":was", s(was.as_str()))
         .value(":processing", s(TaskStatus::Processing.as_str()))
@@ -416,12 +456,12 @@ pub(crate) mod writes {
         remove.push("#error");
     }
 
-    /// The operator's re-queue of a failed task: back to pending, its failure and any dead
-    /// lease cleared.
+    /// The operator's re-queue of a failed task: back to pending with a fresh set of tries,
+    /// its failure and any dead lease cleared.
     pub(crate) fn requeue_task(now: &str) -> Expression {
         Expression::new(
-            "SET #status = :pending, updated_at = :now, requeued_at = :now \
-         REMOVE #error, http_status, finished_at, lease_owner, lease_until"
+            "SET #status = :pending, updated_at = :now, requeued_at = :now, attempts = :zero \
+         REMOVE #error, http_status, finished_at, lease_owner, lease_until, tries_since"
                 .into(),
             "#status = :failed",
         )
@@ -430,5 +470,6 @@ pub(crate) mod writes {
         .value(":pending", s(TaskStatus::Pending.as_str()))
         .value(":failed", s(TaskStatus::Failed.as_str()))
         .value(":now", s(now))
+        .value(":zero", n(0))
     }
 }

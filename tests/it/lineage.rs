@@ -1,0 +1,288 @@
+//! Every way a message is born, end to end: a failure of ours is bounded whatever waits come
+//! between, a message back from the dead-letter queue or re-queued gets a fresh set of tries,
+//! copies keep the producer's message group and attributes, a parked copy never meets its own
+//! lease, and records the strained sandbox never started are not dead-lettered untried.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
+use conveyor_testkit::forward_proxy::ForwardProxy;
+use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::queue::Queue;
+use conveyor_testkit::*;
+use conveyor_worker::Outcome;
+use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::domain::message::{Carried, Message, REDRIVE_GAP};
+use conveyor_worker::domain::model::TaskStatus;
+use conveyor_worker::domain::proxy::Tiers;
+use conveyor_worker::ports::tasks::{Lease, TaskStore, TriesFrom};
+use conveyor_worker::store::dynamo::{attributes, keys};
+
+use crate::polite_defaults::production_defaults;
+use crate::politeness::{Fleet, drain_tuned, pages, tasks_of};
+use crate::production::run_batch_with;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+/// A job whose hosts take 2 requests a second, robots.txt not asked (the proxy under test
+/// would refuse it too).
+async fn slow_job(stack: &Stack) {
+    let mut item = keys::job_key(&id(JOB));
+    item.insert("status".into(), attributes::s("active"));
+    item.insert("host_max_rps".into(), attributes::n(2));
+    item.insert(
+        "obey_robots".into(),
+        aws_sdk_dynamodb::types::AttributeValue::Bool(false),
+    );
+    stack.put_item(item).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_that_fails_on_a_busy_host_sends_its_tasks_to_the_dead_letter_queue_after_their_tries()
+ {
+    // Arrange: eight tasks of one host at 2 a second (its schedule booked ahead, so tasks
+    // wait as parked copies between tries), through a proxy that wants credentials the
+    // worker does not have; politeness at its production defaults.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let proxy = ForwardProxy::start(IpAddr::from([127, 0, 0, 1]), true).await;
+    slow_job(&stack).await;
+    let (queue, dlq) = tasks_of(&stack, &pages(&site, "page", 8)).await;
+    let tiers = Tiers::parse(&proxy.url()).expect("proxy URLs");
+    let tune = |t: &mut WorkerTuning| {
+        t.politeness = production_defaults();
+        t.proxies = tiers.clone();
+        t.backoff.max = Duration::from_secs(4);
+    };
+    let fleet = Fleet {
+        sandboxes: 2,
+        pollers: 2,
+        timeout: Duration::from_secs(10),
+        limit: Duration::from_secs(240),
+    };
+
+    // Act
+    drain_tuned(&stack, &queue, &tune, fleet).await;
+
+    // Assert: every task dead-lettered with its task left open, not failed for waiting;
+    // each tried a bounded number of times (its attempts, then the last message's receives).
+    let dead = dlq.drain(&stack).await;
+    assert_eq!(
+        dead.len(),
+        8,
+        "every task's message in the dead-letter queue"
+    );
+    for i in 0..8 {
+        let task = stack.task(&format!("t{i:03}")).await;
+        assert_ne!(task.status(), Some("failed"), "{task:?}");
+        assert_ne!(task.status(), Some("successful"), "{task:?}");
+    }
+    let tries = proxy.requests().len();
+    println!("proxy requests: {tries} for 8 tasks");
+    assert!(tries <= 8 * 2 * MAX_ATTEMPTS as usize, "{tries} requests");
+    assert!(tries >= 8 * MAX_ATTEMPTS as usize, "{tries} requests");
+    assert_eq!(site.hits("/page"), 0, "the site never reached");
+}
+
+#[tokio::test]
+async fn a_message_back_from_the_dead_letter_queue_gets_a_fresh_set_of_tries() {
+    // Arrange: a task whose tries were spent an hour ago, and the copy SQS's own redrive
+    // sends back as it was written then: its receives, copies and waits all but spent.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/flaky/a"), "pending").await;
+    let an_hour_ago = now_ms() - 3_600_000;
+    set_tries(&stack, "t1", MAX_ATTEMPTS, an_hour_ago).await;
+    let producer = Message::parse(Some(&body("t1")), Some(an_hour_ago)).expect("a body");
+    let spent = producer.another_try(MAX_ATTEMPTS - 1, None, an_hour_ago);
+    let queue = Queue::create(&stack, 60).await;
+    queue.send(&stack, &spent).await;
+    let worker = stack.worker();
+
+    // Act: its receives, as the queue hands them back.
+    let mut replies = Vec::new();
+    for _ in 0..3 {
+        let (record, _) = queue
+            .wait_for_redelivery(&stack, Duration::from_secs(20))
+            .await;
+        let reply = run_batch(&worker, vec![record]).await;
+        replies.push(retried(&reply).len());
+        if replies.last() == Some(&0) {
+            break;
+        }
+    }
+
+    // Assert: the page's two 503s were retried, not its final attempt's failure.
+    assert_eq!(replies, [1, 1, 0], "two retries, then done");
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(3), "a fresh set: 3 tries");
+}
+
+/// The task's set of tries as an earlier line left it.
+async fn set_tries(stack: &Stack, task: &str, attempts: u32, since: u64) {
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::task_key(&task_ref(task))))
+        .update_expression("SET attempts = :a, tries_since = :s")
+        .expression_attribute_values(":a", attributes::n(attempts))
+        .expression_attribute_values(":s", attributes::n(since))
+        .send()
+        .await
+        .expect("set the task's tries");
+}
+
+#[tokio::test]
+async fn a_copy_keeps_the_producers_message_group_and_attributes() {
+    // Arrange: a fair queue's message (a group id on a standard queue) with an attribute of
+    // the producer's, on its final attempt, with no time left to fetch.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let queue = Queue::create(&stack, 60).await;
+    let last = Message::parse(Some(&body("t1")), None)
+        .expect("a body")
+        .another_try(MAX_ATTEMPTS - 1, None, now_ms());
+    let tenant = MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value("acme")
+        .build()
+        .expect("a data type");
+    stack
+        .sqs
+        .send_message()
+        .queue_url(&queue.url)
+        .message_body(last)
+        .message_group_id("tenant-acme")
+        .message_attributes("tenant", tenant)
+        .send()
+        .await
+        .expect("send");
+    let record = queue.receive(&stack).await.expect("the final attempt");
+    let worker = stack.worker_with(|t| t.store_reserve = Duration::from_secs(2));
+
+    // Act: no time left to fetch: a fresh copy for its last try.
+    let reply = run_batch_with(&worker, vec![record], Duration::from_millis(2500)).await;
+    let copy = stack
+        .sqs
+        .receive_message()
+        .queue_url(&queue.url)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .message_attribute_names("All")
+        .wait_time_seconds(5)
+        .send()
+        .await
+        .expect("receive");
+
+    // Assert
+    assert!(retried(&reply).is_empty(), "the copy replaces it");
+    let copy = &copy.messages()[0];
+    let group = copy
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
+    assert_eq!(group.map(String::as_str), Some("tenant-acme"));
+    let attribute = copy.message_attributes().and_then(|a| a.get("tenant"));
+    assert_eq!(attribute.and_then(|a| a.string_value()), Some("acme"));
+    assert_eq!(Carried::read(copy.body()).copies, 2);
+}
+
+#[tokio::test]
+async fn a_claim_given_back_gives_back_its_lease_too() {
+    // Arrange: a claim under a lease (a parked copy come due, whose host then said wait).
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("t1", "http://127.0.0.1:9/a", "pending")
+        .await;
+    let tasks = stack.worker_with(|t| t.duplicate_policy = DuplicatePolicy::Lease);
+    let lease = Lease {
+        owner: "request/message",
+        until: SystemTime::now() + Duration::from_secs(600),
+    };
+    let claimed = tasks
+        .tasks
+        .claim(
+            &task_ref("t1"),
+            SystemTime::now(),
+            Some(lease),
+            TriesFrom::default(),
+        )
+        .await
+        .expect("claimed");
+
+    // Act
+    tasks
+        .tasks
+        .unclaim(&task_ref("t1"), TaskStatus::Pending, Some(lease.owner))
+        .await
+        .expect("given back");
+
+    // Assert: the next delivery (the copy) meets no lease.
+    assert!(matches!(
+        claimed,
+        conveyor_worker::ports::tasks::Claim::Claimed { .. }
+    ));
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("pending"));
+    assert_eq!(task.n("attempts"), Some(0));
+    assert_eq!(task.s("lease_owner"), None, "{task:?}");
+}
+
+#[tokio::test]
+async fn a_final_attempt_the_strained_sandbox_never_started_is_copied_for_later_not_at_once() {
+    // Arrange: an in-process worker whose pressure AWS has strained, and a record on its
+    // final receive that the cutoff stopped before it started.
+    let pages = memory::MemoryPages {
+        body: bytes::Bytes::from_static(b"page"),
+        delay: Duration::ZERO,
+    };
+    let worker = memory::worker(pages, 1, "http://example.com/a");
+    for _ in 0..2 {
+        let throttled = conveyor_worker::ports::error::AwsError::aws(
+            "TransactWriteItems",
+            conveyor_worker::ports::error::AwsFault::Throttled,
+            "slow down",
+        );
+        worker.pressure.learn(&Outcome::Store(throttled));
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+    }
+    let mut last = record("m1", &body("t0"), MAX_ATTEMPTS);
+    last.event_source_arn = Some("arn:aws:sqs:us-east-1:123456789012:tasks".into());
+
+    // Act
+    let outcome = worker.out_of_time(&last).await;
+
+    // Assert: a copy for AWS's push-back (bounded by time, due after a hold), not one due at
+    // once that spends one of its ten.
+    assert!(worker.pressure.strain() > 1.0);
+    let Outcome::SentAgain { delay } = outcome else {
+        panic!("sent again: {outcome:?}");
+    };
+    assert!(delay >= Duration::from_millis(500), "{delay:?}");
+    let copies = worker.visibility.copies();
+    assert!(Carried::read(Some(&copies[0].body)).pressed_since.is_some());
+}
+
+#[test]
+fn a_redrive_is_told_from_a_copy_by_when_sqs_took_it() {
+    let copy = Message::parse(Some(&body("t1")), Some(1_000))
+        .expect("a body")
+        .another_try(MAX_ATTEMPTS - 1, None, 2_000);
+    let gap = REDRIVE_GAP.as_millis() as u64;
+
+    let copied = Message::parse(Some(&copy), Some(2_000 + gap)).expect("a body");
+    let redriven = Message::parse(Some(&copy), Some(2_001 + gap)).expect("a body");
+
+    assert_eq!(copied.carried.receives_before, MAX_ATTEMPTS - 1);
+    assert_eq!(copied.carried.tries_since, Some(1_000));
+    assert_eq!(redriven.carried.receives_before, 0);
+    assert_eq!(redriven.carried.tries_since, Some(2_001 + gap));
+}
