@@ -1,10 +1,11 @@
 //! What conveyor-worker's tests, benches and tooling share: a fresh table and bucket in the
 //! local AWS emulator (moto, plain or behind the production-like layer), clients that log
 //! every request they send, seeding helpers, SQS event builders, the local site, in-process
-//! stores, fault injection and the chaos scenario.
+//! stores, fault injection, the chaos scenario, and items as earlier releases wrote them.
 
 pub mod chaos;
 pub mod demo;
+pub mod fixtures;
 pub mod forward_proxy;
 pub mod fresh_site;
 pub mod memory;

@@ -5,6 +5,7 @@
 mod ack_contract;
 mod chaos;
 mod cold_start;
+mod compatibility;
 mod fetching;
 mod lineage;
 mod observability;

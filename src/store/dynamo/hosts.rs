@@ -136,7 +136,14 @@ impl HostStore for DynamoTaskStore {
             .send()
             .await
             .map_err(|e| AwsError::from_sdk("GetItem(robots)", e))?;
-        Ok(out.item.as_ref().and_then(robots_record))
+        let Some(item) = out.item else {
+            return Ok(None);
+        };
+        let record = robots_record(&item);
+        if record.is_none() {
+            self.expire_robots(host, &item).await?;
+        }
+        Ok(record)
     }
 
     async fn take_robots_fetch(
@@ -191,6 +198,36 @@ impl HostStore for DynamoTaskStore {
     }
 }
 
+impl DynamoTaskStore {
+    /// A robots item this release cannot read (no status it knows, a body missing or not
+    /// gzip) would hold its host's records until it expired: its expiry is removed, if the
+    /// item still has the one read, so the next sandbox takes the fetch and writes it anew.
+    async fn expire_robots(&self, host: &Host, item: &Item) -> Result<(), AwsError> {
+        let Some(seen) = item.get("expires_at") else {
+            return Ok(());
+        };
+        tracing::warn!(
+            host = host.as_str(),
+            "the host's robots.txt item cannot be read: fetched again"
+        );
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(host_key(host.as_str(), "ROBOTS")));
+        match writes::robots_expire(seen.clone())
+            .apply_to(request)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Written anew (or expired) by another sandbox since it was read.
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(robots)", err)),
+        }
+    }
+}
+
 /// A robots.txt as its item keeps it: the body and its gzip, cut (by halves of what is
 /// left over) until the gzip fits in [`MAX_KEPT_ROBOTS_BYTES`].
 pub fn kept_robots(mut body: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
@@ -223,9 +260,18 @@ fn gunzip(gzipped: &[u8]) -> Option<Vec<u8>> {
     Some(body)
 }
 
+/// A kept body: gzipped (`body_gz`), or whole as an earlier release kept it (`body`, B).
+fn robots_body(item: &Item) -> Option<Vec<u8>> {
+    if let Some(gzipped) = item.get("body_gz") {
+        return gunzip(gzipped.as_b().ok()?.as_ref());
+    }
+    let body = item.get("body")?.as_b().ok()?.as_ref();
+    Some(body[..body.len().min(MAX_ROBOTS_BYTES)].to_vec())
+}
+
 fn robots_record(item: &Item) -> Option<RobotsRecord> {
     let rules = match string(item, "status")? {
-        "rules" => Robots::Rules(gunzip(item.get("body_gz")?.as_b().ok()?.as_ref())?),
+        "rules" => Robots::Rules(robots_body(item)?),
         "allow_all" => Robots::AllowAll,
         "unavailable" => Robots::Unavailable,
         _ => return None,
@@ -238,6 +284,8 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
 
 /// The writes of this item kind.
 pub(crate) mod writes {
+    use aws_sdk_dynamodb::types::AttributeValue;
+
     use crate::domain::limits::Ask;
     use crate::store::dynamo::attributes::n;
     use crate::store::dynamo::expressions::Expression;
@@ -296,6 +344,11 @@ pub(crate) mod writes {
         .value(":now", n(now))
     }
 
+    /// A robots item that cannot be read made expired, if its expiry is still `seen`.
+    pub(crate) fn robots_expire(seen: AttributeValue) -> Expression {
+        Expression::new("REMOVE expires_at".into(), "expires_at = :seen").value(":seen", seen)
+    }
+
     /// The one fleet-wide fetch of a host's robots.txt: taken while none is fresh and nobody
     /// else is fetching it.
     pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
@@ -312,6 +365,28 @@ pub(crate) mod writes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_robots_item_the_last_release_wrote_with_a_plain_body_is_read() {
+        let file = b"User-agent: *\nDisallow: /private\n".to_vec();
+        let mut item = Item::from([
+            ("status".to_owned(), s("rules")),
+            ("expires_at".to_owned(), n(1_000)),
+            ("body".to_owned(), AttributeValue::B(file.clone().into())),
+        ]);
+
+        let read = robots_record(&item);
+        item.remove("body");
+
+        assert_eq!(
+            read,
+            Some(RobotsRecord {
+                rules: Robots::Rules(file),
+                expires_at: 1_000
+            })
+        );
+        assert_eq!(robots_record(&item), None, "no body: cannot be read");
+    }
 
     #[test]
     fn a_robots_txt_of_500_kib_is_kept_whole_and_an_incompressible_one_to_what_fits() {

@@ -1,0 +1,147 @@
+//! Upgrades: items an earlier release wrote, kept under `tests/fixtures/` as it wrote them,
+//! are put in the table and read by this worker as that release meant them. A fixture of
+//! another item kind needs a file and a test here; `put_fixture` moves it to the test's
+//! own keys and times.
+
+use std::time::{Duration, SystemTime};
+
+use conveyor_testkit::fixtures;
+use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::*;
+use conveyor_worker::polite::Politeness;
+use conveyor_worker::polite::limits::HostLimits;
+use conveyor_worker::store::dynamo::attributes::{self, Item};
+use conveyor_worker::store::dynamo::keys;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Puts the item of `tests/fixtures/<name>` in the table once `change` has moved it to the
+/// test's keys and times (or taken something from it); answers it as put.
+async fn put_fixture(stack: &Stack, name: &str, change: impl FnOnce(&mut Item)) -> Item {
+    let mut item = fixtures::item(name);
+    change(&mut item);
+    stack.put_item(item.clone()).await;
+    item
+}
+
+/// The key of `site`'s host item `sk`, and each named time set to now plus its offset.
+fn on_host(site: &PoliteSite, sk: &str, times: &[(&str, Duration)]) -> Item {
+    let mut item = keys::host_key(&host_of(site), sk);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    for (name, after) in times {
+        let at = (now + *after).as_millis() as u64;
+        item.insert((*name).to_owned(), attributes::n(at));
+    }
+    item
+}
+
+/// `name:port`, as the worker keys its host.
+fn host_of(site: &PoliteSite) -> String {
+    site.url("").trim_start_matches("http://").to_owned()
+}
+
+/// robots.txt obeyed, limits that do not bind.
+fn polite() -> Politeness {
+    Politeness {
+        limits: HostLimits {
+            max_rps: Some(50.0),
+            max_inflight: Some(8),
+        },
+        obey_robots: true,
+        agent: "conveyor-worker".into(),
+        ..Politeness::off()
+    }
+}
+
+/// Tasks `t0` (`/page/0`) and `t1` (`/private/1`) on `site`, of an active run, delivered
+/// once to a polite worker; the reply's retried ids.
+async fn page_and_private(stack: &Stack, site: &PoliteSite) -> Vec<String> {
+    stack.put_active_run().await;
+    stack.put_task("t0", &site.url("/page/0"), "pending").await;
+    stack
+        .put_task("t1", &site.url("/private/1"), "pending")
+        .await;
+    let worker = stack.worker_with(|t| t.politeness = polite());
+    retried(&run_batch(&worker, vec![delivery("t0"), delivery("t1")]).await)
+}
+
+#[tokio::test]
+async fn a_robots_item_the_last_release_wrote_is_obeyed_without_fetching_robots_txt_again() {
+    // Arrange: the host's robots.txt as the last release kept it (whole, in `body`), fresh
+    // for another day, disallowing /private; the site's own robots.txt (404) allows all.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let kept = on_host(&site, "ROBOTS", &[("expires_at", DAY)]);
+    put_fixture(&stack, "v-previous/robots_item_body.json", |item| {
+        item.extend(kept)
+    })
+    .await;
+
+    // Act
+    let retried = page_and_private(&stack, &site).await;
+
+    // Assert: each task ended at its first delivery, as the kept file says.
+    assert!(retried.is_empty(), "{retried:?}");
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    let private = stack.task("t1").await;
+    assert_eq!(private.s("error"), Some("disallowed by robots.txt"));
+    assert_eq!(site.hits("/private"), 0);
+    assert_eq!(
+        site.hits("/robots.txt"),
+        0,
+        "the kept copy read, not fetched"
+    );
+}
+
+#[tokio::test]
+async fn a_robots_item_that_cannot_be_read_is_fetched_again_at_once_not_waited_out() {
+    // Arrange: a robots item of the last release's shape without its body (no release reads
+    // it), fresh for another day.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let kept = on_host(&site, "ROBOTS", &[("expires_at", DAY)]);
+    put_fixture(&stack, "v-previous/robots_item_body.json", |item| {
+        item.extend(kept);
+        item.remove("body");
+    })
+    .await;
+
+    // Act
+    let retried = page_and_private(&stack, &site).await;
+
+    // Assert: robots.txt fetched again (404: everything allowed) and kept anew; no task
+    // waited for the unreadable item to expire.
+    assert!(retried.is_empty(), "{retried:?}");
+    assert_eq!(site.hits("/robots.txt"), 1);
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    let robots = stack.host_item(&host_of(&site), "ROBOTS").await;
+    assert_eq!(robots.s("status"), Some("allow_all"));
+}
+
+#[tokio::test]
+async fn a_host_item_the_last_release_wrote_keeps_its_cooldown() {
+    // Arrange: the host's item as the last release wrote it (schedule, a lapsed slot, a
+    // slowdown), cooling down for another minute.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let cooling = on_host(
+        &site,
+        "HOST",
+        &[("cooldown_until", Duration::from_secs(60))],
+    );
+    put_fixture(&stack, "v-previous/host_item.json", |item| {
+        item.extend(cooling)
+    })
+    .await;
+
+    // Act
+    page_and_private(&stack, &site).await;
+
+    // Assert: nothing fetched from the host, no task claimed.
+    assert_eq!(site.hits("/"), 0, "no request, robots.txt's included");
+    assert_eq!(stack.task("t0").await.status(), Some("pending"));
+    assert_eq!(stack.task("t1").await.status(), Some("pending"));
+}
