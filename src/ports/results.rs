@@ -39,7 +39,8 @@ pub struct Earlier {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checked {
     Usable(Earlier),
-    /// Gone, without a SHA-256 checksum, or not the bytes its task names: why.
+    /// Gone, without a SHA-256 checksum or the metadata that describes it, or not the bytes
+    /// its task names: why.
     Unusable(String),
 }
 
