@@ -96,8 +96,10 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 
     /// Carries a refresh task's earlier result forward on a `304 Not Modified`: copied to the
     /// task's key (the first object stored there wins, as for a page; a later writer adopts
-    /// it) and the task finished as successful with it. `None` when the earlier object changed
-    /// since it was checked (nothing was copied).
+    /// it) and the task finished as successful with it. A conflict when the earlier object
+    /// changed since it was checked (nothing was copied), as for any object changed between
+    /// two requests: the record comes back, finds it changed, and fetches in full; on its
+    /// final attempt it is sent again for that, as for any error of ours.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn carry_forward(
         &self,
@@ -105,7 +107,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         earlier: &Earlier,
         page: &Page,
-    ) -> Result<Option<Converged>, AwsError> {
+    ) -> Result<Converged, AwsError> {
         let validators = confirmed(&earlier.stored.validators, &page.validators);
         let carried = Carried {
             key,
@@ -129,15 +131,23 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             }
             Copied::AlreadyThere => match self.results.describe(key).await? {
                 Some(stored) => (stored, true),
-                None => return Ok(None),
+                None => {
+                    return Err(AwsError::Conflict {
+                        detail: format!("{key} was there for the copy but gone for the read"),
+                    });
+                }
             },
-            Copied::EarlierChanged => return Ok(None),
+            Copied::EarlierChanged => {
+                return Err(AwsError::Conflict {
+                    detail: format!("{} changed as it was copied", earlier.stored.key),
+                });
+            }
         };
         let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
-        Ok(Some(match converged {
+        Ok(match converged {
             Converged::Succeeded { .. } => Converged::Succeeded { adopted },
             other => other,
-        }))
+        })
     }
 
     /// Finishes the task as failed, unless an earlier delivery already stored its page: a

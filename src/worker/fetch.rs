@@ -23,20 +23,13 @@ use tokio::time::Instant;
 
 use super::{Attempt, DISALLOWED, MIN_FETCH, Work, Worker, outcome_of};
 
-/// The outcome of carrying an earlier result forward (`None`: it changed as it was copied,
-/// and the record comes back to check it again).
+/// The outcome of carrying an earlier result forward.
 fn carried(
-    converged: Option<Converged>,
+    converged: Converged,
     earlier: &Earlier,
     attempt: Attempt,
     measures: &Measures,
 ) -> Outcome {
-    let Some(converged) = converged else {
-        return Outcome::ScrapeTransient {
-            reason: "the earlier result changed as it was copied: asked again".into(),
-            retry_after: None,
-        };
-    };
     if converged == (Converged::Succeeded { adopted: false }) {
         measures.not_modified(earlier.stored.size);
     }

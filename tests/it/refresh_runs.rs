@@ -11,6 +11,7 @@ use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::fresh_site::FreshSite;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
+use conveyor_worker::domain::message;
 use conveyor_worker::domain::proxy::Tiers;
 use conveyor_worker::store::dynamo::{attributes, keys};
 
@@ -431,4 +432,61 @@ async fn an_earlier_object_with_a_checksum_but_without_its_metadata_is_fetched_i
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
     let stored = stack.object(&Stack::key("t1")).await.expect("an object");
     assert_ne!(stored.body, earlier);
+}
+
+/// The page at `url` as the site serves it now: its bytes and entity tag.
+async fn page_now(url: &str) -> (Vec<u8>, String) {
+    let client = reqwest::Client::builder().no_proxy().build();
+    let answer = client.expect("an HTTP client").get(url).send().await;
+    let answer = answer.expect("the site answers");
+    let etag = answer.headers()[reqwest::header::ETAG].to_str();
+    let etag = etag.expect("an ASCII entity tag").to_owned();
+    (answer.bytes().await.expect("the page").to_vec(), etag)
+}
+
+#[tokio::test]
+async fn an_earlier_object_altered_before_its_copy_on_the_final_attempt_is_sent_again_and_fetched_in_full()
+ {
+    // Arrange: a refresh task on its final attempt (earlier copies spent the rest); its page
+    // unchanged and its earlier object intact, but the site holds the conditional request
+    // while the test overwrites that object.
+    let (stack, site) = (Stack::new().await, FreshSite::start().await);
+    stack.put_active_run().await;
+    let url = site.url("/fresh/p0");
+    let (page, etag) = page_now(&url).await;
+    let key = earlier_key("t1");
+    put_earlier(&stack, &key, &page, true).await;
+    refresh_task(&stack, "t1", &url, (&key, &page), &etag).await;
+    let queue = Queue::create(&stack, 60).await;
+    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1, None);
+    queue.send(&stack, &spent).await;
+    let last = queue.receive(&stack).await.expect("the final attempt");
+    let altered = async || put_earlier(&stack, &key, b"altered", true).await;
+    let worker = stack.worker_with(|t| t.backoff.max = Duration::from_millis(200));
+
+    // Act: the final attempt, the copy refused; then what comes back of it.
+    let held = site.hold("p0").between(altered);
+    let (reply, ()) = tokio::join!(run_batch(&worker, vec![last]), held);
+    let (copy, _) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(30))
+        .await;
+    let again = run_batch(&worker, vec![copy.clone()]).await;
+
+    // Assert: acked, not dead-lettered; the copy kept the receives, fetched the page in full
+    // and stored the page's bytes, not the altered ones.
+    assert!(retried(&reply).is_empty(), "the copy replaces it");
+    assert_eq!(
+        message::receives_before(copy.body.as_deref()),
+        MAX_ATTEMPTS - 1
+    );
+    assert!(retried(&again).is_empty());
+    assert_eq!(
+        site.answers(),
+        (2, 1),
+        "the test's look, the 304, the full fetch"
+    );
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    let stored = stack.object(&Stack::key("t1")).await.expect("an object");
+    assert_eq!(stored.body, page);
 }
