@@ -124,6 +124,12 @@ pub async fn sdk_config(endpoint: &str) -> SdkConfig {
 }
 
 /// A name no other test of this run uses.
+/// Now, in milliseconds since the epoch (as SQS's `SentTimestamp` and the worker's copies say).
+pub fn now_ms() -> u64 {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    now.expect("after 1970").as_millis() as u64
+}
+
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()

@@ -145,3 +145,37 @@ async fn a_host_item_the_last_release_wrote_keeps_its_cooldown() {
     assert_eq!(stack.task("t0").await.status(), Some("pending"));
     assert_eq!(stack.task("t1").await.status(), Some("pending"));
 }
+
+#[tokio::test]
+async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
+    // Arrange: a v1 run and a task the last release claimed four times (no `tries_since`),
+    // its page down; the producer's message, as SQS delivers it (with its SentTimestamp).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_job(JOB, "active").await;
+    put_fixture(&stack, "v-previous/run_item_v1.json", |item| {
+        item.extend(keys::run_key(&id(JOB), &id(RUN)));
+    })
+    .await;
+    let url = attributes::s(&site.url("/down/1"));
+    put_fixture(&stack, "v-previous/task_item_processing.json", |item| {
+        item.extend(keys::task_key(&task_ref("t1")));
+        item.insert("url".into(), url);
+    })
+    .await;
+    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    queue.send(&stack, &body("t1")).await;
+    let record = queue.receive(&stack).await.expect("the message");
+
+    // Act
+    let reply = run_batch(&stack.worker(), vec![record]).await;
+
+    // Assert: its fifth try was its last (failed, the run counted and completed), and the
+    // task now keeps when its tries began.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("failed"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(5));
+    assert!(task.n("tries_since").is_some(), "{task:?}");
+    assert_eq!(stack.run_counters(JOB, RUN).await, (0, 1, 0));
+    assert_eq!(site.hits("/down/1"), 1);
+}

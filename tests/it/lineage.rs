@@ -23,13 +23,6 @@ use crate::polite_defaults::production_defaults;
 use crate::politeness::{Fleet, drain_tuned, pages, tasks_of};
 use crate::production::run_batch_with;
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis() as u64
-}
-
 /// A job whose hosts take 2 requests a second, robots.txt not asked (the proxy under test
 /// would refuse it too).
 async fn slow_job(stack: &Stack) {

@@ -466,8 +466,8 @@ async fn while_the_table_throttles_half_its_writes_nothing_is_lost_and_the_worke
     );
 }
 
-/// A copy of `body` for another try, as the worker sends one: `spent` receives behind it.
+/// A copy of `body` for another try, as the worker sends one now: `spent` receives behind it.
 fn another_try(body: &str, spent: u32, pressed_at: Option<u64>) -> String {
     let message = Message::parse(Some(body), None).expect("a task's body");
-    message.another_try(spent, pressed_at, pressed_at.unwrap_or(0))
+    message.another_try(spent, pressed_at, now_ms())
 }

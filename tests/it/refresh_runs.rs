@@ -11,7 +11,7 @@ use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::fresh_site::FreshSite;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::domain::message;
+use conveyor_worker::domain::message::{Carried, Message};
 use conveyor_worker::domain::proxy::Tiers;
 use conveyor_worker::store::dynamo::{attributes, keys};
 
@@ -458,7 +458,8 @@ async fn an_earlier_object_altered_before_its_copy_on_the_final_attempt_is_sent_
     put_earlier(&stack, &key, &page, true).await;
     refresh_task(&stack, "t1", &url, (&key, &page), &etag).await;
     let queue = Queue::create(&stack, 60).await;
-    let spent = message::for_another_try(&body("t1"), MAX_ATTEMPTS - 1, None);
+    let producer = Message::parse(Some(&body("t1")), None).expect("a task's body");
+    let spent = producer.another_try(MAX_ATTEMPTS - 1, None, now_ms());
     queue.send(&stack, &spent).await;
     let last = queue.receive(&stack).await.expect("the final attempt");
     let altered = async || put_earlier(&stack, &key, b"altered", true).await;
@@ -476,7 +477,7 @@ async fn an_earlier_object_altered_before_its_copy_on_the_final_attempt_is_sent_
     // and stored the page's bytes, not the altered ones.
     assert!(retried(&reply).is_empty(), "the copy replaces it");
     assert_eq!(
-        message::receives_before(copy.body.as_deref()),
+        Carried::read(copy.body.as_deref()).receives_before,
         MAX_ATTEMPTS - 1
     );
     assert!(retried(&again).is_empty());
