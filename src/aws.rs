@@ -221,6 +221,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         Worker::out_of_time(self, record).await
     }
 
+    async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
+        Worker::held_in_group(self, record).await
+    }
+
     fn pressure(&self) -> Option<&Pressure> {
         Some(&self.pressure)
     }

@@ -30,6 +30,12 @@ pub trait ProcessRecord: Sync {
         std::future::ready(Outcome::OutOfTime)
     }
 
+    /// What becomes of a record held behind an earlier record of its FIFO group that is to
+    /// be retried: by default it goes back to the queue with the group.
+    fn held_in_group(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
+        std::future::ready(Outcome::GroupHeld)
+    }
+
     /// The sandbox's concurrency under AWS push-back, if it keeps one: each record waits
     /// for its turn, and each outcome tells it how AWS is coping.
     fn pressure(&self) -> Option<&Pressure> {
@@ -164,7 +170,7 @@ async fn run_records<P: ProcessRecord>(
             let mut held = false;
             for index in group {
                 let outcome = if held {
-                    Outcome::GroupHeld
+                    processor.held_in_group(&records[index]).await
                 } else {
                     run_in_turn(processor, &records[index], invocation).await
                 };

@@ -6,6 +6,7 @@
 //! | a producer's message | no `copied_at` | nothing: its tries begin when it was sent |
 //! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booking, one wait more, the first wait's start; the rest as it was |
 //! | a copy for AWS's push-back, or a final attempt's | as above | the receives spent, one copy more, the first push-back (kept); the rest as it was |
+//! | a copy moved to the back of its FIFO group (a wait, or held behind its group, on the receive before its last) | as a parked copy | what it carried |
 //! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
 //! | `conveyor-ops redrive --move` | [`Message::redriven`]: the task's fields alone | nothing |
 //! | SQS's own redrive (a move task) | `copied_at` older than when SQS took it by more than [`REDRIVE_GAP`] | what it carried is dropped: a fresh set of tries |
@@ -127,6 +128,15 @@ impl Message {
             receives_before: spent,
             copies: self.carried.copies.saturating_add(1),
             pressed_since: self.carried.pressed_since.or(pressed_at),
+            copied_at: Some(now),
+            ..self.carried
+        };
+        self.with(carried)
+    }
+
+    /// The body of a copy moved to the back of its FIFO group, carrying what it carried.
+    pub fn moved(&self, now: u64) -> String {
+        let carried = Carried {
             copied_at: Some(now),
             ..self.carried
         };

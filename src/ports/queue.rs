@@ -88,6 +88,8 @@ pub struct MessageCopy {
     pub body: String,
     pub delay: Duration,
     pub group: Option<String>,
+    /// A FIFO queue's deduplication id for the copy.
+    pub deduplication: Option<String>,
     pub attributes: Vec<Attribute>,
 }
 

@@ -64,7 +64,11 @@ impl Visibility for SqsVisibility {
 
     #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
     async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
-        let seconds = copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32;
+        // A FIFO queue takes no delay of a message's own (SQS refuses even 0 as a parameter).
+        let seconds = match copy.deduplication {
+            Some(_) => None,
+            None => Some(copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32),
+        };
         let attributes = copy
             .attributes
             .iter()
@@ -73,8 +77,9 @@ impl Visibility for SqsVisibility {
             .send_message()
             .queue_url(queue.url(self.endpoint.as_deref()))
             .message_body(&copy.body)
-            .delay_seconds(seconds)
+            .set_delay_seconds(seconds)
             .set_message_group_id(copy.group.clone())
+            .set_message_deduplication_id(copy.deduplication.clone())
             .set_message_attributes(
                 Some(attributes.collect()).filter(|a: &HashMap<_, _>| !a.is_empty()),
             )

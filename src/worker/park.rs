@@ -16,6 +16,7 @@ use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::scraper::Fetcher;
 use aws_lambda_events::event::sqs::SqsMessage;
+use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
 use super::{Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, pushed_back, receive_count, sent_at};
@@ -28,8 +29,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// A longer wait is held through the visibility timeout instead (up to
     /// [`MAX_POLITE_HOLD`]) on the first receive of a copy that carries its booking, so a
     /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
-    /// FIFO queue (a copy would lose its place), nor if the copy cannot be sent (then held
-    /// back instead).
+    /// FIFO queue (a copy would lose its place), but on its receive before the last (the
+    /// copy then goes to the back of its group, due at once); nor if the copy cannot be
+    /// sent (then held back instead).
     pub(super) async fn requeue_politely(
         &self,
         record: &SqsMessage,
@@ -45,7 +47,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let carries_booking = booked.is_some() && message.carried.booking == booked;
         let first_receive = receive_count(record) == 1;
-        if arn.ends_with(".fifo") || (delay > SQS_MAX_DELAY && carries_booking && first_receive) {
+        let fifo = arn.ends_with(".fifo");
+        if (fifo && !self.at_last_receive(record))
+            || (delay > SQS_MAX_DELAY && carries_booking && first_receive)
+        {
             return outcome;
         }
         let now = epoch_millis(SystemTime::now()) as u64;
@@ -57,6 +62,36 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 outcome
             }
         }
+    }
+
+    /// A record held behind an earlier record of its FIFO group: on the receive before its
+    /// last (the next would move it to the dead-letter queue untried), it is sent again as a
+    /// fresh copy to the back of its group instead, carrying what it carried.
+    pub async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let (Some(queue), true) = (QueueRef::from_arn(arn), self.at_last_receive(record)) else {
+            return Outcome::GroupHeld;
+        };
+        let Ok(message) = Message::parse(record.body.as_deref(), sent_at(record)) else {
+            return Outcome::GroupHeld;
+        };
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let copy = copy_of(record, message.moved(now), Duration::ZERO);
+        match self.visibility.requeue(&queue, &copy).await {
+            Ok(()) => Outcome::SentAgain {
+                delay: Duration::ZERO,
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "could not move the held record; held back instead");
+                Outcome::GroupHeld
+            }
+        }
+    }
+
+    /// Whether holding this record would leave its message one receive from the dead-letter
+    /// queue (the redrive policy's `maxReceiveCount`, deployed as `MAX_ATTEMPTS`).
+    fn at_last_receive(&self, record: &SqsMessage) -> bool {
+        receive_count(record) + 1 >= self.settings.max_attempts
     }
 
     /// A record the batch's cutoff stopped before it ended (or before it started: a batch
@@ -216,8 +251,13 @@ fn may_copy(carried: &Carried, pressed: bool, now: u64) -> bool {
 }
 
 /// A fresh copy of `record` with `body`, due after `delay`: the producer's message group
-/// and message attributes go with it (a fair queue's tenant).
+/// and message attributes go with it (a fair queue's tenant); on a FIFO queue, which delays
+/// no message of its own, it is due at once, named for deduplication by this receive.
 fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
+    let fifo = record
+        .event_source_arn
+        .as_deref()
+        .is_some_and(|arn| arn.ends_with(".fifo"));
     let attributes = record
         .message_attributes
         .iter()
@@ -237,8 +277,19 @@ fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
         });
     MessageCopy {
         body,
-        delay,
+        delay: if fifo { Duration::ZERO } else { delay },
         group: record.attributes.get("MessageGroupId").cloned(),
+        deduplication: fifo.then(|| copy_name(record)),
         attributes: attributes.collect(),
     }
+}
+
+/// A FIFO copy's deduplication id: the same for the same receive of a message (a retried
+/// send is one copy), another for any other.
+fn copy_name(record: &SqsMessage) -> String {
+    let message = record.message_id.as_deref().unwrap_or_default();
+    let receipt = record.receipt_handle.as_deref().unwrap_or_default();
+    hex::encode(Sha256::digest(
+        format!("copy#{message}#{receipt}").as_bytes(),
+    ))
 }

@@ -279,3 +279,107 @@ fn a_redrive_is_told_from_a_copy_by_when_sqs_took_it() {
     assert_eq!(redriven.carried.receives_before, 0);
     assert_eq!(redriven.carried.tries_since, Some(2_001 + gap));
 }
+
+#[tokio::test]
+async fn on_a_fifo_queue_waits_and_holds_move_to_the_back_of_their_group_before_the_last_receive() {
+    // Arrange: a FIFO queue; a host cooling down for a minute; group g's t1 on its first
+    // receive (its host says wait) and t2 behind it on the receive before its last; group
+    // h's t3, whose host says wait, on the receive before its last.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    stack.put_active_run().await;
+    for (task, page) in [("t1", "/page/1"), ("t2", "/page/2"), ("t3", "/page/3")] {
+        stack.put_task(task, &site.url(page), "pending").await;
+    }
+    cool_down(&stack, &site).await;
+    let (url, arn) = fifo_queue(&stack).await;
+    let on_fifo = |task: &str, group: &str, receives: u32| {
+        let mut record = record(task, &body(task), receives);
+        record.event_source_arn = Some(arn.clone());
+        record
+            .attributes
+            .insert("MessageGroupId".into(), group.into());
+        record
+    };
+    let records = vec![
+        on_fifo("t1", "g", 1),
+        on_fifo("t2", "g", MAX_ATTEMPTS - 1),
+        on_fifo("t3", "h", MAX_ATTEMPTS - 1),
+    ];
+    let worker = stack.worker_with(|t| t.politeness = production_defaults());
+
+    // Act
+    let reply = run_batch(&worker, records).await;
+
+    // Assert: t1 held back (its wait burns a receive it can spare); t2, held behind it, and
+    // t3, waiting, acked for copies at the back of their groups.
+    assert_eq!(retried(&reply), ["t1"]);
+    let copies = stack
+        .sqs
+        .receive_message()
+        .queue_url(&url)
+        .max_number_of_messages(10)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .send()
+        .await
+        .expect("receive");
+    let mut copies: Vec<_> = copies
+        .messages()
+        .iter()
+        .map(|m| {
+            let group = m
+                .attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
+            let carried = Carried::read(m.body());
+            (
+                Message::parse(m.body(), None)
+                    .expect("a body")
+                    .task
+                    .task_id
+                    .to_string(),
+                group.cloned(),
+                carried.waits,
+            )
+        })
+        .collect();
+    copies.sort();
+    assert_eq!(
+        copies,
+        [
+            ("t2".to_owned(), Some("g".to_owned()), 0),
+            ("t3".to_owned(), Some("h".to_owned()), 1)
+        ]
+    );
+    assert_eq!(site.hits("/"), 0);
+}
+
+/// The host of `site` cooling down for another minute, as a 429 leaves it.
+async fn cool_down(stack: &Stack, site: &PoliteSite) {
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let mut item = keys::host_key(&host, "HOST");
+    let until = now_ms() + 60_000;
+    item.insert("cooldown_until".into(), attributes::n(until));
+    item.insert("touched_at".into(), attributes::n(now_ms()));
+    stack.put_item(item).await;
+}
+
+/// A FIFO queue (deduplication by id, as the worker's copies name it): its URL and ARN.
+async fn fifo_queue(stack: &Stack) -> (String, String) {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let url = stack
+        .sqs
+        .create_queue()
+        .queue_name(format!("{}.fifo", unique("tasks")))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .expect("create a FIFO queue")
+        .queue_url
+        .expect("a queue URL");
+    let arn = conveyor_worker::store::sqs::SqsQueue::new(stack.sqs.clone(), &url)
+        .arn()
+        .await
+        .expect("read the ARN")
+        .expect("an ARN");
+    (url, arn)
+}
