@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
+use crate::domain::message::REDRIVE_GAP_MS;
 use crate::domain::model::{Counting, Parents, TaskStatus, Tries};
 use crate::domain::refresh::Prior;
 use crate::ports::error::AwsError;
@@ -83,7 +84,9 @@ pub async fn check<S: TaskStore>(
 }
 
 /// Claims the task for this delivery (tried again while a transaction on the task is in
-/// flight).
+/// flight). A claim that finds the task's tries begun before this delivery's line (by more
+/// than [`REDRIVE_GAP_MS`]: a copy of a redriven message, which waited before its first
+/// claim) is made again as the first of a fresh set.
 #[tracing::instrument(skip_all)]
 pub async fn claim<S: TaskStore>(
     store: &S,
@@ -91,30 +94,50 @@ pub async fn claim<S: TaskStore>(
     (now, lease, tries): (SystemTime, Option<Lease<'_>>, TriesFrom),
     patience: &Patience<'_>,
 ) -> Result<Admission, AwsError> {
-    Ok(
-        match patience
-            .retry(|| store.claim(task, now, lease, tries))
-            .await?
-        {
-            Claim::Claimed {
+    let claim = |tries| patience.retry(move || store.claim(task, now, lease, tries));
+    let (attempts, was, url, prior) = match claim(tries).await? {
+        Claim::Claimed {
+            attempts,
+            was,
+            url,
+            prior,
+            tries_since,
+        } => (
+            Tries {
                 attempts,
-                was,
-                url,
-                prior,
-            } => {
-                tracing::debug!(attempts, was = was.as_str(), "claimed");
-                Admission::Admitted {
-                    redelivery: was == TaskStatus::Processing,
-                    attempts,
-                    url,
-                    prior,
-                }
-            }
-            Claim::AlreadyTerminal => Admission::Skipped(Outcome::LostRace),
-            Claim::Missing => Admission::Skipped(Outcome::NotWanted(NotWanted::TaskMissing)),
-            Claim::Leased { until } => Admission::Skipped(Outcome::LeaseHeld { until }),
+                since: tries_since,
+            },
+            was,
+            url,
+            prior,
+        ),
+        Claim::AlreadyTerminal => return Ok(Admission::Skipped(Outcome::LostRace)),
+        Claim::Missing => {
+            return Ok(Admission::Skipped(Outcome::NotWanted(
+                NotWanted::TaskMissing,
+            )));
+        }
+        Claim::Leased { until } => return Ok(Admission::Skipped(Outcome::LeaseHeld { until })),
+    };
+    let attempts = match !tries.fresh && attempts.fresh_for(tries.since, REDRIVE_GAP_MS) {
+        true => match claim(TriesFrom {
+            fresh: true,
+            ..tries
+        })
+        .await?
+        {
+            Claim::Claimed { attempts, .. } => attempts,
+            _ => attempts.attempts,
         },
-    )
+        false => attempts.attempts,
+    };
+    tracing::debug!(attempts, was = was.as_str(), "claimed");
+    Ok(Admission::Admitted {
+        redelivery: was == TaskStatus::Processing,
+        attempts,
+        url,
+        prior,
+    })
 }
 
 /// The yes of the parents read (job active, run running, how it counts), kept for a short

@@ -16,12 +16,14 @@ pub use crate::domain::model::{Lease, TriesFrom};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// This delivery may work on the task; `attempts` counts the claims so far, this one
-    /// included; `url` is the task's, and `prior` its earlier result if it refreshes one.
+    /// included; `url` is the task's, and `prior` its earlier result if it refreshes one;
+    /// `tries_since`: when the task's set of tries began, as the claim found it.
     Claimed {
         attempts: u32,
         was: TaskStatus,
         url: Option<String>,
         prior: Option<Prior>,
+        tries_since: Option<u64>,
     },
     /// The task became terminal since the guard read it.
     AlreadyTerminal,

@@ -145,7 +145,7 @@ impl TaskStore for MemoryTasks {
         {
             return Ok(Claim::Leased { until: *until });
         }
-        let was = entry.status;
+        let (was, tries_since) = (entry.status, entry.tries.since);
         entry.status = TaskStatus::Processing;
         entry.tries = match (tries.fresh, tries.since) {
             (true, Some(since)) => Tries {
@@ -163,6 +163,7 @@ impl TaskStore for MemoryTasks {
             was,
             url: entry.url.clone(),
             prior: None,
+            tries_since,
         })
     }
 

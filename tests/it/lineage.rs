@@ -383,3 +383,29 @@ async fn fifo_queue(stack: &Stack) -> (String, String) {
         .expect("an ARN");
     (url, arn)
 }
+
+#[tokio::test]
+async fn a_redriven_message_that_waited_for_its_host_still_gets_a_fresh_set_of_tries() {
+    // Arrange: a task whose tries were spent an hour ago; the parked copy of a message SQS
+    // redrove just now (its line began now), booked for its host's turn in half a second.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/1"), "pending").await;
+    set_tries(&stack, "t1", MAX_ATTEMPTS, now_ms() - 3_600_000).await;
+    let redriven = Message::parse(Some(&body("t1")), Some(now_ms())).expect("a body");
+    let parked = redriven.parked(Some(now_ms() + 500), now_ms());
+    let queue = Queue::create(&stack, 60).await;
+    queue.send(&stack, &parked).await;
+    let record = queue.receive(&stack).await.expect("the parked copy");
+    let worker = stack.worker_with(|t| t.politeness = production_defaults());
+
+    // Act
+    let reply = run_batch(&worker, vec![record]).await;
+
+    // Assert: fetched as the first try of a fresh set, not the sixth of the spent one.
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(1), "{task:?}");
+}

@@ -125,6 +125,7 @@ impl TaskStore for DynamoTaskStore {
                     was,
                     url,
                     prior,
+                    tries_since: number(&old, "tries_since"),
                 })
             }
             Err(err) => match err.as_service_error() {
