@@ -274,7 +274,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// After the claim: adopts a stored page, or sleeps until the host's start and fetches
     /// (unless the task fails without a request) and converges. The claim's attempt is given
-    /// back when no fetch follows it.
+    /// back when no fetch follows it, or when our own budget cut the fetch.
     pub(super) async fn after_claim(
         &self,
         task: &TaskRef,
@@ -314,7 +314,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             final_attempt,
             budget,
         };
-        self.scrape(task, work, (stores, &key), attempt, invocation)
-            .await
+        let scraped = self.scrape(task, work, (stores, &key), attempt, invocation);
+        let outcome = scraped.await?;
+        // Our own budget cut the fetch: not a try of the task's (like a claim no fetch
+        // followed), so a short invocation does not spend its tries.
+        if matches!(outcome, Outcome::NoTimeLeft) {
+            self.unclaim(task, &claim).await;
+        }
+        Ok(outcome)
     }
 }
