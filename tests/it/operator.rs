@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
+use conveyor_worker::domain::message::{Carried, Message};
 use tokio::process::Command;
 
 use crate::ops::{list, ops, ops_command, quarantined, succeeded};
@@ -539,7 +540,9 @@ async fn redrive_shows_the_dead_letters_then_moves_them_back() {
     let dlq = Queue::create(&stack, 30).await;
     let queue = Queue::create_with_dlq(&stack, 30, &dlq, 1).await;
     dlq.send(&stack, &body("t1")).await;
-    dlq.send(&stack, &body("t2")).await;
+    let producer = Message::parse(Some(&body("t2")), Some(now_ms())).expect("a body");
+    dlq.send(&stack, &producer.another_try(4, Some(now_ms()), now_ms()))
+        .await;
     let redrive = ["redrive", "--queue-url", queue.url.as_str()];
 
     // Act
@@ -560,4 +563,8 @@ async fn redrive_shows_the_dead_letters_then_moves_them_back() {
     );
     assert_eq!(dlq.depth(&stack).await, 0);
     assert_eq!(queue.depth(&stack).await, 2);
+    // Moved back with the producer's fields alone: a fresh set of tries.
+    for moved in queue.drain(&stack).await {
+        assert_eq!(Carried::read(moved.body.as_deref()), Carried::default());
+    }
 }

@@ -225,6 +225,7 @@ async fn requeue_failed_reopens_the_run_and_draining_completes_it_again() {
     let task = stack.task("bad").await;
     assert_eq!(task.status(), Some("pending"));
     assert_eq!(task.s("error"), None);
+    assert_eq!(task.n("attempts"), Some(0), "a fresh set of tries");
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.status(), Some("running"));
     assert_eq!(
