@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use conveyor_testkit::fixtures;
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::*;
+use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::polite::limits::HostLimits;
 use conveyor_worker::store::dynamo::attributes::{self, Item};
@@ -178,4 +179,45 @@ async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
     assert!(task.n("tries_since").is_some(), "{task:?}");
     assert_eq!(stack.run_counters(JOB, RUN).await, (0, 1, 0));
     assert_eq!(site.hits("/down/1"), 1);
+}
+
+#[tokio::test]
+async fn runs_of_v2_and_v3_the_last_release_submitted_drain_to_one_completion_each() {
+    // Arrange: each run's items as `conveyor-ops submit` wrote them (two tasks, two counter
+    // shards, one group; v3 spread over the shards), their tasks and producers' messages.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let mut records = Vec::new();
+    for (version, job, run, spread) in [
+        ("v2", "job-2", "run-2", None),
+        ("v3", "job-3", "run-3", Some(2)),
+    ] {
+        stack.put_job(job, "active").await;
+        for item in ["run", "group_0", "shard_0", "shard_1"] {
+            put_fixture(&stack, &format!("v-previous/{version}_{item}.json"), |_| {}).await;
+        }
+        for task in ["task-1", "task-2"] {
+            let task = TaskRef {
+                spread,
+                ..task_ref_in(job, run, task)
+            };
+            stack
+                .put_task_of(&task, &site.url("/page/a"), "pending")
+                .await;
+            let body = conveyor_worker::domain::message::body(&task);
+            records.push(record(&format!("{version}-{}", task.task_id), &body, 1));
+        }
+    }
+
+    // Act
+    let reply = run_batch(&stack.worker(), records).await;
+
+    // Assert: every task counted once into its shard, each run completed once.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    for (job, run) in [("job-2", "run-2"), ("job-3", "run-3")] {
+        assert_eq!(stack.run_counters(job, run).await, (2, 0, 0), "{job}");
+        let item = stack.run_item(job, run).await;
+        assert_eq!(item.status(), Some("completed"), "{item:?}");
+        assert_eq!(item.n("times_completed"), Some(1));
+        assert!(stack.counter_tree_faults(job, run).await.is_empty());
+    }
 }
