@@ -8,6 +8,7 @@ pub mod demo;
 pub mod fixtures;
 pub mod forward_proxy;
 pub mod fresh_site;
+pub mod matrix;
 pub mod memory;
 pub mod pause;
 pub mod polite_site;
@@ -365,6 +366,18 @@ impl Stack {
         let mut item = keys::job_key(&id(job));
         item.insert("status".into(), attributes::s("active"));
         item.insert("host_max_rps".into(), attributes::n(max_rps));
+        self.put(item).await;
+    }
+
+    /// An active job with its own rate for its hosts and, if given, in-flight limit (data
+    /// contract v2).
+    pub async fn put_limited_job(&self, job: &str, max_rps: f64, max_inflight: Option<u32>) {
+        let mut item = keys::job_key(&id(job));
+        item.insert("status".into(), attributes::s("active"));
+        item.insert("host_max_rps".into(), attributes::n(max_rps));
+        if let Some(inflight) = max_inflight {
+            item.insert("host_max_inflight".into(), attributes::n(inflight));
+        }
         self.put(item).await;
     }
 

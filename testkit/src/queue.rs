@@ -77,10 +77,22 @@ impl Queue {
 
     /// Sends up to ten bodies in one request; their message ids.
     pub async fn send_batch(&self, stack: &Stack, bodies: &[String]) -> Vec<String> {
-        let entries = bodies.iter().enumerate().map(|(i, body)| {
+        let bodies: Vec<_> = bodies.iter().map(|b| (b.clone(), None)).collect();
+        self.send_grouped(stack, &bodies).await
+    }
+
+    /// Sends up to ten bodies in one request, each with its message group id if any (a fair
+    /// queue's tenant); their message ids.
+    pub async fn send_grouped(
+        &self,
+        stack: &Stack,
+        bodies: &[(String, Option<String>)],
+    ) -> Vec<String> {
+        let entries = bodies.iter().enumerate().map(|(i, (body, group))| {
             SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body)
+                .set_message_group_id(group.clone())
                 .build()
                 .expect("id and body are set")
         });

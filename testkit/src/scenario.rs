@@ -3,21 +3,24 @@
 //! local event source mapping until the queue drains (in process, with faults, or by the
 //! `conveyor-ops poll` binary); then every invariant is checked and the figures reported.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use conveyor_worker::Worker;
 use conveyor_worker::backoff::Backoff;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::domain::ids::TaskRef;
+use conveyor_worker::domain::message;
 use conveyor_worker::ops::local_mapping::{
     self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
 use conveyor_worker::store::sqs::SqsQueue;
 
 use super::chaos::{Crashing, Faults};
+use super::polite_site::{Behaviour, PoliteSite};
 use super::queue::Queue;
-use super::{JOB, MAX_ATTEMPTS, RUN, Site, Stack, body};
+use super::{JOB, MAX_ATTEMPTS, RUN, Site, Stack, WorkerTuning, task_ref};
 
 /// The longest a scenario may take before it counts as stuck.
 const LIMIT: Duration = Duration::from_secs(600);
@@ -40,7 +43,72 @@ pub struct Scenario {
     /// The worker's politeness at its production defaults, the run spread over local hosts
     /// ([`Hosts`]); off: one site, no limits (the run measures the rest).
     pub polite: bool,
+    /// With counter shards, the run's tasks and results spread over them too (data
+    /// contract v3).
+    pub spread: bool,
+    /// A polite run's job's own rate for its hosts and in-flight limit, if any (default:
+    /// [`POLITE_JOB_RPS`] and the fleet's in-flight limit).
+    pub job_limits: Option<(f64, Option<u32>)>,
+    /// Every message sent with a `MessageGroupId`, one of this many tenants (a fair queue);
+    /// 0: none.
+    pub tenants: usize,
+    /// The shares of the page kinds ([`Mix`]); none: one task in ten of each, as [`KINDS`].
+    pub mix: Option<Mix>,
+    /// The seed that orders the messages sent; none: a random order.
+    pub seed: Option<u64>,
+    /// Proxy tiers a fetch may climb (a block on one is tried on the next): the most
+    /// requests one attempt makes of a page.
+    pub tiers: usize,
 }
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            tasks: 30,
+            policy: DuplicatePolicy::Converge,
+            faults: None,
+            crash_rate: 0.0,
+            production_like: false,
+            counters: (0, 0),
+            polite: false,
+            spread: false,
+            job_limits: None,
+            tenants: 0,
+            mix: None,
+            seed: None,
+            tiers: 0,
+        }
+    }
+}
+
+/// Shares of the page kinds, in the order of [`Mix::KINDS`]: fine, flaky (503 twice), gone
+/// (404), slow (300 ms), dead (503 for good), blocked (403 to the first proxy tier's address)
+/// and logged (fine, on a [`PoliteSite`] that logs when each request started and ended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix(pub [u8; 7]);
+
+impl Mix {
+    pub const KINDS: [&str; 7] = [
+        "page", "flaky", "gone", "slowpage", "down", "blocked", "logged",
+    ];
+
+    /// The kind of task `i`: the kinds in turn, each as often as its share.
+    fn kind(&self, i: usize) -> &'static str {
+        let total: usize = self.0.iter().map(|&w| usize::from(w)).sum();
+        let mut at = i % total.max(1);
+        for (kind, &weight) in Self::KINDS.iter().zip(&self.0) {
+            if at < usize::from(weight) {
+                return kind;
+            }
+            at -= usize::from(weight);
+        }
+        "page"
+    }
+}
+
+/// The address the first proxy tier's connections come from: a site blocks it on the
+/// blocked pages (`/blocks/{address}/...`).
+pub const DATACENTER: [u8; 4] = [127, 0, 0, 3];
 
 /// Every page kind, one task in ten each: mostly fine, some flaky (503 twice, then fine),
 /// gone (404), slow (300 ms) or down for good (503: fails on the last attempt).
@@ -57,6 +125,12 @@ pub struct Report {
     pub failed: usize,
     pub dead_lettered: usize,
     pub fetches: usize,
+    /// The most fetches of one page against the most its messages' attempts allow.
+    pub most_fetches: (usize, usize),
+    /// The tasks whose messages ended in the dead-letter queue.
+    pub dead_tasks: Vec<String>,
+    /// Every task's status, by task id.
+    pub statuses: HashMap<String, Option<String>>,
     pub seconds: f64,
     pub esm: String,
     /// The run item's status and counters, as stored.
@@ -77,6 +151,10 @@ pub struct Hosts {
     pub sites: Vec<Site>,
     /// How many of `sites` the pages that do not answer 503 share.
     shared: usize,
+    /// The kind of each task's page.
+    kinds: Vec<&'static str>,
+    /// The site of the logged pages, if any.
+    pub logged: Option<PoliteSite>,
 }
 
 /// The rate a polite run's job asks of each of its hosts.
@@ -85,10 +163,19 @@ pub const POLITE_JOB_RPS: f64 = 20.0;
 /// The hosts the pages that do not answer 503 share in a polite run: 10 or so pages each.
 pub const SHARED_HOSTS: usize = 24;
 
+/// Where a task's page is: one of [`Hosts::sites`], or the logged site.
+const LOGGED: usize = usize::MAX;
+
 impl Hosts {
-    /// The sites for `total` tasks (one if not `polite`).
+    /// The sites for `total` tasks of the default kinds (one if not `polite`).
     pub async fn start(total: usize, polite: bool) -> Self {
-        let pushing_back = (0..total).filter(|&i| answers_503(kind(i))).count();
+        Self::start_for((0..total).map(kind).collect(), polite).await
+    }
+
+    /// The sites for tasks of these kinds (one, and the logged site if any, if not
+    /// `polite`).
+    pub async fn start_for(kinds: Vec<&'static str>, polite: bool) -> Self {
+        let pushing_back = kinds.iter().filter(|k| answers_503(k)).count();
         let (shared, count) = match polite {
             true => (SHARED_HOSTS, SHARED_HOSTS + pushing_back),
             false => (1, 1),
@@ -97,19 +184,65 @@ impl Hosts {
         for _ in 0..count {
             sites.push(Site::start().await);
         }
-        Self { sites, shared }
+        let logged = match kinds.contains(&"logged") {
+            true => Some(PoliteSite::start(Behaviour::default()).await),
+            false => None,
+        };
+        Self {
+            sites,
+            shared,
+            kinds,
+            logged,
+        }
     }
 
     /// The site of task `i` of the run.
     fn of(&self, i: usize) -> usize {
+        if self.kinds[i] == "logged" {
+            return LOGGED;
+        }
         if self.sites.len() == 1 {
             return 0;
         }
-        if answers_503(kind(i)) {
-            let before = (0..i).filter(|&j| answers_503(kind(j))).count();
+        if answers_503(self.kinds[i]) {
+            let before = self.kinds[..i].iter().filter(|k| answers_503(k)).count();
             return self.shared + before;
         }
         i % self.shared
+    }
+
+    /// The page of task `i`, named `id`: its path and its site.
+    fn page(&self, i: usize, id: &str) -> (String, usize) {
+        let path = match self.kinds[i] {
+            "blocked" => {
+                let egress = std::net::IpAddr::from(DATACENTER);
+                format!("/blocks/{egress}/{id}")
+            }
+            "logged" => format!("/page/{id}"),
+            kind => format!("/{kind}/{id}"),
+        };
+        (path, self.of(i))
+    }
+
+    fn url(&self, host: usize, path: &str) -> String {
+        match (host, &self.logged) {
+            (LOGGED, Some(logged)) => logged.url(path),
+            _ => self.sites[host].url(path),
+        }
+    }
+
+    /// How often `path` was asked of `host`.
+    fn hits(&self, host: usize, path: &str) -> usize {
+        match (host, &self.logged) {
+            (LOGGED, Some(logged)) => logged.visits().iter().filter(|v| v.path == path).count(),
+            _ => self.sites[host].hits(path),
+        }
+    }
+
+    /// Every request any of the sites saw (robots.txt too).
+    pub fn requests(&self) -> usize {
+        let logged = self.logged.as_ref().map_or(0, |l| l.visits().len());
+        self.sites.iter().map(|s| s.peers().len()).sum::<usize>() + logged
     }
 }
 
@@ -129,15 +262,22 @@ pub struct Prepared {
     pub site: Site,
     pub hosts: Hosts,
     pub queue: Queue,
-    dlq: Queue,
+    pub dlq: Queue,
     policy: DuplicatePolicy,
     /// Task ids and their page paths, and the site (of `hosts`) each is on.
     tasks: Vec<(String, String)>,
     placed: Vec<usize>,
     /// Message ids sent.
     sent: Vec<String>,
+    /// Messages sent for each task (as `tasks`), by the producer.
+    copies: Vec<usize>,
+    /// Messages an operator sent again (re-queued or redriven), by task id.
+    pub resent: HashMap<String, usize>,
+    /// Times an operator's re-queue reopened the completed run.
+    pub reopened: u64,
+    /// The most requests one attempt makes of a page (proxy tiers climbed).
+    tiers: usize,
 }
-
 /// The visibility timeout of the scenario's queue. As deployed, it outlasts the invocation
 /// timeout (in production by six times; here by less, to keep crash recovery quick).
 pub const VISIBILITY: Duration = Duration::from_secs(12);
@@ -221,9 +361,9 @@ pub async fn prepare_list(
     let mut urls = String::new();
     for i in 0..total {
         // `conveyor-ops submit` names each task by its line.
-        let (id, host) = (format!("t{:06}", i + 1), hosts.of(i));
-        let path = format!("/{}/{id}", kind(i));
-        urls.push_str(&hosts.sites[host].url(&path));
+        let id = format!("t{:06}", i + 1);
+        let (path, host) = hosts.page(i, &id);
+        urls.push_str(&hosts.url(host, &path));
         urls.push('\n');
         tasks.push((id, path));
         placed.push(host);
@@ -237,9 +377,13 @@ pub async fn prepare_list(
         queue,
         dlq,
         policy: DuplicatePolicy::Converge,
+        copies: vec![1; tasks.len()],
         tasks,
         placed,
         sent: Vec::new(),
+        resent: HashMap::new(),
+        reopened: 0,
+        tiers: 1,
     })
 }
 
@@ -258,69 +402,120 @@ pub async fn prepare(total: usize, policy: DuplicatePolicy) -> Prepared {
     let scenario = Scenario {
         tasks: total,
         policy,
-        faults: None,
-        crash_rate: 0.0,
-        production_like: false,
-        counters: (0, 0),
-        polite: false,
+        ..Scenario::default()
     };
     prepare_on(Stack::new().await, scenario).await
 }
 
-/// [`prepare`] on a given stack, for `scenario`: its tasks, duplicate policy, counters
-/// (shards, groups; no shards: on the run item) and hosts.
+/// [`prepare`] on a given stack, for `scenario`: its tasks and their page kinds, duplicate
+/// policy, job limits, counters (shards, groups; no shards: on the run item; spread: v3),
+/// hosts and message groups.
 pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
-    let (total, policy, counters) = (scenario.tasks, scenario.policy, scenario.counters);
-    let hosts = Hosts::start(total, scenario.polite).await;
+    let total = scenario.tasks;
+    let kinds = (0..total)
+        .map(|i| scenario.mix.map_or_else(|| kind(i), |mix| mix.kind(i)))
+        .collect();
+    let hosts = Hosts::start_for(kinds, scenario.polite).await;
     let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
-    match scenario.polite {
-        // The job's own rate (data contract v2) keeps the run quick: at a host's default 1
-        // a second, the dead pages' push-backs (up to 64 slowed intervals each) last minutes.
-        true => stack.put_polite_job(JOB, POLITE_JOB_RPS).await,
-        false => stack.put_job(JOB, "active").await,
-    }
-    match counters {
-        (0, _) => stack.put_counted_run(JOB, RUN, total as u32).await,
-        counters => stack.put_sharded_run((JOB, RUN), &ids, counters).await,
-    }
+    let refs = seed_run(&stack, &scenario, &ids).await;
     let (mut tasks, mut placed) = (Vec::new(), Vec::new());
-    for (i, id) in ids.into_iter().enumerate() {
-        let (path, host) = (format!("/{}/{id}", kind(i)), hosts.of(i));
+    for (i, (id, task)) in ids.into_iter().zip(&refs).enumerate() {
+        let (path, host) = hosts.page(i, &id);
         stack
-            .put_task(&id, &hosts.sites[host].url(&path), "pending")
+            .put_task_of(task, &hosts.url(host, &path), "pending")
             .await;
         tasks.push((id, path));
         placed.push(host);
     }
-
-    let mut bodies = Vec::new();
-    for (i, (id, _)) in tasks.iter().enumerate() {
-        let copies = 1 + 2 * usize::from(i % 5 == 0) + usize::from(i % 20 == 0);
-        bodies.extend(std::iter::repeat_n(body(id), copies));
-    }
-    fastrand::shuffle(&mut bodies);
     let (queue, dlq) = queues(&stack).await;
-    let mut sent = Vec::new();
-    for chunk in bodies.chunks(10) {
-        sent.extend(queue.send_batch(&stack, chunk).await);
-    }
+    let (sent, copies) = send_all(&stack, &queue, &scenario, &refs).await;
     Prepared {
         stack,
         site: hosts.sites[0].clone(),
         hosts,
         queue,
         dlq,
-        policy,
+        policy: scenario.policy,
         tasks,
         placed,
         sent,
+        copies,
+        resent: HashMap::new(),
+        reopened: 0,
+        tiers: scenario.tiers.max(1),
     }
+}
+
+/// The job (with its own limits if polite) and the run, counted as the scenario says; the
+/// tasks as their messages name them.
+async fn seed_run(stack: &Stack, scenario: &Scenario, ids: &[String]) -> Vec<TaskRef> {
+    match (scenario.polite, scenario.job_limits) {
+        (true, Some((rps, inflight))) => stack.put_limited_job(JOB, rps, inflight).await,
+        // The job's own rate (data contract v2) keeps the run quick: at a host's default 1
+        // a second, the dead pages' push-backs (up to 64 slowed intervals each) last minutes.
+        (true, None) => stack.put_polite_job(JOB, POLITE_JOB_RPS).await,
+        (false, _) => stack.put_job(JOB, "active").await,
+    }
+    let spread = match (scenario.counters, scenario.spread) {
+        ((0, _), _) => {
+            stack.put_counted_run(JOB, RUN, ids.len() as u32).await;
+            None
+        }
+        (counters, false) => {
+            stack.put_sharded_run((JOB, RUN), ids, counters).await;
+            None
+        }
+        (counters, true) => {
+            stack.put_spread_run((JOB, RUN), ids, counters).await;
+            Some(counters.0)
+        }
+    };
+    ids.iter()
+        .map(|id| task_ref(id).spread_over(spread))
+        .collect()
+}
+
+/// Sends every task once, every fifth twice more, every twentieth three times more,
+/// shuffled (by the scenario's seed, if any), each with its tenant's group id if the queue
+/// is fair; the message ids and the messages sent per task.
+async fn send_all(
+    stack: &Stack,
+    queue: &Queue,
+    scenario: &Scenario,
+    tasks: &[TaskRef],
+) -> (Vec<String>, Vec<usize>) {
+    let mut bodies = Vec::new();
+    let mut copies = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let n = 1 + 2 * usize::from(i % 5 == 0) + usize::from(i % 20 == 0);
+        let group = (scenario.tenants > 0).then(|| format!("tenant-{}", i % scenario.tenants));
+        bodies.extend(std::iter::repeat_n((message::body(task), group), n));
+        copies.push(n);
+    }
+    let mut rng = scenario
+        .seed
+        .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+    rng.shuffle(&mut bodies);
+    let mut sent = Vec::new();
+    for chunk in bodies.chunks(10) {
+        sent.extend(queue.send_grouped(stack, chunk).await);
+    }
+    (sent, copies)
 }
 
 impl Prepared {
     /// Drains the queue through the local event source mapping in process, with the
     /// scenario's faults and crashes; returns what the mapping did and how long it took.
     pub async fn drain(&self, scenario: Scenario) -> (MappingStats, f64) {
+        self.drain_tuned(scenario, &|_| {}).await
+    }
+
+    /// [`Prepared::drain`] with the worker tuned further by `tune` (its proxies, say).
+    pub async fn drain_tuned(
+        &self,
+        scenario: Scenario,
+        tune: &(dyn Fn(&mut WorkerTuning) + Sync),
+    ) -> (MappingStats, f64) {
         let Self {
             stack,
             queue,
@@ -345,6 +540,7 @@ impl Prepared {
                 jitter: fastrand::f64,
             };
             t.faults = faults;
+            tune(t);
         });
         let worker = Worker {
             tasks: base.tasks,
@@ -410,12 +606,10 @@ impl Prepared {
     pub async fn check(&self, acked: Option<&HashSet<String>>, seconds: f64, esm: &str) -> Report {
         let Self {
             stack,
-            hosts,
             queue,
             dlq,
             policy,
             tasks,
-            placed,
             sent,
             ..
         } = self;
@@ -478,19 +672,19 @@ impl Prepared {
         );
         let faults = stack.counter_tree_faults(JOB, RUN).await;
         assert!(faults.is_empty(), "{policy:?}: {faults:?}");
+        // Once, and once more for each re-queue that reopened it.
+        let completions = (1 + self.reopened, self.reopened);
         if unfinished == 0 {
             assert_eq!(run.status(), Some("completed"), "{policy:?}");
-            assert_eq!(run.n("times_completed"), Some(1), "{policy:?}");
+            assert_eq!(run.n("times_completed"), Some(completions.0), "{policy:?}");
         } else {
             assert_eq!(run.status(), Some("running"), "{policy:?}");
-            assert_eq!(run.n("times_completed"), None, "{policy:?}");
+            let times = run.n("times_completed").unwrap_or(0);
+            assert_eq!(times, completions.1, "{policy:?}: times completed");
         }
 
-        let fetches = tasks
-            .iter()
-            .zip(placed)
-            .map(|((_, path), &host)| hosts.sites[host].hits(path))
-            .sum();
+        let (fetches, most_fetches) = self.fetches_within_attempts();
+        self.dead_letters_are_open_or_duplicates(&stored, &dead_tasks);
         let shards = match (run.n("counter_shards"), run.n("counter_groups")) {
             (Some(n), Some(g)) => format!(" (in {n} counter shards, {g} groups)"),
             (Some(n), None) => format!(" (in {n} counter shards)"),
@@ -519,9 +713,75 @@ impl Prepared {
             successful,
             failed,
             dead_lettered: dead.len(),
+            dead_tasks: dead_tasks.into_iter().collect(),
+            statuses: stored
+                .iter()
+                .map(|(id, task)| (id.clone(), task.status().map(str::to_owned)))
+                .collect(),
             fetches,
+            most_fetches,
             seconds,
             esm: esm.to_owned(),
+        }
+    }
+}
+
+impl Prepared {
+    /// Every task with its page's kind and its status in `statuses`.
+    pub fn outcomes<'a>(
+        &'a self,
+        statuses: &HashMap<String, Option<String>>,
+    ) -> Vec<(&'a str, &'static str, Option<String>)> {
+        let status = |id: &String| statuses.get(id).cloned().flatten();
+        self.tasks
+            .iter()
+            .zip(&self.hosts.kinds)
+            .map(|((id, _), kind)| (id.as_str(), *kind, status(id)))
+            .collect()
+    }
+
+    /// The fetches of every page, checked against the most its messages allow: each message
+    /// sent for the task (by the producer or an operator) at most [`MAX_ATTEMPTS`] tries,
+    /// each try at most one request a proxy tier (a block is tried on the next tier). The
+    /// worker's own copies (parked, held back) carry their tries. All fetches, and the most
+    /// of one page with its bound.
+    fn fetches_within_attempts(&self) -> (usize, (usize, usize)) {
+        let (mut all, mut most) = (0, (0, 1));
+        for (((id, path), &host), copies) in self.tasks.iter().zip(&self.placed).zip(&self.copies) {
+            let hits = self.hosts.hits(host, path);
+            let sends = copies + self.resent.get(id).copied().unwrap_or(0);
+            let bound = sends * MAX_ATTEMPTS as usize * self.tiers;
+            assert!(
+                hits <= bound,
+                "{id}: {path} fetched {hits} times, more than {sends} message(s) allow ({bound})"
+            );
+            all += hits;
+            if hits * most.1 > most.0 * bound {
+                most = (hits, bound);
+            }
+        }
+        (all, most)
+    }
+
+    /// A task whose message is in the dead-letter queue is open (its tries spent on failures
+    /// of ours), unless more than one message was sent for it (a copy may meet the task's
+    /// end and still be dead-lettered).
+    fn dead_letters_are_open_or_duplicates(
+        &self,
+        stored: &[(String, super::TaskItem)],
+        dead: &HashSet<String>,
+    ) {
+        for (i, (id, _)) in self.tasks.iter().enumerate() {
+            let sends = self.copies[i] + self.resent.get(id).copied().unwrap_or(0);
+            let status = stored
+                .iter()
+                .find(|(t, _)| t == id)
+                .and_then(|(_, t)| t.status());
+            let terminal = matches!(status, Some("successful" | "failed"));
+            assert!(
+                !(dead.contains(id) && terminal && sends == 1),
+                "{id} is {status:?} and its one message is in the dead-letter queue"
+            );
         }
     }
 }

@@ -33,6 +33,7 @@ fn scenario(policy: DuplicatePolicy, counters: (u32, u32), polite: bool) -> Scen
         production_like: true,
         counters,
         polite,
+        ..Scenario::default()
     }
 }
 

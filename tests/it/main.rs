@@ -8,6 +8,7 @@ mod cold_start;
 mod compatibility;
 mod fetching;
 mod lineage;
+mod matrix;
 mod observability;
 mod operator;
 mod ops;

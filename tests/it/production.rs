@@ -430,11 +430,9 @@ async fn while_the_table_throttles_half_its_writes_nothing_is_lost_and_the_worke
     let scenario = Scenario {
         tasks: 100,
         policy: DuplicatePolicy::Converge,
-        faults: None,
-        crash_rate: 0.0,
         production_like: true,
         counters: (8, 0),
-        polite: false,
+        ..Scenario::default()
     };
     let prepared = scenario::prepare_on(Stack::prodlike().await, scenario).await;
     let stack = &prepared.stack;
