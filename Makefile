@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick lint lint-rust lint-template clean tinyproxy
+.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
 ## (the emulator's venv installs from the network while the Rust checks and build use the CPU)
@@ -41,12 +41,18 @@ bench-quick: $(VENV)/.test tinyproxy
 # emulator of their own beside the rest: moto serves one request at a time on one core, so
 # two of them use both of the machine's. (Names no unit test's path contains: --skip
 # matches any part of one.)
-HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500
+HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500 matrix::
 
 # Tests whose bound is wall-clock time at a host's rate (N/r plus 10%): on a 2-CPU machine
 # another test beside them moves the emulator's delivery by seconds, so they run alone after
 # the rest, with the same bounds.
 QUIET_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate
+
+## chaos: the matrix (tests/it/matrix.rs) on SEEDS random seeds (default 20), each a drawn
+## configuration of the whole system; a failing seed prints how to replay it
+SEEDS ?= 20
+chaos: $(VENV)/.test tinyproxy
+	MATRIX_RANDOM=$(SEEDS) scripts/with-moto cargo test --locked --test it matrix:: -- --nocapture
 
 ## run: the sample events through the function under cargo lambda watch, then a whole run
 run: $(VENV)/.run

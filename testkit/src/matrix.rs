@@ -3,12 +3,13 @@
 //! the production-like layer, AWS faults, a site mix), drained through the local event
 //! source mapping, and checked against the invariants of the system as one.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use conveyor_worker::backoff::Backoff;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::proxy::Tiers;
 use conveyor_worker::ops::{redrive, requeue};
@@ -24,6 +25,17 @@ use super::{JOB, MAX_BODY_BYTES, RUN, Stack, id};
 const RESIDENTIAL: [u8; 4] = [127, 0, 0, 4];
 /// Pollers of the local event source mapping: each a sandbox, as far as a paid hold goes.
 const POLLERS: u64 = 4;
+/// The hold-backs of a run with a paid budget. A paid fetch that finds the run's budget held
+/// by another fetch is a failure of ours, tried again later, and its sandbox takes that
+/// answer for up to 5 s before asking the run again; the scenario's hold-backs (200 ms
+/// doubling to 2 s) spend all of a task's tries within those 5 s, production's (5 s
+/// doubling) seldom do. These never do: jittered in their upper half, at least 0.5 + 1 + 2
+/// + 2 s between five tries.
+const PAID_BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(4),
+    jitter: || 0.5 + fastrand::f64() / 2.0,
+};
 /// The in-flight limit a host has by the fleet's defaults (`HOST_MAX_INFLIGHT`).
 const DEFAULT_INFLIGHT: u32 = 2;
 
@@ -244,6 +256,8 @@ pub struct Figures {
     /// The most requests that started within a second at the logged host, and the most in
     /// flight there.
     pub logged: (usize, usize),
+    /// The dead-lettered tasks by page kind, status and the error their task holds.
+    pub dead: String,
 }
 
 impl Figures {
@@ -256,7 +270,7 @@ impl Figures {
         format!(
             "seed {}: {} tasks, {} messages sent, {} re-sent by the operator, {} successful, \
              {} failed, {} dead-lettered ({} tasks), {:.2} fetches per task (most {} of {} \
-             allowed), logged host {} starts a second, {} in flight{paid}, {:.1} s; {}",
+             allowed), logged host {} starts a second, {} in flight{paid}, {:.1} s{}; {}",
             draw.seed,
             r.total,
             r.sent,
@@ -271,6 +285,7 @@ impl Figures {
             self.logged.0,
             self.logged.1,
             r.seconds,
+            self.dead,
             r.esm,
         )
     }
@@ -326,8 +341,13 @@ pub async fn run(draw: &Draw) -> Figures {
             drop(dying);
         });
     }
-    let tiers = proxies.tiers.clone();
-    let tune = move |t: &mut super::WorkerTuning| t.proxies = tiers.clone();
+    let (tiers, paid) = (proxies.tiers.clone(), draw.proxy == Proxy::Paid);
+    let tune = move |t: &mut super::WorkerTuning| {
+        t.proxies = tiers.clone();
+        if paid {
+            t.backoff = PAID_BACKOFF;
+        }
+    };
     let (first, mut seconds) = prepared.drain_tuned(scenario, &tune).await;
     let mut acked = first.acked.lock().expect("no poller panicked").clone();
     let mut esm = first.summary();
@@ -350,13 +370,15 @@ pub async fn run(draw: &Draw) -> Figures {
         Proxy::Paid => Some((paid_spend(&prepared.stack).await, budget + POLLERS * cap)),
         _ => None,
     };
+    let errors = errors(&prepared.stack).await;
     let figures = Figures {
+        dead: dead_reasons(&prepared, &report, &errors),
         report,
         resent,
         paid,
         logged: logged_limits(&prepared),
     };
-    check_draw(draw, &prepared, &figures);
+    check_draw(draw, &prepared, &figures, &errors);
     figures
 }
 
@@ -397,10 +419,38 @@ async fn operator_step(draw: &Draw, prepared: &mut Prepared, acked: &mut HashSet
     sent.len()
 }
 
-/// The paid tier's wire bytes, as the run item counts them.
+/// The error each task's item holds, if any, by task id.
+async fn errors(stack: &Stack) -> HashMap<String, String> {
+    let tasks = stack.tasks_in_run(JOB, RUN).await.into_iter();
+    let error = |item: &super::TaskItem| item.s("error").unwrap_or("").chars().take(120).collect();
+    tasks.map(|(id, item)| (id, error(&item))).collect()
+}
+
+/// The paid tier's spend, as the run's budget account holds it.
 async fn paid_spend(stack: &Stack) -> u64 {
     let run = stack.run_item(JOB, RUN).await;
-    run.n("proxy_wire_bytes_t2").unwrap_or(0)
+    run.n("paid_tier_spent_bytes").unwrap_or(0)
+}
+
+/// The dead-lettered tasks counted by their page's kind, their status and the error their
+/// item holds (if any): ` (dead-lettered: 2 blocked processing "...")`, or nothing.
+fn dead_reasons(prepared: &Prepared, report: &Report, errors: &HashMap<String, String>) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for (task, kind, status) in prepared.outcomes(&report.statuses) {
+        if report.dead_tasks.iter().any(|t| t == task) {
+            let error = errors.get(task).cloned().unwrap_or_default();
+            let status = status.unwrap_or_else(|| "?".into());
+            *counts.entry((kind, status, error)).or_insert(0) += 1;
+        }
+    }
+    if counts.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = counts
+        .iter()
+        .map(|((kind, status, error), n)| format!("{n} {kind} {status} {error:?}"))
+        .collect();
+    format!(" (dead-lettered: {})", each.join(", "))
 }
 
 /// The most requests that started within a second at the logged host, and the most in
@@ -415,7 +465,12 @@ fn logged_limits(prepared: &Prepared) -> (usize, usize) {
 }
 
 /// The invariants that depend on the draw.
-fn check_draw(draw: &Draw, prepared: &Prepared, figures: &Figures) {
+fn check_draw(
+    draw: &Draw,
+    prepared: &Prepared,
+    figures: &Figures,
+    errors: &HashMap<String, String>,
+) {
     let report = &figures.report;
     let (rps, inflight) = draw.limits();
     let (starts, most_in_flight) = figures.logged;
@@ -454,7 +509,8 @@ fn check_draw(draw: &Draw, prepared: &Prepared, figures: &Figures) {
             Some("successful") => may_succeed,
             _ => true,
         };
-        assert!(ok, "{task}, a {kind} page, is {status:?}");
+        let error = errors.get(task).map_or("", String::as_str);
+        assert!(ok, "{task}, a {kind} page, is {status:?}: {error}");
     }
 }
 
