@@ -8,9 +8,9 @@
 use conveyor_testkit::matrix::{self, Draw};
 use futures_util::FutureExt;
 
-/// The seeds `make test` runs: small runs, between them every proxy case but a dying tier,
-/// every contract, both policies and queue kinds, both operator steps, crashes, faults and
-/// the production-like layer.
+/// The seeds `make test` runs (about 70 s on 2 cores): small runs, between them a proxy tier
+/// and a paid one with its budget, data contracts v1, v2 and v3, both policies and queue
+/// kinds, both operator steps, crashes and the production-like layer.
 const FIXED: &[u64] = &[1, 2, 3, 4];
 
 /// The seeds to run: `MATRIX_SEEDS`, or `MATRIX_RANDOM` random ones, or [`FIXED`].
