@@ -50,6 +50,8 @@ pub enum Admission {
     Admitted {
         redelivery: bool,
         attempts: u32,
+        /// The task's final attempt had failed for a reason of ours (`TaskStore::spend_tries`).
+        spent: bool,
         url: Option<String>,
         prior: Option<Prior>,
     },
@@ -95,46 +97,34 @@ pub async fn claim<S: TaskStore>(
     patience: &Patience<'_>,
 ) -> Result<Admission, AwsError> {
     let claim = |tries| patience.retry(move || store.claim(task, now, lease, tries));
-    let (attempts, was, url, prior) = match claim(tries).await? {
+    let (found, was, url, prior) = match claim(tries).await? {
         Claim::Claimed {
             attempts,
             was,
             url,
             prior,
-            tries_since,
-        } => (
-            Tries {
-                attempts,
-                since: tries_since,
-            },
-            was,
-            url,
-            prior,
-        ),
+            tries,
+        } => (Tries { attempts, ..tries }, was, url, prior),
         Claim::AlreadyTerminal => return Ok(Admission::Skipped(Outcome::LostRace)),
         Claim::Missing => {
-            return Ok(Admission::Skipped(Outcome::NotWanted(
-                NotWanted::TaskMissing,
-            )));
+            let missing = Outcome::NotWanted(NotWanted::TaskMissing);
+            return Ok(Admission::Skipped(missing));
         }
         Claim::Leased { until } => return Ok(Admission::Skipped(Outcome::LeaseHeld { until })),
     };
-    let attempts = match !tries.fresh && attempts.fresh_for(tries.since, REDRIVE_GAP_MS) {
-        true => match claim(TriesFrom {
-            fresh: true,
-            ..tries
-        })
-        .await?
-        {
-            Claim::Claimed { attempts, .. } => attempts,
-            _ => attempts.attempts,
+    let fresh = !tries.fresh && found.fresh_for(tries.since, REDRIVE_GAP_MS);
+    let (attempts, spent) = match fresh {
+        true => match claim(TriesFrom { fresh, ..tries }).await? {
+            Claim::Claimed { attempts, .. } => (attempts, false),
+            _ => (found.attempts, found.spent),
         },
-        false => attempts.attempts,
+        false => (found.attempts, found.spent && !tries.fresh),
     };
     tracing::debug!(attempts, was = was.as_str(), "claimed");
     Ok(Admission::Admitted {
         redelivery: was == TaskStatus::Processing,
         attempts,
+        spent,
         url,
         prior,
     })

@@ -53,12 +53,15 @@ pub struct Task {
     pub tries: Tries,
 }
 
-/// A task's set of tries: its claims (every fetch follows one), and when the message that
-/// began the set was sent (ms since the epoch; `None` before the worker wrote it).
+/// A task's set of tries: its claims (every fetch follows one), when the message that
+/// began the set was sent (ms since the epoch; `None` before the worker wrote it), and
+/// whether its final attempt failed for a reason of ours (`tries_spent`: its messages go
+/// to the dead-letter queue, the task left open).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tries {
     pub attempts: u32,
     pub since: Option<u64>,
+    pub spent: bool,
 }
 
 impl Tries {

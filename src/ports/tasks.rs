@@ -10,20 +10,21 @@ use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
 use crate::ports::error::AwsError;
 
-pub use crate::domain::model::{Lease, TriesFrom};
+use crate::domain::bounds::Reason;
+pub use crate::domain::model::{Lease, Tries, TriesFrom};
 
 /// The result of trying to move a task to `processing`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// This delivery may work on the task; `attempts` counts the claims so far, this one
     /// included; `url` is the task's, and `prior` its earlier result if it refreshes one;
-    /// `tries_since`: when the task's set of tries began, as the claim found it.
+    /// `tries`: the task's set of tries as the claim found it.
     Claimed {
         attempts: u32,
         was: TaskStatus,
         url: Option<String>,
         prior: Option<Prior>,
-        tries_since: Option<u64>,
+        tries: Tries,
     },
     /// The task became terminal since the guard read it.
     AlreadyTerminal,
@@ -70,6 +71,14 @@ pub trait TaskStore: Send + Sync {
         lease: Option<Lease<'_>>,
         tries: TriesFrom,
     ) -> impl Future<Output = Result<Claim, AwsError>> + Send;
+
+    /// Marks an open task's tries spent: its final attempt failed for a reason of ours
+    /// (`reason`), so its messages are no longer parked, but go to the dead-letter queue.
+    fn spend_tries(
+        &self,
+        task: &TaskRef,
+        reason: &Reason,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
     /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
     /// terminal write, so the next one need not wait for the lease to expire).

@@ -173,6 +173,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
+    /// Marks the task's tries spent; a failure is logged (the task is then tried again as
+    /// before, its messages parked while its host says wait).
+    async fn spend_tries(&self, task: &TaskRef, reason: &str) {
+        if let Err(err) = self.tasks.spend_tries(task, &Reason::new(reason)).await {
+            tracing::warn!(error = %err, "could not mark the task's tries spent");
+        }
+    }
+
     /// Records what a fetch spent through proxies into its run's counters, once for this
     /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
     /// without counters). A record that fails after the SDK's retries is logged with it.
@@ -307,7 +315,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if err.timed_out && attempt.budget < self.settings.scrape_timeout {
             return Ok(Outcome::NoTimeLeft);
         }
-        // A failure of ours is never the page's, whatever the attempt.
+        // A failure of ours is never the page's, whatever the attempt; on the final attempt
+        // it spends the task's tries (its messages then go to the dead-letter queue).
+        if err.retry == Retry::Ours && attempt.final_attempt {
+            self.spend_tries(task, &err.reason).await;
+        }
         if err.retry == Retry::Ours || (err.retry == Retry::Transient && !attempt.final_attempt) {
             return Ok(Outcome::ScrapeTransient {
                 reason: err.reason,

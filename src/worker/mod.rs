@@ -258,7 +258,7 @@ struct Delivery {
     /// The set of tries its claim counts in (a fresh one for a message back from the
     /// dead-letter queue).
     tries: TriesFrom,
-    /// The task's tries were spent (its failures were ours, not the site's): it is no
+    /// The task's final attempt failed for a reason of ours, not the site's: it is no
     /// longer parked for its host, but held back, so its receives take it to the
     /// dead-letter queue.
     spent: bool,
@@ -307,6 +307,8 @@ fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
 struct Claimed {
     redelivery: bool,
     attempts: u32,
+    /// The task's final attempt had failed for a reason of ours.
+    spent: bool,
     url: Option<String>,
     prior: Option<Prior>,
     /// The lease's owner, if the claim took one (`DUPLICATE_POLICY=lease`).

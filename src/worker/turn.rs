@@ -107,7 +107,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 fresh,
                 ..delivery.tries
             },
-            spent: !fresh && tries.attempts >= self.settings.max_attempts,
+            spent: !fresh && tries.spent,
             ..delivery.clone()
         }
     }
@@ -213,11 +213,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 Admission::Admitted {
                     redelivery,
                     attempts,
+                    spent,
                     url,
                     prior,
                 } => Ok(Claimed {
                     redelivery,
                     attempts,
+                    spent,
                     url,
                     prior,
                     owner: owner.map(str::to_owned),
@@ -248,7 +250,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Err(outcome) => return Ok(outcome),
         };
         let delivery = &Delivery {
-            spent: claim.attempts > self.settings.max_attempts,
+            spent: claim.spent,
             ..delivery.clone()
         };
         let Some(budget) = self.fetch_budget(invocation) else {

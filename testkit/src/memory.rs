@@ -11,6 +11,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use conveyor_worker::domain::bounds::Reason;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
@@ -145,16 +146,18 @@ impl TaskStore for MemoryTasks {
         {
             return Ok(Claim::Leased { until: *until });
         }
-        let (was, tries_since) = (entry.status, entry.tries.since);
+        let (was, found) = (entry.status, entry.tries);
         entry.status = TaskStatus::Processing;
         entry.tries = match (tries.fresh, tries.since) {
             (true, Some(since)) => Tries {
                 attempts: 1,
                 since: Some(since),
+                spent: false,
             },
             _ => Tries {
                 attempts: entry.tries.attempts + 1,
                 since: entry.tries.since.or(tries.since),
+                spent: entry.tries.spent,
             },
         };
         entry.lease = lease.map(|l| (l.owner.to_owned(), l.until));
@@ -163,7 +166,7 @@ impl TaskStore for MemoryTasks {
             was,
             url: entry.url.clone(),
             prior: None,
-            tries_since,
+            tries: found,
         })
     }
 
@@ -182,6 +185,16 @@ impl TaskStore for MemoryTasks {
         }
         if let Some(owner) = owner {
             self.release_lease(task, owner);
+        }
+        Ok(())
+    }
+
+    async fn spend_tries(&self, task: &TaskRef, _reason: &Reason) -> Result<(), AwsError> {
+        self.served();
+        if let Some(entry) = lock(&self.tasks).get_mut(task)
+            && !entry.status.is_terminal()
+        {
+            entry.tries.spent = true;
         }
         Ok(())
     }

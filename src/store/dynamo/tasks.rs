@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::{
     KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
 };
 
+use crate::domain::bounds::Reason;
 use crate::domain::ids::TaskRef;
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
@@ -36,7 +37,7 @@ impl TaskStore for DynamoTaskStore {
             .consistent_read(true)
             .projection_expression(
                 "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified, \
-                 attempts, tries_since",
+                 attempts, tries_since, tries_spent",
             )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
@@ -50,10 +51,7 @@ impl TaskStore for DynamoTaskStore {
             status: status_of(&item)?,
             url: string(&item, "url").map(str::to_owned),
             prior: prior_of(&item),
-            tries: Tries {
-                attempts: number(&item, "attempts").unwrap_or(0),
-                since: number(&item, "tries_since"),
-            },
+            tries: tries_of(&item),
         }))
     }
 
@@ -125,7 +123,7 @@ impl TaskStore for DynamoTaskStore {
                     was,
                     url,
                     prior,
-                    tries_since: number(&old, "tries_since"),
+                    tries: tries_of(&old),
                 })
             }
             Err(err) => match err.as_service_error() {
@@ -152,6 +150,18 @@ impl TaskStore for DynamoTaskStore {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(unclaim)", err)),
+        }
+    }
+
+    async fn spend_tries(&self, task: &TaskRef, reason: &Reason) -> Result<(), AwsError> {
+        let result = self
+            .update_task(task, writes::spend_tries(reason))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) if is_condition_failure(&err) => Ok(()),
+            Err(err) => Err(AwsError::from_sdk("UpdateItem(spend_tries)", err)),
         }
     }
 
@@ -190,6 +200,15 @@ impl TaskStore for DynamoTaskStore {
         tracing::warn!("the run is gone or has no counters: the task is finished uncounted");
         self.finish_uncounted(task, terminal, &now, Over::Open)
             .await
+    }
+}
+
+/// The task's set of tries, as its item keeps it.
+fn tries_of(item: &Item) -> Tries {
+    Tries {
+        attempts: number(item, "attempts").unwrap_or(0),
+        since: number(item, "tries_since"),
+        spent: item.contains_key("tries_spent"),
     }
 }
 
@@ -277,6 +296,7 @@ pub(crate) mod writes {
 
     use aws_sdk_dynamodb::types::AttributeValue;
 
+    use crate::domain::bounds::Reason;
     use crate::domain::model::{Lease, TaskStatus, Terminal, TriesFrom};
     use crate::domain::time::{epoch_millis, rfc3339};
     use crate::store::dynamo::attributes::{n, s};
@@ -290,7 +310,7 @@ pub(crate) mod writes {
     /// lease, only if no other delivery holds a live one, and taking it.
     pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>, tries: TriesFrom) -> Expression {
         let count = match (tries.since, tries.fresh) {
-            (Some(_), true) => "SET attempts = :one, tries_since = :since,",
+            (Some(_), true) => "REMOVE tries_spent SET attempts = :one, tries_since = :since,",
             (Some(_), false) => "SET tries_since = if_not_exists(tries_since, :since),",
             (None, _) => "SET",
         };
@@ -340,6 +360,18 @@ pub(crate) mod writes {
         .value(":processing", s(TaskStatus::Processing.as_str()))
         .value(":minus_one", n(-1))
         .value(":zero", n(0))
+    }
+
+    /// An open task's tries marked spent, with the reason of ours its final attempt met.
+    pub(crate) fn spend_tries(reason: &Reason) -> Expression {
+        Expression::new(
+            "SET tries_spent = :reason".into(),
+            "#status IN (:pending, :processing)",
+        )
+        .name("#status", "status")
+        .value(":reason", s(reason.as_str()))
+        .value(":pending", s(TaskStatus::Pending.as_str()))
+        .value(":processing", s(TaskStatus::Processing.as_str()))
     }
 
     /// The lease given up, if `owner` still holds it.
@@ -462,7 +494,8 @@ pub(crate) mod writes {
     pub(crate) fn requeue_task(now: &str) -> Expression {
         Expression::new(
             "SET #status = :pending, updated_at = :now, requeued_at = :now, attempts = :zero \
-         REMOVE #error, http_status, finished_at, lease_owner, lease_until, tries_since"
+         REMOVE #error, http_status, finished_at, lease_owner, lease_until, tries_since, \
+         tries_spent"
                 .into(),
             "#status = :failed",
         )
