@@ -282,8 +282,8 @@ impl PaidAllowances {
 
     /// Settles and ends this sandbox's lease on each run no fetch here holds any of now (at
     /// the end of an invocation: a sandbox is frozen or recycled only between them): the
-    /// run gets back what the lease reserved and was not spent. A give-back that fails is
-    /// asked again at the next.
+    /// run gets back what the lease reserved and was not spent. A give-back that fails, or
+    /// is cut short by the deadline, is asked again at the next, with the spend it carried.
     pub async fn give_back<S: SpendStore>(&self, store: &S) {
         let due: Vec<((Id, Id), u64)> = {
             let mut runs = lock(&self.runs);
@@ -295,16 +295,49 @@ impl PaidAllowances {
                 })
                 .collect()
         };
-        for (run, unnoted) in due {
-            let keys = (&run.0, &run.1);
-            if let Err(err) = store.return_paid(keys, &self.holder, unnoted).await {
-                tracing::warn!(error = %err, unnoted, "paid-tier lease not settled yet");
-                let mut runs = lock(&self.runs);
-                let kept = runs.entry(run).or_default();
-                kept.leased = true;
-                kept.unnoted = kept.unnoted.saturating_add(unnoted);
+        // Each run's give-back is owed until its answer says it was settled: one not yet
+        // asked when the deadline cuts this short is owed too.
+        let mut owed: Vec<Owed> = due
+            .into_iter()
+            .map(|(run, unnoted)| Owed {
+                runs: self.runs.clone(),
+                run,
+                unnoted,
+                settled: false,
+            })
+            .collect();
+        while let Some(next) = owed.first_mut() {
+            let (keys, unnoted) = ((&next.run.0, &next.run.1), next.unnoted);
+            let answer = store.return_paid(keys, &self.holder, unnoted).await;
+            match answer {
+                Ok(()) => next.settled = true,
+                Err(err) => {
+                    tracing::warn!(error = %err, unnoted, "paid-tier lease not settled yet")
+                }
             }
+            owed.remove(0);
         }
+    }
+}
+
+/// A run's give-back not answered yet: dropped (refused, or cut short), the run is owed one
+/// again, with the spend it was to carry.
+struct Owed {
+    runs: Runs,
+    run: (Id, Id),
+    unnoted: u64,
+    settled: bool,
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut runs = lock(&self.runs);
+        let kept = runs.entry(self.run.clone()).or_default();
+        kept.leased = true;
+        kept.unnoted = kept.unnoted.saturating_add(self.unnoted);
     }
 }
 
@@ -348,6 +381,8 @@ mod tests {
         /// answer), give-backs refused.
         lose_answers: std::sync::atomic::AtomicBool,
         refuse_returns: std::sync::atomic::AtomicBool,
+        /// Give-backs that never answer (the deadline cuts them short).
+        hang_returns: std::sync::atomic::AtomicBool,
     }
 
     impl Account {
@@ -358,6 +393,7 @@ mod tests {
                 leases: Mutex::default(),
                 lose_answers: false.into(),
                 refuse_returns: false.into(),
+                hang_returns: false.into(),
             }
         }
 
@@ -443,6 +479,9 @@ mod tests {
         ) -> Result<(), AwsError> {
             if Self::fault(&self.refuse_returns) {
                 return Err(Self::lost());
+            }
+            if Self::fault(&self.hang_returns) {
+                std::future::pending::<()>().await;
             }
             let (reserved, noted, _) = self.leases().remove(holder).unwrap_or_default();
             self.settled((reserved, noted + unnoted));
@@ -615,6 +654,34 @@ mod tests {
 
         // Assert: what may have been spent is spent; the rest of the chunk went back.
         assert_eq!(account.books(), (1_000 + cap, 1_000 + cap));
+    }
+
+    #[tokio::test]
+    async fn a_give_back_cut_short_by_the_deadline_keeps_the_spend_it_carried() {
+        // Arrange: a settled fetch and one cut off before it settled (its whole hold spent,
+        // which the lease does not know of); the account does not answer give-backs.
+        let (budget, cap) = (1 << 20, 64 << 10);
+        let account = Account::new(budget);
+        let sandbox = PaidAllowances::default();
+        let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
+        sandbox.settle(&account, settled, 1_000).await;
+        drop(go(sandbox.hold(&account, &task(), budget, cap).await));
+        let hang = |on: bool| {
+            account
+                .hang_returns
+                .store(on, std::sync::atomic::Ordering::Relaxed)
+        };
+        hang(true);
+
+        // Act: the deadline cuts the give-back; the next invocation's goes through.
+        let cut = tokio::time::timeout(Duration::from_millis(50), sandbox.give_back(&account));
+        assert!(cut.await.is_err(), "cut short");
+        hang(false);
+        sandbox.give_back(&account).await;
+
+        // Assert: both fetches' spend is counted, the rest of the chunk went back.
+        assert_eq!(account.books(), (1_000 + cap, 1_000 + cap));
+        assert!(account.leases().is_empty());
     }
 
     #[tokio::test]
