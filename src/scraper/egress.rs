@@ -207,7 +207,10 @@ impl Routes {
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
             let wire = relay.and_then(|relay| relay.count_of(&response));
-            let hop = (&route.addr, tunnelled, conditional);
+            if relay.is_some_and(|relay| relay.unreachable(&response)) {
+                return (Err(unreachable(&route.addr)), meter);
+            }
+            let hop = (tunnelled, conditional);
             let response = match self.hop(response, hop, wire.clone(), &mut meter).await {
                 Hop::Page(response) => response,
                 Hop::Redirect(next) => {
@@ -227,20 +230,16 @@ impl Routes {
         (Err(FetchError::permanent(refused.to_string())), meter)
     }
 
-    /// One hop's answer read: the proxy's own word that the site is out of reach, a
-    /// redirect (its target checked as the first URL was), a refusal (blamed on whoever
-    /// answered: `tunnelled`), or the page. A response that is not the page is read to its
-    /// end, its bytes counted.
+    /// One hop's answer read: a redirect (its target checked as the first URL was), a
+    /// refusal (blamed on whoever answered: `tunnelled`), or the page. A response that is
+    /// not the page is read to its end, its bytes counted.
     async fn hop(
         &self,
         response: reqwest::Response,
-        (proxy, tunnelled, conditional): (&ProxyAddr, bool, bool),
+        (tunnelled, conditional): (bool, bool),
         wire: Option<Arc<AtomicU64>>,
         meter: &mut Meter,
     ) -> Hop {
-        if response.headers().contains_key(wire::UNREACHABLE) {
-            return Hop::Failed(unreachable(proxy));
-        }
         if let Some(next) = redirect_target(&response) {
             discard(response, wire, meter).await;
             return match self.check_target(&next).await {

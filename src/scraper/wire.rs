@@ -16,11 +16,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::Lookup;
 
-/// What the relay answers a client whose proxy it could not reach (an HTTP request or a
-/// CONNECT both read it): the header tells it from the proxy's own 502.
-pub(super) const UNREACHABLE: &str = "x-conveyor-relay";
-const UNREACHABLE_ANSWER: &[u8] =
-    b"HTTP/1.1 502 Bad Gateway\r\nx-conveyor-relay: unreachable\r\ncontent-length: 0\r\n\r\n";
+/// The header of the relay's answer to a client whose proxy it could not reach (an HTTP
+/// request or a CONNECT both read it): a 502 whose header holds the relay's own token, so
+/// that neither the proxy's own 502 nor anything a site sends can pass for it.
+const UNREACHABLE: &str = "x-conveyor-relay";
 
 /// How long the relay tries to reach its proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,6 +29,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) struct Relay {
     addr: SocketAddr,
     open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
+    /// What this relay's answer of an unreachable proxy carries: random, never sent on.
+    token: String,
 }
 
 /// The proxy a relay connects to: its name (resolved at each connection, as the client
@@ -49,8 +50,22 @@ impl Relay {
         let addr = listener.local_addr()?;
         let listener = TcpListener::from_std(listener)?;
         let open = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(accept(listener, upstream, open.clone()));
-        Ok(Self { addr, open })
+        let token = format!("{:032x}", fastrand::u128(..));
+        let answer = format!(
+            "HTTP/1.1 502 Bad Gateway\r\n{UNREACHABLE}: {token}\r\ncontent-length: 0\r\n\r\n"
+        );
+        tokio::spawn(accept(listener, upstream, open.clone(), answer.into()));
+        Ok(Self { addr, open, token })
+    }
+
+    /// Whether `response` is this relay's own answer that it could not reach its proxy: only
+    /// the relay knows its token (a site's or a proxy's header of that name is theirs).
+    pub(super) fn unreachable(&self, response: &reqwest::Response) -> bool {
+        response
+            .headers()
+            .get_all(UNREACHABLE)
+            .iter()
+            .any(|value| value.as_bytes() == self.token.as_bytes())
     }
 
     pub(super) fn port(&self) -> u16 {
@@ -78,6 +93,7 @@ async fn accept(
     listener: TcpListener,
     upstream: Upstream,
     open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
+    unreachable: Arc<str>,
 ) {
     loop {
         let (client, peer) = match listener.accept().await {
@@ -92,9 +108,9 @@ async fn accept(
         let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
         table.insert(peer.port(), count.clone());
         drop(table);
-        let (upstream, open) = (upstream.clone(), open.clone());
+        let (upstream, open, unreachable) = (upstream.clone(), open.clone(), unreachable.clone());
         tokio::spawn(async move {
-            relay(client, &upstream, &count).await;
+            relay(client, &upstream, &count, unreachable.as_bytes()).await;
             let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
             table.remove(&peer.port());
             let unclaimed = count.load(Ordering::Relaxed);
@@ -109,12 +125,12 @@ async fn accept(
 }
 
 /// One connection: relayed to the proxy both ways, every byte counted, until either side
-/// closes; a proxy out of reach is answered [`UNREACHABLE_ANSWER`].
-async fn relay(mut client: TcpStream, upstream: &Upstream, count: &AtomicU64) {
+/// closes; a proxy out of reach is answered `unreachable`.
+async fn relay(mut client: TcpStream, upstream: &Upstream, count: &AtomicU64, unreachable: &[u8]) {
     let proxy = match tokio::time::timeout(CONNECT_TIMEOUT, connect(upstream)).await {
         Ok(Ok(proxy)) => proxy,
         _ => {
-            let _ = client.write_all(UNREACHABLE_ANSWER).await;
+            let _ = client.write_all(unreachable).await;
             let _ = client.shutdown().await;
             return;
         }
@@ -226,6 +242,7 @@ mod tests {
 
         // Assert
         assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
-        assert!(answer.contains(UNREACHABLE), "{answer}");
+        let header = format!("{UNREACHABLE}: {}\r\n", relay.token);
+        assert!(answer.contains(&header), "{answer}");
     }
 }

@@ -83,6 +83,7 @@ impl Site {
             .route("/long-redirect/{n}", get(long_redirect))
             .route("/trickle/{size}", get(trickle))
             .route("/blocks/{ip}/{name}", get(blocks))
+            .route("/forged-relay", get(forged_relay))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .layer(middleware::from_fn_with_state(served.clone(), serve_count))
             .with_state(hits.clone());
@@ -303,6 +304,16 @@ async fn encoded(Path((encoding, size)): Path<(String, usize)>) -> Response {
             .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// A 502 carrying the header the worker's relay answers with when it cannot reach its
+/// proxy: a site may send any header.
+async fn forged_relay() -> impl IntoResponse {
+    (
+        StatusCode::BAD_GATEWAY,
+        [("x-conveyor-relay", "unreachable")],
+        "the site's own 502",
+    )
 }
 
 /// A server that answers every connection with `reply` and then hangs up: a connection

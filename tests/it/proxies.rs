@@ -991,6 +991,50 @@ async fn wire_bytes_count_what_the_proxy_carried_a_gzip_page_through_a_tunnel_fa
     assert!(wire > bytes && wire < bytes + 16 * 1024, "{wire}");
 }
 
+#[tokio::test]
+async fn a_site_that_sends_the_relays_own_header_is_read_as_the_sites_answer() {
+    // Arrange: a site answering 502 with the header the relay uses for a proxy out of
+    // reach, over http and (its https front) through a tunnel; two tiers; final attempts.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let tls = TlsSite::start(site.addr).await;
+    let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
+    stack.put_active_run().await;
+    stack
+        .put_task("plain", &site.url("/forged-relay"), "pending")
+        .await;
+    stack
+        .put_task("tunnelled", &tls.url("/forged-relay"), "pending")
+        .await;
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.extra_roots = vec![tls.ca_der.clone()];
+    });
+    let last = |task: &str| record(task, &body(task), MAX_ATTEMPTS);
+
+    // Act
+    let reply = run_batch(&worker, vec![last("plain"), last("tunnelled")]).await;
+
+    // Assert: no climb; over http a 502 is the proxy's gateway failure (ours, retried), in
+    // a tunnel the site's (the task fails with it); both answers' bytes are counted.
+    assert!(
+        residential.requests().is_empty(),
+        "no climb to tier 2: {:?}",
+        residential.requests()
+    );
+    assert_eq!(retried(&reply), ["plain"]);
+    assert_eq!(stack.task("plain").await.status(), Some("processing"));
+    let tunnelled = stack.task("tunnelled").await;
+    assert_eq!(tunnelled.status(), Some("failed"));
+    let error = tunnelled.s("error").unwrap_or_default();
+    assert!(error.contains("HTTP 502"), "{error}");
+    let spent = tier_spend(&stack, 1).await;
+    let body = "the site's own 502".len() as u64;
+    assert_eq!((spent.requests, spent.bytes), (2, 2 * body), "{spent:?}");
+    assert!(spent.wire_bytes > 2 * body, "{spent:?}");
+}
+
 /// The run's spend through `tier`, wire bytes too.
 async fn tier_spend(stack: &Stack, tier: usize) -> conveyor_worker::domain::spend::TierSpend {
     let run = stack.run_item(JOB, RUN).await;
