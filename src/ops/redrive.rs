@@ -1,6 +1,8 @@
 //! `conveyor-ops redrive`: what the dead-letter queue holds, each message with its task and
 //! receives, and (when asked) every one moved back to the task queue.
 
+use std::collections::{HashMap, HashSet};
+
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 
 use crate::domain::message;
@@ -25,22 +27,40 @@ pub struct Redriven {
     pub moved: usize,
 }
 
-/// Reads up to `most` messages of `dead`; with `to`, sends each back to it and deletes it
-/// from `dead` (sent first: a crash in between leaves a duplicate, which the worker
-/// absorbs); without, makes them visible again, as they were.
+/// How long a message read by a redrive stays hidden: the listing makes every one visible
+/// again at its end, and one that comes back before then (a listing that took longer) is
+/// told by its id.
+const HIDDEN_SECONDS: i32 = 300;
+
+/// Reads up to `most` messages of `dead`, each once; with `to`, sends each back to it and
+/// deletes it from `dead` (sent first: a crash in between leaves a duplicate, which the
+/// worker absorbs); without, makes them visible again, as they were. It stops when the
+/// queue has none left to read, or gives only messages it read already.
 pub async fn redrive(
     dead: &SqsQueue,
     to: Option<&SqsQueue>,
     most: usize,
 ) -> Result<Redriven, AwsError> {
     let mut redriven = Redriven::default();
-    let mut held: Vec<Message> = Vec::new();
+    // Each message read, by id, with its latest receipt (only that one releases it).
+    let mut held: HashMap<String, Message> = HashMap::new();
+    let mut read: HashSet<String> = HashSet::new();
     while redriven.seen.len() < most {
-        let batch = dead.receive(10, 1).await?;
-        if batch.is_empty() {
-            break;
-        }
+        let batch = dead.receive_hidden(10, 1, Some(HIDDEN_SECONDS)).await?;
+        let mut new = 0;
         for message in batch {
+            let id = message.message_id().unwrap_or_default().to_owned();
+            if !read.insert(id.clone()) {
+                // Back already: moved (its deletion did not take), or still listed.
+                match to {
+                    Some(_) => dead.delete(&[&message]).await?,
+                    None => {
+                        held.insert(id, message);
+                    }
+                }
+                continue;
+            }
+            new += 1;
             redriven.seen.push(described(&message));
             match to {
                 Some(to) => {
@@ -48,12 +68,18 @@ pub async fn redrive(
                     dead.delete(&[&message]).await?;
                     redriven.moved += 1;
                 }
-                None => held.push(message),
+                None => {
+                    held.insert(id, message);
+                }
             }
         }
+        if new == 0 {
+            break;
+        }
     }
+    let held: Vec<&Message> = held.values().collect();
     for chunk in held.chunks(10) {
-        dead.release(&chunk.iter().collect::<Vec<_>>()).await?;
+        dead.release(chunk).await?;
     }
     Ok(redriven)
 }

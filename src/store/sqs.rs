@@ -199,12 +199,24 @@ impl SqsQueue {
 
     /// Up to `max` messages, waiting up to `wait_seconds` for the first.
     pub async fn receive(&self, max: i32, wait_seconds: i32) -> Result<Vec<Message>, AwsError> {
+        self.receive_hidden(max, wait_seconds, None).await
+    }
+
+    /// As [`SqsQueue::receive`], each message hidden for `hidden_seconds` (else the queue's
+    /// visibility timeout).
+    pub async fn receive_hidden(
+        &self,
+        max: i32,
+        wait_seconds: i32,
+        hidden_seconds: Option<i32>,
+    ) -> Result<Vec<Message>, AwsError> {
         let out = self
             .client
             .receive_message()
             .queue_url(&self.url)
             .max_number_of_messages(max)
             .wait_time_seconds(wait_seconds)
+            .set_visibility_timeout(hidden_seconds)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()

@@ -534,6 +534,36 @@ async fn replaying_the_quarantine_twice_never_adds_an_object_and_list_shows_why(
 }
 
 #[tokio::test]
+async fn redrive_lists_each_dead_letter_once_though_the_queue_shows_it_again_at_once() {
+    // Arrange: a dead-letter queue whose messages are visible again as soon as they are
+    // read (a visibility timeout of 0: a listing slower than the queue's timeout, at once).
+    let stack = Stack::new().await;
+    let dlq = Queue::create(&stack, 0).await;
+    let queue = Queue::create_with_dlq(&stack, 30, &dlq, 1).await;
+    for task in ["t1", "t2", "t3"] {
+        dlq.send(&stack, &body(task)).await;
+    }
+    let redrive = [
+        "redrive",
+        "--queue-url",
+        queue.url.as_str(),
+        "--most",
+        "100",
+    ];
+
+    // Act
+    let shown = succeeded(&ops(&stack, &redrive).await);
+
+    // Assert: three lines, one a message, and the three left in the queue.
+    for task in ["t1", "t2", "t3"] {
+        let line = format!("{JOB}/{RUN}/{task} ");
+        assert_eq!(shown.matches(&line).count(), 1, "{task}: {shown}");
+    }
+    assert_eq!(shown.lines().count(), 3, "{shown}");
+    assert_eq!(dlq.depth(&stack).await, 3);
+}
+
+#[tokio::test]
 async fn redrive_shows_the_dead_letters_then_moves_them_back() {
     // Arrange: two tasks' messages in the dead-letter queue.
     let stack = Stack::new().await;
