@@ -10,7 +10,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::refresh::Validators;
-use crate::domain::spend::Spend;
+use crate::domain::spend::{DeliverySpend, Spend};
 use crate::ports::error::AwsError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
@@ -36,6 +36,8 @@ pub struct Stores<'a, T, R> {
     pub patience: Patience<'a>,
     pub counting: Counting,
     pub spend: Spend,
+    /// The delivery that spent `spend` (its idempotency token).
+    pub delivery: String,
     /// The terminal write counted `spend`.
     spend_counted: AtomicBool,
 }
@@ -48,6 +50,7 @@ impl<'a, T, R> Stores<'a, T, R> {
             patience,
             counting,
             spend: Spend::default(),
+            delivery: String::new(),
             spend_counted: AtomicBool::new(false),
         }
     }
@@ -237,7 +240,11 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 
     async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
         let finish = || {
-            let counter = (self.counting, &self.spend);
+            let spend = DeliverySpend {
+                spend: &self.spend,
+                delivery: &self.delivery,
+            };
+            let counter = (self.counting, spend);
             self.tasks
                 .finish(task, terminal, counter, SystemTime::now())
         };

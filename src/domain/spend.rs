@@ -98,6 +98,16 @@ impl Spend {
     }
 }
 
+/// One delivery's spend, and the delivery's name (at most 36 characters): a terminal write
+/// that counts the spend keeps the name on the task, so that the same delivery's spend
+/// recorded alone after it (its answer lost, the write sent again and refused) is not
+/// counted twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliverySpend<'a> {
+    pub spend: &'a Spend,
+    pub delivery: &'a str,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::refresh::Prior;
-use crate::domain::spend::Spend;
+use crate::domain::spend::DeliverySpend;
 use crate::ports::error::AwsError;
 
 use crate::domain::bounds::Reason;
@@ -101,12 +101,13 @@ pub trait TaskStore: Send + Sync {
     /// The one terminal write: only a task still pending or processing can take it, except
     /// that a stored result may replace a failure that has none (a success that raced a
     /// failure and lost the write: a stored result always wins). The delivery's `spend` is
-    /// added to the counter the task counts in, in the same write, when there is one.
+    /// added to the counter the task counts in, in the same write, when there is one, and
+    /// the delivery named on the task with it.
     fn finish(
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        counter: (Counting, &Spend),
+        counter: (Counting, DeliverySpend<'_>),
         now: SystemTime,
     ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
 }

@@ -55,12 +55,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .fetch_polite(task, work, attempt.budget, invocation)
             .await;
         stores.spend = fetched.spend;
+        stores.delivery = delivery;
         let measures = &invocation.measures;
         let page = (fetched.page, earlier.as_ref());
         let converged = self.converge(&stores, task, key, page, attempt, measures);
         let converged = converged.await;
         if !stores.spend_counted() {
-            self.record_spend(task, &stores, &delivery).await;
+            self.record_spend(task, &stores).await;
         }
         converged
     }
@@ -183,20 +184,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// Records what a fetch spent through proxies into its run's counters, once for this
     /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
-    /// without counters). A record that fails after the SDK's retries is logged with it.
-    pub(super) async fn record_spend(
-        &self,
-        task: &TaskRef,
-        stores: &Stores<'_, T, R>,
-        delivery: &str,
-    ) {
+    /// without counters; or its answer was lost: the store counts it once for the
+    /// delivery). A record that fails after the SDK's retries is logged with it.
+    pub(super) async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
         let spend = &stores.spend;
         if spend.is_zero() {
             return;
         }
         let recorded = self
             .tasks
-            .record_spend(task, stores.counting, spend, delivery);
+            .record_spend(task, stores.counting, spend, &stores.delivery);
         if let Err(err) = recorded.await {
             tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
         }

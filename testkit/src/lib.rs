@@ -8,6 +8,7 @@ pub mod demo;
 pub mod fixtures;
 pub mod forward_proxy;
 pub mod fresh_site;
+pub mod lose;
 pub mod matrix;
 pub mod memory;
 pub mod pause;
@@ -305,9 +306,12 @@ impl Stack {
                 .build(),
             _ => self.sdk.clone(),
         };
-        let dynamodb_config = aws_sdk_dynamodb::config::Builder::from(&sdk)
-            .interceptor(self.calls.clone())
-            .build();
+        let mut dynamodb_config =
+            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(self.calls.clone());
+        if let Some(interceptor) = tuning.dynamodb_interceptor.clone() {
+            dynamodb_config.push_interceptor(interceptor);
+        }
+        let dynamodb_config = dynamodb_config.build();
         let s3_sdk = match (tuning.s3_faults, sdk.http_client()) {
             (Some(faults), Some(inner)) => sdk
                 .to_builder()
@@ -736,6 +740,9 @@ pub struct WorkerTuning {
     /// How long a sandbox's paid-tier lease lasts (production's 30 minutes by default; a
     /// test of a sandbox that dies holding one shrinks it rather than wait).
     pub paid_lease: Duration,
+    /// An interceptor on the worker's DynamoDB client besides the request counter (one that
+    /// loses an answer, say).
+    pub dynamodb_interceptor: Option<aws_sdk_dynamodb::config::SharedInterceptor>,
 }
 
 impl WorkerTuning {
@@ -785,6 +792,7 @@ impl Default for WorkerTuning {
             politeness: Politeness::off(),
             proxies: Tiers::default(),
             paid_lease: conveyor_worker::budget::LEASE,
+            dynamodb_interceptor: None,
             proxy_secret: ProxySecret::default(),
         }
     }

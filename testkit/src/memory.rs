@@ -18,7 +18,7 @@ use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal, Tries,
 };
 use conveyor_worker::domain::refresh::{Prior, Validators};
-use conveyor_worker::domain::spend::{Lease as PaidLease, Reservation, Spend};
+use conveyor_worker::domain::spend::{DeliverySpend, Lease as PaidLease, Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
@@ -209,7 +209,7 @@ impl TaskStore for MemoryTasks {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        (_counting, spend): (Counting, &Spend),
+        (_counting, spend): (Counting, DeliverySpend<'_>),
         _now: SystemTime,
     ) -> Result<Finish, AwsError> {
         self.served();
@@ -222,8 +222,9 @@ impl TaskStore for MemoryTasks {
                 entry.status = terminal.status();
                 entry.terminal = Some(terminal.clone());
                 entry.lease = None;
-                if !spend.is_zero() {
-                    lock(&self.spend).insert(format!("finish of {task:?}"), *spend);
+                if !spend.spend.is_zero() {
+                    // Under the delivery's name: its spend recorded alone after is the same.
+                    lock(&self.spend).insert(spend.delivery.to_owned(), *spend.spend);
                 }
                 Ok(Finish::Written {
                     completed_run: false,

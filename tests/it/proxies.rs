@@ -1035,6 +1035,32 @@ async fn a_site_that_sends_the_relays_own_header_is_read_as_the_sites_answer() {
     assert!(spent.wire_bytes > 2 * body, "{spent:?}");
 }
 
+#[tokio::test]
+async fn a_terminal_write_whose_answer_was_lost_counts_the_fetchs_spend_once() {
+    // Arrange: a task fetched through a proxy; the answer to its terminal write (the
+    // record's first transaction) is lost after the write took, and the SDK sends it again.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/a"), "pending").await;
+    let lose = conveyor_testkit::lose::LoseAnswer::new("TransactWriteItems", 1);
+    let lost = lose.lost.clone();
+    let worker = stack.worker_with(|t| {
+        t.proxies = Tiers::parse(&proxy.url()).expect("proxy URLs");
+        t.dynamodb_interceptor = Some(aws_sdk_dynamodb::config::SharedInterceptor::new(lose));
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Assert: the task is counted once, and so is its fetch's spend.
+    assert_eq!(lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 999));
+    assert_eq!(spend(&stack, 1).await, (Some(1), Some(site.bytes_served())));
+}
+
 /// The run's spend through `tier`, wire bytes too.
 async fn tier_spend(stack: &Stack, tier: usize) -> conveyor_worker::domain::spend::TierSpend {
     let run = stack.run_item(JOB, RUN).await;

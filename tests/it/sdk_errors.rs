@@ -19,7 +19,7 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
-use conveyor_worker::domain::spend::{Lease, Reservation};
+use conveyor_worker::domain::spend::{DeliverySpend, Lease, Reservation, Spend};
 use conveyor_worker::ports::error::{AwsError, AwsFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
 use conveyor_worker::ports::spend::SpendStore;
@@ -161,6 +161,15 @@ fn cancelled(codes: &'static [&'static str]) -> Rule {
     })
 }
 
+/// A delivery that spent nothing through proxies.
+fn no_spend() -> DeliverySpend<'static> {
+    static NONE: std::sync::LazyLock<Spend> = std::sync::LazyLock::new(Spend::default);
+    DeliverySpend {
+        spend: &NONE,
+        delivery: "delivery",
+    }
+}
+
 fn failed() -> Terminal {
     Terminal::Failed(Failure {
         reason: "HTTP 404".into(),
@@ -176,7 +185,7 @@ async fn a_terminal_write_refused_by_the_task_condition_lost_the_race() {
         .finish(
             &task(),
             &failed(),
-            (Counting::Run, &Default::default()),
+            (Counting::Run, no_spend()),
             SystemTime::now(),
         )
         .await
@@ -193,7 +202,7 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
         .finish(
             &task(),
             &failed(),
-            (Counting::Run, &Default::default()),
+            (Counting::Run, no_spend()),
             SystemTime::now(),
         )
         .await
@@ -244,7 +253,7 @@ async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_i
         .finish(
             &task(),
             &failed(),
-            (Counting::Run, &Default::default()),
+            (Counting::Run, no_spend()),
             SystemTime::now(),
         )
         .await

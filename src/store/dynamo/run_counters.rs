@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{TaskStatus, Terminal};
-use crate::domain::spend::Spend;
+use crate::domain::spend::DeliverySpend;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, n, number, string};
@@ -29,7 +29,7 @@ impl DynamoTaskStore {
     pub(crate) async fn finish_on_run(
         &self,
         task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
+        (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
     ) -> Result<Option<Finish>, AwsError> {
         let mut step = RunStep::Count;
@@ -109,7 +109,7 @@ impl DynamoTaskStore {
     async fn finish_counted(
         &self,
         task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
+        (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
         step: RunStep,
     ) -> Result<Counted, AwsError> {
@@ -118,9 +118,10 @@ impl DynamoTaskStore {
             _ => Over::Open,
         };
         let task_update = tasks::writes::task_terminal(terminal, now, over)
+            .with_spend_by(spend)
             .into_update(&self.table, keys::task_key(task));
         let run_update = writes::run_count(step, terminal, now)
-            .with_spend(spend)
+            .with_spend(spend.spend)
             .with_not_modified(terminal)
             .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
         let result = self
@@ -141,7 +142,7 @@ impl DynamoTaskStore {
     async fn replace_failure(
         &self,
         task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
+        (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
     ) -> Result<Finish, AwsError> {
         let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);

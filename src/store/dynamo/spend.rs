@@ -5,11 +5,13 @@
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{CancellationReason, Delete, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    CancellationReason, ConditionCheck, Delete, TransactWriteItem, Update,
+};
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::{Lease, Reservation, Spend};
+use crate::domain::spend::{DeliverySpend, Lease, Reservation, Spend};
 use crate::ports::error::AwsError;
 use crate::ports::spend::SpendStore;
 
@@ -40,28 +42,36 @@ impl SpendStore for DynamoTaskStore {
             }
         };
         let update = writes::spend(spend).into_update(&self.table, key);
-        // A transaction of one, for its idempotency token: a request the SDK sends again
-        // after a lost answer is not applied twice.
+        // Unless the task names this delivery as counted by its terminal write (whose
+        // answer was lost); with the delivery as the idempotency token, so a request the
+        // SDK sends again after a lost answer is not applied twice either.
         let result = self
             .client
             .transact_write_items()
+            .transact_items(not_counted_by(&self.table, task, delivery))
             .transact_items(TransactWriteItem::builder().update(update).build())
             .client_request_token(delivery)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(err) => match err.as_service_error() {
-                Some(TransactWriteItemsError::TransactionCanceledException(e))
-                    if cancellation_codes(e.cancellation_reasons())
-                        == ["ConditionalCheckFailed"] =>
-                {
-                    tracing::warn!(?spend, "the run's counter item is gone: spend not counted");
-                    Ok(())
+        let Err(err) = result else {
+            return Ok(());
+        };
+        if let Some(TransactWriteItemsError::TransactionCanceledException(e)) =
+            err.as_service_error()
+        {
+            match cancellation_codes(e.cancellation_reasons()).as_slice() {
+                ["ConditionalCheckFailed", _] => {
+                    tracing::info!(?spend, "the terminal write counted this spend already");
+                    return Ok(());
                 }
-                _ => Err(AwsError::from_sdk("TransactWriteItems(spend)", err)),
-            },
+                [_, "ConditionalCheckFailed"] => {
+                    tracing::warn!(?spend, "the run's counter item is gone: spend not counted");
+                    return Ok(());
+                }
+                _ => {}
+            }
         }
+        Err(AwsError::from_sdk("TransactWriteItems(spend)", err))
     }
 
     #[tracing::instrument(skip_all, fields(chunk))]
@@ -147,6 +157,24 @@ impl SpendStore for DynamoTaskStore {
         }
         Ok(taken)
     }
+}
+
+/// The name of the task's attribute that holds the delivery whose spend its terminal write
+/// counted.
+const SPEND_DELIVERY: &str = "spend_delivery";
+
+/// A check that the task's terminal write did not count `delivery`'s spend.
+fn not_counted_by(table: &str, task: &TaskRef, delivery: &str) -> TransactWriteItem {
+    let check = ConditionCheck::builder()
+        .table_name(table)
+        .set_key(Some(keys::task_key(task)))
+        .condition_expression(format!(
+            "attribute_not_exists({SPEND_DELIVERY}) OR {SPEND_DELIVERY} <> :delivery"
+        ))
+        .expression_attribute_values(":delivery", s(delivery))
+        .build()
+        .expect("table, key and condition, the required fields, are set");
+    TransactWriteItem::builder().condition_check(check).build()
 }
 
 /// Pauses and tries of a reservation that met another write of the run item in a
@@ -338,6 +366,20 @@ fn refusal(run: &Item) -> Reservation {
 }
 
 impl Expression {
+    /// With the delivery whose spend the same transaction counts named on the task item
+    /// (nothing when it spent nothing): its spend recorded alone after is not counted again.
+    pub(crate) fn with_spend_by(mut self, spend: DeliverySpend<'_>) -> Self {
+        if spend.spend.is_zero() || spend.delivery.is_empty() {
+            return self;
+        }
+        let set = format!("{SPEND_DELIVERY} = :spend_delivery");
+        self.update = match self.update.split_once("SET ") {
+            Some((before, after)) => format!("{before}SET {set}, {after}"),
+            None => format!("SET {set} {}", self.update).trim_end().to_owned(),
+        };
+        self.value(":spend_delivery", s(spend.delivery))
+    }
+
     /// With one delivery's spend added to the item (a counter item: the run or a shard),
     /// in the same `ADD` clause as its counts.
     pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {

@@ -15,7 +15,7 @@ use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
-use crate::domain::spend::Spend;
+use crate::domain::spend::DeliverySpend;
 use crate::domain::time::rfc3339;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
@@ -185,7 +185,7 @@ impl TaskStore for DynamoTaskStore {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        (counting, spend): (Counting, &Spend),
+        (counting, spend): (Counting, DeliverySpend<'_>),
         now: SystemTime,
     ) -> Result<Finish, AwsError> {
         let now = rfc3339(now);

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Sharding, TaskStatus, Terminal};
-use crate::domain::spend::Spend;
+use crate::domain::spend::DeliverySpend;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, number, string};
@@ -126,7 +126,7 @@ impl DynamoTaskStore {
     pub(crate) async fn finish_sharded(
         &self,
         task: &TaskRef,
-        (terminal, spend): (&Terminal, &Spend),
+        (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
         sharding: Sharding,
     ) -> Result<Finish, AwsError> {
@@ -155,7 +155,7 @@ impl DynamoTaskStore {
     /// One transaction: the task's terminal write, and its counters as `step` says.
     async fn count_on_path(
         &self,
-        (terminal, spend): (&Terminal, &Spend),
+        (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
         path: &Path<'_>,
         step: Step,
@@ -164,7 +164,7 @@ impl DynamoTaskStore {
             Step::Recount => Over::FailureWithoutResult,
             Step::Climb { .. } => Over::Open,
         };
-        let task = tasks::writes::task_terminal(terminal, now, over);
+        let task = tasks::writes::task_terminal(terminal, now, over).with_spend_by(spend);
         let mut updates = vec![task.into_update(&self.table, keys::task_key(path.task))];
         let counters: Vec<Expression> = match step {
             Step::Recount => vec![writes::shard_recount(terminal, now)],
@@ -175,7 +175,7 @@ impl DynamoTaskStore {
         for (level, counter) in counters.into_iter().enumerate() {
             // The shard (level 0) takes the delivery's spend, in the task's own transaction.
             let counter = if level == 0 {
-                counter.with_spend(spend).with_not_modified(terminal)
+                counter.with_spend(spend.spend).with_not_modified(terminal)
             } else {
                 counter
             };
