@@ -1,9 +1,10 @@
 //! The paid proxy tier's budget as one sandbox sees it: chunks of a run's budget reserved
 //! from its run item under this sandbox's lease (one write per chunk, not per fetch); each
-//! paid fetch holds its most (a body and its hops) of them while it runs, so concurrency
-//! cannot spend past what was reserved; what is left unspent goes back to the run at the end
-//! of each invocation, and a sandbox that died before it did strands it only until its lease
-//! expires: another sandbox that finds the budget held then takes it back for the run.
+//! paid fetch holds its most on the wire (a body, its hops, their heads and TLS) of them
+//! while it runs, so concurrency cannot spend past what was reserved; what is left unspent
+//! goes back to the run at the end of each invocation, and a sandbox that died before it did
+//! strands it only until its lease expires: another sandbox that finds the budget held then
+//! takes it back for the run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

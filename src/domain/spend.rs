@@ -89,6 +89,11 @@ impl Spend {
         self.spent().next().is_none()
     }
 
+    /// What every tier's spend is billed ([`TierSpend::billed`]), together.
+    pub fn billed(&self) -> u64 {
+        self.spent().map(|(_, spend)| spend.billed()).sum()
+    }
+
     /// Both spends together.
     pub fn plus(mut self, other: &Spend) -> Spend {
         for (tier, spend) in other.spent() {

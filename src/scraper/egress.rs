@@ -4,7 +4,6 @@
 //! site's, and every request, body byte and wire byte (through each proxy's relay, `wire`)
 //! metered.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +13,7 @@ use tokio::time::Instant;
 use url::Url;
 
 use super::reuse::Answered;
-use super::wire::{self, Relay};
+use super::wire::{self, Conn, Relay};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
     classify, client_builder, refusal_of,
@@ -33,6 +32,10 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most of an error or redirect body read (and metered) before the connection is let go.
 pub(super) const DRAIN_BYTES: usize = 64 * 1024;
+
+/// What a paid fetch's hold allows each hop on the wire besides its body: the request and
+/// response heads, `CONNECT` and a TLS handshake.
+pub(super) const HOP_OVERHEAD: u64 = 16 * 1024;
 
 /// One client per proxy, by tier.
 pub(super) struct Routes {
@@ -192,6 +195,9 @@ impl Routes {
             Err(err) => return (Err(err), meter),
         };
         for _ in 0..=self.settings.max_redirects {
+            if let Some(most) = ask.wire_most.filter(|most| meter.wire_bytes >= *most) {
+                return (Err(over_wire_most(most, None)), meter);
+            }
             // Who answered is this hop's question: through a tunnel (https) only the site
             // speaks once it is open; over plain http the proxy answers for the site.
             let tunnelled = url.scheme() == "https";
@@ -206,10 +212,13 @@ impl Routes {
                 Ok(response) => response,
                 Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
             };
-            let wire = relay.and_then(|relay| relay.count_of(&response));
-            if relay.is_some_and(|relay| relay.unreachable(&response)) {
-                return (Err(unreachable(&route.addr)), meter);
-            }
+            let most_left = ask
+                .wire_most
+                .map(|most| most.saturating_sub(meter.wire_bytes));
+            let wire = match metered(relay, &response, (&route.addr, most_left)) {
+                Ok(wire) => wire,
+                Err(err) => return (Err(err), meter),
+            };
             let hop = (tunnelled, conditional);
             let response = match self.hop(response, hop, wire.clone(), &mut meter).await {
                 Hop::Page(response) => response,
@@ -219,12 +228,8 @@ impl Routes {
                 }
                 Hop::Failed(err) => return (Err(err), meter),
             };
-            let body = (&mut meter.bytes, ask.keep_first);
-            let page = fetcher
-                .page_of(response, (requested, conditional), body)
-                .await;
-            meter.wire_bytes += wire::claim(wire);
-            return (page, meter);
+            let page = read_page(fetcher, response, (requested, ask), wire, &mut meter);
+            return (page.await, meter);
         }
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);
         (Err(FetchError::permanent(refused.to_string())), meter)
@@ -237,7 +242,7 @@ impl Routes {
         &self,
         response: reqwest::Response,
         (tunnelled, conditional): (bool, bool),
-        wire: Option<Arc<AtomicU64>>,
+        wire: Option<Arc<Conn>>,
         meter: &mut Meter,
     ) -> Hop {
         if let Some(next) = redirect_target(&response) {
@@ -387,6 +392,57 @@ impl Lookup for RelayLookup {
     }
 }
 
+/// The relay's count of `response`'s connection, which it cuts once the fetch took
+/// `most_left` more on the wire, if there is a most; the relay's own answer that it could
+/// not reach the proxy is a failure.
+fn metered(
+    relay: Option<&Relay>,
+    response: &reqwest::Response,
+    (proxy, most_left): (&ProxyAddr, Option<u64>),
+) -> Result<Option<Arc<Conn>>, FetchError> {
+    if relay.is_some_and(|relay| relay.unreachable(response)) {
+        return Err(unreachable(proxy));
+    }
+    let wire = relay.and_then(|relay| relay.count_of(response));
+    if let Some(most) = most_left {
+        wire::limit(wire.as_ref(), most);
+    }
+    Ok(wire)
+}
+
+/// The page of the last hop's `response`, its body and wire bytes metered; cut by the relay
+/// at the fetch's most on the wire before its body ended, a page too large.
+async fn read_page(
+    fetcher: &HttpFetcher,
+    response: reqwest::Response,
+    (requested, ask): (String, Ask<'_>),
+    wire: Option<Arc<Conn>>,
+    meter: &mut Meter,
+) -> Result<Page, FetchError> {
+    let status = response.status().as_u16();
+    let asked = (requested, ask.if_changed.is_some());
+    let page = fetcher
+        .page_of(response, asked, (&mut meter.bytes, ask.keep_first))
+        .await;
+    let cut = ask.wire_most.filter(|_| wire::was_cut(wire.as_ref()));
+    meter.wire_bytes += wire::claim(wire);
+    match (page, cut) {
+        (Err(_), Some(most)) => Err(over_wire_most(most, Some(status))),
+        (page, _) => page,
+    }
+}
+
+/// The fetch reached the most it may take on the wire (a paid fetch's hold) and its relay
+/// cut it: as a body over `MAX_BODY_BYTES`, the page's failure for good.
+fn over_wire_most(most: u64, http_status: Option<u16>) -> FetchError {
+    let reason =
+        format!("the page takes more than the paid tier's hold ({most} bytes on the wire)");
+    FetchError {
+        http_status,
+        ..FetchError::permanent(reason)
+    }
+}
+
 /// The relay could not reach the proxy: a tier that is down, as a block the next may pass.
 fn unreachable(proxy: &ProxyAddr) -> FetchError {
     let label = proxy.label();
@@ -471,7 +527,7 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
 
 /// Reads what is left of an answer the fetch does not keep (a redirect's, a refusal's),
 /// counting its body and its connection's wire bytes.
-async fn discard(response: reqwest::Response, wire: Option<Arc<AtomicU64>>, meter: &mut Meter) {
+async fn discard(response: reqwest::Response, wire: Option<Arc<Conn>>, meter: &mut Meter) {
     meter.bytes += drain(response).await;
     meter.wire_bytes += wire::claim(wire);
 }

@@ -97,6 +97,9 @@ pub struct Ask<'a> {
     /// Ask only if the page changed since the response these validators came from
     /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
     pub if_changed: Option<&'a Validators>,
+    /// The most bytes on the wire the fetch may take through a proxy (a paid fetch's hold):
+    /// the proxy's relay cuts the connection there, and the fetch fails as a page too large.
+    pub wire_most: Option<u64>,
 }
 
 impl Ask<'_> {
@@ -108,16 +111,21 @@ impl Ask<'_> {
             paid_tier: true,
             keep_first: None,
             if_changed: None,
+            wire_most: None,
         }
     }
 }
 
-/// The most body bytes one fetch can receive: its page (`max_body_bytes`), and the bodies of
-/// its redirect hops and of a refusal, each read up to a limit before the connection is let
-/// go.
+/// The most bytes on the wire one paid fetch may take, as its proxy bills them (the hold it
+/// takes of its run's budget, and where its relay cuts it): its page (`max_body_bytes`, as
+/// sent uncompressed), the bodies of its redirect hops and of a refusal, each read up to a
+/// limit before the connection is let go, a 64th more for framing (TLS records, chunks),
+/// and each hop's heads, `CONNECT` and TLS handshake.
 pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
-    let drained = egress::DRAIN_BYTES as u64 * (max_redirects as u64 + 1);
-    max_body_bytes.saturating_add(drained)
+    let hops = max_redirects as u64 + 1;
+    let bodies = max_body_bytes.saturating_add(egress::DRAIN_BYTES as u64 * hops);
+    let framing = bodies / 64 + egress::HOP_OVERHEAD * hops;
+    bodies.saturating_add(framing)
 }
 
 /// A fetch's page or failure, and what it spent through proxies on the way.
@@ -456,6 +464,9 @@ impl Fetcher for HttpFetcher {
         let ask = Ask {
             if_changed: None,
             budget: ask.budget.saturating_sub(started.elapsed()),
+            wire_most: ask
+                .wire_most
+                .map(|most| most.saturating_sub(first.spend.billed())),
             ..ask
         };
         let again = self.fetch_once(parsed, ask).await;

@@ -1,18 +1,20 @@
 //! Wire bytes as a proxy provider bills them: a relay on loopback in front of each proxy
 //! counts every byte each way on each connection the client opens to it (request and
 //! response heads, bodies as sent, compressed or not, CONNECT and TLS), and a fetch claims
-//! its connection's count after each hop. reqwest does not let a layer wrap its connections,
-//! so the count sits between it and the proxy instead, on the socket.
+//! its connection's count after each hop; a fetch may set the most a connection carries
+//! for it, and the relay cuts the connection there. reqwest does not let a layer wrap its
+//! connections, so the count sits between it and the proxy instead, on the socket.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 use super::Lookup;
 
@@ -24,13 +26,52 @@ const UNREACHABLE: &str = "x-conveyor-relay";
 /// How long the relay tries to reach its proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The relay of one proxy: where the client connects, and the connections' counts by the
-/// client's port.
+/// The relay of one proxy: where the client connects, and its connections by the client's
+/// port.
 pub(super) struct Relay {
     addr: SocketAddr,
-    open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
+    open: Open,
     /// What this relay's answer of an unreachable proxy carries: random, never sent on.
     token: String,
+}
+
+/// The relay's connections, by the client's port.
+type Open = Arc<Mutex<HashMap<u16, Arc<Conn>>>>;
+
+/// One connection through the relay: its bytes since they were last claimed, and the most
+/// it may carry until then, past which the relay cuts it.
+#[derive(Debug)]
+pub(super) struct Conn {
+    count: AtomicU64,
+    most: AtomicU64,
+    cut: AtomicBool,
+    cutting: Notify,
+}
+
+impl Conn {
+    fn new() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            most: AtomicU64::new(u64::MAX),
+            cut: AtomicBool::new(false),
+            cutting: Notify::new(),
+        }
+    }
+
+    /// Counts `bytes`; false once the connection reached its most (it is cut).
+    fn carries(&self, bytes: u64) -> bool {
+        let count = self.count.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if count < self.most.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.cut();
+        false
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+        self.cutting.notify_one();
+    }
 }
 
 /// The proxy a relay connects to: its name (resolved at each connection, as the client
@@ -74,7 +115,7 @@ impl Relay {
 
     /// The count of `response`'s connection: [`claim`] it once the hop's body is read
     /// (before the connection can serve another request); it outlives the connection.
-    pub(super) fn count_of(&self, response: &reqwest::Response) -> Option<Arc<AtomicU64>> {
+    pub(super) fn count_of(&self, response: &reqwest::Response) -> Option<Arc<Conn>> {
         let info = response
             .extensions()
             .get::<hyper_util::client::legacy::connect::HttpInfo>()?;
@@ -84,17 +125,32 @@ impl Relay {
 }
 
 /// The bytes on a connection since they were last claimed: a hop's request and answer, and
-/// the connection's set-up (CONNECT, TLS) if the hop was its first.
-pub(super) fn claim(count: Option<Arc<AtomicU64>>) -> u64 {
-    count.map_or(0, |count| count.swap(0, Ordering::Relaxed))
+/// the connection's set-up (CONNECT, TLS) if the hop was its first. Its most is lifted: its
+/// next request may be another fetch's.
+pub(super) fn claim(conn: Option<Arc<Conn>>) -> u64 {
+    conn.map_or(0, |conn| {
+        conn.most.store(u64::MAX, Ordering::Relaxed);
+        conn.count.swap(0, Ordering::Relaxed)
+    })
 }
 
-async fn accept(
-    listener: TcpListener,
-    upstream: Upstream,
-    open: Arc<Mutex<HashMap<u16, Arc<AtomicU64>>>>,
-    unreachable: Arc<str>,
-) {
+/// Cuts the connection once it carried `most` bytes since its last claim (at once if it
+/// has): what a fetch may still spend on it.
+pub(super) fn limit(conn: Option<&Arc<Conn>>, most: u64) {
+    if let Some(conn) = conn {
+        conn.most.store(most, Ordering::Relaxed);
+        if conn.count.load(Ordering::Relaxed) >= most {
+            conn.cut();
+        }
+    }
+}
+
+/// Whether the relay cut the connection at its most.
+pub(super) fn was_cut(conn: Option<&Arc<Conn>>) -> bool {
+    conn.is_some_and(|conn| conn.cut.load(Ordering::Relaxed))
+}
+
+async fn accept(listener: TcpListener, upstream: Upstream, open: Open, unreachable: Arc<str>) {
     loop {
         let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -104,16 +160,16 @@ async fn accept(
                 continue;
             }
         };
-        let count = Arc::new(AtomicU64::new(0));
+        let conn = Arc::new(Conn::new());
         let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
-        table.insert(peer.port(), count.clone());
+        table.insert(peer.port(), conn.clone());
         drop(table);
         let (upstream, open, unreachable) = (upstream.clone(), open.clone(), unreachable.clone());
         tokio::spawn(async move {
-            relay(client, &upstream, &count, unreachable.as_bytes()).await;
+            relay(client, &upstream, &conn, unreachable.as_bytes()).await;
             let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
             table.remove(&peer.port());
-            let unclaimed = count.load(Ordering::Relaxed);
+            let unclaimed = conn.count.load(Ordering::Relaxed);
             if unclaimed > 0 {
                 tracing::debug!(
                     unclaimed,
@@ -125,8 +181,9 @@ async fn accept(
 }
 
 /// One connection: relayed to the proxy both ways, every byte counted, until either side
-/// closes; a proxy out of reach is answered `unreachable`.
-async fn relay(mut client: TcpStream, upstream: &Upstream, count: &AtomicU64, unreachable: &[u8]) {
+/// closes or it carried its most (then both sides are closed at once); a proxy out of
+/// reach is answered `unreachable`.
+async fn relay(mut client: TcpStream, upstream: &Upstream, conn: &Conn, unreachable: &[u8]) {
     let proxy = match tokio::time::timeout(CONNECT_TIMEOUT, connect(upstream)).await {
         Ok(Ok(proxy)) => proxy,
         _ => {
@@ -139,10 +196,18 @@ async fn relay(mut client: TcpStream, upstream: &Upstream, count: &AtomicU64, un
     let _ = proxy.set_nodelay(true);
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_proxy, mut to_proxy) = proxy.into_split();
-    tokio::join!(
-        pump(&mut from_client, &mut to_proxy, count),
-        pump(&mut from_proxy, &mut to_client, count),
-    );
+    let both = async {
+        tokio::join!(
+            pump(&mut from_client, &mut to_proxy, conn),
+            pump(&mut from_proxy, &mut to_client, conn),
+        )
+    };
+    tokio::select! {
+        _ = both => {}
+        () = conn.cutting.notified() => {
+            tracing::debug!("proxy relay: a connection cut at the most its fetch may spend");
+        }
+    }
 }
 
 async fn connect(upstream: &Upstream) -> io::Result<TcpStream> {
@@ -157,9 +222,10 @@ async fn connect(upstream: &Upstream) -> io::Result<TcpStream> {
     TcpStream::connect(addrs.as_slice()).await
 }
 
-/// Copies one way, counting, until the reader ends or either side fails; then ends the
+/// Copies one way, counting, until the reader ends, either side fails or the connection
+/// reaches its most (what crossed it then is counted, not passed on); then ends the
 /// writer's side so the other end sees the close.
-async fn pump<R, W>(from: &mut R, to: &mut W, count: &AtomicU64)
+async fn pump<R, W>(from: &mut R, to: &mut W, conn: &Conn)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -170,8 +236,7 @@ where
             Ok(0) | Err(_) => break,
             Ok(read) => read,
         };
-        count.fetch_add(read as u64, Ordering::Relaxed);
-        if to.write_all(&buf[..read]).await.is_err() {
+        if !conn.carries(read as u64) || to.write_all(&buf[..read]).await.is_err() {
             break;
         }
     }
@@ -219,6 +284,42 @@ mod tests {
         // Assert
         assert_eq!(claim(count.clone()), 30);
         assert_eq!(claim(count), 0, "claimed once");
+    }
+
+    #[tokio::test]
+    async fn a_relay_cuts_a_connection_once_it_carried_the_most_set_for_it() {
+        // Arrange: an upstream that sends without end.
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = upstream.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut peer, _) = upstream.accept().await.unwrap();
+            while peer.write_all(&[0; 4096]).await.is_ok() {}
+        });
+        let relay = Relay::start(to(addr)).unwrap();
+        let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
+            .await
+            .unwrap();
+        client.write_all(b"GET").await.unwrap();
+        let mut first = [0; 1];
+        client.read_exact(&mut first).await.unwrap();
+        let port = client.local_addr().unwrap().port();
+        let conn = relay.open.lock().unwrap().get(&port).cloned();
+
+        // Act
+        limit(conn.as_ref(), 100_000);
+        let mut rest = Vec::new();
+        let ended = client.read_to_end(&mut rest);
+        let ended = tokio::time::timeout(Duration::from_secs(10), ended).await;
+
+        // Assert: closed at its most, what it carried counted (a read's buffer past it).
+        assert!(ended.is_ok(), "the connection was cut");
+        assert!(was_cut(conn.as_ref()));
+        let carried = claim(conn);
+        assert!(
+            (100_000..100_000 + 16 * 1024).contains(&carried),
+            "{carried}"
+        );
+        assert!(rest.len() < 100_000, "{}", rest.len());
     }
 
     #[tokio::test]

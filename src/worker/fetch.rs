@@ -163,6 +163,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let ask = Ask {
             first_tier: paid,
+            wire_most: Some(cap),
             ..within(budget.saturating_sub(started.elapsed()))
         };
         let last = self.fetch(url, ask, invocation).await;

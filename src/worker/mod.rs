@@ -52,8 +52,8 @@ pub struct RecordSettings {
     pub politeness: Politeness,
     /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
     pub proxy_tiers: usize,
-    /// The most bytes one paid fetch can spend ([`crate::scraper::most_spent`]): what it holds
-    /// of its run's budget while it runs.
+    /// The most bytes on the wire one paid fetch may take ([`crate::scraper::most_spent`]):
+    /// what it holds of its run's budget while it runs, and where its relay cuts it.
     pub paid_fetch_cap: u64,
     /// How long this sandbox's lease on its paid-tier reservations lasts
     /// ([`crate::budget::LEASE`]).

@@ -142,7 +142,8 @@ async fn serve_count(State(served): State<Served>, request: Request, next: Next)
 }
 
 /// 403 to requests from `ip` (a proxy tier's egress a site has blocked), the page to others:
-/// after `slow_ms` milliseconds and padded to `bytes` bytes if the query says so.
+/// after `slow_ms` milliseconds and padded to `bytes` bytes if the query says so, or, with
+/// `empty_gzip`, [`empty_gzip`].
 async fn blocks(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((ip, name)): Path<(IpAddr, String)>,
@@ -154,10 +155,31 @@ async fn blocks(
     if let Some(ms) = query.get("slow_ms") {
         tokio::time::sleep(Duration::from_millis(*ms)).await;
     }
+    if query.contains_key("empty_gzip") {
+        return empty_gzip();
+    }
     let mut page = format!("page {name}, through {}", peer.ip());
     let padded = query.get("bytes").map_or(0, |&n| n as usize);
     page.extend(std::iter::repeat_n('.', padded.saturating_sub(page.len())));
     page.into_response()
+}
+
+/// A gzip body without end that decodes to nothing: its header, then empty deflate blocks
+/// (stored, no bytes), 4 KB of them every 10 ms.
+fn empty_gzip() -> Response {
+    const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    const EMPTY_BLOCK: [u8; 5] = [0, 0, 0, 0xff, 0xff];
+    let blocks = bytes::Bytes::from(EMPTY_BLOCK.repeat(800));
+    let header = futures_util::stream::once(async { Ok(bytes::Bytes::from_static(&HEADER)) });
+    let endless = futures_util::stream::repeat(blocks).then(|chunk| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, std::io::Error>(chunk)
+    });
+    (
+        [(header::CONTENT_ENCODING, "gzip")],
+        axum::body::Body::from_stream(header.chain(endless)),
+    )
+        .into_response()
 }
 
 async fn count_hits(State(hits): State<Hits>, request: Request, next: Next) -> Response {

@@ -362,10 +362,11 @@ async fn records_racing_for_the_last_of_a_paid_budget_take_one_fetch_each_sandbo
 async fn four_sandboxes_racing_for_a_paid_budget_spend_it_to_its_end_and_past_it_by_less_than_a_hold_each()
  {
     // Arrange: pages of 200 KB that only the paid tier gets, MAX_BODY_BYTES 256 KiB (a
-    // fetch holds 512 KiB: the page and its hops' drained bodies), a budget of two holds;
-    // four sandboxes of three tasks each, invoked at once, round after round. Leases of 5 s
-    // (production's 30 minutes, shrunk), so a refused reservation is asked again after
-    // 0.5 s, a round's pause, as a message held back comes again.
+    // fetch holds 584 KiB on the wire: the page, its hops' drained bodies, framing and
+    // heads), a budget of two holds; four sandboxes of three tasks each, invoked at once,
+    // round after round. Leases of 5 s (production's 30 minutes, shrunk), so a refused
+    // reservation is asked again after 0.5 s, a round's pause, as a message held back
+    // comes again.
     let (stack, site, datacenter, residential) = budgeted_run(0, 0).await;
     let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
     let sandboxes: Vec<TestWorker> = (0..4)
@@ -451,6 +452,45 @@ async fn four_sandboxes_racing_for_a_paid_budget_spend_it_to_its_end_and_past_it
         wire - budget,
         4 * cap
     );
+}
+
+#[tokio::test]
+async fn a_paid_fetch_that_takes_more_than_its_hold_on_the_wire_is_cut_there_and_fails_as_too_large()
+ {
+    // Arrange: a page only the paid tier gets, a gzip body without end that decodes to
+    // nothing (empty blocks, 400 KB a second: the body's cap never stops it); a budget of
+    // four holds.
+    let (stack, site, datacenter, residential) = budgeted_run(0, 0).await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+    let cap = worker.settings.paid_fetch_cap;
+    stack.set_paid_budget(4 * cap).await;
+    let path = format!("/blocks/{}/endless?empty_gzip=1", datacenter.egress);
+    stack.put_task("t0", &site.url(&path), "pending").await;
+
+    // Act
+    let started = std::time::Instant::now();
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+    let took = started.elapsed();
+
+    // Assert: cut at its hold long before the scrape timeout (10 s), the task failed as a
+    // page too large; the spend is the hold and at most a read or two past it, all of it
+    // settled in the run's account.
+    assert!(retried(&reply).is_empty());
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("failed"));
+    let error = task.s("error").unwrap_or_default();
+    assert!(error.contains("the paid tier's hold"), "{error}");
+    assert_eq!(residential.requests().len(), 1);
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert!(
+        (cap..=cap + 32 * 1024).contains(&wire),
+        "{wire} for a hold of {cap}"
+    );
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    eprintln!("a hold of {cap} B: cut at {wire} wire bytes after {took:?}");
 }
 
 #[tokio::test]
