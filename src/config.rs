@@ -67,7 +67,8 @@ pub struct Config {
     /// How long a host keeps the proxy it was given in a tier.
     pub proxy_session: Duration,
     /// The proxies refuse private networks themselves: a target name that does not resolve
-    /// here is theirs to resolve (`PROXY_REFUSES_PRIVATE`, default false: refused).
+    /// here is theirs to resolve (`PROXY_REFUSES_PRIVATE`, default false: not fetched, and
+    /// retried as a DNS failure).
     pub proxy_refuses_private: bool,
 }
 

@@ -24,14 +24,14 @@ pub fn classify_status(status: StatusCode) -> Option<Retry> {
 ///
 /// | cause | retry |
 /// |---|---|
-/// | refused by the address policy, too many redirects | permanent |
+/// | refused by the address policy, too many redirects | permanent ([`Refused::failure`]) |
 /// | a request reqwest cannot build, a redirect it cannot follow | permanent |
 /// | timeout (connect or total) | transient |
 /// | connect failed (refused, unreachable, TLS) | transient |
 /// | anything else while sending or reading (reset, closed, malformed) | transient |
 pub fn classify_error(err: &reqwest::Error) -> FetchError {
     if let Some(refused) = find_cause::<Refused>(err) {
-        return FetchError::permanent(refused.to_string());
+        return refused.failure();
     }
     let cause = root_cause(err);
     if err.is_timeout() {

@@ -82,7 +82,7 @@ impl Routes {
     /// Tries the tiers in order while the answer looks like a block, within the budget.
     pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask<'_>) -> Fetched {
         if let Err(refused) = self.check_target(&url).await {
-            return Fetched::unspent(Err(FetchError::permanent(refused.to_string())));
+            return Fetched::unspent(Err(refused.failure()));
         }
         let usable = self.tiers.len() - usize::from(!ask.paid_tier);
         let withheld = usable < self.tiers.len();
@@ -140,10 +140,12 @@ impl Routes {
 
     /// Checked here, before anything is sent, since the proxy resolves the name: the URL's
     /// scheme, port and literal address as for a direct fetch; not a proxy's own address;
-    /// and a name that resolves here to any address that is not public is refused. So is one
-    /// that does not resolve here in time (an attacker's DNS may answer this resolver slowly
-    /// and the proxy's with a private address), unless the proxies are trusted to refuse
-    /// private networks (`PROXY_REFUSES_PRIVATE`) or private networks are allowed anyway.
+    /// and a name that resolves here to any address that is not public is refused. One that
+    /// does not resolve here in time is not fetched either (an attacker's DNS may answer this
+    /// resolver slowly and the proxy's with a private address), unless the proxies are
+    /// trusted to refuse private networks (`PROXY_REFUSES_PRIVATE`) or private networks are
+    /// allowed anyway; that is a DNS failure, transient as on a direct fetch, not the site's
+    /// verdict.
     async fn check_target(&self, url: &Url) -> Result<(), Refused> {
         self.policy.check_url(url)?;
         let host = url.host_str().unwrap_or_default();
@@ -249,7 +251,7 @@ impl Routes {
             discard(response, wire, meter).await;
             return match self.check_target(&next).await {
                 Ok(()) => Hop::Redirect(next),
-                Err(refused) => Hop::Failed(FetchError::permanent(refused.to_string())),
+                Err(refused) => Hop::Failed(refused.failure()),
             };
         }
         if let Some(refused) = refusal_of(&response, conditional) {

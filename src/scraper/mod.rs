@@ -178,7 +178,7 @@ pub struct FetchSettings {
     pub proxies: Tiers,
     pub proxy_session: Duration,
     /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`): a target
-    /// name that does not resolve here is left to them instead of refused.
+    /// name that does not resolve here is left to them instead of not fetched (and retried).
     pub proxy_refuses_private: bool,
     /// Roots trusted besides Mozilla's (DER): none as deployed; a test's own CA.
     pub extra_roots: Vec<Vec<u8>>,

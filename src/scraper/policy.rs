@@ -11,7 +11,10 @@ use http_acl::HttpAcl;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use url::{Host, Url};
 
-/// Why a request is refused before any byte is sent. Always permanent.
+use super::FetchError;
+
+/// Why a request is refused before any byte is sent: for good ([`Refused::failure`]), but for
+/// a name that could not be checked here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     #[error("scheme {0:?} is not http or https")]
@@ -37,6 +40,18 @@ pub enum Refused {
          (PROXY_REFUSES_PRIVATE=true trusts the proxy to refuse private networks)"
     )]
     Unchecked(String),
+}
+
+impl Refused {
+    /// The fetch's failure: permanent, but for a name that could not be checked here (it did
+    /// not resolve here, or not in time), which is this side's DNS failure and no verdict of
+    /// the site's: transient, as a DNS failure is on a direct fetch.
+    pub fn failure(&self) -> FetchError {
+        match self {
+            Refused::Unchecked(_) => FetchError::transient(self.to_string()),
+            _ => FetchError::permanent(self.to_string()),
+        }
+    }
 }
 
 /// What may be fetched.

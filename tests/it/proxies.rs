@@ -876,9 +876,11 @@ impl conveyor_worker::scraper::Lookup for OnlyTheProxy {
 }
 
 #[tokio::test]
-async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_refused_unless_the_proxy_is_trusted() {
+async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_not_fetched_but_retried_unless_the_proxy_is_trusted()
+ {
     // Arrange: the strict rules, a proxy named `localhost`; one target name resolves nowhere
-    // here, one never answers (the resolver an attacker's DNS slows down).
+    // here, one never answers (the resolver an attacker's DNS slows down). The same name is
+    // also fetched without a proxy.
     let stack = Stack::new().await;
     let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
     stack.put_active_run().await;
@@ -886,31 +888,39 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_refused_unless_the_p
     for (task, url) in [
         ("nowhere", "http://nowhere.test/page"),
         ("slow", "http://slow.test/page"),
+        ("direct", "http://nowhere.test/direct"),
         ("trusted", "http://nowhere.test/trusted"),
     ] {
         stack.put_task(task, url, "pending").await;
     }
-    let worker = |trusted: bool| {
+    let worker = |proxies: &Tiers, trusted: bool| {
         stack.worker_with(|t| {
             t.allow_private_networks = false;
             t.lookup = Some(std::sync::Arc::new(OnlyTheProxy));
-            t.proxies = tiers.clone();
+            t.proxies = proxies.clone();
             t.proxy_refuses_private = trusted;
         })
     };
 
     // Act
-    let strict = run_batch(&worker(false), vec![delivery("nowhere"), delivery("slow")]).await;
+    let strict = run_batch(
+        &worker(&tiers, false),
+        vec![delivery("nowhere"), delivery("slow")],
+    )
+    .await;
     let asked_before = proxy.requests();
-    run_batch(&worker(true), vec![delivery("trusted")]).await;
+    let direct = run_batch(&worker(&Tiers::default(), false), vec![delivery("direct")]).await;
+    run_batch(&worker(&tiers, true), vec![delivery("trusted")]).await;
 
-    // Assert: refused for good, nothing sent to the proxy; trusted, the proxy was asked.
-    assert!(retried(&strict).is_empty(), "a refusal is permanent");
-    for task in ["nowhere", "slow"] {
+    // Assert: not fetched (nothing sent to the proxy), and no verdict on the task: a DNS
+    // failure here is retried, as it is without a proxy. Trusted, the proxy was asked.
+    let mut strict = retried(&strict);
+    strict.sort();
+    assert_eq!(strict, ["nowhere", "slow"], "a DNS failure is transient");
+    assert_eq!(retried(&direct), ["direct"]);
+    for task in ["nowhere", "slow", "direct"] {
         let item = stack.task(task).await;
-        assert_eq!(item.status(), Some("failed"), "{task}");
-        let error = item.s("error").unwrap_or_default();
-        assert!(error.contains("does not resolve here"), "{task}: {error}");
+        assert_eq!(item.status(), Some("processing"), "{task}: not failed");
     }
     assert!(asked_before.is_empty(), "{asked_before:?}");
     let asked = proxy.requests();
@@ -918,6 +928,56 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_refused_unless_the_p
         asked.iter().any(|r| r.contains("nowhere.test/trusted")),
         "{asked:?}"
     );
+}
+
+#[tokio::test]
+async fn with_a_proxy_a_robots_txt_whose_name_does_not_resolve_here_is_no_verdict_of_the_sites() {
+    // Arrange: robots.txt obeyed, the strict rules, a proxy; one host's name is not found
+    // here, the other's never answers (a resolver timing out).
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    stack
+        .put_task("nowhere", "http://nowhere.test/page", "pending")
+        .await;
+    stack
+        .put_task("slow", "http://slow.test/page", "pending")
+        .await;
+    let tiers = Tiers::parse(&format!("http://localhost:{}", proxy.addr.port())).expect("a tier");
+    let worker = stack.worker_with(|t| {
+        t.allow_private_networks = false;
+        t.lookup = Some(std::sync::Arc::new(OnlyTheProxy));
+        t.proxies = tiers;
+        t.politeness = Politeness {
+            obey_robots: true,
+            agent: "conveyor-worker".into(),
+            ..Politeness::off()
+        };
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("nowhere"), delivery("slow")]).await;
+
+    // Assert: robots.txt is unavailable for a short while (not "allow all" for a day), and
+    // the tasks wait: neither fetched nor failed.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    for host in ["nowhere.test:80", "slow.test:80"] {
+        let robots = stack.host_item(host, "ROBOTS").await;
+        assert_eq!(robots.s("status"), Some("unavailable"), "{host}");
+        let expires_at = robots.n("expires_at").unwrap_or_default();
+        assert!(expires_at <= now + 60_000, "{host}: a minute at most");
+    }
+    let mut waiting = retried(&reply);
+    waiting.sort();
+    assert_eq!(waiting, ["nowhere", "slow"]);
+    for task in ["nowhere", "slow"] {
+        assert_eq!(stack.task(task).await.status(), Some("pending"), "{task}");
+    }
+    let asked = proxy.requests();
+    assert!(asked.is_empty(), "{asked:?}");
 }
 
 /// The path of a redirect to `target`.
