@@ -163,7 +163,8 @@ impl Routes {
         };
         let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
         let ips = match resolved.await {
-            Ok(Ok(ips)) => ips,
+            // An empty answer checks nothing: not fetched either.
+            Ok(Ok(ips)) if !ips.is_empty() => ips,
             _ if self.settings.proxy_refuses_private || self.policy.allows_private() => {
                 return Ok(());
             }

@@ -854,7 +854,7 @@ async fn a_robots_txt_the_proxy_answers_with_407_is_no_verdict_of_the_sites() {
 }
 
 /// Resolves the proxy's name (`localhost`) and nothing else: `slow.test` never answers,
-/// every other name is not found.
+/// `empty.test` answers no address, every other name is not found.
 struct OnlyTheProxy;
 
 impl conveyor_worker::scraper::Lookup for OnlyTheProxy {
@@ -866,6 +866,7 @@ impl conveyor_worker::scraper::Lookup for OnlyTheProxy {
             match host.as_str() {
                 "localhost" => Ok(vec![IpAddr::from([127, 0, 0, 1])]),
                 "slow.test" => std::future::pending().await,
+                "empty.test" => Ok(Vec::new()),
                 _ => Err(std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "no such name",
@@ -879,8 +880,8 @@ impl conveyor_worker::scraper::Lookup for OnlyTheProxy {
 async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_not_fetched_but_retried_unless_the_proxy_is_trusted()
  {
     // Arrange: the strict rules, a proxy named `localhost`; one target name resolves nowhere
-    // here, one never answers (the resolver an attacker's DNS slows down). The same name is
-    // also fetched without a proxy.
+    // here, one never answers (the resolver an attacker's DNS slows down), one answers no
+    // address. The first name is also fetched without a proxy.
     let stack = Stack::new().await;
     let proxy = ForwardProxy::start(DATACENTER.into(), false).await;
     stack.put_active_run().await;
@@ -888,6 +889,7 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_not_fetched_but_retr
     for (task, url) in [
         ("nowhere", "http://nowhere.test/page"),
         ("slow", "http://slow.test/page"),
+        ("empty", "http://empty.test/page"),
         ("direct", "http://nowhere.test/direct"),
         ("trusted", "http://nowhere.test/trusted"),
     ] {
@@ -905,7 +907,7 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_not_fetched_but_retr
     // Act
     let strict = run_batch(
         &worker(&tiers, false),
-        vec![delivery("nowhere"), delivery("slow")],
+        vec![delivery("nowhere"), delivery("slow"), delivery("empty")],
     )
     .await;
     let asked_before = proxy.requests();
@@ -916,9 +918,13 @@ async fn with_a_proxy_a_name_that_cannot_be_checked_here_is_not_fetched_but_retr
     // failure here is retried, as it is without a proxy. Trusted, the proxy was asked.
     let mut strict = retried(&strict);
     strict.sort();
-    assert_eq!(strict, ["nowhere", "slow"], "a DNS failure is transient");
+    assert_eq!(
+        strict,
+        ["empty", "nowhere", "slow"],
+        "a DNS failure is transient"
+    );
     assert_eq!(retried(&direct), ["direct"]);
-    for task in ["nowhere", "slow", "direct"] {
+    for task in ["nowhere", "slow", "empty", "direct"] {
         let item = stack.task(task).await;
         assert_eq!(item.status(), Some("processing"), "{task}: not failed");
     }
