@@ -5,15 +5,24 @@
 /// Milliseconds since the Unix epoch: the one clock every sandbox shares.
 pub type Millis = u64;
 
-/// A host: its lower-case name and port, as the URL gives them (`example.com:443`). At most
-/// 260 bytes (a DNS name is at most 253), so it is safe in a key.
+/// A host: its name and port, one key however the URL spells them (`example.com:443`): the
+/// name lower-case and IDNA-encoded (`url` does both), without the root's trailing dot, and
+/// the port always written (the scheme's default too). At most 260 bytes (a DNS name is at
+/// most 253), so it is safe in a key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Host(String);
 
 impl Host {
     /// The host of an absolute http(s) URL; `None` for anything else.
     pub fn of(url: &url::Url) -> Option<Self> {
-        let name = url.host_str()?.to_ascii_lowercase();
+        let name = match url.host()? {
+            // `example.com.` names `example.com` (the trailing dot is the DNS root's).
+            url::Host::Domain(name) => {
+                let bare = name.strip_suffix('.').filter(|bare| !bare.is_empty());
+                bare.unwrap_or(name).to_ascii_lowercase()
+            }
+            _ => url.host_str()?.to_owned(),
+        };
         let port = url.port_or_known_default()?;
         let host = format!("{name}:{port}");
         (host.len() <= 260).then_some(Self(host))
@@ -248,6 +257,48 @@ pub fn push_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn host(url: &str) -> Option<String> {
+        let url = url::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        Host::of(&url).map(|h| h.as_str().to_owned())
+    }
+
+    #[test]
+    fn a_host_is_one_key_however_its_name_and_port_are_spelled() {
+        let spellings = [
+            ("http://example.com/a", "example.com:80"),
+            ("http://example.com./a", "example.com:80"),
+            ("http://EXAMPLE.Com/a", "example.com:80"),
+            ("http://Example.COM./a", "example.com:80"),
+            ("http://example.com:80/a", "example.com:80"),
+            ("http://example.com.:80/a", "example.com:80"),
+            ("https://example.com/a", "example.com:443"),
+            ("https://example.com:443/a", "example.com:443"),
+            ("https://example.com.:443/a", "example.com:443"),
+            ("https://example.com:8443/a", "example.com:8443"),
+            ("http://bücher.example/a", "xn--bcher-kva.example:80"),
+            ("http://BÜCHER.example./a", "xn--bcher-kva.example:80"),
+            ("http://xn--bcher-kva.example/a", "xn--bcher-kva.example:80"),
+            ("http://127.0.0.1:80/a", "127.0.0.1:80"),
+            ("http://[::1]/a", "[::1]:80"),
+        ];
+        for (url, key) in spellings {
+            assert_eq!(host(url).as_deref(), Some(key), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_host_key_is_bounded_and_only_for_http_urls_with_a_host() {
+        let long = format!("http://{}.example/", "a".repeat(300));
+
+        assert_eq!(host(&long), None, "over 260 bytes");
+        assert_eq!(
+            host("http://./a").as_deref(),
+            Some(".:80"),
+            "the root alone"
+        );
+        assert_eq!(host("mailto:someone@example.com"), None);
+    }
 
     #[test]
     fn a_jobs_limits_out_of_range_give_way_to_the_fleets() {
