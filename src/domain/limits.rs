@@ -107,6 +107,8 @@ pub const MAX_SLOWDOWN: f64 = 64.0;
 pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
 /// A cooldown without `Retry-After` lasts at least this long.
 pub const MIN_COOLDOWN_MS: Millis = 1_000;
+/// A site's `Retry-After` past this (a day) is taken as this: its cooldown, and a task's hold.
+pub const MAX_RETRY_AFTER_MS: Millis = 24 * 3_600_000;
 
 /// A host's shared state, as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -241,7 +243,8 @@ pub const CONTENDED_RETRY_MS: Millis = 250;
 pub const SLOT_RETRY_MS: Millis = 1_000;
 
 /// The host pushed back (429 or 503): the slowdown doubles (from what is in force), and no
-/// fetch starts until `Retry-After` or, without one, one slowed interval (at least a second).
+/// fetch starts until `Retry-After` (at most [`MAX_RETRY_AFTER_MS`]) or, without one, one
+/// slowed interval (at least a second).
 pub fn push_back(
     state: &HostState,
     now: Millis,
@@ -251,7 +254,10 @@ pub fn push_back(
     let slowdown = (state.slowdown_at(now) * 2.0).min(MAX_SLOWDOWN);
     let slowed = interval(max_rps.or(Some(1.0)), slowdown).unwrap_or(MIN_COOLDOWN_MS);
     let cooldown = retry_after.unwrap_or(slowed.max(MIN_COOLDOWN_MS));
-    (now + cooldown, slowdown)
+    (
+        now.saturating_add(cooldown.min(MAX_RETRY_AFTER_MS)),
+        slowdown,
+    )
 }
 
 #[cfg(test)]
@@ -444,6 +450,22 @@ mod tests {
         assert_eq!(slowed.slowdown_at(60_000), 1.0);
         assert!((slowed.slowdown_at(30_000) - 2.0_f64.sqrt()).abs() < 1e-9);
         assert_eq!(interval(Some(5.0), 2.0), Some(400));
+    }
+
+    #[test]
+    fn a_huge_retry_after_cools_the_host_for_the_longest_cooldown_without_overflow() {
+        let now = 1_700_000_000_000;
+
+        let (until, _) = push_back(&HostState::default(), now, Some(5.0), Some(Millis::MAX));
+        let (late, _) = push_back(
+            &HostState::default(),
+            Millis::MAX - 1,
+            None,
+            Some(Millis::MAX),
+        );
+
+        assert_eq!(until, now + MAX_RETRY_AFTER_MS);
+        assert_eq!(late, Millis::MAX);
     }
 
     #[test]

@@ -286,15 +286,30 @@ impl Gate {
 
 /// A wait with up to a quarter more, so the records a host held do not all come back at once.
 fn jittered(wait: Millis) -> Duration {
-    Duration::from_millis(wait + fastrand::u64(0..=wait / 4))
+    Duration::from_millis(wait.saturating_add(fastrand::u64(0..=wait / 4)))
 }
 
 fn now_ms() -> Millis {
     epoch_millis(SystemTime::now()) as Millis
 }
 
+/// A duration in milliseconds, [`Millis::MAX`] past what they hold.
 fn millis(d: Duration) -> Millis {
-    d.as_millis() as Millis
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
 
 const ORDER: std::sync::atomic::Ordering = std::sync::atomic::Ordering::Relaxed;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_durations_saturate_in_milliseconds_and_in_a_jittered_wait() {
+        assert_eq!(millis(Duration::MAX), Millis::MAX);
+        assert_eq!(millis(Duration::from_secs(u64::MAX)), Millis::MAX);
+        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
+        assert!(jittered(Millis::MAX) >= Duration::from_millis(Millis::MAX));
+        assert!(jittered(1_000) <= Duration::from_millis(1_250));
+    }
+}

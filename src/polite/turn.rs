@@ -242,7 +242,7 @@ impl Gate {
         };
         if let Some((429 | 503, retry_after)) = answer {
             measures.polite.cooldowns.fetch_add(1, ORDER);
-            let retry_after = retry_after.map(|d| d.as_millis() as Millis);
+            let retry_after = retry_after.map(millis);
             if let Err(err) = self.push_back(store, &host, max_rps, retry_after).await {
                 tracing::warn!(error = %err, host = host.as_str(), "could not record the host's push-back");
             }

@@ -8,6 +8,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 
 use super::policy::Refused;
 use super::{FetchError, Retry};
+use crate::domain::limits::MAX_RETRY_AFTER_MS;
 
 /// How a response status is treated: Scrapy's retry list (408, 429, 500, 502, 503, 504, 522,
 /// 524: every 5xx here), plus 425 Too Early. Everything else that is not 2xx is permanent.
@@ -48,14 +49,21 @@ pub fn classify_error(err: &reqwest::Error) -> FetchError {
     }
 }
 
-/// `Retry-After` as a delay from `now`: delta-seconds or an HTTP date (RFC 9110 10.2.3).
+/// `Retry-After` as a delay from `now`: delta-seconds or an HTTP date (RFC 9110 10.2.3), at
+/// most [`MAX_RETRY_AFTER_MS`] (more digits than a u64 holds are that too).
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    let longest = Duration::from_millis(MAX_RETRY_AFTER_MS);
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        let seconds = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(seconds).min(longest));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(longest),
+    )
 }
 
 /// The first error of type `T` in `err`'s chain of sources, `err` included.
@@ -136,7 +144,20 @@ mod tests {
             "a past date"
         );
         assert_eq!(at("soon"), None);
+        assert_eq!(at(""), None);
         assert_eq!(at("-5"), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn a_huge_retry_after_is_taken_as_the_longest() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let at = |v: &str| retry_after(&headers(v), now);
+        let longest = Some(Duration::from_millis(MAX_RETRY_AFTER_MS));
+
+        assert_eq!(at("99999999999999999999"), longest, "past u64");
+        assert_eq!(at("18446744073709551615"), longest, "u64::MAX seconds");
+        assert_eq!(at("Fri, 31 Dec 9999 23:59:59 GMT"), longest);
+        assert_eq!(at("86399"), Some(Duration::from_secs(86_399)));
     }
 }
