@@ -5,7 +5,7 @@
 use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
 use crate::ports::error::AwsError;
-use crate::ports::hosts::HostStore;
+use crate::ports::hosts::{HostStore, PushedBack};
 use std::collections::VecDeque;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -14,6 +14,10 @@ use super::{
     AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, Gate, HoldReason, HostTurn, Later, MOST_BOOKED_TOGETHER,
     MOST_HOSTS, ORDER, Permit, READ_LEAD_MS, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
 };
+
+/// How many times a push-back is written when other sandboxes' push-backs keep coming
+/// between its read and its write (each try starts from the item as the refusal gave it).
+const PUSH_BACK_TRIES: usize = 4;
 
 impl Gate {
     /// The host's schedule and a slot for one fetch: asked of the host's item unless this
@@ -262,7 +266,8 @@ impl Gate {
 
     /// A 429 or 503: the slowdown doubled from what the host's item has in force, the
     /// cooldown from `Retry-After` (or one slowed interval), recorded unless a longer one
-    /// stands; this sandbox's view then shows whichever is in force.
+    /// stands. A push-back another sandbox recorded between the read and the write is
+    /// doubled in turn, never overwritten. This sandbox's view then shows what is in force.
     pub(super) async fn push_back<S: HostStore>(
         &self,
         store: &S,
@@ -272,10 +277,25 @@ impl Gate {
     ) -> Result<(), AwsError> {
         let now = now_ms();
         let mut state = store.host(host).await?;
-        let (until, slowdown) = limits::push_back(&state, now, max_rps, retry_after);
-        if store.push_back(host, (until, slowdown), now).await? {
-            state.cooldown_until = Some(until);
-            state.slowdown = Some((slowdown, now));
+        for _ in 0..PUSH_BACK_TRIES {
+            let (until, slowdown) = limits::push_back(&state, now, max_rps, retry_after);
+            match store
+                .push_back(host, &state, (until, slowdown), now)
+                .await?
+            {
+                PushedBack::Recorded => {
+                    state.cooldown_until = Some(until);
+                    state.slowdown = Some((slowdown, now));
+                    break;
+                }
+                PushedBack::Refused(standing) => {
+                    let raced = standing.slowdown != state.slowdown;
+                    state = standing;
+                    if !raced {
+                        break;
+                    }
+                }
+            }
         }
         tracing::info!(
             host = host.as_str(),

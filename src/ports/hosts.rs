@@ -33,6 +33,14 @@ impl Robots {
     }
 }
 
+/// A push-back's write: recorded, or refused, with the host's item as it is: a longer
+/// cooldown stood, or another push-back changed the slowdown since it was read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PushedBack {
+    Recorded,
+    Refused(HostState),
+}
+
 /// A take's answer: the grant, the host's state, and the slot taken.
 pub type Taken = (Grant, HostState, Option<(usize, Millis)>);
 
@@ -60,14 +68,16 @@ pub trait HostStore: Send + Sync {
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
     /// Records the host's push-back, `(cooldown end, slowdown)` computed from `seen` (the
-    /// item as read), only if it lengthens the cooldown in force: a later, weaker answer
-    /// never shortens it. False when a longer cooldown stood.
+    /// item as read), only if it lengthens the cooldown in force (a later, weaker answer
+    /// never shortens it) and the item's slowdown is still the one `seen` has (another
+    /// push-back recorded meanwhile is not overwritten: the caller computes again from it).
     fn push_back(
         &self,
         host: &Host,
+        seen: &HostState,
         push_back: (Millis, f64),
         now: Millis,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+    ) -> impl Future<Output = Result<PushedBack, AwsError>> + Send;
 
     fn robots(
         &self,

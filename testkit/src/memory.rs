@@ -21,7 +21,7 @@ use conveyor_worker::domain::refresh::{Prior, Validators};
 use conveyor_worker::domain::spend::{DeliverySpend, Lease as PaidLease, Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
 use conveyor_worker::ports::error::AwsError;
-use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
+use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
 use conveyor_worker::ports::results::{
     Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore,
@@ -414,21 +414,22 @@ impl HostStore for MemoryTasks {
     async fn push_back(
         &self,
         host: &Host,
+        seen: &HostState,
         (until, slowdown): (Millis, f64),
         now: Millis,
-    ) -> Result<bool, AwsError> {
+    ) -> Result<PushedBack, AwsError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
-        if state
+        let longer_stands = state
             .cooldown_until
-            .is_some_and(|standing| standing >= until)
-        {
-            return Ok(false);
+            .is_some_and(|standing| standing >= until);
+        if longer_stands || state.slowdown != seen.slowdown {
+            return Ok(PushedBack::Refused(state.clone()));
         }
         state.cooldown_until = Some(until);
         state.slowdown = Some((slowdown, now));
-        Ok(true)
+        Ok(PushedBack::Recorded)
     }
 
     async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, AwsError> {

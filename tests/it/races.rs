@@ -570,3 +570,83 @@ async fn a_last_task_whose_count_was_refused_around_a_requeue_still_completes_it
     assert_eq!(run.status(), Some("completed"), "{run:?}");
     assert_eq!(run.n("times_completed"), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_read_and_write() {
+    use conveyor_worker::domain::limits::{HostLimits, MAX_SLOWDOWN};
+    use conveyor_worker::metrics::Measures;
+    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
+
+    // Arrange: a sandbox with a rate for its hosts takes a turn at `site.test`; its client
+    // stops before its second UpdateItem (the first is the turn): the push-back's write.
+    let stack = Stack::new().await;
+    let worker = std::sync::Arc::new(stack.worker_with(|t| {
+        t.politeness = Politeness {
+            limits: HostLimits {
+                max_rps: Some(1.0),
+                max_inflight: None,
+            },
+            ..Politeness::off()
+        };
+    }));
+    let (hosts, paused) = paused_before(&stack, "UpdateItem", 2).await;
+    let visit = Visit {
+        url: "http://site.test/page",
+        booked: None,
+        wait_left: Duration::from_secs(60),
+    };
+    let (job, measures) = (JobPoliteness::default(), Measures::default());
+    let budget = Duration::from_secs(10);
+    let entered = (worker.gate).enter((&hosts, &worker.fetcher), visit, &job, budget, &measures);
+    let Entry::Go(permit) = entered.await.expect("the host's turn") else {
+        panic!("an idle host grants a turn at once");
+    };
+    let (sandbox, answer) = (worker.clone(), Some((429, Some(Duration::from_secs(30)))));
+    let answered = tokio::spawn(async move {
+        let left = sandbox.gate.leave(&hosts, permit, answer, &measures);
+        left.await;
+    });
+
+    // Act: between its read of the host and its write, another sandbox records a push-back
+    // at the highest slowdown (with a shorter cooldown).
+    paused.reached().await;
+    let now = conveyor_worker::domain::time::epoch_millis(std::time::SystemTime::now());
+    pushed_back(&stack, "site.test:80", (MAX_SLOWDOWN, now), now + 1_000).await;
+    paused.resume();
+    answered.await.expect("the push-back");
+
+    // Assert: the higher slowdown stays; the longer cooldown is recorded.
+    let host = stack.host_item("site.test:80", "HOST").await;
+    let slowdown: f64 = attributes::number(&host.0, "slowdown").expect("a slowdown");
+    assert_eq!(slowdown, MAX_SLOWDOWN, "{host:?}");
+    let cooldown = host.n("cooldown_until").expect("a cooldown") as u128;
+    assert!(cooldown >= now + 29_000, "{cooldown} against {now}");
+}
+
+/// A push-back another sandbox recorded at `host`: `(slowdown, at)`, and a cooldown `until`.
+async fn pushed_back(stack: &Stack, host: &str, (slowdown, at): (f64, u128), until: u128) {
+    let update = stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::host_key(host, "HOST")))
+        .update_expression("SET cooldown_until = :c, slowdown = :s, slowdown_at = :at")
+        .expression_attribute_values(":c", attributes::n(until))
+        .expression_attribute_values(":s", attributes::n(slowdown))
+        .expression_attribute_values(":at", attributes::n(at));
+    update.send().await.expect("the other sandbox's push-back");
+}
+
+/// A task store whose client stops before its `nth` request of `operation`.
+async fn paused_before(
+    stack: &Stack,
+    operation: &'static str,
+    nth: usize,
+) -> (DynamoTaskStore, pause::Paused) {
+    let (pause, paused) = pause::PauseBefore::new(operation, nth);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config(&endpoint()).await)
+        .interceptor(pause)
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    (DynamoTaskStore::new(client, &stack.table), paused)
+}

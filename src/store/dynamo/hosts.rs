@@ -2,11 +2,13 @@
 //! in-flight slots and the cooldown every sandbox obeys (`HOST#<host>`, sk `HOST`), and the
 //! host's robots.txt as the fleet last fetched it (sk `ROBOTS`).
 
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
 use crate::ports::error::AwsError;
-use crate::ports::hosts::{HostStore, Robots, RobotsRecord, Taken};
+use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
 
 use crate::store::dynamo::keys::host_key;
@@ -67,13 +69,7 @@ impl HostStore for DynamoTaskStore {
                     };
                     return Ok((Grant::StartAt(start), after, ask.slot));
                 }
-                Err(err) if is_condition_failure(&err) => {
-                    let old = err.as_service_error().and_then(|e| match e {
-                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => c.item.clone(),
-                        _ => None,
-                    });
-                    state = old.as_ref().map(host_state).unwrap_or_default();
-                }
+                Err(err) if is_condition_failure(&err) => state = refused_state(&err),
                 Err(err) => return Err(AwsError::from_sdk("UpdateItem(host)", err)),
             }
         }
@@ -110,18 +106,20 @@ impl HostStore for DynamoTaskStore {
     async fn push_back(
         &self,
         host: &Host,
+        seen: &HostState,
         push_back: (Millis, f64),
         now: Millis,
-    ) -> Result<bool, AwsError> {
+    ) -> Result<PushedBack, AwsError> {
         let request = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(host_key(host.as_str(), "HOST")));
-        let expression = writes::host_push_back(push_back, now);
+            .set_key(Some(host_key(host.as_str(), "HOST")))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let expression = writes::host_push_back(seen.slowdown, push_back, now);
         match expression.apply_to(request).send().await {
-            Ok(_) => Ok(true),
-            Err(err) if is_condition_failure(&err) => Ok(false),
+            Ok(_) => Ok(PushedBack::Recorded),
+            Err(err) if is_condition_failure(&err) => Ok(PushedBack::Refused(refused_state(&err))),
             Err(err) => Err(AwsError::from_sdk("UpdateItem(host)", err)),
         }
     }
@@ -226,6 +224,15 @@ impl DynamoTaskStore {
             Err(err) => Err(AwsError::from_sdk("UpdateItem(robots)", err)),
         }
     }
+}
+
+/// The host item as it was when a conditional write was refused (`ALL_OLD`).
+fn refused_state<R>(err: &SdkError<UpdateItemError, R>) -> HostState {
+    let old = err.as_service_error().and_then(|e| match e {
+        UpdateItemError::ConditionalCheckFailedException(c) => c.item.as_ref(),
+        _ => None,
+    });
+    old.map(host_state).unwrap_or_default()
 }
 
 /// A robots.txt as its item keeps it: the body and its gzip, cut (by halves of what is
@@ -333,15 +340,32 @@ pub(crate) mod writes {
     }
 
     /// The host pushed back: the cooldown and slowdown every sandbox then obeys, only if the
-    /// cooldown ends later than the one in force (a push-back only lengthens it).
-    pub(crate) fn host_push_back((until, slowdown): (u64, f64), now: u64) -> Expression {
-        Expression::new(
-            "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now".into(),
-            "attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown",
-        )
-        .value(":cooldown", n(until))
-        .value(":slowdown", n(slowdown))
-        .value(":now", n(now))
+    /// cooldown ends later than the one in force (a push-back only lengthens it) and the
+    /// slowdown is still the one `read` (computed from it: one written meanwhile, perhaps
+    /// higher, is not overwritten).
+    pub(crate) fn host_push_back(
+        read: Option<(f64, u64)>,
+        (until, slowdown): (u64, f64),
+        now: u64,
+    ) -> Expression {
+        let cooldown = "(attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown)";
+        let update = "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now";
+        let expression = match read {
+            None => Expression::new(
+                update.into(),
+                &format!("{cooldown} AND attribute_not_exists(slowdown)"),
+            ),
+            Some((read, read_at)) => Expression::new(
+                update.into(),
+                &format!("{cooldown} AND slowdown = :read AND slowdown_at = :read_at"),
+            )
+            .value(":read", n(read))
+            .value(":read_at", n(read_at)),
+        };
+        expression
+            .value(":cooldown", n(until))
+            .value(":slowdown", n(slowdown))
+            .value(":now", n(now))
     }
 
     /// A robots item that cannot be read made expired, if its expiry is still `seen`.
