@@ -182,11 +182,13 @@ async fn accept(listener: TcpListener, upstream: Upstream, open: Open, unreachab
 
 /// One connection: relayed to the proxy both ways, every byte counted, until either side
 /// closes or it carried its most (then both sides are closed at once); a proxy out of
-/// reach is answered `unreachable`.
+/// reach is answered `unreachable`, once the client's request is in (an answer before it
+/// is no answer to the client's HTTP, but a connection that spoke out of turn).
 async fn relay(mut client: TcpStream, upstream: &Upstream, conn: &Conn, unreachable: &[u8]) {
     let proxy = match tokio::time::timeout(CONNECT_TIMEOUT, connect(upstream)).await {
         Ok(Ok(proxy)) => proxy,
         _ => {
+            let _ = tokio::time::timeout(CONNECT_TIMEOUT, request_head(&mut client)).await;
             let _ = client.write_all(unreachable).await;
             let _ = client.shutdown().await;
             return;
@@ -206,6 +208,17 @@ async fn relay(mut client: TcpStream, upstream: &Upstream, conn: &Conn, unreacha
         _ = both => {}
         () = conn.cutting.notified() => {
             tracing::debug!("proxy relay: a connection cut at the most its fetch may spend");
+        }
+    }
+}
+
+/// Reads the client's request head (to its blank line, at most 64 KiB), then drops it.
+async fn request_head(client: &mut TcpStream) {
+    let (mut head, mut chunk) = (Vec::new(), [0u8; 4096]);
+    while head.len() < 64 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
         }
     }
 }
@@ -345,5 +358,32 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
         let header = format!("{UNREACHABLE}: {}\r\n", relay.token);
         assert!(answer.contains(&header), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_relay_whose_proxy_is_out_of_reach_answers_only_once_the_request_is_in() {
+        // Arrange: an address nothing listens on; a client that connects and waits.
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = gone.local_addr().unwrap();
+        drop(gone);
+        let relay = Relay::start(to(addr)).unwrap();
+        let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
+            .await
+            .unwrap();
+
+        // Act: nothing sent for a moment, then the request.
+        let mut early = [0u8; 1];
+        let before = tokio::time::timeout(Duration::from_millis(300), client.read(&mut early));
+        let before = before.await;
+        client
+            .write_all(b"GET http://x/ HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+
+        // Assert: no byte before the request (hyper reads one as a broken connection).
+        assert!(before.is_err(), "the relay spoke first: {before:?}");
+        assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
     }
 }
