@@ -17,9 +17,13 @@ use super::{
 
 /// What robots.txt lets a record do.
 pub(super) enum RobotsSays {
-    Fetch { crawl_delay: Option<f64> },
+    Fetch {
+        crawl_delay: Option<f64>,
+    },
     Disallowed,
     Wait(Duration),
+    /// Our proxy could not fetch it.
+    ProxyFailed,
 }
 
 impl Gate {
@@ -176,6 +180,7 @@ fn says(parsed: &Parsed, url: &url::Url) -> RobotsSays {
         Verdict::Disallowed => RobotsSays::Disallowed,
         // How long: `or_until`, from the copy's expiry.
         Verdict::Unavailable => RobotsSays::Wait(Duration::ZERO),
+        Verdict::ProxyFailed => RobotsSays::ProxyFailed,
     }
 }
 

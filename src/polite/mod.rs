@@ -76,6 +76,8 @@ pub enum Entry {
     Booked { start: Millis, delay: Duration },
     /// robots.txt forbids the URL.
     Disallowed,
+    /// Our proxy could not fetch the host's robots.txt: a failure of ours, not a wait.
+    ProxyFailed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +226,7 @@ impl Gate {
                     return Ok(Entry::Disallowed);
                 }
                 RobotsSays::Wait(wait) => return Ok(Entry::Hold(wait, HoldReason::Robots)),
+                RobotsSays::ProxyFailed => return Ok(Entry::ProxyFailed),
             }
         }
         let far = now_ms() + millis(visit.wait_left);

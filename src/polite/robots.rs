@@ -16,6 +16,7 @@ pub enum Parsed {
     Rules(Arc<texting_robots::Robot>),
     AllowAll,
     Unavailable,
+    ProxyFailed,
 }
 
 impl std::fmt::Debug for Parsed {
@@ -24,6 +25,7 @@ impl std::fmt::Debug for Parsed {
             Parsed::Rules(_) => "Rules",
             Parsed::AllowAll => "AllowAll",
             Parsed::Unavailable => "Unavailable",
+            Parsed::ProxyFailed => "ProxyFailed",
         })
     }
 }
@@ -38,6 +40,8 @@ pub enum Verdict {
     Disallowed,
     /// The host could not say: nothing is fetched from it for now.
     Unavailable,
+    /// Our proxy could not fetch it: nothing is fetched for now, a failure of ours.
+    ProxyFailed,
 }
 
 impl Parsed {
@@ -51,6 +55,7 @@ impl Parsed {
             },
             Robots::AllowAll => Parsed::AllowAll,
             Robots::Unavailable => Parsed::Unavailable,
+            Robots::ProxyFailed => Parsed::ProxyFailed,
         }
     }
 
@@ -62,6 +67,7 @@ impl Parsed {
             Parsed::Rules(_) => Verdict::Disallowed,
             Parsed::AllowAll => Verdict::Allowed { crawl_delay: None },
             Parsed::Unavailable => Verdict::Unavailable,
+            Parsed::ProxyFailed => Verdict::ProxyFailed,
         }
     }
 }
@@ -69,7 +75,8 @@ impl Parsed {
 /// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429), or a fetch
 /// our own rules refuse, means no rules, for `ttl`; a 429, 5xx or no answer means nothing
 /// allowed, until `retry`. A proxy's own answer (a 407, a gateway error, a refused CONNECT)
-/// is no answer of the site's: nothing is known, until `retry`.
+/// is no answer of the site's: nothing is known, until `retry`, and the records that meet it
+/// fail for a reason of ours.
 pub fn record_of(
     fetched: &Result<Page, FetchError>,
     now: Millis,
@@ -77,7 +84,7 @@ pub fn record_of(
 ) -> RobotsRecord {
     let (rules, lasts) = match fetched {
         Ok(page) => (Robots::Rules(page.body.to_vec()), ttl),
-        Err(err) if err.retry == Retry::Ours => (Robots::Unavailable, retry),
+        Err(err) if err.retry == Retry::Ours => (Robots::ProxyFailed, retry),
         Err(err) => match err.http_status {
             Some(status) if (400..500).contains(&status) && status != 429 => {
                 (Robots::AllowAll, ttl)
@@ -150,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_file_allows_all_and_an_unavailable_one_allows_nothing_until_retry() {
+    fn a_missing_file_allows_all_and_an_unavailable_one_allows_nothing_until_retry_ours_or_not() {
         let missing = record_of(&status(404), 0, (100, 10));
         let failing = record_of(&status(503), 0, (100, 10));
         let throttled = record_of(&status(429), 0, (100, 10));
@@ -178,9 +185,14 @@ mod tests {
             (Robots::AllowAll, 100)
         );
         assert_eq!(refused.rules, Robots::AllowAll);
-        for record in [failing, throttled, unreachable, proxy_407] {
+        for record in [failing, throttled, unreachable] {
             assert_eq!((record.rules, record.expires_at), (Robots::Unavailable, 10));
         }
+        assert_eq!(
+            (proxy_407.rules, proxy_407.expires_at),
+            (Robots::ProxyFailed, 10),
+            "ours, not the site's"
+        );
     }
 
     #[test]

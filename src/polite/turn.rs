@@ -155,7 +155,7 @@ impl Gate {
                 let booked = Some(start);
                 Ok(Err(Later { delay, booked }))
             }
-            Entry::Disallowed => Ok(Ok(permit)),
+            Entry::Disallowed | Entry::ProxyFailed => Ok(Ok(permit)),
         }
     }
 
@@ -182,7 +182,7 @@ impl Gate {
                         Ok(())
                     }
                     Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => Err(wait),
-                    Entry::Disallowed => Ok(()),
+                    Entry::Disallowed | Entry::ProxyFailed => Ok(()),
                 },
             );
         }

@@ -21,6 +21,10 @@ pub enum Robots {
     AllowAll,
     /// The host could not say (5xx, unreachable): nothing allowed until it expires.
     Unavailable,
+    /// Our proxy could not fetch it (a 407, a gateway error, no connection): nothing allowed
+    /// until it expires, and a failure of ours for the records that meet it. Kept as
+    /// `unavailable` with `ours`, which the previous release reads as unavailable.
+    ProxyFailed,
 }
 
 impl Robots {
@@ -28,7 +32,7 @@ impl Robots {
         match self {
             Robots::Rules(_) => "rules",
             Robots::AllowAll => "allow_all",
-            Robots::Unavailable => "unavailable",
+            Robots::Unavailable | Robots::ProxyFailed => "unavailable",
         }
     }
 }

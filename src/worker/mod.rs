@@ -285,6 +285,11 @@ pub const MAX_POLITE_HOLD: Duration = SQS_MAX_VISIBILITY.saturating_sub(Duration
 /// The reason a task robots.txt forbids fails with.
 pub const DISALLOWED: &str = "disallowed by robots.txt";
 
+/// The reason of ours a task's try ends with while our proxy cannot fetch its host's
+/// robots.txt.
+pub const ROBOTS_PROXY_FAILED: &str =
+    "the host's robots.txt could not be fetched through the proxy";
+
 /// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` for its host.
 pub const WAITED_TOO_LONG: &str = "waited too long for its host";
 

@@ -19,8 +19,8 @@ use crate::scraper::{FetchError, Fetcher};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Attempt, Claimed, DISALLOWED, Delivery, TRIES_SPENT, WAITED_TOO_LONG, Work, Worker, backed_off,
-    outcome_of,
+    Attempt, Claimed, DISALLOWED, Delivery, ROBOTS_PROXY_FAILED, TRIES_SPENT, WAITED_TOO_LONG,
+    Work, Worker, backed_off, outcome_of,
 };
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
@@ -143,6 +143,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let (delay, booked) = match entry.await? {
             Entry::Go(permit) => return Ok(Ok(Ok(permit))),
             Entry::Disallowed => return Ok(Ok(Err(FetchError::permanent(DISALLOWED)))),
+            Entry::ProxyFailed => {
+                let reason = ROBOTS_PROXY_FAILED.to_owned();
+                return Ok(Ok(Err(FetchError::ours(reason))));
+            }
             Entry::Hold(delay, why) => {
                 let delay = backed_off(delay, why, delivery.waits);
                 tracing::info!(

@@ -838,13 +838,17 @@ async fn a_robots_txt_the_proxy_answers_with_407_is_no_verdict_of_the_sites() {
     // Act
     let reply = run_batch(&worker, vec![delivery("t0")]).await;
 
-    // Assert: robots.txt is not known (not "allow all" for a day on the proxy's word), and
-    // the task waits: neither fetched nor failed.
+    // Assert: robots.txt is not known (not "allow all" for a day on the proxy's word, kept
+    // as the proxy's failure), and the task's try failed for a reason of ours: neither
+    // fetched nor failed.
     let host = site.url("").trim_start_matches("http://").to_owned();
     let robots = stack.host_item(&host, "ROBOTS").await;
     assert_eq!(robots.s("status"), Some("unavailable"));
+    assert!(robots.0.contains_key("ours"), "{robots:?}");
     assert_eq!(retried(&reply), ["t0"]);
-    assert_eq!(stack.task("t0").await.status(), Some("pending"));
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("processing"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(1), "a try of ours");
     assert!(site.peers().is_empty());
     assert_eq!(
         proxy.requests().len(),

@@ -174,6 +174,9 @@ impl HostStore for DynamoTaskStore {
         let mut item = host_key(host.as_str(), "ROBOTS");
         item.insert("status".into(), s(record.rules.kind()));
         item.insert("expires_at".into(), n(record.expires_at));
+        if record.rules == Robots::ProxyFailed {
+            item.insert("ours".into(), AttributeValue::Bool(true));
+        }
         let record = match record.rules {
             Robots::Rules(body) => {
                 let (kept, gzipped) = kept_robots(body);
@@ -280,6 +283,9 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
     let rules = match string(item, "status")? {
         "rules" => Robots::Rules(robots_body(item)?),
         "allow_all" => Robots::AllowAll,
+        "unavailable" if item.get("ours").is_some_and(|o| o.as_bool() == Ok(&true)) => {
+            Robots::ProxyFailed
+        }
         "unavailable" => Robots::Unavailable,
         _ => return None,
     };
