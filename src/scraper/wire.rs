@@ -335,13 +335,18 @@ mod tests {
         assert!(rest.len() < 100_000, "{}", rest.len());
     }
 
-    #[tokio::test]
-    async fn a_relay_whose_proxy_is_out_of_reach_answers_so() {
-        // Arrange: an address nothing listens on (bound, then let go).
+    /// A relay to an address nothing listens on (bound, then let go).
+    fn relay_to_nothing() -> Relay {
         let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = gone.local_addr().unwrap();
         drop(gone);
-        let relay = Relay::start(to(addr)).unwrap();
+        Relay::start(to(addr)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_relay_whose_proxy_is_out_of_reach_answers_so() {
+        // Arrange
+        let relay = relay_to_nothing();
 
         // Act
         let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
@@ -362,11 +367,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_relay_whose_proxy_is_out_of_reach_answers_only_once_the_request_is_in() {
-        // Arrange: an address nothing listens on; a client that connects and waits.
-        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = gone.local_addr().unwrap();
-        drop(gone);
-        let relay = Relay::start(to(addr)).unwrap();
+        // Arrange: a client that connects and waits.
+        let relay = relay_to_nothing();
         let mut client = TcpStream::connect(("127.0.0.1", relay.port()))
             .await
             .unwrap();

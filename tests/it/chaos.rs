@@ -40,17 +40,7 @@ fn scenario(policy: DuplicatePolicy, counters: (u32, u32), polite: bool) -> Scen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_ends_once_and_every_count_adds_up_under_chaos() {
     // The injected crashes are expected: keep them out of the output, and nothing else.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .copied()
-            .unwrap_or_default();
-        if !message.starts_with("injected crash") {
-            default_hook(info);
-        }
-    }));
+    conveyor_testkit::chaos::quiet_injected_crashes();
     let (converge, lease) = tokio::join!(
         // The converge run at politeness's production defaults, over local hosts; the lease
         // run without host limits, on one site: it presses the run item's transactions

@@ -36,7 +36,7 @@ fn seeds() -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_drawn_configuration_keeps_every_invariant() {
-    matrix::quiet_injected_crashes();
+    conveyor_testkit::chaos::quiet_injected_crashes();
     let mut failed = Vec::new();
     for seed in seeds() {
         let draw = Draw::of(seed);
