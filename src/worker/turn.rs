@@ -140,42 +140,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let entry = self
             .gate
             .enter(ports, visit, job, budget, &invocation.measures);
-        let (delay, booked) = match entry.await? {
-            Entry::Go(permit) => return Ok(Ok(Ok(permit))),
-            Entry::Disallowed => return Ok(Ok(Err(FetchError::permanent(DISALLOWED)))),
-            Entry::ProxyFailed => {
-                let reason = ROBOTS_PROXY_FAILED.to_owned();
-                return Ok(Ok(Err(FetchError::ours(reason))));
-            }
-            Entry::Hold(delay, why) => {
-                let delay = backed_off(delay, why, delivery.waits);
-                tracing::info!(
-                    delay_ms = delay.as_millis() as u64,
-                    ?why,
-                    "the host has no room"
-                );
-                (delay, None)
-            }
-            Entry::Booked { start, delay } => {
-                tracing::info!(
-                    delay_ms = delay.as_millis() as u64,
-                    start,
-                    "the host's start booked"
-                );
-                (delay, Some(start))
-            }
-        };
-        if delivery.spent {
-            let reason = TRIES_SPENT.into();
-            return Ok(Err(Outcome::ScrapeTransient {
-                reason,
-                retry_after: None,
-            }));
-        }
-        if delay > delivery.wait_left {
-            return Ok(Ok(Err(FetchError::permanent(WAITED_TOO_LONG))));
-        }
-        Ok(Err(Outcome::PoliteHeld { delay, booked }))
+        Ok(after_entry(entry.await?, delivery))
     }
 
     /// Claims the task, then goes on as [`Worker::after_claim`]; the host's permit is given
@@ -329,4 +294,46 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
         Ok(outcome)
     }
+}
+
+/// What the host's answer makes of this delivery: a permit, a failure without a request
+/// (robots.txt forbids the URL, our proxy could not fetch it, it waited too long), or a wait
+/// (held back instead once the task's tries are spent).
+fn after_entry(entry: Entry, delivery: &Delivery) -> Result<Result<Permit, FetchError>, Outcome> {
+    let (delay, booked) = match entry {
+        Entry::Go(permit) => return Ok(Ok(permit)),
+        Entry::Disallowed => return Ok(Err(FetchError::permanent(DISALLOWED))),
+        Entry::ProxyFailed => {
+            let reason = ROBOTS_PROXY_FAILED.to_owned();
+            return Ok(Err(FetchError::ours(reason)));
+        }
+        Entry::Hold(delay, why) => {
+            let delay = backed_off(delay, why, delivery.waits);
+            tracing::info!(
+                delay_ms = delay.as_millis() as u64,
+                ?why,
+                "the host has no room"
+            );
+            (delay, None)
+        }
+        Entry::Booked { start, delay } => {
+            tracing::info!(
+                delay_ms = delay.as_millis() as u64,
+                start,
+                "the host's start booked"
+            );
+            (delay, Some(start))
+        }
+    };
+    if delivery.spent {
+        let reason = TRIES_SPENT.into();
+        return Err(Outcome::ScrapeTransient {
+            reason,
+            retry_after: None,
+        });
+    }
+    if delay > delivery.wait_left {
+        return Ok(Err(FetchError::permanent(WAITED_TOO_LONG)));
+    }
+    Err(Outcome::PoliteHeld { delay, booked })
 }
