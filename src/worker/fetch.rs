@@ -23,6 +23,15 @@ use tokio::time::Instant;
 
 use super::{Attempt, DISALLOWED, MIN_FETCH, Work, Worker, outcome_of};
 
+/// Why a fetch that needed the paid tier did not use it: its run's budget is held by
+/// fetches in flight. The record waits (a parked copy, its try given back) for them to
+/// settle.
+const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
+
+/// How long a record waits for its run's paid budget held elsewhere: about when this
+/// sandbox reads the run's budget again.
+const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
 /// The outcome of carrying an earlier result forward.
 fn carried(
     converged: Converged,
@@ -149,9 +158,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Ok(PaidTurn::Go(hold)) => hold,
             Ok(PaidTurn::Spent) => return first,
             Ok(PaidTurn::Held) => {
-                let reason =
-                    "the paid tier's budget is held by fetches in flight: tried again later";
-                let page = Err(FetchError::ours(reason.to_owned()));
+                let page = Err(FetchError::ours(PAID_BUDGET_HELD.to_owned()));
                 return Fetched { page, ..first };
             }
             Err(err) => {
@@ -309,6 +316,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             (Err(err), _) => err,
         };
+        // The paid tier's budget is held by other fetches for now: a wait, not a try.
+        if err.retry == Retry::Ours && err.reason == PAID_BUDGET_HELD {
+            let delay = PAID_BUDGET_WAIT;
+            return Ok(Outcome::PoliteHeld {
+                delay,
+                booked: None,
+            });
+        }
         // Our own budget ended the fetch, not the site's slowness: not the page's failure.
         if err.timed_out && attempt.budget < self.settings.scrape_timeout {
             return Ok(Outcome::NoTimeLeft);

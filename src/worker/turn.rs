@@ -287,9 +287,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let scraped = self.scrape(task, work, (stores, &key), attempt, invocation);
         let outcome = scraped.await?;
-        // Our own budget cut the fetch: not a try of the task's (like a claim no fetch
-        // followed), so a short invocation does not spend its tries.
-        if matches!(outcome, Outcome::NoTimeLeft) {
+        // Our own budget cut the fetch, or the run's paid budget was held elsewhere: not a
+        // try of the task's (like a claim no fetch followed), so a short invocation or a
+        // contended budget does not spend its tries.
+        if matches!(outcome, Outcome::NoTimeLeft | Outcome::PoliteHeld { .. }) {
             self.unclaim(task, &claim).await;
         }
         Ok(outcome)
