@@ -36,6 +36,9 @@ const PAID_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(4),
     jitter: || 0.5 + fastrand::f64() / 2.0,
 };
+/// How long a sandbox's paid-tier lease lasts in the matrix's paid draws: a stranded
+/// reservation is taken back within the run, as it is within the deployed 30 minutes.
+const PAID_LEASE: Duration = Duration::from_secs(20);
 /// The in-flight limit a host has by the fleet's defaults (`HOST_MAX_INFLIGHT`).
 const DEFAULT_INFLIGHT: u32 = 2;
 
@@ -346,6 +349,9 @@ pub async fn run(draw: &Draw) -> Figures {
         t.proxies = tiers.clone();
         if paid {
             t.backoff = PAID_BACKOFF;
+            // A record waits while the run's budget is held; a reservation a cut give-back
+            // stranded is taken back when its lease ends (30 minutes as deployed).
+            t.paid_lease = PAID_LEASE;
         }
     };
     let (first, mut seconds) = prepared.drain_tuned(scenario, &tune).await;
