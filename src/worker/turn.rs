@@ -245,7 +245,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// After the claim: adopts a stored page, or sleeps until the host's start and fetches
     /// (unless the task fails without a request) and converges. The claim's attempt is given
-    /// back when no fetch follows it, or when our own budget cut the fetch.
+    /// back when no fetch follows it, or when the run's paid budget was held elsewhere.
     pub(super) async fn after_claim(
         &self,
         task: &TaskRef,
@@ -287,10 +287,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let scraped = self.scrape(task, work, (stores, &key), attempt, invocation);
         let outcome = scraped.await?;
-        // Our own budget cut the fetch, or the run's paid budget was held elsewhere: not a
-        // try of the task's (like a claim no fetch followed), so a short invocation or a
-        // contended budget does not spend its tries.
-        if matches!(outcome, Outcome::NoTimeLeft | Outcome::PoliteHeld { .. }) {
+        // The run's paid budget was held elsewhere: a wait, not a try of the task's (like a
+        // claim no fetch followed), so a contended budget does not spend its tries.
+        if matches!(outcome, Outcome::PoliteHeld { .. }) {
             self.unclaim(task, &claim).await;
         }
         Ok(outcome)
