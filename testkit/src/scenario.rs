@@ -688,7 +688,7 @@ impl Prepared {
             assert_eq!(times, completions.1, "{policy:?}: times completed");
         }
 
-        let (fetches, most_fetches) = self.fetches_within_attempts();
+        let (fetches, most_fetches) = self.fetches_within_attempts(&stored);
         self.dead_letters_are_open_or_duplicates(&stored, &dead_tasks);
         let shards = match (run.n("counter_shards"), run.n("counter_groups")) {
             (Some(n), Some(g)) => format!(" (in {n} counter shards, {g} groups)"),
@@ -748,14 +748,24 @@ impl Prepared {
     /// The fetches of every page, checked against the most its messages allow: each message
     /// sent for the task (by the producer or an operator) at most [`MAX_ATTEMPTS`] tries,
     /// each try at most one request a proxy tier (a block is tried on the next tier). The
-    /// worker's own copies (parked, held back) carry their tries. All fetches, and the most
-    /// of one page with its bound.
-    fn fetches_within_attempts(&self) -> (usize, (usize, usize)) {
+    /// worker's own copies (parked, held back) carry their tries. Every fetch follows a
+    /// claim, so the task's claims bound it too: two deliveries of one message at the same
+    /// moment (its visibility lapsed under load) each claim and fetch. All fetches, and the
+    /// most of one page with its bound.
+    fn fetches_within_attempts(
+        &self,
+        stored: &[(String, super::TaskItem)],
+    ) -> (usize, (usize, usize)) {
         let (mut all, mut most) = (0, (0, 1));
         for (((id, path), &host), copies) in self.tasks.iter().zip(&self.placed).zip(&self.copies) {
             let hits = self.hosts.hits(host, path);
             let sends = copies + self.resent.get(id).copied().unwrap_or(0);
-            let bound = sends * MAX_ATTEMPTS as usize * self.tiers;
+            let claims = stored
+                .iter()
+                .find(|(t, _)| t == id)
+                .and_then(|(_, t)| t.n("attempts"));
+            let tries = (sends * MAX_ATTEMPTS as usize).max(claims.unwrap_or(0) as usize);
+            let bound = tries * self.tiers;
             assert!(
                 hits <= bound,
                 "{id}: {path} fetched {hits} times, more than {sends} message(s) allow ({bound})"
