@@ -85,7 +85,10 @@ async fn a_run_cancelled_mid_scrape_counts_its_task_but_stays_cancelled() {
     let worker = stack.worker();
 
     let (reply, ()) = tokio::join!(run_batch(&worker, vec![delivery("t1")]), async {
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        // Once the page is being fetched (a fixed sleep raced the guard on a loaded machine).
+        while site.hits("/slow/600") == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         stack
             .dynamodb
             .update_item()
