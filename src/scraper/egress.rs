@@ -256,8 +256,9 @@ impl Routes {
             };
         }
         if let Some(refused) = refusal_of(&response, conditional) {
+            let maker = maker(response.headers(), tunnelled);
             discard(response, wire, meter).await;
-            return Hop::Failed(answered(refused, tunnelled));
+            return Hop::Failed(answered(refused, maker));
         }
         Hop::Page(response)
     }
@@ -547,13 +548,55 @@ async fn drain(mut response: reqwest::Response) -> u64 {
     read as u64
 }
 
-/// An answer that came through the proxy. Inside a CONNECT tunnel (https) it is the site's;
-/// in absolute form (http) a 407, and a 502, 503 or 504 without `Retry-After`, are the
-/// proxy's own: failures of ours, never the page's. A 403, or a 429 without `Retry-After`,
-/// is a block the next tier may pass.
-fn answered(err: FetchError, tunnelled: bool) -> FetchError {
+/// Who made an answer that came back through a proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Maker {
+    /// The site: inside a CONNECT tunnel, or forwarded by the proxy, which marks what it
+    /// forwards with `Via` (RFC 9110 7.6.3) or a `Proxy-Status` with `received-status`.
+    Site,
+    /// The proxy, by its `Proxy-Status` (RFC 9209): an `error` of its own.
+    Proxy,
+    /// Unmarked: the proxy's own, or the site's through a proxy that hides itself.
+    Unmarked,
+}
+
+/// Who made an answer, by its headers and whether it came through a tunnel.
+fn maker(headers: &reqwest::header::HeaderMap, tunnelled: bool) -> Maker {
+    if tunnelled {
+        return Maker::Site;
+    }
+    let said = headers
+        .get_all("proxy-status")
+        .iter()
+        .filter_map(|value| sfv::Parser::new(value.as_bytes()).parse::<sfv::List>().ok())
+        .flatten()
+        .filter_map(|member| match member {
+            sfv::ListEntry::Item(item) => Some(item.params),
+            sfv::ListEntry::InnerList(_) => None,
+        });
+    let (mut error, mut received) = (false, false);
+    for params in said {
+        error |= params.contains_key("error");
+        received |= params.contains_key("received-status");
+    }
+    match (
+        error,
+        received || headers.contains_key(reqwest::header::VIA),
+    ) {
+        (true, _) => Maker::Proxy,
+        (false, true) => Maker::Site,
+        (false, false) => Maker::Unmarked,
+    }
+}
+
+/// An answer that came through the proxy, by who made it. The site's is the site's. A 407,
+/// and a 502, 503 or 504 without `Retry-After`, that the site did not make are the proxy's
+/// own: failures of ours, never the page's. A 403, or a 429 without `Retry-After`, is a
+/// block the next tier may pass.
+fn answered(err: FetchError, maker: Maker) -> FetchError {
     let status = err.http_status.unwrap_or_default();
     let paced = err.retry_after.is_some();
+    let site = maker == Maker::Site;
     match status {
         403 => FetchError {
             blocked: true,
@@ -563,11 +606,11 @@ fn answered(err: FetchError, tunnelled: bool) -> FetchError {
             blocked: true,
             ..err
         },
-        407 if !tunnelled => FetchError {
+        407 if !site => FetchError {
             http_status: Some(407),
             ..FetchError::ours("proxy: authentication required (HTTP 407)")
         },
-        502..=504 if !tunnelled && !paced => FetchError {
+        502..=504 if !site && !paced => FetchError {
             retry: Retry::Ours,
             reason: format!("proxy: gateway failure ({})", err.reason),
             ..err
@@ -638,27 +681,74 @@ mod tests {
 
     #[test]
     fn answers_through_a_proxy_follow_the_escalation_table() {
-        // (status, Retry-After, tunnelled) -> (retry, blocked)
+        use Maker::{Proxy, Site, Unmarked};
+        // (status, Retry-After, maker) -> (retry, blocked)
         let table = [
-            (403, None, false, Retry::Permanent, true),
-            (403, None, true, Retry::Permanent, true),
-            (429, None, false, Retry::Transient, true),
-            (429, Some(5), false, Retry::Transient, false),
-            (407, None, false, Retry::Ours, false),
-            (502, None, false, Retry::Ours, false),
-            (503, None, false, Retry::Ours, false),
-            (504, None, false, Retry::Ours, false),
-            (503, Some(5), false, Retry::Transient, false),
-            (503, None, true, Retry::Transient, false),
-            (404, None, false, Retry::Permanent, false),
+            (403, None, Unmarked, Retry::Permanent, true),
+            (403, None, Site, Retry::Permanent, true),
+            (429, None, Unmarked, Retry::Transient, true),
+            (429, Some(5), Unmarked, Retry::Transient, false),
+            (407, None, Unmarked, Retry::Ours, false),
+            (502, None, Unmarked, Retry::Ours, false),
+            (503, None, Unmarked, Retry::Ours, false),
+            (504, None, Proxy, Retry::Ours, false),
+            (503, Some(5), Unmarked, Retry::Transient, false),
+            (503, None, Site, Retry::Transient, false),
+            (404, None, Unmarked, Retry::Permanent, false),
         ];
-        for (status, after, tunnelled, retry, blocked) in table {
-            let err = answered(at(status, after), tunnelled);
+        for (status, after, maker, retry, blocked) in table {
+            let err = answered(at(status, after), maker);
             assert_eq!(
                 (err.retry, err.blocked),
                 (retry, blocked),
-                "{status} {after:?} {tunnelled}"
+                "{status} {after:?} {maker:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_proxy_marks_what_it_forwards_and_what_it_made() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (name, value) in pairs {
+                headers.append(*name, reqwest::header::HeaderValue::from_static(value));
+            }
+            headers
+        };
+        let cases = [
+            (with(&[]), false, Maker::Unmarked),
+            (with(&[]), true, Maker::Site),
+            (
+                with(&[("via", "1.1 vm (tinyproxy/1.11.1)")]),
+                false,
+                Maker::Site,
+            ),
+            (
+                with(&[("proxy-status", "edge; received-status=503")]),
+                false,
+                Maker::Site,
+            ),
+            (
+                with(&[("proxy-status", "edge; error=destination_unavailable")]),
+                false,
+                Maker::Proxy,
+            ),
+            (
+                with(&[("proxy-status", r#"edge; details="a, b; error=x""#)]),
+                false,
+                Maker::Unmarked,
+            ),
+            (
+                with(&[
+                    ("via", "1.1 cdn"),
+                    ("proxy-status", "gw; error=connection_refused"),
+                ]),
+                false,
+                Maker::Proxy,
+            ),
+        ];
+        for (headers, tunnelled, expected) in cases {
+            assert_eq!(maker(&headers, tunnelled), expected, "{headers:?}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A real forward proxy for the tests: tinyproxy (Debian's `tinyproxy-bin`, installed by
 //! `make test`), on 127.0.0.1, connecting out from its own loopback address (as a proxy
-//! pool's egress address), with basic auth if asked. Stopped when dropped.
+//! pool's egress address), with basic auth if asked. It marks what it forwards with `Via`,
+//! as tinyproxy does by default; errors of its own carry none. Stopped when dropped.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -30,21 +31,32 @@ impl ForwardProxy {
 
     /// As [`ForwardProxy::start`], listening on `listen`.
     pub async fn start_on(listen: IpAddr, egress: IpAddr, auth: bool) -> Self {
+        Self::start_with(listen, egress, auth, "").await
+    }
+
+    /// As [`ForwardProxy::start`], a proxy that hides itself: what it forwards carries no
+    /// `Via` (an anonymous proxy).
+    pub async fn start_hidden(egress: IpAddr) -> Self {
+        let hidden = "DisableViaHeader Yes\n";
+        Self::start_with([127, 0, 0, 1].into(), egress, false, hidden).await
+    }
+
+    async fn start_with(listen: IpAddr, egress: IpAddr, auth: bool, more: &str) -> Self {
         for _ in 0..5 {
-            if let Some(proxy) = Self::try_start(listen, egress, auth).await {
+            if let Some(proxy) = Self::try_start(listen, egress, auth, more).await {
                 return proxy;
             }
         }
         panic!("tinyproxy did not start: is it installed? `make test` installs it");
     }
 
-    async fn try_start(listen: IpAddr, egress: IpAddr, auth: bool) -> Option<Self> {
+    async fn try_start(listen: IpAddr, egress: IpAddr, auth: bool, more: &str) -> Option<Self> {
         let port = free_port(listen).await;
         let dir = tempfile::tempdir().expect("a temporary directory");
         let log = dir.path().join("log");
         let mut conf = format!(
             "Port {port}\nListen {listen}\nBind {egress}\nTimeout 30\nMaxClients 256\n\
-             LogLevel Connect\nLogFile \"{}\"\nDisableViaHeader Yes\n",
+             LogLevel Connect\nLogFile \"{}\"\n{more}",
             log.display()
         );
         if auth {

@@ -1016,9 +1016,11 @@ fn through_to_tls(stack: &Stack, proxy: &ForwardProxy, tls: &TlsSite, max_body: 
 
 #[tokio::test]
 async fn after_a_redirect_across_schemes_who_answered_is_the_hops_question() {
-    // Arrange: a site, its https front and a real proxy; a 502 and a 407 on the hop after a
+    // Arrange: a site, its https front and a real proxy that hides itself (no Via: what it
+    // forwards over plain http could be its own); a 502 and a 407 on the hop after a
     // redirect from https to http, and from http to https; each on its final attempt.
-    let (stack, site, tls, proxy) = tls_run().await;
+    let (stack, site, tls, _marking) = tls_run().await;
+    let proxy = ForwardProxy::start_hidden(DATACENTER.into()).await;
     let mut tasks = Vec::new();
     for status in [502, 407] {
         let plain_hop = tls.url(&redirect_to(&site.url(&format!("/status/{status}"))));
@@ -1046,8 +1048,8 @@ async fn after_a_redirect_across_schemes_who_answered_is_the_hops_question() {
     // Act
     let reply = run_batch(&worker, tasks).await;
 
-    // Assert: over plain http the proxy answers for the site, so the hop's 502 and 407 are
-    // taken as the proxy's (ours: back, the attempt unspent), whatever the first hop was;
+    // Assert: over plain http an unmarked answer may be the proxy's, so the hop's 502 and
+    // 407 are taken as the proxy's (ours: back, the attempt unspent), whatever the first hop was;
     // inside a tunnel only the site speaks, so they end the task as the site's; a tunnel
     // the proxy refused at the second hop is the proxy's.
     let mut back = retried(&reply);
@@ -1102,6 +1104,42 @@ async fn wire_bytes_count_what_the_proxy_carried_a_gzip_page_through_a_tunnel_fa
 }
 
 #[tokio::test]
+async fn a_sites_503_the_proxy_forwarded_fails_its_task_and_an_unmarked_one_is_ours() {
+    // Arrange: pages down for good (503), each on its final attempt, one through a proxy that
+    // marks what it forwards (Via, tinyproxy's default), one through a proxy that hides
+    // itself (its forwarded 503 cannot be told from a gateway error of its own).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let marked = ForwardProxy::start(DATACENTER.into(), false).await;
+    let hidden = ForwardProxy::start_hidden(DATACENTER.into()).await;
+    stack.put_active_run().await;
+    stack
+        .put_task("marked", &site.url("/down/a"), "pending")
+        .await;
+    stack
+        .put_task("hidden", &site.url("/down/b"), "pending")
+        .await;
+    let through = |proxy: &ForwardProxy| {
+        let tiers = Tiers::parse(&proxy.url()).expect("a proxy URL");
+        stack.worker_with(|t| t.proxies = tiers)
+    };
+    let last = |task: &str| record(task, &body(task), MAX_ATTEMPTS);
+
+    // Act
+    let forwarded = run_batch(&through(&marked), vec![last("marked")]).await;
+    let unmarked = run_batch(&through(&hidden), vec![last("hidden")]).await;
+
+    // Assert: the forwarded 503 is the site's (the task fails with it); the unmarked one is
+    // a failure of ours (retried, the task left open).
+    assert!(retried(&forwarded).is_empty(), "{:?}", retried(&forwarded));
+    let failed = stack.task("marked").await;
+    assert_eq!(failed.status(), Some("failed"));
+    let error = failed.s("error").unwrap_or_default();
+    assert!(error.contains("HTTP 503"), "{error}");
+    assert_eq!(retried(&unmarked), ["hidden"]);
+    assert_eq!(stack.task("hidden").await.status(), Some("processing"));
+}
+
+#[tokio::test]
 async fn a_site_that_sends_the_relays_own_header_is_read_as_the_sites_answer() {
     // Arrange: a site answering 502 with the header the relay uses for a proxy out of
     // reach, over http and (its https front) through a tunnel; two tiers; final attempts.
@@ -1126,19 +1164,20 @@ async fn a_site_that_sends_the_relays_own_header_is_read_as_the_sites_answer() {
     // Act
     let reply = run_batch(&worker, vec![last("plain"), last("tunnelled")]).await;
 
-    // Assert: no climb; over http a 502 is the proxy's gateway failure (ours, retried), in
-    // a tunnel the site's (the task fails with it); both answers' bytes are counted.
+    // Assert: no climb; over http (the proxy marks what it forwards with Via) and in a
+    // tunnel, the 502 is the site's: each task fails with it. Both answers' bytes are counted.
     assert!(
         residential.requests().is_empty(),
         "no climb to tier 2: {:?}",
         residential.requests()
     );
-    assert_eq!(retried(&reply), ["plain"]);
-    assert_eq!(stack.task("plain").await.status(), Some("processing"));
-    let tunnelled = stack.task("tunnelled").await;
-    assert_eq!(tunnelled.status(), Some("failed"));
-    let error = tunnelled.s("error").unwrap_or_default();
-    assert!(error.contains("HTTP 502"), "{error}");
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    for task in ["plain", "tunnelled"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(error.contains("HTTP 502"), "{task}: {error}");
+    }
     let spent = tier_spend(&stack, 1).await;
     let body = "the site's own 502".len() as u64;
     assert_eq!((spent.requests, spent.bytes), (2, 2 * body), "{spent:?}");
