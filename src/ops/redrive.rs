@@ -2,12 +2,14 @@
 //! receives, and (when asked) every one moved back to the task queue.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 
 use crate::domain::message;
 use crate::ports::error::AwsError;
-use crate::store::sqs::SqsQueue;
+use crate::ports::queue::{Attribute, MessageCopy};
+use crate::store::sqs::{SqsQueue, to_record};
 
 /// One dead-lettered message, as an operator reads it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -64,7 +66,7 @@ pub async fn redrive(
             redriven.seen.push(described(&message));
             match to {
                 Some(to) => {
-                    to.send(&fresh_body(message.body())).await?;
+                    to.send_copy(&moved(&message, to.is_fifo())).await?;
                     dead.delete(&[&message]).await?;
                     redriven.moved += 1;
                 }
@@ -82,6 +84,23 @@ pub async fn redrive(
         dead.release(chunk).await?;
     }
     Ok(redriven)
+}
+
+/// What goes back to the task queue for a dead letter: the producer's fields alone, so the
+/// task gets a fresh set of tries, with the message's group (a fair queue's tenant, a FIFO
+/// queue's order) and message attributes. On a FIFO queue the copy is named for
+/// deduplication by the dead letter: a redrive that stopped between its send and its delete
+/// and is run again within SQS's five minutes sends it once.
+fn moved(message: &Message, fifo: bool) -> MessageCopy {
+    let record = to_record(message, "");
+    let dedup = message.message_id().map(|id| format!("redrive#{id}"));
+    MessageCopy {
+        body: fresh_body(message.body()),
+        delay: Duration::ZERO,
+        group: record.attributes.get("MessageGroupId").cloned(),
+        deduplication: dedup.filter(|_| fifo),
+        attributes: Attribute::all_of(&record),
+    }
 }
 
 /// The body sent back to the task queue: the producer's fields alone, so the task gets a fresh

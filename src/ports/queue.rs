@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use aws_lambda_events::event::sqs::SqsMessage;
+
 use crate::ports::error::AwsError;
 
 /// SQS's longest visibility timeout.
@@ -100,6 +102,28 @@ pub struct Attribute {
     pub name: String,
     pub data_type: String,
     pub value: AttributeValue,
+}
+
+impl Attribute {
+    /// The message attributes of a received record, as a copy of it sends them again.
+    pub fn all_of(record: &SqsMessage) -> Vec<Attribute> {
+        let each = record
+            .message_attributes
+            .iter()
+            .filter_map(|(name, value)| {
+                let value_of = match (&value.string_value, &value.binary_value) {
+                    (Some(text), _) => AttributeValue::Text(text.clone()),
+                    (None, Some(bytes)) => AttributeValue::Bytes(bytes.0.clone()),
+                    (None, None) => return None,
+                };
+                Some(Attribute {
+                    name: name.clone(),
+                    data_type: value.data_type.clone()?,
+                    value: value_of,
+                })
+            });
+        each.collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

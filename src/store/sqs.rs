@@ -64,30 +64,35 @@ impl Visibility for SqsVisibility {
 
     #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
     async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
-        // A FIFO queue takes no delay of a message's own (SQS refuses even 0 as a parameter).
-        let seconds = match copy.deduplication {
-            Some(_) => None,
-            None => Some(copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32),
-        };
-        let attributes = copy
-            .attributes
-            .iter()
-            .map(|a| (a.name.clone(), attribute(a)));
-        self.client
-            .send_message()
-            .queue_url(queue.url(self.endpoint.as_deref()))
-            .message_body(&copy.body)
-            .set_delay_seconds(seconds)
-            .set_message_group_id(copy.group.clone())
-            .set_message_deduplication_id(copy.deduplication.clone())
-            .set_message_attributes(
-                Some(attributes.collect()).filter(|a: &HashMap<_, _>| !a.is_empty()),
-            )
-            .send()
-            .await
-            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
-        Ok(())
+        send_copy(&self.client, &queue.url(self.endpoint.as_deref()), copy).await
     }
+}
+
+/// Sends `copy` to the queue at `url`, with its group, deduplication id and attributes.
+async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(), AwsError> {
+    // A FIFO queue takes no delay of a message's own (SQS refuses even 0 as a parameter).
+    let seconds = match copy.deduplication {
+        Some(_) => None,
+        None => Some(copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32),
+    };
+    let attributes = copy
+        .attributes
+        .iter()
+        .map(|a| (a.name.clone(), attribute(a)));
+    client
+        .send_message()
+        .queue_url(url)
+        .message_body(&copy.body)
+        .set_delay_seconds(seconds)
+        .set_message_group_id(copy.group.clone())
+        .set_message_deduplication_id(copy.deduplication.clone())
+        .set_message_attributes(
+            Some(attributes.collect()).filter(|a: &HashMap<_, _>| !a.is_empty()),
+        )
+        .send()
+        .await
+        .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+    Ok(())
 }
 
 /// A copy's message attribute as SQS takes it.
@@ -300,24 +305,29 @@ impl SqsQueue {
         Ok(())
     }
 
-    /// Sends one message body.
-    pub async fn send(&self, body: &str) -> Result<(), AwsError> {
-        self.client
-            .send_message()
-            .queue_url(&self.url)
-            .message_body(body)
-            .send()
-            .await
-            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
-        Ok(())
+    /// Whether this is a FIFO queue (its name ends in `.fifo`).
+    pub fn is_fifo(&self) -> bool {
+        self.url.ends_with(".fifo")
+    }
+
+    /// Sends `copy`, with its group, deduplication id and message attributes.
+    pub async fn send_copy(&self, copy: &MessageCopy) -> Result<(), AwsError> {
+        send_copy(&self.client, &self.url, copy).await
     }
 
     /// Sends one message per task (at most 10): the tasks whose message SQS did not take.
+    /// On a FIFO queue each task is a message group of its own (no task waits behind
+    /// another's retries) and each message a deduplication id of its own.
     pub async fn send_tasks(&self, tasks: &[TaskRef]) -> Result<Vec<TaskRef>, AwsError> {
+        let sent_at = crate::domain::time::epoch_millis(std::time::SystemTime::now());
         let entries = tasks.iter().enumerate().map(|(i, task)| {
+            let fifo = self.is_fifo().then(|| fifo_names(task, sent_at));
+            let (group, deduplication) = fifo.unzip();
             SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(message::body(task))
+                .set_message_group_id(group)
+                .set_message_deduplication_id(deduplication)
                 .build()
                 .expect("id and body, the required fields, are set")
         });
@@ -337,6 +347,16 @@ impl SqsQueue {
             .map(|(_, task)| task.clone())
             .collect())
     }
+}
+
+/// A task's message group on a FIFO queue (its key's digest: within SQS's 128 characters),
+/// and the deduplication id of its message sent at `sent_at`.
+fn fifo_names(task: &TaskRef, sent_at: u128) -> (String, String) {
+    use sha2::{Digest, Sha256};
+    let key = format!("{}/{}/{}", task.job_id, task.run_id, task.task_id);
+    let group = hex::encode(Sha256::digest(key.as_bytes()));
+    let deduplication = hex::encode(Sha256::digest(format!("{key}#{sent_at}").as_bytes()));
+    (group, deduplication)
 }
 
 /// An SQS message as Lambda's event source mapping hands it to the function.

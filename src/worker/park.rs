@@ -8,9 +8,7 @@ use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::ports::hosts::HostStore;
-use crate::ports::queue::{
-    Attribute, AttributeValue, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility,
-};
+use crate::ports::queue::{Attribute, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility};
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
@@ -258,29 +256,12 @@ fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
         .event_source_arn
         .as_deref()
         .is_some_and(|arn| arn.ends_with(".fifo"));
-    let attributes = record
-        .message_attributes
-        .iter()
-        .filter_map(|(name, value)| {
-            let data_type = value.data_type.clone()?;
-            let value = match (&value.string_value, &value.binary_value) {
-                (Some(text), _) => AttributeValue::Text(text.clone()),
-                (None, Some(bytes)) => AttributeValue::Bytes(bytes.0.clone()),
-                (None, None) => return None,
-            };
-            let name = name.clone();
-            Some(Attribute {
-                name,
-                data_type,
-                value,
-            })
-        });
     MessageCopy {
         body,
         delay: if fifo { Duration::ZERO } else { delay },
         group: record.attributes.get("MessageGroupId").cloned(),
         deduplication: fifo.then(|| copy_name(record)),
-        attributes: attributes.collect(),
+        attributes: Attribute::all_of(record),
     }
 }
 

@@ -36,15 +36,43 @@ impl Queue {
         Self::create_with(stack, visibility, Some(redrive.to_string())).await
     }
 
+    /// A FIFO queue (deduplication by id, as the worker's copies name it) with this
+    /// visibility timeout, moving a message to `dlq` (FIFO too) after `max_receives`
+    /// receives if given.
+    pub async fn create_fifo(stack: &Stack, visibility: u32, dlq: Option<(&Queue, u32)>) -> Self {
+        let redrive = dlq.map(|(dlq, max_receives)| {
+            serde_json::json!({
+                "deadLetterTargetArn": dlq.arn,
+                "maxReceiveCount": max_receives.to_string(),
+            })
+            .to_string()
+        });
+        Self::create_named(
+            stack,
+            &format!("{}.fifo", unique("tasks")),
+            visibility,
+            redrive,
+        )
+        .await
+    }
+
     async fn create_with(stack: &Stack, visibility: u32, redrive: Option<String>) -> Self {
-        let mut request = stack
-            .sqs
-            .create_queue()
-            .queue_name(unique("tasks"))
-            .attributes(
-                QueueAttributeName::VisibilityTimeout,
-                visibility.to_string(),
-            );
+        Self::create_named(stack, &unique("tasks"), visibility, redrive).await
+    }
+
+    async fn create_named(
+        stack: &Stack,
+        name: &str,
+        visibility: u32,
+        redrive: Option<String>,
+    ) -> Self {
+        let mut request = stack.sqs.create_queue().queue_name(name).attributes(
+            QueueAttributeName::VisibilityTimeout,
+            visibility.to_string(),
+        );
+        if name.ends_with(".fifo") {
+            request = request.attributes(QueueAttributeName::FifoQueue, "true");
+        }
         if let Some(redrive) = redrive {
             request = request.attributes(QueueAttributeName::RedrivePolicy, redrive);
         }
@@ -82,17 +110,20 @@ impl Queue {
     }
 
     /// Sends up to ten bodies in one request, each with its message group id if any (a fair
-    /// queue's tenant); their message ids.
+    /// queue's tenant, a FIFO queue's group); on a FIFO queue each is a message of its own
+    /// (a deduplication id each). Their message ids.
     pub async fn send_grouped(
         &self,
         stack: &Stack,
         bodies: &[(String, Option<String>)],
     ) -> Vec<String> {
+        let fifo = self.url.ends_with(".fifo");
         let entries = bodies.iter().enumerate().map(|(i, (body, group))| {
             SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
                 .message_body(body)
                 .set_message_group_id(group.clone())
+                .set_message_deduplication_id(fifo.then(|| unique("sent")))
                 .build()
                 .expect("id and body are set")
         });
@@ -158,6 +189,8 @@ impl Queue {
                 .queue_url(&self.url)
                 .max_number_of_messages(10)
                 .visibility_timeout(600)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
                 .send()
                 .await
                 .expect("receive");

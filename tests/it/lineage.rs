@@ -306,7 +306,8 @@ async fn on_a_fifo_queue_waits_and_holds_move_to_the_back_of_their_group_before_
         stack.put_task(task, &site.url(page), "pending").await;
     }
     cool_down(&stack, &site).await;
-    let (url, arn) = fifo_queue(&stack).await;
+    let fifo = Queue::create_fifo(&stack, 30, None).await;
+    let (url, arn) = (fifo.url.clone(), fifo.arn.clone());
     let on_fifo = |task: &str, group: &str, receives: u32| {
         let mut record = record(task, &body(task), receives);
         record.event_source_arn = Some(arn.clone());
@@ -375,27 +376,6 @@ async fn cool_down(stack: &Stack, site: &PoliteSite) {
     item.insert("cooldown_until".into(), attributes::n(until));
     item.insert("touched_at".into(), attributes::n(now_ms()));
     stack.put_item(item).await;
-}
-
-/// A FIFO queue (deduplication by id, as the worker's copies name it): its URL and ARN.
-async fn fifo_queue(stack: &Stack) -> (String, String) {
-    use aws_sdk_sqs::types::QueueAttributeName;
-    let url = stack
-        .sqs
-        .create_queue()
-        .queue_name(format!("{}.fifo", unique("tasks")))
-        .attributes(QueueAttributeName::FifoQueue, "true")
-        .send()
-        .await
-        .expect("create a FIFO queue")
-        .queue_url
-        .expect("a queue URL");
-    let arn = conveyor_worker::store::sqs::SqsQueue::new(stack.sqs.clone(), &url)
-        .arn()
-        .await
-        .expect("read the ARN")
-        .expect("an ARN");
-    (url, arn)
 }
 
 #[tokio::test]

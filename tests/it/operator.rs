@@ -5,6 +5,7 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use aws_sdk_sqs::types::MessageAttributeValue;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::domain::message::{Carried, Message};
@@ -597,4 +598,47 @@ async fn redrive_shows_the_dead_letters_then_moves_them_back() {
     for moved in queue.drain(&stack).await {
         assert_eq!(Carried::read(moved.body.as_deref()), Carried::default());
     }
+}
+
+#[tokio::test]
+async fn redrive_moves_each_dead_letter_back_with_its_group_and_attributes() {
+    // Arrange: a fair queue's dead letter (a tenant's group id, a message attribute), and a
+    // FIFO queue's dead letter, each in its dead-letter queue.
+    let stack = Stack::new().await;
+    let dlq = Queue::create(&stack, 30).await;
+    let queue = Queue::create_with_dlq(&stack, 30, &dlq, 1).await;
+    let fifo_dlq = Queue::create_fifo(&stack, 30, None).await;
+    let fifo = Queue::create_fifo(&stack, 30, Some((&fifo_dlq, 1))).await;
+    let tenant = MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value("acme")
+        .build()
+        .expect("a data type");
+    let sent = stack
+        .sqs
+        .send_message()
+        .queue_url(&dlq.url)
+        .message_body(body("t1"));
+    let sent = sent
+        .message_group_id("tenant-a")
+        .message_attributes("tenant", tenant);
+    sent.send().await.expect("send to the dead-letter queue");
+    fifo_dlq
+        .send_grouped(&stack, &[(body("t2"), Some("group-b".into()))])
+        .await;
+
+    // Act
+    for (queue, dead) in [(&queue, &dlq), (&fifo, &fifo_dlq)] {
+        let redrive = ["redrive", "--queue-url", queue.url.as_str(), "--move"];
+        succeeded(&ops(&stack, &redrive).await);
+        assert_eq!(dead.depth(&stack).await, 0);
+    }
+
+    // Assert: each back in its task queue with its group; the attribute kept.
+    let [fair] = <[_; 1]>::try_from(queue.drain(&stack).await).expect("one message");
+    assert_eq!(fair.attributes["MessageGroupId"], "tenant-a");
+    let kept = &fair.message_attributes["tenant"];
+    assert_eq!(kept.string_value.as_deref(), Some("acme"));
+    let [ordered] = <[_; 1]>::try_from(fifo.drain(&stack).await).expect("one message");
+    assert_eq!(ordered.attributes["MessageGroupId"], "group-b");
 }
