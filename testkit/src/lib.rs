@@ -8,6 +8,7 @@ pub mod demo;
 pub mod fixtures;
 pub mod forward_proxy;
 pub mod fresh_site;
+pub mod logs;
 pub mod lose;
 pub mod matrix;
 pub mod memory;

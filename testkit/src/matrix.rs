@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use conveyor_worker::backoff::Backoff;
 use conveyor_worker::config::DuplicatePolicy;
-use conveyor_worker::domain::proxy::Tiers;
+use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::ops::{redrive, requeue};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::sqs::SqsQueue;
 
 use super::chaos::Faults;
-use super::forward_proxy::ForwardProxy;
+use super::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use super::scenario::{self, DATACENTER, Mix, POLITE_JOB_RPS, Prepared, Report, Scenario};
 use super::{JOB, MAX_BODY_BYTES, RUN, Stack, id};
 
@@ -93,6 +93,8 @@ pub struct Draw {
     pub contract: Contract,
     /// Tenants whose group ids the messages carry (a fair queue); 0: a standard queue.
     pub tenants: usize,
+    /// A FIFO queue: the messages in their tenants' groups, or each task's own.
+    pub fifo: bool,
     pub policy: DuplicatePolicy,
     pub operator: Operator,
     pub crash_rate: f64,
@@ -145,13 +147,14 @@ impl Draw {
             blocked,
             rng.u8(1..=2),
         ]);
-        Self {
+        let mut draw = Self {
             seed,
             tasks: rng.usize(30..=40),
             politeness,
             proxy,
             contract,
             tenants: if rng.bool() { 3 } else { 0 },
+            fifo: false,
             policy: match rng.bool() {
                 true => DuplicatePolicy::Converge,
                 false => DuplicatePolicy::Lease,
@@ -167,7 +170,10 @@ impl Draw {
             production_like: rng.bool(),
             faults: rng.u8(0..3) == 0,
             mix,
-        }
+        };
+        // Drawn last, so that the seeds drawn before it keep the rest of their draws.
+        draw.fifo = rng.u8(0..4) == 0;
+        draw
     }
 
     /// The scenario this draw runs.
@@ -195,6 +201,7 @@ impl Draw {
                 Politeness::JobLimits { rps, inflight } => Some((rps, Some(inflight))),
             },
             tenants: self.tenants,
+            fifo: self.fifo,
             mix: Some(self.mix),
             seed: Some(self.seed),
             tiers: if self.proxy == Proxy::Paid { 2 } else { 1 },
@@ -226,9 +233,11 @@ impl fmt::Display for Draw {
                 format!("job {rps} rps, {inflight} in flight")
             }
         };
-        let queue = match self.tenants {
-            0 => "standard".to_owned(),
-            n => format!("fair ({n} tenants)"),
+        let queue = match (self.tenants, self.fifo) {
+            (0, false) => "standard".to_owned(),
+            (n, false) => format!("fair ({n} tenants)"),
+            (0, true) => "FIFO (a group a task)".to_owned(),
+            (n, true) => format!("FIFO ({n} tenants' groups)"),
         };
         let [fine, flaky, gone, slow, dead, blocked, logged] = self.mix.0;
         write!(
@@ -294,28 +303,56 @@ impl Figures {
     }
 }
 
-/// The proxies a draw runs with, and the worker's tiers through them.
+/// The password the worker is given for a proxy that asks for another (407): a secret all
+/// the same, never to be printed.
+pub const WRONG_PASSWORD: &str = "wrong-secret-5c1d";
+
+/// The lines of `logs` that hold a proxy's password (as given, or in a `Basic` header).
+pub fn secrets_in(logs: &str) -> Vec<String> {
+    use base64::Engine;
+    let basic = |password: &str| {
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{password}"))
+    };
+    let secrets = [
+        PASSWORD.to_owned(),
+        WRONG_PASSWORD.to_owned(),
+        basic(PASSWORD),
+        basic(WRONG_PASSWORD),
+    ];
+    let leaks = |line: &&str| secrets.iter().any(|secret| line.contains(secret.as_str()));
+    logs.lines().filter(leaks).map(str::to_owned).collect()
+}
+
+/// The proxies a draw runs with (each asking for credentials), and the worker's tiers
+/// through them and its credentials for them.
 struct Proxies {
     tiers: Tiers,
+    secret: ProxySecret,
     /// Stopped mid-run when the draw says so.
     dying: Option<ForwardProxy>,
     _kept: Vec<ForwardProxy>,
 }
 
 async fn proxies(proxy: Proxy) -> Proxies {
-    let datacenter = || ForwardProxy::start(IpAddr::from(DATACENTER), proxy == Proxy::Asks407);
+    let datacenter = || ForwardProxy::start(IpAddr::from(DATACENTER), true);
     let (kept, dying) = match proxy {
         Proxy::Direct => (Vec::new(), None),
         Proxy::Tier | Proxy::Asks407 => (vec![datacenter().await], None),
         Proxy::Dies => (Vec::new(), Some(datacenter().await)),
         Proxy::Paid => {
-            let paid = ForwardProxy::start(IpAddr::from(RESIDENTIAL), false).await;
+            let paid = ForwardProxy::start(IpAddr::from(RESIDENTIAL), true).await;
             (vec![datacenter().await, paid], None)
         }
     };
     let urls: Vec<String> = kept.iter().chain(&dying).map(ForwardProxy::url).collect();
+    let password = match proxy {
+        Proxy::Asks407 => WRONG_PASSWORD,
+        _ => PASSWORD,
+    };
+    let secret = serde_json::json!({ "username": USER, "password": password }).to_string();
     Proxies {
         tiers: Tiers::parse(&urls.join(";")).expect("the proxies' URLs"),
+        secret: ProxySecret::parse(&secret).expect("a proxy secret"),
         dying,
         _kept: kept,
     }
@@ -345,8 +382,10 @@ pub async fn run(draw: &Draw) -> Figures {
         });
     }
     let (tiers, paid) = (proxies.tiers.clone(), draw.proxy == Proxy::Paid);
+    let secret = proxies.secret.clone();
     let tune = move |t: &mut super::WorkerTuning| {
         t.proxies = tiers.clone();
+        t.proxy_secret = secret.clone();
         if paid {
             t.backoff = PAID_BACKOFF;
             // A record waits while the run's budget is held; a reservation a cut give-back
@@ -407,6 +446,7 @@ async fn operator_step(draw: &Draw, prepared: &mut Prepared, acked: &mut HashSet
             if completed && !done.reset.is_empty() {
                 prepared.reopened += 1;
             }
+            prepared.regrouped.extend(done.sent.iter().cloned());
             done.sent
         }
         Operator::Redrive => {
@@ -428,7 +468,10 @@ async fn operator_step(draw: &Draw, prepared: &mut Prepared, acked: &mut HashSet
 /// The error each task's item holds, if any, by task id.
 async fn errors(stack: &Stack) -> HashMap<String, String> {
     let tasks = stack.tasks_in_run(JOB, RUN).await.into_iter();
-    let error = |item: &super::TaskItem| item.s("error").unwrap_or("").chars().take(120).collect();
+    let error = |item: &super::TaskItem| {
+        let said = item.s("error").or(item.s("tries_spent")).unwrap_or("");
+        said.chars().take(120).collect()
+    };
     tasks.map(|(id, item)| (id, error(&item))).collect()
 }
 
@@ -488,14 +531,17 @@ fn check_draw(
         most_in_flight <= inflight as usize,
         "{most_in_flight} in flight at the logged host, limit {inflight}"
     );
+    let stored: Vec<&str> = errors.values().map(String::as_str).collect();
+    let leaked = secrets_in(&stored.join("\n"));
+    assert!(leaked.is_empty(), "a secret in a task's error: {leaked:?}");
     if let Some((spent, bound)) = figures.paid {
         assert!(spent <= bound, "paid spend {spent} B, bound {bound} B");
     }
     if draw.clean() {
         assert_eq!(
             report.dead_lettered, 0,
-            "nothing dead-lettered: {:?}",
-            report.dead_tasks
+            "nothing dead-lettered: {:?}{}",
+            report.dead_tasks, figures.dead
         );
     }
     if draw.proxy == Proxy::Asks407 {

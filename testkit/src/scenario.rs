@@ -52,6 +52,9 @@ pub struct Scenario {
     /// Every message sent with a `MessageGroupId`, one of this many tenants (a fair queue);
     /// 0: none.
     pub tenants: usize,
+    /// A FIFO queue (and dead-letter queue): each message in its tenant's group, or, without
+    /// tenants, in its task's own.
+    pub fifo: bool,
     /// The shares of the page kinds ([`Mix`]); none: one task in ten of each, as [`KINDS`].
     pub mix: Option<Mix>,
     /// The seed that orders the messages sent; none: a random order.
@@ -74,6 +77,7 @@ impl Default for Scenario {
             spread: false,
             job_limits: None,
             tenants: 0,
+            fifo: false,
             mix: None,
             seed: None,
             tiers: 0,
@@ -271,6 +275,11 @@ pub struct Prepared {
     sent: Vec<String>,
     /// Messages sent for each task (as `tasks`), by the producer.
     copies: Vec<usize>,
+    /// The message group each task's messages were sent in (as `tasks`), if any.
+    groups: Vec<Option<String>>,
+    /// Tasks an operator sent a message for in a group of its own (a re-queue): their dead
+    /// letters may be in another group than the producer's.
+    pub regrouped: HashSet<String>,
     /// Messages an operator sent again (re-queued or redriven), by task id.
     pub resent: HashMap<String, usize>,
     /// Times an operator's re-queue reopened the completed run.
@@ -372,7 +381,7 @@ pub async fn prepare_list(
         placed.push(host);
     }
     std::fs::write(list, urls)?;
-    let (queue, dlq) = queues(&stack).await;
+    let (queue, dlq) = queues(&stack, false).await;
     Ok(Prepared {
         stack,
         site: hosts.sites[0].clone(),
@@ -381,6 +390,8 @@ pub async fn prepare_list(
         dlq,
         policy: DuplicatePolicy::Converge,
         copies: vec![1; tasks.len()],
+        groups: vec![None; tasks.len()],
+        regrouped: HashSet::new(),
         tasks,
         placed,
         sent: Vec::new(),
@@ -391,10 +402,16 @@ pub async fn prepare_list(
     })
 }
 
-/// The scenario's queue, redriving to its dead-letter queue after the worker's attempts.
-async fn queues(stack: &Stack) -> (Queue, Queue) {
-    let dlq = Queue::create(stack, 30).await;
+/// The scenario's queue, redriving to its dead-letter queue after the worker's attempts;
+/// both FIFO if `fifo`.
+async fn queues(stack: &Stack, fifo: bool) -> (Queue, Queue) {
     let visibility = VISIBILITY.as_secs() as u32;
+    if fifo {
+        let dlq = Queue::create_fifo(stack, 30, None).await;
+        let queue = Queue::create_fifo(stack, visibility, Some((&dlq, MAX_ATTEMPTS))).await;
+        return (queue, dlq);
+    }
+    let dlq = Queue::create(stack, 30).await;
     let queue = Queue::create_with_dlq(stack, visibility, &dlq, MAX_ATTEMPTS).await;
     (queue, dlq)
 }
@@ -431,8 +448,9 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         tasks.push((id, path));
         placed.push(host);
     }
-    let (queue, dlq) = queues(&stack).await;
-    let (sent, copies) = send_all(&stack, &queue, &scenario, &refs).await;
+    let (queue, dlq) = queues(&stack, scenario.fifo).await;
+    let groups: Vec<_> = (0..total).map(|i| group_of(&scenario, i)).collect();
+    let (sent, copies) = send_all(&stack, &queue, &scenario, &refs, &groups).await;
     Prepared {
         stack,
         site: hosts.sites[0].clone(),
@@ -444,6 +462,8 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         placed,
         sent,
         copies,
+        groups,
+        regrouped: HashSet::new(),
         resent: HashMap::new(),
         reopened: 0,
         tiers: scenario.tiers.max(1),
@@ -480,21 +500,31 @@ async fn seed_run(stack: &Stack, scenario: &Scenario, ids: &[String]) -> Vec<Tas
         .collect()
 }
 
+/// The message group of task `i`'s messages: its tenant's (a fair or FIFO queue), or its
+/// own on a FIFO queue without tenants.
+fn group_of(scenario: &Scenario, i: usize) -> Option<String> {
+    match (scenario.tenants, scenario.fifo) {
+        (0, false) => None,
+        (0, true) => Some(format!("task-{i}")),
+        (n, _) => Some(format!("tenant-{}", i % n)),
+    }
+}
+
 /// Sends every task once, every fifth twice more, every twentieth three times more,
-/// shuffled (by the scenario's seed, if any), each with its tenant's group id if the queue
-/// is fair; the message ids and the messages sent per task.
+/// shuffled (by the scenario's seed, if any), each in its group (`groups`); the message ids
+/// and the messages sent per task.
 async fn send_all(
     stack: &Stack,
     queue: &Queue,
     scenario: &Scenario,
     tasks: &[TaskRef],
+    groups: &[Option<String>],
 ) -> (Vec<String>, Vec<usize>) {
     let mut bodies = Vec::new();
     let mut copies = Vec::new();
-    for (i, task) in tasks.iter().enumerate() {
+    for (i, (task, group)) in tasks.iter().zip(groups).enumerate() {
         let n = 1 + 2 * usize::from(i % 5 == 0) + usize::from(i % 20 == 0);
-        let group = (scenario.tenants > 0).then(|| format!("tenant-{}", i % scenario.tenants));
-        bodies.extend(std::iter::repeat_n((message::body(task), group), n));
+        bodies.extend(std::iter::repeat_n((message::body(task), group.clone()), n));
         copies.push(n);
     }
     let mut rng = scenario
@@ -690,6 +720,7 @@ impl Prepared {
 
         let (fetches, most_fetches) = self.fetches_within_attempts(&stored);
         self.dead_letters_are_open_or_duplicates(&stored, &dead_tasks);
+        self.dead_letters_keep_their_groups(&dead);
         let shards = match (run.n("counter_shards"), run.n("counter_groups")) {
             (Some(n), Some(g)) => format!(" (in {n} counter shards, {g} groups)"),
             (Some(n), None) => format!(" (in {n} counter shards)"),
@@ -803,6 +834,34 @@ impl Prepared {
             assert!(
                 !(dead.contains(id) && terminal && sends == 1),
                 "{id} is {status:?} and its one message is in the dead-letter queue"
+            );
+        }
+    }
+}
+
+impl Prepared {
+    /// Every dead letter is in the message group its task's messages were sent in (the
+    /// worker's copies and a redrive keep it), unless an operator re-queued its task.
+    fn dead_letters_keep_their_groups(&self, dead: &[aws_lambda_events::event::sqs::SqsMessage]) {
+        for letter in dead {
+            let task = letter
+                .body
+                .as_deref()
+                .and_then(|b| message::parse_body(Some(b)).ok());
+            let Some(task) = task.map(|t| t.task_id.to_string()) else {
+                continue;
+            };
+            let Some(i) = self.tasks.iter().position(|(id, _)| *id == task) else {
+                continue;
+            };
+            if self.regrouped.contains(&task) {
+                continue;
+            }
+            let group = letter.attributes.get("MessageGroupId");
+            assert_eq!(
+                group,
+                self.groups[i].as_ref(),
+                "{task}'s dead letter's group"
             );
         }
     }

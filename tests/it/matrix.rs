@@ -5,6 +5,7 @@
 //! (`conveyor_testkit::matrix`). `MATRIX_SEEDS=1,2,3` runs those seeds, `MATRIX_RANDOM=N` N
 //! random ones (`make chaos SEEDS=N`); a failing seed prints how to replay it.
 
+use conveyor_testkit::logs::Captured;
 use conveyor_testkit::matrix::{self, Draw};
 use futures_util::FutureExt;
 
@@ -34,9 +35,43 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_drawn_configuration_keeps_every_invariant() {
+#[test]
+fn every_drawn_configuration_keeps_every_invariant() {
     conveyor_testkit::chaos::quiet_injected_crashes();
+    let logs = Captured::default();
+    let dispatch = capture(&logs);
+    let each_thread = dispatch.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        // Every thread of the runtime logs to `logs`, whatever the rest of the binary set.
+        .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&each_thread)))
+        .build()
+        .expect("a runtime");
+    let _here = tracing::dispatcher::set_default(&dispatch);
+    let failed = runtime.block_on(run_seeds(&logs));
+    assert!(
+        failed.is_empty(),
+        "seeds that broke an invariant: {failed:?}"
+    );
+}
+
+/// The worker's lines at debug (or as `RUST_LOG` says), kept in `logs`.
+fn capture(logs: &Captured) -> tracing::Dispatch {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "conveyor_worker=debug".into());
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::Dispatch::new(subscriber)
+}
+
+/// Runs every seed, each checked against every invariant and its logs for secrets; the
+/// seeds that broke one.
+async fn run_seeds(logs: &Captured) -> Vec<u64> {
     let mut failed = Vec::new();
     for seed in seeds() {
         let draw = Draw::of(seed);
@@ -44,9 +79,18 @@ async fn every_drawn_configuration_keeps_every_invariant() {
         // A broken invariant panics (its message printed by the hook): the seed is reported,
         // the rest run.
         let run = std::panic::AssertUnwindSafe(matrix::run(&draw)).catch_unwind();
-        match run.await {
-            Ok(figures) => println!("matrix {}", figures.line(&draw)),
-            Err(_) => {
+        let ran = run.await;
+        let lines = logs.take();
+        if std::env::var_os("RUST_LOG").is_some() {
+            println!("{lines}");
+        }
+        let leaked = matrix::secrets_in(&lines);
+        match ran {
+            Ok(figures) if leaked.is_empty() => println!("matrix {}", figures.line(&draw)),
+            _ => {
+                if !leaked.is_empty() {
+                    println!("matrix seed {seed}: a secret in the logs: {leaked:?}");
+                }
                 println!(
                     "matrix seed {seed} FAILED: {draw}\n  replay: MATRIX_SEEDS={seed} \
                      scripts/with-moto cargo test --locked --test it matrix:: -- --nocapture"
@@ -55,8 +99,5 @@ async fn every_drawn_configuration_keeps_every_invariant() {
             }
         }
     }
-    assert!(
-        failed.is_empty(),
-        "seeds that broke an invariant: {failed:?}"
-    );
+    failed
 }

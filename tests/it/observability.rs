@@ -3,42 +3,21 @@
 //! job / run / task ids, outcome and duration of every record, no page content; and the
 //! invocation's metrics in Embedded Metric Format.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use conveyor_testkit::logs::Captured;
 use conveyor_testkit::*;
 use conveyor_worker::batch::run_batch;
 use conveyor_worker::metrics::MetricsSettings;
 use serde_json::Value;
 
-/// Log output kept in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .expect("no writer panicked")
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<Value> {
-        let bytes = self.0.lock().expect("no writer panicked").clone();
-        String::from_utf8(bytes)
-            .expect("logs are UTF-8")
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-            .collect()
-    }
+/// The JSON lines written so far.
+fn lines(logs: &Captured) -> Vec<Value> {
+    let text = logs.text();
+    let each = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")));
+    each.collect()
 }
 
 /// The line that ends the record with this message id.
@@ -85,7 +64,7 @@ async fn every_record_logs_ids_outcome_and_duration_as_json_and_the_batch_its_me
     let run = run_batch(&stack.worker(), &records, &request_id, deadline, LIMITS).await;
 
     // Assert: one JSON line closes each record, inside the batch's span.
-    let lines = logs.lines();
+    let lines = lines(&logs);
     let fine = record_line(&lines, "fine");
     assert_eq!(fine["fields"]["outcome"], "succeeded");
     assert_eq!(fine["span"]["job_id"], JOB);
