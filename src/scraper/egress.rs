@@ -589,9 +589,10 @@ fn maker(headers: &reqwest::header::HeaderMap, tunnelled: bool) -> Maker {
     }
 }
 
-/// An answer that came through the proxy, by who made it. The site's is the site's. A 407,
-/// and a 502, 503 or 504 without `Retry-After`, that the site did not make are the proxy's
-/// own: failures of ours, never the page's. A 403, or a 429 without `Retry-After`, is a
+/// An answer that came through the proxy, by who made it. The site's is the site's. A 407
+/// (or a 401: tinyproxy's answer to wrong credentials), and a 502, 503 or 504 without
+/// `Retry-After`, that the site did not make are the proxy's own: failures of ours, never
+/// the page's. A 403, or a 429 without `Retry-After`, is a
 /// block the next tier may pass.
 fn answered(err: FetchError, maker: Maker) -> FetchError {
     let status = err.http_status.unwrap_or_default();
@@ -606,9 +607,9 @@ fn answered(err: FetchError, maker: Maker) -> FetchError {
             blocked: true,
             ..err
         },
-        407 if !site => FetchError {
-            http_status: Some(407),
-            ..FetchError::ours("proxy: authentication required (HTTP 407)")
+        401 | 407 if !site => FetchError {
+            http_status: Some(status),
+            ..FetchError::ours(format!("proxy: authentication required (HTTP {status})"))
         },
         502..=504 if !site && !paced => FetchError {
             retry: Retry::Ours,
@@ -689,6 +690,8 @@ mod tests {
             (429, None, Unmarked, Retry::Transient, true),
             (429, Some(5), Unmarked, Retry::Transient, false),
             (407, None, Unmarked, Retry::Ours, false),
+            (401, None, Unmarked, Retry::Ours, false),
+            (401, None, Site, Retry::Permanent, false),
             (502, None, Unmarked, Retry::Ours, false),
             (503, None, Unmarked, Retry::Ours, false),
             (504, None, Proxy, Retry::Ours, false),
