@@ -114,7 +114,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let receives = receive_count(record) + carried.receives_before;
         let owner = self.lease_owner(invocation, record);
         let delivery = Delivery {
-            receives,
+            // On a FIFO queue a wait is a hold that burns a receive: the task's claims, which
+            // a wait gives back, count its tries there, not the message's receives.
+            receives: if on_fifo(record) { 1 } else { receives },
             booked: carried.booking,
             waits: carried.waits,
             wait_left: self.wait_left(carried.polite_since),
@@ -136,6 +138,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             self.release(task, owner).await;
         }
         let outcome = self.send_again(record, &message, outcome, receives).await;
+        let outcome = self.to_back_of_group(record, &message, outcome).await;
         if let Some(delay) = self.hold_for(&outcome, receives, carried.copies) {
             self.hold(record, delay).await;
         }
@@ -365,6 +368,14 @@ fn ends_without_terminal_write(outcome: &Outcome) -> bool {
         outcome,
         Outcome::ScrapeTransient { .. } | Outcome::Store(_) | Outcome::NoTimeLeft
     )
+}
+
+/// Whether the record came from a FIFO queue (its ARN ends in `.fifo`).
+fn on_fifo(record: &SqsMessage) -> bool {
+    record
+        .event_source_arn
+        .as_deref()
+        .is_some_and(|arn| arn.ends_with(".fifo"))
 }
 
 /// SQS's `SentTimestamp` (ms since the epoch), if the record has it.

@@ -2,7 +2,7 @@
 //! a last try, a hold back through its visibility, the quarantine of a poison body, a lease
 //! or a claim's attempt given back.
 
-use crate::contract::Outcome;
+use crate::contract::{Outcome, Reply};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
@@ -17,7 +17,9 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
-use super::{Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, pushed_back, receive_count, sent_at};
+use super::{
+    Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, on_fifo, pushed_back, receive_count, sent_at,
+};
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -66,22 +68,54 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// last (the next would move it to the dead-letter queue untried), it is sent again as a
     /// fresh copy to the back of its group instead, carrying what it carried.
     pub async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
-        let arn = record.event_source_arn.as_deref().unwrap_or_default();
-        let (Some(queue), true) = (QueueRef::from_arn(arn), self.at_last_receive(record)) else {
-            return Outcome::GroupHeld;
-        };
         let Ok(message) = Message::parse(record.body.as_deref(), sent_at(record)) else {
             return Outcome::GroupHeld;
         };
         let now = epoch_millis(SystemTime::now()) as u64;
-        let copy = copy_of(record, message.moved(now), Duration::ZERO);
-        match self.visibility.requeue(&queue, &copy).await {
+        self.move_to_back(record, message.moved(now), Outcome::GroupHeld)
+            .await
+    }
+
+    /// A FIFO record to retry on the receive before its last is sent again to the back of
+    /// its group, due at once, one copy more: its message's receives (which its waits
+    /// burned) do not dead-letter a task with tries left, whose claims count them. At most
+    /// [`MAX_COPIES`] copies: a task whose tries are spent on failures of ours then reaches
+    /// the dead-letter queue.
+    pub(super) async fn to_back_of_group(
+        &self,
+        record: &SqsMessage,
+        message: &Message,
+        outcome: Outcome,
+    ) -> Outcome {
+        let retry = outcome.reply() == Reply::Retry;
+        if !on_fifo(record) || !retry || message.carried.copies >= MAX_COPIES {
+            return outcome;
+        }
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let spent = message.carried.receives_before;
+        self.move_to_back(record, message.another_try(spent, None, now), outcome)
+            .await
+    }
+
+    /// Sends `body` to the back of the record's FIFO group on the receive before its last
+    /// (the next would move it to the dead-letter queue); else, or if it cannot be sent,
+    /// `outcome` stands.
+    async fn move_to_back(&self, record: &SqsMessage, body: String, outcome: Outcome) -> Outcome {
+        let arn = record.event_source_arn.as_deref().unwrap_or_default();
+        let (Some(queue), true) = (QueueRef::from_arn(arn), self.at_last_receive(record)) else {
+            return outcome;
+        };
+        match self
+            .visibility
+            .requeue(&queue, &copy_of(record, body, Duration::ZERO))
+            .await
+        {
             Ok(()) => Outcome::SentAgain {
                 delay: Duration::ZERO,
             },
             Err(err) => {
-                tracing::warn!(error = %err, "could not move the held record; held back instead");
-                Outcome::GroupHeld
+                tracing::warn!(error = %err, "could not move the record to the back of its group");
+                outcome
             }
         }
     }
@@ -252,10 +286,7 @@ fn may_copy(carried: &Carried, pressed: bool, now: u64) -> bool {
 /// and message attributes go with it (a fair queue's tenant); on a FIFO queue, which delays
 /// no message of its own, it is due at once, named for deduplication by this receive.
 fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
-    let fifo = record
-        .event_source_arn
-        .as_deref()
-        .is_some_and(|arn| arn.ends_with(".fifo"));
+    let fifo = on_fifo(record);
     MessageCopy {
         body,
         delay: if fifo { Duration::ZERO } else { delay },

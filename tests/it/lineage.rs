@@ -368,6 +368,32 @@ async fn on_a_fifo_queue_waits_and_holds_move_to_the_back_of_their_group_before_
     assert_eq!(site.hits("/"), 0);
 }
 
+#[tokio::test]
+async fn on_a_fifo_queue_receives_its_waits_burned_do_not_make_a_final_attempt() {
+    // Arrange: a FIFO queue; a page down for now (503) whose task was tried once, its message
+    // on its last receive (its waits burned the others: each gave its claim back).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/down/1"), "pending").await;
+    let fifo = Queue::create_fifo(&stack, 30, None).await;
+    let mut last = record("t1", &body("t1"), MAX_ATTEMPTS);
+    last.event_source_arn = Some(fifo.arn.clone());
+    last.attributes.insert("MessageGroupId".into(), "g".into());
+
+    // Act
+    let reply = run_batch(&stack.worker(), vec![last]).await;
+
+    // Assert: not failed on a second try; acked for a copy at the back of its group, one
+    // copy more, the task open.
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("processing"));
+    assert_eq!(task.n("attempts"), Some(1));
+    let [copy] = <[_; 1]>::try_from(fifo.drain(&stack).await).expect("one copy");
+    assert_eq!(copy.attributes["MessageGroupId"], "g");
+    assert_eq!(Carried::read(copy.body.as_deref()).copies, 1);
+}
+
 /// The host of `site` cooling down for another minute, as a 429 leaves it.
 async fn cool_down(stack: &Stack, site: &PoliteSite) {
     let host = site.url("").trim_start_matches("http://").to_owned();
