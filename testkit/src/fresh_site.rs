@@ -29,6 +29,8 @@ struct Pages {
     /// Answers given: full pages and 304s.
     full: usize,
     not_modified: usize,
+    /// Requests of each page.
+    hits: HashMap<String, usize>,
     /// The page whose next conditional request waits for the test ([`FreshSite::hold`]).
     hold: Option<(String, Hold)>,
 }
@@ -105,6 +107,18 @@ impl FreshSite {
         }
     }
 
+    /// The page `name` of `size` bytes as it is now, without asking the site: its bytes and
+    /// entity tag.
+    pub fn page(&self, name: &str, size: usize) -> (Vec<u8>, String) {
+        let (body, etag, _) = current(&self.pages, name, size);
+        (body.into_bytes(), etag)
+    }
+
+    /// How often the page `name` was asked for.
+    pub fn hits(&self, name: &str) -> usize {
+        lock(&self.pages).hits.get(name).copied().unwrap_or(0)
+    }
+
     /// (full answers, 304s) so far.
     pub fn answers(&self) -> (usize, usize) {
         let pages = lock(&self.pages);
@@ -166,7 +180,10 @@ async fn liar((State(pages), Path(name), Query(query), asked): Args) -> Response
     if !conditional(&asked) {
         return answer(&pages, &name, &query, &asked, (true, true));
     }
-    lock(&pages).not_modified += 1;
+    let mut counts = lock(&pages);
+    counts.not_modified += 1;
+    *counts.hits.entry(name).or_default() += 1;
+    drop(counts);
     let mut response = StatusCode::NOT_MODIFIED.into_response();
     let other = "\"another-representation\""
         .parse()
@@ -196,6 +213,7 @@ fn answer(
         validators.push((header::ETAG, etag));
     }
     let mut pages = lock(pages);
+    *pages.hits.entry(name.to_owned()).or_default() += 1;
     let mut response = if unchanged && honour {
         pages.not_modified += 1;
         StatusCode::NOT_MODIFIED.into_response()

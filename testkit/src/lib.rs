@@ -62,6 +62,20 @@ pub type TestWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher, SqsVis
 pub const JOB: &str = "job-1";
 pub const RUN: &str = "run-1";
 pub const PREFIX: &str = "results/";
+
+/// An earlier result a refresh task names: where it lies, its bytes, its entity tag.
+#[derive(Debug, Clone, Copy)]
+pub struct Earlier<'a> {
+    pub key: &'a str,
+    pub body: &'a [u8],
+    pub etag: &'a str,
+}
+
+/// The hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
 /// Tests cap bodies below [`site::BIG_BODY`].
 pub const MAX_BODY_BYTES: u64 = 16 * 1024;
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -605,6 +619,41 @@ impl Stack {
         let mut item = keys::task_key(task);
         item.extend(attributes::strings(&[("url", url), ("status", status)]));
         self.put(item).await;
+    }
+
+    /// A pending refresh task at `url`: its earlier result under `key`, of `body` (whose
+    /// SHA-256 the task names), which had the entity tag `etag`.
+    pub async fn put_refresh_task_of(&self, task: &TaskRef, url: &str, earlier: Earlier<'_>) {
+        let mut item = keys::task_key(task);
+        let Earlier { key, body, etag } = earlier;
+        item.extend(attributes::strings(&[
+            ("url", url),
+            ("status", "pending"),
+            ("prior_result_key", key),
+            ("prior_sha256", &sha256_hex(body)),
+            ("prior_etag", etag),
+        ]));
+        self.put(item).await;
+    }
+
+    /// An earlier run's result under `key`: `body` with S3's SHA-256 checksum of it and, if
+    /// `described`, the metadata the worker writes.
+    pub async fn put_earlier(&self, key: &str, body: &[u8], described: bool) {
+        let mut put = self
+            .s3
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(body.to_vec().into())
+            .content_type("text/html")
+            .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Sha256);
+        if described {
+            put = put
+                .metadata("sha256", sha256_hex(body))
+                .metadata("http-status", "200")
+                .metadata("final-url", "http://earlier.example/");
+        }
+        put.send().await.expect("put an object");
     }
 
     /// Puts a lease on a task of [`JOB`] / [`RUN`], as a delivery's claim would.

@@ -95,6 +95,8 @@ pub struct Draw {
     pub tenants: usize,
     /// A FIFO queue: the messages in their tenants' groups, or each task's own.
     pub fifo: bool,
+    /// A refresh run: every other fine page a refresh task, a third of those pages changed.
+    pub refresh: bool,
     pub policy: DuplicatePolicy,
     pub operator: Operator,
     pub crash_rate: f64,
@@ -155,6 +157,7 @@ impl Draw {
             contract,
             tenants: if rng.bool() { 3 } else { 0 },
             fifo: false,
+            refresh: false,
             policy: match rng.bool() {
                 true => DuplicatePolicy::Converge,
                 false => DuplicatePolicy::Lease,
@@ -173,6 +176,7 @@ impl Draw {
         };
         // Drawn last, so that the seeds drawn before it keep the rest of their draws.
         draw.fifo = rng.u8(0..4) == 0;
+        draw.refresh = rng.u8(0..3) == 0;
         draw
     }
 
@@ -202,6 +206,7 @@ impl Draw {
             },
             tenants: self.tenants,
             fifo: self.fifo,
+            refresh: self.refresh,
             mix: Some(self.mix),
             seed: Some(self.seed),
             tiers: if self.proxy == Proxy::Paid { 2 } else { 1 },
@@ -243,8 +248,9 @@ impl fmt::Display for Draw {
         write!(
             f,
             "seed {}: {} tasks, politeness {politeness}, proxy {:?}, {:?}, {queue} queue, \
-             {:?}, operator {:?}, crashes {}, production-like {}, faults {}, mix fine {fine} \
-             flaky {flaky} gone {gone} slow {slow} dead {dead} blocked {blocked} logged {logged}",
+             {:?}, operator {:?}, crashes {}, production-like {}, faults {}, refresh {}, mix fine \
+             {fine} flaky {flaky} gone {gone} slow {slow} dead {dead} blocked {blocked} logged \
+             {logged}",
             self.seed,
             self.tasks,
             self.proxy,
@@ -254,6 +260,7 @@ impl fmt::Display for Draw {
             self.crash_rate,
             self.production_like,
             self.faults,
+            self.refresh,
         )
     }
 }
@@ -270,6 +277,8 @@ pub struct Figures {
     pub logged: (usize, usize),
     /// The dead-lettered tasks by page kind, status and the error their task holds.
     pub dead: String,
+    /// A refresh run's pages: full answers and 304s.
+    pub fresh: Option<(usize, usize)>,
 }
 
 impl Figures {
@@ -279,10 +288,16 @@ impl Figures {
             Some((spent, bound)) => format!(", paid {spent} B of at most {bound} B"),
             None => String::new(),
         };
+        let fresh = match self.fresh {
+            Some((full, not_modified)) => {
+                format!(", refresh pages {full} full answers and {not_modified} 304s")
+            }
+            None => String::new(),
+        };
         format!(
             "seed {}: {} tasks, {} messages sent, {} re-sent by the operator, {} successful, \
              {} failed, {} dead-lettered ({} tasks), {:.2} fetches per task (most {} of {} \
-             allowed), logged host {} starts a second, {} in flight{paid}, {:.1} s{}; {}",
+             allowed), logged host {} starts a second, {} in flight{paid}{fresh}, {:.1} s{}; {}",
             draw.seed,
             r.total,
             r.sent,
@@ -422,6 +437,7 @@ pub async fn run(draw: &Draw) -> Figures {
         resent,
         paid,
         logged: logged_limits(&prepared),
+        fresh: prepared.hosts.fresh.as_ref().map(|f| f.answers()),
     };
     check_draw(draw, &prepared, &figures, &errors);
     figures

@@ -18,9 +18,10 @@ use conveyor_worker::ops::local_mapping::{
 use conveyor_worker::store::sqs::SqsQueue;
 
 use super::chaos::{Crashing, Faults};
+use super::fresh_site::FreshSite;
 use super::polite_site::{Behaviour, PoliteSite};
 use super::queue::Queue;
-use super::{JOB, MAX_ATTEMPTS, RUN, Site, Stack, WorkerTuning, task_ref};
+use super::{Earlier, JOB, MAX_ATTEMPTS, PREFIX, RUN, Site, Stack, WorkerTuning, task_ref};
 
 /// The longest a scenario may take before it counts as stuck.
 const LIMIT: Duration = Duration::from_secs(600);
@@ -55,6 +56,10 @@ pub struct Scenario {
     /// A FIFO queue (and dead-letter queue): each message in its tenant's group, or, without
     /// tenants, in its task's own.
     pub fifo: bool,
+    /// A refresh run: every other fine page is a refresh task on a site that answers
+    /// "changed since?" ([`FreshSite`]), its earlier result stored; a third of those pages
+    /// changed since.
+    pub refresh: bool,
     /// The shares of the page kinds ([`Mix`]); none: one task in ten of each, as [`KINDS`].
     pub mix: Option<Mix>,
     /// The seed that orders the messages sent; none: a random order.
@@ -78,6 +83,7 @@ impl Default for Scenario {
             job_limits: None,
             tenants: 0,
             fifo: false,
+            refresh: false,
             mix: None,
             seed: None,
             tiers: 0,
@@ -159,6 +165,8 @@ pub struct Hosts {
     kinds: Vec<&'static str>,
     /// The site of the logged pages, if any.
     pub logged: Option<PoliteSite>,
+    /// The site of the refresh tasks' pages, if any.
+    pub fresh: Option<FreshSite>,
 }
 
 /// The rate a polite run's job asks of each of its hosts.
@@ -167,8 +175,12 @@ pub const POLITE_JOB_RPS: f64 = 20.0;
 /// The hosts the pages that do not answer 503 share in a polite run: 10 or so pages each.
 pub const SHARED_HOSTS: usize = 24;
 
-/// Where a task's page is: one of [`Hosts::sites`], or the logged site.
+/// Where a task's page is: one of [`Hosts::sites`], the logged site or the fresh site.
 const LOGGED: usize = usize::MAX;
+const FRESH: usize = usize::MAX - 1;
+
+/// The bytes of a refresh task's page.
+const REFRESH_BYTES: usize = 2_000;
 
 impl Hosts {
     /// The sites for `total` tasks of the default kinds (one if not `polite`).
@@ -192,18 +204,25 @@ impl Hosts {
             true => Some(PoliteSite::start(Behaviour::default()).await),
             false => None,
         };
+        let fresh = match kinds.contains(&"refresh") {
+            true => Some(FreshSite::start().await),
+            false => None,
+        };
         Self {
             sites,
             shared,
             kinds,
             logged,
+            fresh,
         }
     }
 
     /// The site of task `i` of the run.
     fn of(&self, i: usize) -> usize {
-        if self.kinds[i] == "logged" {
-            return LOGGED;
+        match self.kinds[i] {
+            "logged" => return LOGGED,
+            "refresh" => return FRESH,
+            _ => {}
         }
         if self.sites.len() == 1 {
             return 0;
@@ -223,22 +242,25 @@ impl Hosts {
                 format!("/blocks/{egress}/{id}")
             }
             "logged" => format!("/page/{id}"),
+            "refresh" => format!("/fresh/{id}?bytes={REFRESH_BYTES}"),
             kind => format!("/{kind}/{id}"),
         };
         (path, self.of(i))
     }
 
     fn url(&self, host: usize, path: &str) -> String {
-        match (host, &self.logged) {
-            (LOGGED, Some(logged)) => logged.url(path),
+        match (host, &self.logged, &self.fresh) {
+            (LOGGED, Some(logged), _) => logged.url(path),
+            (FRESH, _, Some(fresh)) => fresh.url(path),
             _ => self.sites[host].url(path),
         }
     }
 
     /// How often `path` was asked of `host`.
     fn hits(&self, host: usize, path: &str) -> usize {
-        match (host, &self.logged) {
-            (LOGGED, Some(logged)) => logged.visits().iter().filter(|v| v.path == path).count(),
+        match (host, &self.logged, &self.fresh) {
+            (LOGGED, Some(logged), _) => logged.visits().iter().filter(|v| v.path == path).count(),
+            (FRESH, _, Some(fresh)) => fresh.hits(fresh_name(path)),
             _ => self.sites[host].hits(path),
         }
     }
@@ -246,8 +268,18 @@ impl Hosts {
     /// Every request any of the sites saw (robots.txt too).
     pub fn requests(&self) -> usize {
         let logged = self.logged.as_ref().map_or(0, |l| l.visits().len());
-        self.sites.iter().map(|s| s.peers().len()).sum::<usize>() + logged
+        let fresh = self.fresh.as_ref().map_or(0, |f| {
+            let (full, not_modified) = f.answers();
+            full + not_modified
+        });
+        self.sites.iter().map(|s| s.peers().len()).sum::<usize>() + logged + fresh
     }
+}
+
+/// The page name in a fresh site's path (`/fresh/{name}?bytes=...`).
+fn fresh_name(path: &str) -> &str {
+    let name = path.trim_start_matches("/fresh/");
+    name.split('?').next().unwrap_or(name)
 }
 
 /// The page kind of task `i`.
@@ -435,6 +467,11 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
     let total = scenario.tasks;
     let kinds = (0..total)
         .map(|i| scenario.mix.map_or_else(|| kind(i), |mix| mix.kind(i)))
+        .enumerate()
+        .map(|(i, kind)| match kind {
+            "page" if scenario.refresh && i.is_multiple_of(2) => "refresh",
+            kind => kind,
+        })
         .collect();
     let hosts = Hosts::start_for(kinds, scenario.polite).await;
     let ids: Vec<String> = (0..total).map(|i| format!("t{i:04}")).collect();
@@ -442,9 +479,11 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
     let (mut tasks, mut placed) = (Vec::new(), Vec::new());
     for (i, (id, task)) in ids.into_iter().zip(&refs).enumerate() {
         let (path, host) = hosts.page(i, &id);
-        stack
-            .put_task_of(task, &hosts.url(host, &path), "pending")
-            .await;
+        let url = hosts.url(host, &path);
+        match &hosts.fresh {
+            Some(fresh) if host == FRESH => put_refresh(&stack, fresh, (task, &id), &url, i).await,
+            _ => stack.put_task_of(task, &url, "pending").await,
+        }
         tasks.push((id, path));
         placed.push(host);
     }
@@ -468,6 +507,29 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         reopened: 0,
         tiers: scenario.tiers.max(1),
         faulty: scenario.faults.is_some(),
+    }
+}
+
+/// Refresh task `i` (`task`, named `id`) of a page of `fresh`: its earlier result, the page as
+/// it is now, stored under an earlier run's key; every third page changed since.
+async fn put_refresh(
+    stack: &Stack,
+    fresh: &FreshSite,
+    (task, id): (&TaskRef, &str),
+    url: &str,
+    i: usize,
+) {
+    let key = format!("{PREFIX}{JOB}/earlier/{id}");
+    let (body, etag) = fresh.page(id, REFRESH_BYTES);
+    stack.put_earlier(&key, &body, true).await;
+    let earlier = Earlier {
+        key: &key,
+        body: &body,
+        etag: &etag,
+    };
+    stack.put_refresh_task_of(task, url, earlier).await;
+    if i.is_multiple_of(3) {
+        fresh.change(id);
     }
 }
 

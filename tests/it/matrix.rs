@@ -101,3 +101,20 @@ async fn run_seeds(logs: &Captured) -> Vec<u64> {
     }
     failed
 }
+
+#[test]
+fn the_secret_check_finds_a_proxy_password_plain_or_in_a_basic_header() {
+    use conveyor_testkit::forward_proxy::{PASSWORD, USER};
+    let header = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))
+    };
+    let logs = format!(
+        "a line with nothing\nproxy http://{USER}:{PASSWORD}@127.0.0.1:3128\n\
+         proxy-authorization: Basic {header}\nanother line"
+    );
+
+    let found = matrix::secrets_in(&logs);
+
+    assert_eq!(found.len(), 2, "{found:?}");
+}

@@ -362,62 +362,24 @@ fn earlier_key(task: &str) -> String {
     format!("{PREFIX}{JOB}/{FIRST}/{task}")
 }
 
-/// An earlier result under `key`: `body` with S3's SHA-256 checksum of it and, if
-/// `described`, the metadata the worker writes.
-async fn put_earlier(stack: &Stack, key: &str, body: &[u8], described: bool) {
-    let mut put = stack
-        .s3
-        .put_object()
-        .bucket(&stack.bucket)
-        .key(key)
-        .body(body.to_vec().into())
-        .content_type("text/html")
-        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Sha256);
-    if described {
-        put = put
-            .metadata("sha256", sha256_of(body))
-            .metadata("http-status", "200")
-            .metadata("final-url", "http://earlier.example/");
-    }
-    put.send().await.expect("put an object");
-}
-
-fn sha256_of(body: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(body))
-}
-
-/// A pending refresh task of the active run at `url`, its earlier result `(key, body)`,
-/// which had the entity tag `etag`.
-async fn refresh_task(
-    stack: &Stack,
-    task: &str,
-    url: &str,
-    (key, body): (&str, &[u8]),
-    etag: &str,
-) {
-    let mut item = keys::task_key(&task_ref(task));
-    item.extend(attributes::strings(&[
-        ("url", url),
-        ("status", "pending"),
-        ("prior_result_key", key),
-        ("prior_sha256", &sha256_of(body)),
-        ("prior_etag", etag),
-    ]));
-    stack.put_item(item).await;
-}
-
 #[tokio::test]
 async fn an_earlier_object_with_a_checksum_but_without_its_metadata_is_fetched_in_full() {
     // Arrange: a refresh task whose earlier object has S3's checksum of the bytes the task
     // names, but none of the metadata the worker writes.
     let (stack, site) = (Stack::new().await, FreshSite::start().await);
     stack.put_active_run().await;
-    let earlier = b"<html><body>the earlier page</body></html>";
+    let page = b"<html><body>the earlier page</body></html>";
     let key = earlier_key("t1");
-    put_earlier(&stack, &key, earlier, false).await;
+    stack.put_earlier(&key, page, false).await;
     let url = site.url("/fresh/p0");
-    refresh_task(&stack, "t1", &url, (&key, earlier), "\"e0\"").await;
+    let earlier = Earlier {
+        key: &key,
+        body: page,
+        etag: "\"e0\"",
+    };
+    stack
+        .put_refresh_task_of(&task_ref("t1"), &url, earlier)
+        .await;
 
     // Act
     let reply = run_batch(&stack.worker(), vec![delivery("t1")]).await;
@@ -431,7 +393,7 @@ async fn an_earlier_object_with_a_checksum_but_without_its_metadata_is_fetched_i
     assert_eq!(site.answers(), (1, 0));
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
     let stored = stack.object(&Stack::key("t1")).await.expect("an object");
-    assert_ne!(stored.body, earlier);
+    assert_ne!(stored.body, page);
 }
 
 /// The page at `url` as the site serves it now: its bytes and entity tag.
@@ -455,14 +417,21 @@ async fn an_earlier_object_altered_before_its_copy_on_the_final_attempt_is_sent_
     let url = site.url("/fresh/p0");
     let (page, etag) = page_now(&url).await;
     let key = earlier_key("t1");
-    put_earlier(&stack, &key, &page, true).await;
-    refresh_task(&stack, "t1", &url, (&key, &page), &etag).await;
+    stack.put_earlier(&key, &page, true).await;
+    let earlier = Earlier {
+        key: &key,
+        body: &page,
+        etag: &etag,
+    };
+    stack
+        .put_refresh_task_of(&task_ref("t1"), &url, earlier)
+        .await;
     let queue = Queue::create(&stack, 60).await;
     let producer = Message::parse(Some(&body("t1")), None).expect("a task's body");
     let spent = producer.another_try(MAX_ATTEMPTS - 1, None, now_ms());
     queue.send(&stack, &spent).await;
     let last = queue.receive(&stack).await.expect("the final attempt");
-    let altered = async || put_earlier(&stack, &key, b"altered", true).await;
+    let altered = async || stack.put_earlier(&key, b"altered", true).await;
     let worker = stack.worker_with(|t| t.backoff.max = Duration::from_millis(200));
 
     // Act: the final attempt, the copy refused; then what comes back of it.
