@@ -79,8 +79,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// A FIFO record to retry on the receive before its last is sent again to the back of
     /// its group, due at once, one copy more: its message's receives (which its waits
     /// burned) do not dead-letter a task with tries left, whose claims count them. At most
-    /// [`MAX_COPIES`] copies: a task whose tries are spent on failures of ours then reaches
-    /// the dead-letter queue.
+    /// [`MAX_FIFO_MOVES`] such copies: a task whose tries go to failures of ours then
+    /// reaches the dead-letter queue within a few rounds of receives, its group not held
+    /// behind it for long.
     pub(super) async fn to_back_of_group(
         &self,
         record: &SqsMessage,
@@ -88,7 +89,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         outcome: Outcome,
     ) -> Outcome {
         let retry = outcome.reply() == Reply::Retry;
-        if !on_fifo(record) || !retry || message.carried.copies >= MAX_COPIES {
+        if !on_fifo(record) || !retry || message.carried.copies >= MAX_FIFO_MOVES {
             return outcome;
         }
         let now = epoch_millis(SystemTime::now()) as u64;
@@ -267,6 +268,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 }
+
+/// How many times a FIFO record to retry is moved to the back of its group: two rounds of
+/// receives more than its message had, enough for the tries its waits burned receives of.
+const MAX_FIFO_MOVES: u32 = 2;
 
 /// Whether a final attempt may be sent again once more: while AWS pushes back, within
 /// [`PRESSED_COPIES_FOR`] of its first copy for that (a pushed-back record's holds are as
