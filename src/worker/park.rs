@@ -47,7 +47,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let carries_booking = booked.is_some() && message.carried.booking == booked;
         let first_receive = receive_count(record) == 1;
-        let fifo = arn.ends_with(".fifo");
+        let fifo = on_fifo(record);
         if (fifo && !self.at_last_receive(record))
             || (delay > SQS_MAX_DELAY && carries_booking && first_receive)
         {
@@ -164,7 +164,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let pressed = self.pressed(&outcome);
         if !ours
             || receives < self.settings.max_attempts
-            || arn.ends_with(".fifo")
+            || on_fifo(record)
             || !may_copy(&message.carried, pressed, now)
         {
             return outcome;
