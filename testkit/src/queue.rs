@@ -1,11 +1,12 @@
 //! Queues in the emulator's SQS: create (with a dead-letter queue), send, receive as Lambda
-//! would deliver, drain.
+//! would deliver, drain or take everything.
 
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
-    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+    SendMessageBatchRequestEntry,
 };
 use conveyor_worker::store::sqs::{SqsQueue, to_record};
 
@@ -179,8 +180,18 @@ impl Queue {
             .expect("read the queue depth")
     }
 
-    /// Receives everything visible, deleting nothing.
+    /// Receives everything visible, deleting nothing. On a FIFO queue that is at most ten
+    /// messages of a group: SQS gives out no more of a group while some are in flight.
     pub async fn drain(&self, stack: &Stack) -> Vec<SqsMessage> {
+        self.receive_all(stack, false).await
+    }
+
+    /// Receives and deletes everything visible: every message of a FIFO queue too.
+    pub async fn take_all(&self, stack: &Stack) -> Vec<SqsMessage> {
+        self.receive_all(stack, true).await
+    }
+
+    async fn receive_all(&self, stack: &Stack, delete: bool) -> Vec<SqsMessage> {
         let mut all = Vec::new();
         loop {
             let out = stack
@@ -198,7 +209,29 @@ impl Queue {
             if messages.is_empty() {
                 return all;
             }
+            if delete {
+                self.delete(stack, &messages).await;
+            }
             all.extend(messages.iter().map(|m| to_record(m, &self.arn)));
         }
+    }
+
+    async fn delete(&self, stack: &Stack, messages: &[aws_sdk_sqs::types::Message]) {
+        let entries = messages.iter().enumerate().map(|(i, m)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .set_receipt_handle(m.receipt_handle.clone())
+                .build()
+                .expect("id and receipt handle are set")
+        });
+        let out = stack
+            .sqs
+            .delete_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .expect("delete a batch");
+        assert!(out.failed.is_empty(), "every message is deleted");
     }
 }

@@ -725,7 +725,7 @@ impl Prepared {
         );
 
         // Where every message went: deleted after an ack, or in the dead-letter queue.
-        let dead: Vec<_> = dlq.drain(stack).await;
+        let dead: Vec<_> = dlq.take_all(stack).await;
         let dead_ids: HashSet<String> = dead.iter().filter_map(|m| m.message_id.clone()).collect();
         let dead_tasks: HashSet<String> = dead
             .iter()
