@@ -170,7 +170,7 @@ async fn run_records<P: ProcessRecord>(
             let mut held = false;
             for index in group {
                 let outcome = if held {
-                    processor.held_in_group(&records[index]).await
+                    held_in_group(processor, &records[index]).await
                 } else {
                     run_in_turn(processor, &records[index], invocation).await
                 };
@@ -290,13 +290,6 @@ async fn run_one<P: ProcessRecord>(
     record: &SqsMessage,
     invocation: &Invocation,
 ) -> Outcome {
-    let span = tracing::info_span!(
-        "record",
-        message_id = record.message_id.as_deref().unwrap_or(""),
-        job_id = field::Empty,
-        run_id = field::Empty,
-        task_id = field::Empty,
-    );
     async {
         let started = Instant::now();
         let outcome = AssertUnwindSafe(processor.process(record, invocation))
@@ -306,8 +299,31 @@ async fn run_one<P: ProcessRecord>(
         log(&outcome, started.elapsed());
         outcome
     }
-    .instrument(span)
+    .instrument(record_span(record))
     .await
+}
+
+/// A record held behind an earlier one of its FIFO group: the processor's say, logged in
+/// the record's span.
+async fn held_in_group<P: ProcessRecord>(processor: &P, record: &SqsMessage) -> Outcome {
+    async {
+        let outcome = processor.held_in_group(record).await;
+        log(&outcome, Duration::ZERO);
+        outcome
+    }
+    .instrument(record_span(record))
+    .await
+}
+
+/// The span of one record's lines; the worker fills in the task.
+fn record_span(record: &SqsMessage) -> tracing::Span {
+    tracing::info_span!(
+        "record",
+        message_id = record.message_id.as_deref().unwrap_or(""),
+        job_id = field::Empty,
+        run_id = field::Empty,
+        task_id = field::Empty,
+    )
 }
 
 fn log(outcome: &Outcome, elapsed: Duration) {

@@ -16,6 +16,7 @@ use crate::batch::Invocation;
 use crate::budget::PaidAllowances;
 use crate::contract::Outcome;
 use crate::converge::Converged;
+use crate::domain::ids::TaskRef;
 use crate::domain::message::Message;
 use crate::domain::model::DuplicatePolicy;
 use crate::domain::model::TriesFrom;
@@ -103,10 +104,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Err(poison) => return self.quarantine(record, poison).await,
         };
         let task = &message.task;
-        let span = tracing::Span::current();
-        span.record("job_id", task.job_id.as_str());
-        span.record("run_id", task.run_id.as_str());
-        span.record("task_id", task.task_id.as_str());
+        name_span(task);
         if message.redriven {
             tracing::info!("sent again long after its copy was written: a fresh set of tries");
         }
@@ -203,6 +201,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             _ => None,
         }
     }
+}
+
+/// Names the task in the record's span, so its every line says which task it is of.
+fn name_span(task: &TaskRef) {
+    let span = tracing::Span::current();
+    span.record("job_id", task.job_id.as_str());
+    span.record("run_id", task.run_id.as_str());
+    span.record("task_id", task.task_id.as_str());
 }
 
 /// What the guard's reads and the gate gave a delivery to work on.

@@ -18,7 +18,8 @@ use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, on_fifo, pushed_back, receive_count, sent_at,
+    Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, name_span, on_fifo, pushed_back,
+    receive_count, sent_at,
 };
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
@@ -66,14 +67,23 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// A record held behind an earlier record of its FIFO group: on the receive before its
     /// last (the next would move it to the dead-letter queue untried), it is sent again as a
-    /// fresh copy to the back of its group instead, carrying what it carried.
+    /// fresh copy to the back of its group instead, carrying what it carried. Else it is
+    /// visible again at once: SQS gives out none of the group while the earlier record is
+    /// held, so the group waits for that record's hold alone, not for the queue's timeout.
     pub async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
-        let Ok(message) = Message::parse(record.body.as_deref(), sent_at(record)) else {
-            return Outcome::GroupHeld;
-        };
         let now = epoch_millis(SystemTime::now()) as u64;
-        self.move_to_back(record, message.moved(now), Outcome::GroupHeld)
-            .await
+        let outcome = match Message::parse(record.body.as_deref(), sent_at(record)) {
+            Ok(message) => {
+                name_span(&message.task);
+                self.move_to_back(record, message.moved(now), Outcome::GroupHeld)
+                    .await
+            }
+            Err(_) => Outcome::GroupHeld,
+        };
+        if matches!(outcome, Outcome::GroupHeld) {
+            self.hold(record, Duration::ZERO).await;
+        }
+        outcome
     }
 
     /// A FIFO record to retry on the receive before its last is sent again to the back of

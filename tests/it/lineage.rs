@@ -394,6 +394,36 @@ async fn on_a_fifo_queue_receives_its_waits_burned_do_not_make_a_final_attempt()
     assert_eq!(Carried::read(copy.body.as_deref()).copies, 1);
 }
 
+#[tokio::test]
+async fn on_a_fifo_queue_records_held_behind_a_retried_one_wait_for_its_hold_alone() {
+    // Arrange: a FIFO group of two: t1's page is down for now (503), t2's is fine; both
+    // received in one batch, in flight for ten minutes.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/down/1"), "pending").await;
+    stack.put_task("t2", &site.url("/page/2"), "pending").await;
+    let fifo = Queue::create_fifo(&stack, 30, None).await;
+    let group = Some("g".to_owned());
+    let bodies = [(body("t1"), group.clone()), (body("t2"), group)];
+    let ids = fifo.send_grouped(&stack, &bodies).await;
+    let records = fifo.drain(&stack).await;
+    let worker = stack.worker_with(|t| {
+        t.politeness = production_defaults();
+        t.backoff.max = Duration::from_secs(1);
+    });
+
+    // Act
+    let reply = run_batch(&worker, records).await;
+
+    // Assert: both retried, t2 untried; the group comes back after t1's hold of at most a
+    // second, not after t2's ten minutes in flight, and in its order.
+    assert_eq!(retried(&reply), ids);
+    assert_eq!(site.hits("/page/2"), 0);
+    let limit = Duration::from_secs(20);
+    let (first, _) = fifo.wait_for_redelivery(&stack, limit).await;
+    assert_eq!(first.message_id.as_ref(), Some(&ids[0]));
+}
+
 /// The host of `site` cooling down for another minute, as a 429 leaves it.
 async fn cool_down(stack: &Stack, site: &PoliteSite) {
     let host = site.url("").trim_start_matches("http://").to_owned();
