@@ -893,8 +893,8 @@ impl Prepared {
         paid
     }
 
-    /// A task whose message is in the dead-letter queue is open (its tries spent on failures
-    /// of ours), unless more than one message was sent for it (a copy may meet the task's
+    /// A task whose message is in the dead-letter queue was tried (it has a claim) and is
+    /// open (its tries spent on failures of ours), unless more than one message was sent for it (a copy may meet the task's
     /// end and still be dead-lettered), or AWS faults hit the worker's SQS calls (a final
     /// attempt's copy not sent leaves its message to the redrive policy): then it is printed.
     fn dead_letters_are_open_or_duplicates(
@@ -904,11 +904,16 @@ impl Prepared {
     ) {
         for (i, (id, _)) in self.tasks.iter().enumerate() {
             let sends = self.copies[i] + self.resent.get(id).copied().unwrap_or(0);
-            let status = stored
-                .iter()
-                .find(|(t, _)| t == id)
-                .and_then(|(_, t)| t.status());
+            let item = stored.iter().find(|(t, _)| t == id).map(|(_, t)| t);
+            let status = item.and_then(|t| t.status());
             let terminal = matches!(status, Some("successful" | "failed"));
+            let tried = item.and_then(|t| t.n("attempts")).unwrap_or(0) > 0;
+            if dead.contains(id) && !terminal && !tried {
+                // A copy's send or a hold the fault layer failed burns a receive untried.
+                let untried = format!("{id} is {status:?} and dead-lettered untried");
+                assert!(self.faulty, "{untried}");
+                println!("{untried} (a copy's send or a hold failed?)");
+            }
             if dead.contains(id) && terminal && sends == 1 && self.faulty {
                 println!(
                     "{id} is {status:?} and its one message is in the dead-letter queue (a copy's send failed?)"
