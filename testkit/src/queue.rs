@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
-    SendMessageBatchRequestEntry,
+    MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use conveyor_worker::store::sqs::{SqsQueue, to_record};
 
@@ -217,21 +216,10 @@ impl Queue {
     }
 
     async fn delete(&self, stack: &Stack, messages: &[aws_sdk_sqs::types::Message]) {
-        let entries = messages.iter().enumerate().map(|(i, m)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .set_receipt_handle(m.receipt_handle.clone())
-                .build()
-                .expect("id and receipt handle are set")
-        });
-        let out = stack
-            .sqs
-            .delete_message_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(entries.collect()))
-            .send()
+        let messages: Vec<_> = messages.iter().collect();
+        SqsQueue::new(stack.sqs.clone(), &self.url)
+            .delete(&messages)
             .await
             .expect("delete a batch");
-        assert!(out.failed.is_empty(), "every message is deleted");
     }
 }
