@@ -894,9 +894,10 @@ impl Prepared {
     }
 
     /// A task whose message is in the dead-letter queue was tried (it has a claim) and is
-    /// open (its tries spent on failures of ours), unless more than one message was sent for it (a copy may meet the task's
-    /// end and still be dead-lettered), or AWS faults hit the worker's SQS calls (a final
-    /// attempt's copy not sent leaves its message to the redrive policy): then it is printed.
+    /// open (its tries spent on failures of ours), unless more than one message was sent for
+    /// it (a copy may meet the task's end and still be dead-lettered), or AWS faults hit the
+    /// worker's SQS calls (a final attempt's copy not sent leaves its message to the redrive
+    /// policy): then it is printed.
     fn dead_letters_are_open_or_duplicates(
         &self,
         stored: &[(String, super::TaskItem)],
