@@ -12,11 +12,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy
+.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy nginx
 
 ## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
 ## (the emulator's venv installs from the network while the Rust checks and build use the CPU)
-test: tinyproxy
+test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
 	{ $(MAKE) --no-print-directory lint-rust && cargo test --locked --workspace --no-run; } \
 	  || built=$$?; wait $$venv && exit $$built
@@ -32,7 +32,7 @@ test: tinyproxy
 ## criterion's benches once each, then every figure of `make bench` (nothing written)
 ## (--tests: with the test targets in the build, the dependencies' features are the ones
 ## `cargo test` built, so after it only the benchmark's binary is linked, not 70 s of crates)
-bench-quick: $(VENV)/.test tinyproxy
+bench-quick: $(VENV)/.test tinyproxy nginx
 	cargo test --locked --workspace --bench pipeline
 	cargo build --locked --workspace --bins --tests --profile test
 	scripts/with-moto target/debug/bench --quick
@@ -52,7 +52,7 @@ QUIET_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rat
 ## chaos: the matrix (tests/it/matrix.rs) on SEEDS random seeds (default 20), each a drawn
 ## configuration of the whole system; a failing seed prints how to replay it
 SEEDS ?= 20
-chaos: $(VENV)/.test tinyproxy
+chaos: $(VENV)/.test tinyproxy nginx
 	MATRIX_RANDOM=$(SEEDS) scripts/with-moto cargo test --locked --test it matrix:: -- --nocapture
 
 ## run: the sample events through the function under cargo lambda watch, then a whole run
@@ -93,6 +93,10 @@ lint-template: $(VENV)/.test
 ## tinyproxy: the forward proxy the proxy tests run against (Debian's tinyproxy-bin)
 tinyproxy:
 	scripts/need-tinyproxy
+
+## nginx: the rate-limited site testkit/src/nginx.rs starts (Debian's nginx, no service)
+nginx:
+	scripts/need-nginx
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)

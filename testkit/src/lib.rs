@@ -12,12 +12,14 @@ pub mod logs;
 pub mod lose;
 pub mod matrix;
 pub mod memory;
+pub mod nginx;
 pub mod pause;
 pub mod polite_site;
 pub mod queue;
 pub mod scenario;
 pub mod site;
 pub mod tls_site;
+pub mod troubled_site;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
