@@ -41,7 +41,8 @@ pub struct Measures {
 pub struct PoliteMeasures {
     /// Time slept waiting for a host's schedule inside the invocation.
     pub slept_ms: AtomicU64,
-    /// 429s and 503s that set a host's cooldown for the fleet.
+    /// Fetches whose answer was trouble for the fleet to record: a push-back, a failure, an
+    /// answer time that says the site queues (`domain::health`).
     pub cooldowns: AtomicU64,
     /// robots.txt fetched for the fleet.
     pub robots_fetches: AtomicU64,

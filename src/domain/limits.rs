@@ -5,12 +5,41 @@
 /// Milliseconds since the Unix epoch: the one clock every sandbox shares.
 pub type Millis = u64;
 
-/// A host: its name and port, one key however the URL spells them (`example.com:443`): the
-/// name lower-case and IDNA-encoded (`url` does both), without the root's trailing dot, and
-/// the port always written (the scheme's default too). At most 260 bytes (a DNS name is at
-/// most 253), so it is safe in a key.
+/// The key a host's politeness is kept under (its schedule, slots, cooldown and health):
+/// by default the host, its name and port, one key however the URL spells them
+/// (`example.com:443`): the name lower-case and IDNA-encoded (`url` does both), without the
+/// root's trailing dot, and the port always written (the scheme's default too). A job may
+/// key by the registrable domain (`domain:example.co.uk`) or the address the name resolves
+/// to (`address:192.0.2.1`), so the many sites of one shared host share one schedule. At
+/// most 260 bytes (a DNS name is at most 253), so it is safe in a key; the prefixes keep
+/// the kinds apart (a host key always ends in its port).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Host(String);
+
+/// What a job keys its politeness by (`politeness_key` on the job item).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoliteKey {
+    /// The host and port (the default).
+    #[default]
+    Host,
+    /// The registrable domain (the Public Suffix List's eTLD+1): `a.example.com` and
+    /// `b.example.com` share one schedule.
+    Domain,
+    /// The address the host's name resolves to: a shared host's many sites share one.
+    Address,
+}
+
+impl PoliteKey {
+    /// The job item's spelling; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "host" => Some(Self::Host),
+            "domain" => Some(Self::Domain),
+            "address" => Some(Self::Address),
+            _ => None,
+        }
+    }
+}
 
 impl Host {
     /// The host of an absolute http(s) URL; `None` for anything else.
@@ -28,18 +57,36 @@ impl Host {
         (host.len() <= 260).then_some(Self(host))
     }
 
+    /// The registrable domain of a URL's host (the Public Suffix List's, whatever the port
+    /// and scheme); `None` for an address or a name with none (`localhost`, a bare suffix).
+    pub fn domain_of(url: &url::Url) -> Option<Self> {
+        let url::Host::Domain(name) = url.host()? else {
+            return None;
+        };
+        let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+        let domain = psl::domain_str(&name)?;
+        let key = format!("domain:{domain}");
+        (key.len() <= 260).then_some(Self(key))
+    }
+
+    /// The key of an address a host's name resolves to.
+    pub fn address(ip: std::net::IpAddr) -> Self {
+        Self(format!("address:{ip}"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-/// A job's own politeness (its item's `host_max_rps`, `host_max_inflight`, `obey_robots`;
-/// data contract v2). A limit of 0 means none.
+/// A job's own politeness (its item's `host_max_rps`, `host_max_inflight`, `obey_robots`,
+/// `politeness_key`; data contract v2). A limit of 0 means none.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct JobPoliteness {
     pub max_rps: Option<f64>,
     pub max_inflight: Option<u32>,
     pub obey_robots: Option<bool>,
+    pub key: PoliteKey,
 }
 
 impl JobPoliteness {
@@ -55,6 +102,7 @@ impl JobPoliteness {
             max_rps: max_rps.filter(|r| (0.0..=10_000.0).contains(r)),
             max_inflight: max_inflight.filter(|n| *n <= MAX_SLOTS),
             obey_robots,
+            key: PoliteKey::Host,
         };
         let dropped = politeness.max_rps != max_rps || politeness.max_inflight != max_inflight;
         (politeness, dropped)
@@ -102,9 +150,14 @@ impl HostLimits {
 
 /// A `Crawl-delay` past this is taken as this (one fetch a minute).
 const MAX_CRAWL_DELAY_S: f64 = 60.0;
-/// The slowdown after a 429 or 503 at most, and how fast it wears off (halves).
+/// The slowdown after trouble at most, and how fast it wears off (halves).
 pub const MAX_SLOWDOWN: f64 = 64.0;
 pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
+/// With a knee (the pace a push-back or slow answers struck at), the slowdown wears off
+/// fast down to it, then slowly past it: the fleet comes back near the site's limit in
+/// seconds and probes beyond it over minutes (as TCP CUBIC grows its window).
+pub const TO_KNEE_HALF_LIFE_MS: f64 = 10_000.0;
+pub const PAST_KNEE_HALF_LIFE_MS: f64 = 120_000.0;
 /// A cooldown without `Retry-After` lasts at least this long.
 pub const MIN_COOLDOWN_MS: Millis = 1_000;
 /// A site's `Retry-After` past this (a day) is taken as this: its cooldown, and a task's hold.
@@ -119,18 +172,39 @@ pub struct HostState {
     pub slots: Vec<Option<Millis>>,
     /// No fetch starts before this.
     pub cooldown_until: Option<Millis>,
-    /// The slowdown factor set by the host's last push-back, and when.
+    /// The slowdown factor set by the host's last trouble, and when (`domain::health`).
     pub slowdown: Option<(f64, Millis)>,
+    /// The slowdown the last push-back or slow answers struck at (the site's knee), if
+    /// they set the last one.
+    pub knee: Option<f64>,
+    /// The fleet's average answer time of the host and its floor (ms), from every fetch that
+    /// gave its slot back.
+    pub answers: Option<(f64, f64)>,
+    /// The length of the last cooldown set without `Retry-After`.
+    pub cooldown_ms: Option<Millis>,
 }
 
 impl HostState {
-    /// The slowdown in force at `now`: halving every half-life, never under 1.
+    /// The slowdown in force at `now`, never under 1: halving every half-life; with a knee,
+    /// fast down to it, then slowly past it.
     pub fn slowdown_at(&self, now: Millis) -> f64 {
         let Some((factor, at)) = self.slowdown else {
             return 1.0;
         };
         let age = now.saturating_sub(at) as f64;
-        (factor * 0.5_f64.powf(age / SLOWDOWN_HALF_LIFE_MS)).max(1.0)
+        let worn = |from: f64, age: f64, half_life: f64| from * 0.5_f64.powf(age / half_life);
+        let slowdown = match self.knee.filter(|knee| *knee < factor) {
+            None => worn(factor, age, SLOWDOWN_HALF_LIFE_MS),
+            Some(knee) => {
+                let to_knee = TO_KNEE_HALF_LIFE_MS * (factor / knee).log2();
+                if age <= to_knee {
+                    worn(factor, age, TO_KNEE_HALF_LIFE_MS)
+                } else {
+                    worn(knee, age - to_knee, PAST_KNEE_HALF_LIFE_MS)
+                }
+            }
+        };
+        slowdown.max(1.0)
     }
 
     /// When slot `i` is held until (0: free).
@@ -242,24 +316,6 @@ pub const CONTENDED_RETRY_MS: Millis = 250;
 /// How long a fetch that found every slot taken waits before it asks again.
 pub const SLOT_RETRY_MS: Millis = 1_000;
 
-/// The host pushed back (429 or 503): the slowdown doubles (from what is in force), and no
-/// fetch starts until `Retry-After` (at most [`MAX_RETRY_AFTER_MS`]) or, without one, one
-/// slowed interval (at least a second).
-pub fn push_back(
-    state: &HostState,
-    now: Millis,
-    max_rps: Option<f64>,
-    retry_after: Option<Millis>,
-) -> (Millis, f64) {
-    let slowdown = (state.slowdown_at(now) * 2.0).min(MAX_SLOWDOWN);
-    let slowed = interval(max_rps.or(Some(1.0)), slowdown).unwrap_or(MIN_COOLDOWN_MS);
-    let cooldown = retry_after.unwrap_or(slowed.max(MIN_COOLDOWN_MS));
-    (
-        now.saturating_add(cooldown.min(MAX_RETRY_AFTER_MS)),
-        slowdown,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +347,41 @@ mod tests {
         for (url, key) in spellings {
             assert_eq!(host(url).as_deref(), Some(key), "{url}");
         }
+    }
+
+    #[test]
+    fn a_registrable_domain_keys_every_subdomain_port_and_scheme_of_a_site_alike() {
+        let domain = |url: &str| {
+            let url = url::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            Host::domain_of(&url).map(|h| h.as_str().to_owned())
+        };
+
+        for url in [
+            "http://a.example.co.uk/x",
+            "https://B.Example.co.uk.:8443/y",
+        ] {
+            assert_eq!(
+                domain(url).as_deref(),
+                Some("domain:example.co.uk"),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            domain("https://user1.github.io/").as_deref(),
+            Some("domain:user1.github.io")
+        );
+        assert_eq!(
+            domain("http://127.0.0.1/"),
+            None,
+            "an address has no domain"
+        );
+        assert_eq!(domain("http://co.uk/"), None, "a bare suffix has none");
+        assert_eq!(
+            Host::address("192.0.2.1".parse().expect("an address")).as_str(),
+            "address:192.0.2.1"
+        );
+        assert_eq!(PoliteKey::parse("domain"), Some(PoliteKey::Domain));
+        assert_eq!(PoliteKey::parse("Domain"), None);
     }
 
     #[test]
@@ -436,36 +527,31 @@ mod tests {
     }
 
     #[test]
-    fn a_push_back_doubles_the_slowdown_which_wears_off_by_half_lives() {
-        let state = HostState::default();
-
-        let (until, slowdown) = push_back(&state, 0, Some(5.0), Some(3_000));
+    fn a_slowdown_wears_off_by_half_lives_and_stretches_the_interval() {
         let slowed = HostState {
-            slowdown: Some((slowdown, 0)),
-            ..state
+            slowdown: Some((2.0, 0)),
+            ..HostState::default()
         };
 
-        assert_eq!((until, slowdown), (3_000, 2.0));
-        assert_eq!(push_back(&slowed, 0, Some(5.0), None), (1_000, 4.0));
+        let kneed = HostState {
+            slowdown: Some((2.5, 0)),
+            knee: Some(2.0),
+            ..HostState::default()
+        };
+        let to_knee = TO_KNEE_HALF_LIFE_MS * 1.25_f64.log2();
+
         assert_eq!(slowed.slowdown_at(60_000), 1.0);
         assert!((slowed.slowdown_at(30_000) - 2.0_f64.sqrt()).abs() < 1e-9);
         assert_eq!(interval(Some(5.0), 2.0), Some(400));
-    }
-
-    #[test]
-    fn a_huge_retry_after_cools_the_host_for_the_longest_cooldown_without_overflow() {
-        let now = 1_700_000_000_000;
-
-        let (until, _) = push_back(&HostState::default(), now, Some(5.0), Some(Millis::MAX));
-        let (late, _) = push_back(
-            &HostState::default(),
-            Millis::MAX - 1,
-            None,
-            Some(Millis::MAX),
+        assert!(
+            (kneed.slowdown_at(to_knee as Millis) - 2.0).abs() < 1e-3,
+            "at the knee in 3 s"
         );
-
-        assert_eq!(until, now + MAX_RETRY_AFTER_MS);
-        assert_eq!(late, Millis::MAX);
+        let past = kneed.slowdown_at(to_knee as Millis + 120_000);
+        assert!(
+            (past - 1.0).abs() < 1e-3,
+            "past it by half in 2 minutes: {past}"
+        );
     }
 
     #[test]

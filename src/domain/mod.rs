@@ -1,7 +1,8 @@
 //! The types every step shares, free of AWS: ids, the message body, tasks and their ends,
-//! a host's limits and their rule, a refresh's earlier result, bounded text and time.
+//! a host's limits and their rule, its health, a refresh's earlier result, bounded text and time.
 
 pub mod bounds;
+pub mod health;
 pub mod ids;
 pub mod limits;
 pub mod message;

@@ -5,7 +5,7 @@ use crate::domain::limits::{Host, HostLimits, Millis};
 use crate::metrics::Measures;
 use crate::ports::error::AwsError;
 use crate::ports::hosts::{HostStore, RobotsRecord};
-use crate::scraper::{self, Fetcher};
+use crate::scraper::{self, Fetcher, health_sign};
 use robots::{Parsed, Verdict};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -97,15 +97,14 @@ impl Gate {
             host: Some((host.clone(), limits.max_rps)),
             ..Permit::default()
         };
+        let started = std::time::Instant::now();
         let fetched = robots_fetched(fetcher, url, budget.min(timeout), measures).await;
-        let answer = fetched
-            .as_ref()
-            .err()
-            .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
-        self.leave(store, permit, answer, measures).await;
         // Cut short by this record's budget, not by its own timeout: no answer of the site's.
         // A record with time comes back for it (the lease lapses meanwhile).
-        if budget < timeout && fetched.as_ref().is_err_and(|e| e.timed_out) {
+        let cut_short = budget < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
+        let sign = health_sign(&fetched, started.elapsed()).filter(|_| !cut_short);
+        self.leave(store, permit, sign, measures).await;
+        if cut_short {
             return Ok(Err(RobotsSays::Wait(jittered(ROBOTS_SHORT_WAIT_MS))));
         }
         let lasts = (

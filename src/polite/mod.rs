@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::domain::limits::{Host, HostLimits, HostState, Millis};
+use crate::domain::limits::{Host, HostLimits, HostState, Millis, PoliteKey};
 use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
@@ -101,6 +101,8 @@ pub struct Permit {
     at_start: Option<(HostLimits, Duration)>,
     /// The latest start the record may be booked for, if its start is missed.
     far: Millis,
+    /// When its start was given (booked), for the slowdowns recorded since.
+    given_at: Millis,
 }
 
 /// A permit given back before its fetch: come back after `delay`, with the start booked
@@ -126,6 +128,8 @@ impl Later {
 pub struct Visit<'a> {
     pub url: &'a str,
     pub booked: Option<Millis>,
+    /// When the start it carries was booked (the copy's sending).
+    pub booked_at: Option<Millis>,
     pub wait_left: Duration,
 }
 
@@ -169,9 +173,9 @@ const ROBOTS_POLL: Duration = Duration::from_millis(250);
 const ROBOTS_SHORT_WAIT_MS: Millis = 1_000;
 /// A slot is held this much past its fetch's budget, for the time to give it back.
 const SLOT_MARGIN_MS: Millis = 5_000;
-/// The host's item is asked this long before a slept start (a slot taken, or the cooldown
-/// read), so the answer is in before the start even from a loaded table.
-const READ_LEAD_MS: Millis = 250;
+/// A grant this fresh is the host's item's word at the fetch's start; an older one (the
+/// claim took longer) is asked again, so no fetch starts past a push-back recorded since.
+const FRESH_GRANT_MS: Millis = 50;
 /// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
@@ -230,15 +234,35 @@ impl Gate {
             }
         }
         let far = now_ms() + millis(visit.wait_left);
-        let booked = visit.booked;
-        let entry = match booked.and_then(|start| self.booked(&host, limits, (start, budget))) {
+        let key = self.key_of(fetcher, &parsed, host, job.key).await;
+        let booked = visit
+            .booked
+            .map(|start| (start, visit.booked_at.unwrap_or(0)));
+        let entry = match booked.and_then(|start| self.booked(&key, limits, start, budget)) {
             Some(entry) => entry,
-            None => self.take(store, &host, limits, budget, Some(far)).await?,
+            None => self.take(store, &key, limits, budget, Some(far)).await?,
         };
         Ok(match entry {
             Entry::Go(permit) => Entry::Go(Permit { far, ..permit }),
             other => other,
         })
+    }
+
+    /// The key the job keeps the URL's politeness under: its host, its registrable domain
+    /// or the address it resolves to (the host where it has none, or the name does not
+    /// resolve: its fetch then fails on its own). robots.txt is always the host's own.
+    async fn key_of<F: Fetcher>(
+        &self,
+        fetcher: &F,
+        url: &url::Url,
+        host: Host,
+        key: PoliteKey,
+    ) -> Host {
+        match key {
+            PoliteKey::Host => host,
+            PoliteKey::Domain => Host::domain_of(url).unwrap_or(host),
+            PoliteKey::Address => fetcher.address_of(url).await.map_or(host, Host::address),
+        }
     }
 
     /// Whether a copy booked for `start` missed it by more than the interval of the job's
@@ -263,7 +287,8 @@ impl Gate {
         &self,
         host: &Host,
         limits: HostLimits,
-        (start, budget): (Millis, Duration),
+        (start, given_at): (Millis, Millis),
+        budget: Duration,
     ) -> Option<Entry> {
         let now = now_ms();
         let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
@@ -283,6 +308,7 @@ impl Gate {
             start,
             at_start: Some((limits, budget)),
             far: 0,
+            given_at,
         }))
     }
 }

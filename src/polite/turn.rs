@@ -1,7 +1,8 @@
 //! The host's turn for one fetch: the schedule and a slot asked of the host's item (a
-//! sandbox's records one at a time, booking together), the sleep toward the start, and the
-//! slot given back with the host's push-back, which only ever lengthens its cooldown.
+//! sandbox's records one at a time, booking together), the sleep toward the start and the
+//! check there, and the slot given back with what the fetch said of the host's health.
 
+use crate::domain::health::{self, Sign, Trouble};
 use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
 use crate::ports::error::AwsError;
@@ -11,8 +12,9 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::{
-    AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, Gate, HoldReason, HostTurn, Later, MOST_BOOKED_TOGETHER,
-    MOST_HOSTS, ORDER, Permit, READ_LEAD_MS, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
+    AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
+    MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
+    now_ms,
 };
 
 /// How many times a push-back is written when other sandboxes' push-backs keep coming
@@ -84,11 +86,11 @@ impl Gate {
         }
     }
 
-    /// Sleeps until the permit's start. Just before it, the host's item is asked again: a
-    /// booked start takes its slot there (one write, which checks the cooldown too), and a
-    /// slept one (or one whose claim took long) reads the cooldown; a host that pushed back
-    /// meanwhile (another sandbox saw its 429 or 503), or a slot still taken, gives the
-    /// permit back and answers the wait.
+    /// Sleeps until the permit's start, and there asks the host's item again: a booked start
+    /// takes its slot (one write, which checks the cooldown too), any other reads the
+    /// cooldown, unless it was granted a moment ago. A host in trouble since (any sandbox's
+    /// fetch), or a slot still taken, gives the permit back and answers the wait; a start
+    /// missed, or given before the pace dropped, asks the schedule again.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
@@ -98,40 +100,35 @@ impl Gate {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
-        let now = now_ms();
-        let wait = permit.start.saturating_sub(now);
-        // A permit granted for now whose claim took long is asked again too: a push-back
-        // recorded meanwhile is obeyed.
-        let stale = now > permit.start + READ_LEAD_MS;
-        if wait > 0 || stale || permit.at_start.is_some() {
-            measures.polite.slept_ms.fetch_add(wait, ORDER);
-            // The item is asked just before the start, not after it.
-            tokio::time::sleep(Duration::from_millis(wait.saturating_sub(READ_LEAD_MS))).await;
-            if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
-                self.leave(store, permit, None, measures).await;
-                return Ok(Err(Later::after(wait)));
-            }
-            let left = permit.start.saturating_sub(now_ms());
-            tokio::time::sleep(Duration::from_millis(left)).await;
+        let wait = permit.start.saturating_sub(now_ms());
+        measures.polite.slept_ms.fetch_add(wait, ORDER);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let woke = now_ms();
+        if woke <= permit.given_at + FRESH_GRANT_MS && permit.at_start.is_none() {
+            return Ok(Ok(permit));
         }
-        self.again_if_missed(store, permit, (&host, max_rps), measures)
-            .await
+        if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
+            self.leave(store, permit, None, measures).await;
+            return Ok(Err(Later::after(wait)));
+        }
+        let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
+        let missed = woke > permit.start.saturating_add(interval);
+        if missed || health::voided(&self.view(&host), permit.given_at) {
+            return self.again(store, permit, (&host, max_rps), measures).await;
+        }
+        Ok(Ok(permit))
     }
 
-    /// A start missed by more than its interval (the claim took that long) is void: the
-    /// fetch would bunch with the next ones. The schedule is taken again, once (booked, if
-    /// it is full past the sleep).
-    async fn again_if_missed<S: HostStore>(
+    /// A start missed by more than its interval (the claim took that long) would bunch with
+    /// the next ones, and one given before the pace dropped would go at the old pace: the
+    /// schedule is taken again, once (booked, if it is full past the sleep).
+    async fn again<S: HostStore>(
         &self,
         store: &S,
         permit: Permit,
         (host, max_rps): (&Host, Option<f64>),
         measures: &Measures,
     ) -> Result<Result<Permit, Later>, AwsError> {
-        let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
-        if now_ms() <= permit.start.saturating_add(interval) {
-            return Ok(Ok(permit));
-        }
         let schedule = HostLimits {
             max_rps,
             max_inflight: None,
@@ -159,8 +156,9 @@ impl Gate {
         }
     }
 
-    /// Just before the start: a booked start's slot (with an in-flight limit; the take
-    /// checks the cooldown), else the cooldown read. `Err`: how long to wait instead.
+    /// At the start: a booked start's slot (with an in-flight limit; the take checks the
+    /// cooldown), else the host's item read (kept as this sandbox's view). `Err`: how long
+    /// to wait instead.
     pub(super) async fn at_start<S: HostStore>(
         &self,
         store: &S,
@@ -186,7 +184,9 @@ impl Gate {
                 },
             );
         }
-        let cooldown = store.host(host).await?.cooldown_until;
+        let state = store.host(host).await?;
+        let cooldown = state.cooldown_until;
+        self.remember(host, state);
         Ok(match cooldown.filter(|until| *until > now) {
             Some(until) => Err(jittered(until - now)),
             None => Ok(()),
@@ -231,67 +231,82 @@ impl Gate {
         })
     }
 
-    /// The fetch is over: if the host answered 429 or 503, the cooldown and slowdown every
-    /// sandbox then obeys (from the host's item as it is, and only ever lengthening the
-    /// cooldown), then its slot back. A failure here is logged: a slot lapses.
+    /// The fetch is over: its sign of the host's health is learned (`domain::health`). Its
+    /// trouble (a push-back, a failure, an answer time that says the site queues) is
+    /// recorded for every sandbox; then its slot is given back, with the host's answer
+    /// times in the same write. A failure here is logged: a slot lapses.
     pub async fn leave<S: HostStore>(
         &self,
         store: &S,
         permit: Permit,
-        answer: Option<(u16, Option<Duration>)>,
+        sign: Option<Sign>,
         measures: &Measures,
     ) {
         let Some((host, max_rps)) = permit.host else {
             return;
         };
-        if let Some((429 | 503, retry_after)) = answer {
-            measures.polite.cooldowns.fetch_add(1, ORDER);
-            let retry_after = retry_after.map(millis);
-            if let Err(err) = self.push_back(store, &host, max_rps, retry_after).await {
-                tracing::warn!(error = %err, host = host.as_str(), "could not record the host's push-back");
-            }
-        }
         let mut view = self.view(&host);
+        let answers = match sign {
+            Some(Sign::Answered(ms)) => Some(health::learn(&view, ms)),
+            _ => None,
+        };
+        let now = now_ms();
+        let started = permit.start;
+        if let Some(sign) = sign
+            && health::trouble(&view, (sign, answers), (started, now), max_rps).is_some()
+        {
+            measures.polite.cooldowns.fetch_add(1, ORDER);
+            if let Err(err) = self.push_back(store, &host, max_rps, (sign, started)).await {
+                tracing::warn!(error = %err, host = host.as_str(), "could not record the host's trouble");
+            }
+            view = self.view(&host);
+        }
+        view.answers = answers.or(view.answers);
         let Some((slot, until)) = permit.slot else {
-            return;
+            return self.remember(&host, view);
         };
         if let Some(kept) = view.slots.get_mut(slot) {
             *kept = None;
         }
         self.remember(&host, view);
-        if let Err(err) = store.leave_host(&host, (slot, until)).await {
+        if let Err(err) = store.leave_host(&host, (slot, until), answers).await {
             tracing::warn!(error = %err, host = host.as_str(), "could not give the host's slot back; it lapses");
         }
     }
 
-    /// A 429 or 503: the slowdown doubled from what the host's item has in force, the
-    /// cooldown from `Retry-After` (or one slowed interval), recorded unless a longer one
-    /// stands. A push-back another sandbox recorded between the read and the write is
-    /// doubled in turn, never overwritten. This sandbox's view then shows what is in force.
+    /// The host's trouble, computed from the host's item as it is (read first, not this
+    /// sandbox's view): the slowdown raised (once a round of fetches), the cooldown
+    /// recorded unless a longer one stands. Trouble another sandbox recorded between the
+    /// read and the write is computed from in turn, never overwritten. This sandbox's view
+    /// then shows what is in force.
     pub(super) async fn push_back<S: HostStore>(
         &self,
         store: &S,
         host: &Host,
         max_rps: Option<f64>,
-        retry_after: Option<Millis>,
+        (sign, started): (Sign, Millis),
     ) -> Result<(), AwsError> {
         let now = now_ms();
         let mut state = store.host(host).await?;
         for _ in 0..PUSH_BACK_TRIES {
-            let (until, slowdown) = limits::push_back(&state, now, max_rps, retry_after);
-            match store
-                .push_back(host, &state, (until, slowdown), now)
-                .await?
-            {
+            let answers = match sign {
+                Sign::Answered(ms) => Some(health::learn(&state, ms)),
+                _ => None,
+            };
+            let Some(trouble) = health::trouble(&state, (sign, answers), (started, now), max_rps)
+            else {
+                break;
+            };
+            match store.push_back(host, &state, trouble, now).await? {
                 PushedBack::Recorded => {
-                    state.cooldown_until = Some(until);
-                    state.slowdown = Some((slowdown, now));
+                    state = recorded(state, trouble, now);
                     break;
                 }
                 PushedBack::Refused(standing) => {
-                    let raced = standing.slowdown != state.slowdown;
+                    let stood = standing.cooldown_until >= trouble.cooldown_until
+                        && trouble.cooldown_until.is_some();
                     state = standing;
-                    if !raced {
+                    if stood {
                         break;
                     }
                 }
@@ -299,9 +314,10 @@ impl Gate {
         }
         tracing::info!(
             host = host.as_str(),
+            ?sign,
             cooldown_ms = state.cooldown_until.unwrap_or(now).saturating_sub(now),
             slowdown = state.slowdown_at(now),
-            "host pushed back"
+            "host in trouble: the fleet slows"
         );
         self.remember(host, state);
         Ok(())
@@ -330,6 +346,21 @@ impl Gate {
     }
 }
 
+/// The host's item after `trouble` was recorded on `state` at `now`.
+fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
+    let mut after = HostState {
+        cooldown_until: trouble.cooldown_until.or(state.cooldown_until),
+        cooldown_ms: trouble.cooldown_ms.or(state.cooldown_ms),
+        ..state
+    };
+    if let Some(slowdown) = trouble.slowdown {
+        after.slowdown = Some((slowdown, now));
+        after.knee = trouble.knee;
+        after.next_start = trouble.next_start.or(after.next_start);
+    }
+    after
+}
+
 /// A grant that books nothing: a permit (its slot taken, or to be taken just before its
 /// start when it is later than now), or the wait.
 fn granted(
@@ -352,6 +383,7 @@ fn granted(
                 start,
                 at_start,
                 far: 0,
+                given_at: now,
             });
         }
         Grant::Later(at) => at - now,

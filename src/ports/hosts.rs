@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use crate::domain::health::Trouble;
 use crate::domain::limits::{Ask, Grant, Host, HostState, Millis};
 use crate::ports::error::AwsError;
 
@@ -38,7 +39,7 @@ impl Robots {
 }
 
 /// A push-back's write: recorded, or refused, with the host's item as it is: a longer
-/// cooldown stood, or another push-back changed the slowdown since it was read.
+/// cooldown stood, or the slowdown moved since it was read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PushedBack {
     Recorded,
@@ -64,22 +65,25 @@ pub trait HostStore: Send + Sync {
     /// The host as it is now (a consistent read).
     fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, AwsError>> + Send;
 
-    /// Gives a fetch's slot back (if it is still the fetch's).
+    /// Gives a fetch's slot back (if it is still the fetch's), in the same write recording
+    /// the host's answer times with this fetch's, if it was answered.
     fn leave_host(
         &self,
         host: &Host,
         slot: (usize, Millis),
+        answers: Option<(f64, f64)>,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 
-    /// Records the host's push-back, `(cooldown end, slowdown)` computed from `seen` (the
-    /// item as read), only if it lengthens the cooldown in force (a later, weaker answer
-    /// never shortens it) and the item's slowdown is still the one `seen` has (another
-    /// push-back recorded meanwhile is not overwritten: the caller computes again from it).
+    /// Records the host's trouble computed from `seen` (the item as read): its cooldown
+    /// only if it lengthens the one in force (a later, weaker answer never shortens it), and
+    /// a drop of the pace (the schedule restarted from it) only while the item's slowdown is
+    /// still the one `seen` has (a drop recorded meanwhile is not overwritten: the caller
+    /// computes again from the item as refused).
     fn push_back(
         &self,
         host: &Host,
         seen: &HostState,
-        push_back: (Millis, f64),
+        trouble: Trouble,
         now: Millis,
     ) -> impl Future<Output = Result<PushedBack, AwsError>> + Send;
 

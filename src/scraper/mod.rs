@@ -12,6 +12,7 @@ pub use classify::{classify_status, retry_after};
 pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +21,7 @@ use reqwest::redirect;
 use url::Url;
 
 use crate::domain::bounds::{ContentType, UrlText};
+use crate::domain::health::Sign;
 use crate::domain::model::{NOT_MODIFIED, Page};
 use crate::domain::proxy::{ProxySecret, Tiers};
 use crate::domain::refresh::Validators;
@@ -54,6 +56,28 @@ pub struct FetchError {
     /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
     /// `Retry-After`, a connection the proxy could not make); the next tier may get through.
     pub blocked: bool,
+}
+
+/// What a fetch's result, after `took`, says of the site's health (`None`: nothing: a
+/// failure of ours, or our own refusal before any request).
+pub fn health_sign<T>(result: &Result<T, FetchError>, took: Duration) -> Option<Sign> {
+    let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+    let Err(error) = result else {
+        return Some(Sign::Answered(ms));
+    };
+    let retry_after = || {
+        error
+            .retry_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    };
+    match (error.retry, error.http_status) {
+        (Retry::Ours, _) => None,
+        (_, Some(429 | 503)) => Some(Sign::PushedBack(retry_after())),
+        (_, Some(500..=599)) => Some(Sign::Failing),
+        (_, Some(_)) => Some(Sign::Answered(ms)),
+        (Retry::Transient, None) => Some(Sign::Failing),
+        (Retry::Permanent, None) => None,
+    }
 }
 
 impl FetchError {
@@ -159,6 +183,13 @@ pub trait Fetcher: Send + Sync {
     /// turn is taken.
     fn refuses(&self, _url: &str) -> Option<FetchError> {
         None
+    }
+
+    /// The address `url`'s host resolves to, for politeness keyed by address: the lowest
+    /// of the name's addresses (the key does not move with a DNS rotation), if every one
+    /// may be reached; `None` if it cannot be told.
+    fn address_of(&self, _url: &Url) -> impl Future<Output = Option<IpAddr>> + Send {
+        async { None }
     }
 }
 
@@ -478,5 +509,16 @@ impl Fetcher for HttpFetcher {
 
     fn refuses(&self, url: &str) -> Option<FetchError> {
         self.checked(url).err()
+    }
+
+    async fn address_of(&self, url: &Url) -> Option<IpAddr> {
+        let name = match url.host()? {
+            url::Host::Domain(name) => name.to_owned(),
+            url::Host::Ipv4(ip) => return Some(IpAddr::V4(ip)),
+            url::Host::Ipv6(ip) => return Some(IpAddr::V6(ip)),
+        };
+        let ips = self.lookup.lookup(name).await.ok()?;
+        let allowed = ips.iter().all(|ip| self.policy.check_ip(*ip).is_ok());
+        ips.into_iter().min().filter(|_| allowed)
     }
 }

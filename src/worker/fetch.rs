@@ -6,6 +6,7 @@ use crate::budget::PaidTurn;
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
+use crate::domain::health::Sign;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page};
 use crate::metrics::Measures;
@@ -17,7 +18,7 @@ use crate::ports::results::{Checked, Earlier, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::retry::Patience;
-use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry};
+use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry, health_sign};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -113,15 +114,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             let refused = refused.unwrap_or_else(|| FetchError::permanent(DISALLOWED));
             return Fetched::unspent(Err(refused));
         };
+        let started = Instant::now();
         let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
-        // The site's answer, for its cooldown; a proxy's own (ours) says nothing of the site.
-        let answer = fetched
-            .page
-            .as_ref()
-            .err()
-            .filter(|e| e.retry != Retry::Ours)
-            .and_then(|e| e.http_status.map(|s| (s, e.retry_after)));
-        self.leave(Some(permit), answer, invocation).await;
+        // What the site's answer says of its health; a proxy's own (ours) says nothing.
+        let sign = health_sign(&fetched.page, started.elapsed());
+        self.leave(Some(permit), sign, invocation).await;
         fetched
     }
 
@@ -238,12 +235,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     pub(super) async fn leave(
         &self,
         permit: Option<Permit>,
-        answer: Option<(u16, Option<Duration>)>,
+        sign: Option<Sign>,
         invocation: &Invocation,
     ) {
         if let Some(permit) = permit {
             self.gate
-                .leave(&self.tasks, permit, answer, &invocation.measures)
+                .leave(&self.tasks, permit, sign, &invocation.measures)
                 .await;
         }
     }

@@ -116,6 +116,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             // a wait gives back, count its tries there, not the message's receives.
             receives: if on_fifo(record) { 1 } else { receives },
             booked: carried.booking,
+            booked_at: carried.copied_at,
             waits: carried.waits,
             wait_left: self.wait_left(carried.polite_since),
             id: delivery_id(record, receives),
@@ -260,6 +261,8 @@ impl Work {
 struct Delivery {
     receives: u32,
     booked: Option<u64>,
+    /// When the copy carrying the booking was sent (about when it was booked).
+    booked_at: Option<u64>,
     /// Politeness waits earlier copies had, and how much longer it may wait.
     waits: u32,
     wait_left: Duration,

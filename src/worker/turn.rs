@@ -134,6 +134,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let visit = Visit {
             url,
             booked: delivery.booked,
+            booked_at: delivery.booked_at,
             wait_left: delivery.wait_left,
         };
         let job = &wanted.politeness;

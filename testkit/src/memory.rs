@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use conveyor_worker::domain::bounds::Reason;
+use conveyor_worker::domain::health::Trouble;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
@@ -401,12 +402,14 @@ impl HostStore for MemoryTasks {
         &self,
         host: &Host,
         (slot, until): (usize, Millis),
+        answers: Option<(f64, f64)>,
     ) -> Result<(), AwsError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
         if state.slot_until(slot) == until {
             state.slots[slot] = None;
+            state.answers = answers.or(state.answers);
         }
         Ok(())
     }
@@ -415,20 +418,28 @@ impl HostStore for MemoryTasks {
         &self,
         host: &Host,
         seen: &HostState,
-        (until, slowdown): (Millis, f64),
+        trouble: Trouble,
         now: Millis,
     ) -> Result<PushedBack, AwsError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
-        let longer_stands = state
-            .cooldown_until
-            .is_some_and(|standing| standing >= until);
-        if longer_stands || state.slowdown != seen.slowdown {
+        let longer_stands = trouble.cooldown_until.is_some_and(|until| {
+            state
+                .cooldown_until
+                .is_some_and(|standing| standing >= until)
+        });
+        let moved = trouble.slowdown.is_some() && state.slowdown != seen.slowdown;
+        if longer_stands || moved {
             return Ok(PushedBack::Refused(state.clone()));
         }
-        state.cooldown_until = Some(until);
-        state.slowdown = Some((slowdown, now));
+        state.cooldown_until = trouble.cooldown_until.or(state.cooldown_until);
+        state.cooldown_ms = trouble.cooldown_ms.or(state.cooldown_ms);
+        if let Some(slowdown) = trouble.slowdown {
+            state.slowdown = Some((slowdown, now));
+            state.knee = trouble.knee;
+            state.next_start = trouble.next_start.or(state.next_start);
+        }
         Ok(PushedBack::Recorded)
     }
 

@@ -40,6 +40,14 @@ pub(crate) fn names() -> Arc<Names> {
     ])))
 }
 
+/// [`names`], and these resolving to 127.0.0.1 too (one shared host).
+pub(crate) fn names_also(extra: &[&'static str]) -> Arc<Names> {
+    let mut table = Arc::into_inner(names()).expect("a fresh table").0;
+    let local: IpAddr = [127, 0, 0, 1].into();
+    table.extend(extra.iter().map(|name| (*name, vec![local])));
+    Arc::new(Names(table))
+}
+
 /// A worker that only reaches the public internet (and the trusted "public" site).
 fn strict_worker(stack: &Stack) -> TestWorker {
     stack.worker_with(|t| {

@@ -3,6 +3,7 @@
 //! plain or behind the production-like layer, and real local sites.
 
 mod ack_contract;
+mod adaptive;
 mod chaos;
 mod cold_start;
 mod compatibility;

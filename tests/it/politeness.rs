@@ -11,6 +11,7 @@ use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Watch};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::polite::limits::HostLimits;
+use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::store::sqs::SqsQueue;
 
 const SANDBOXES: usize = 3;
@@ -39,11 +40,18 @@ pub(crate) async fn run_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Q
 
 /// The run's tasks of [`run_of`], for a job already in place.
 pub(crate) async fn tasks_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> (Queue, Queue) {
-    stack.put_counted_run(JOB, RUN, pages.len() as u32).await;
+    let urls: Vec<String> = pages.iter().map(|(site, path)| site.url(path)).collect();
+    tasks_at(stack, &urls).await
+}
+
+/// A counted run of a task per URL for the job in place, and its queue (dead-letter after
+/// the worker's attempts), every task sent once.
+pub(crate) async fn tasks_at(stack: &Stack, urls: &[String]) -> (Queue, Queue) {
+    stack.put_counted_run(JOB, RUN, urls.len() as u32).await;
     let mut bodies = Vec::new();
-    for (i, (site, path)) in pages.iter().enumerate() {
+    for (i, url) in urls.iter().enumerate() {
         let id = format!("t{i:03}");
-        stack.put_task(&id, &site.url(path), "pending").await;
+        stack.put_task(&id, url, "pending").await;
         bodies.push(body(&id));
     }
     let dlq = Queue::create(stack, 30).await;
@@ -540,4 +548,67 @@ async fn a_wait_is_a_fresh_copy_due_later_and_past_the_longest_wait_the_task_fai
     assert_eq!(task.status(), Some("failed"));
     assert_eq!(task.s("error"), Some("waited too long for its host"));
     assert_eq!(site.hits("/page"), 0);
+}
+
+/// Two sites of one shared host, on two ports of 127.0.0.1 under two names, for a job that
+/// keys its politeness by `key` at 5 a second: both together keep one schedule.
+async fn two_names_of_one_host_share_a_schedule(key: &str, names: [&'static str; 2]) {
+    // Arrange
+    let stack = Stack::new().await;
+    let sites = [
+        PoliteSite::start(Behaviour::default()).await,
+        PoliteSite::start(Behaviour::default()).await,
+    ];
+    let mut job = keys::job_key(&id(JOB));
+    job.insert("status".into(), attributes::s("active"));
+    job.insert("politeness_key".into(), attributes::s(key));
+    stack.put_item(job).await;
+    let urls: Vec<String> = (0..40)
+        .map(|i| {
+            let port = url::Url::parse(&sites[i % 2].url("/"))
+                .expect("a URL")
+                .port();
+            let port = port.expect("a site's port");
+            format!("http://{}:{port}/page/{i}", names[i % 2])
+        })
+        .collect();
+    let (queue, dlq) = tasks_at(&stack, &urls).await;
+    let resolver = crate::fetching::names_also(&names);
+    let tune = |t: &mut WorkerTuning| {
+        t.politeness = polite(Some(5.0), Some(4));
+        t.lookup = Some(resolver.clone());
+    };
+
+    // Act
+    drain_tuned(&stack, &queue, &tune, SMALL_FLEET).await;
+
+    // Assert: the two sites together got one host's rate. One schedule at 5 a second
+    // spaces 40 starts over 7.8 s (two would take 3.9 s); the check at each start moves it
+    // by the emulator's answer time, so 7 s at the least.
+    assert!(statuses(&stack, 40).await.iter().all(|s| s == "successful"));
+    assert_eq!(dlq.depth(&stack).await, 0);
+    let mut starts: Vec<Instant> = sites
+        .iter()
+        .flat_map(|site| site.visits())
+        .filter(|v| v.path.starts_with("/page"))
+        .map(|v| v.started)
+        .collect();
+    starts.sort();
+    let span = starts[starts.len() - 1] - starts[0];
+    println!(
+        "keyed by {key}: {} starts on the two sites over {span:?}",
+        starts.len()
+    );
+    assert_eq!(starts.len(), 40, "each page once");
+    assert!(span >= Duration::from_secs(7), "40 starts in {span:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_keyed_by_domain_gives_two_subdomains_of_a_site_one_schedule() {
+    two_names_of_one_host_share_a_schedule("domain", ["a.shared.test", "b.shared.test"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_keyed_by_address_gives_two_sites_of_one_address_one_schedule() {
+    two_names_of_one_host_share_a_schedule("address", ["one.test", "another.test"]).await;
 }

@@ -573,6 +573,7 @@ async fn a_last_task_whose_count_was_refused_around_a_requeue_still_completes_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_read_and_write() {
+    use conveyor_worker::domain::health::Sign;
     use conveyor_worker::domain::limits::{HostLimits, MAX_SLOWDOWN};
     use conveyor_worker::metrics::Measures;
     use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
@@ -593,6 +594,7 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
     let visit = Visit {
         url: "http://site.test/page",
         booked: None,
+        booked_at: None,
         wait_left: Duration::from_secs(60),
     };
     let (job, measures) = (JobPoliteness::default(), Measures::default());
@@ -601,7 +603,8 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
     let Entry::Go(permit) = entered.await.expect("the host's turn") else {
         panic!("an idle host grants a turn at once");
     };
-    let (sandbox, answer) = (worker.clone(), Some((429, Some(Duration::from_secs(30)))));
+    let answer = Some(Sign::PushedBack(Some(30_000)));
+    let sandbox = worker.clone();
     let answered = tokio::spawn(async move {
         let left = sandbox.gate.leave(&hosts, permit, answer, &measures);
         left.await;

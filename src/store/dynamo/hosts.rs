@@ -6,6 +6,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
+use crate::domain::health::Trouble;
 use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
 use crate::ports::error::AwsError;
 use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
@@ -30,6 +31,9 @@ fn host_state(item: &Item) -> HostState {
         slots: slots[..used].to_vec(),
         cooldown_until: number(item, "cooldown_until"),
         slowdown: number(item, "slowdown").zip(number(item, "slowdown_at")),
+        knee: number(item, "slowdown_knee"),
+        answers: number(item, "answer_ms").zip(number(item, "floor_ms")),
+        cooldown_ms: number(item, "cooldown_ms"),
     }
 }
 
@@ -89,13 +93,22 @@ impl HostStore for DynamoTaskStore {
         Ok(out.item.as_ref().map(host_state).unwrap_or_default())
     }
 
-    async fn leave_host(&self, host: &Host, slot: (usize, Millis)) -> Result<(), AwsError> {
+    async fn leave_host(
+        &self,
+        host: &Host,
+        slot: (usize, Millis),
+        answers: Option<(f64, f64)>,
+    ) -> Result<(), AwsError> {
         let request = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(host_key(host.as_str(), "HOST")));
-        match writes::host_leave(slot).apply_to(request).send().await {
+        match writes::host_leave(slot, answers)
+            .apply_to(request)
+            .send()
+            .await
+        {
             // A slot that lapsed is another fetch's now.
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
@@ -107,7 +120,7 @@ impl HostStore for DynamoTaskStore {
         &self,
         host: &Host,
         seen: &HostState,
-        push_back: (Millis, f64),
+        trouble: Trouble,
         now: Millis,
     ) -> Result<PushedBack, AwsError> {
         let request = self
@@ -116,7 +129,7 @@ impl HostStore for DynamoTaskStore {
             .table_name(&self.table)
             .set_key(Some(host_key(host.as_str(), "HOST")))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        let expression = writes::host_push_back(seen.slowdown, push_back, now);
+        let expression = writes::host_push_back(seen, trouble, now);
         match expression.apply_to(request).send().await {
             Ok(_) => Ok(PushedBack::Recorded),
             Err(err) if is_condition_failure(&err) => Ok(PushedBack::Refused(refused_state(&err))),
@@ -299,7 +312,8 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
 pub(crate) mod writes {
     use aws_sdk_dynamodb::types::AttributeValue;
 
-    use crate::domain::limits::Ask;
+    use crate::domain::health::Trouble;
+    use crate::domain::limits::{Ask, HostState};
     use crate::store::dynamo::attributes::n;
     use crate::store::dynamo::expressions::Expression;
 
@@ -338,40 +352,78 @@ pub(crate) mod writes {
         expression.value(":now", n(ask.now))
     }
 
-    /// A fetch's end at a host: its slot given back, if still its own.
-    pub(crate) fn host_leave((slot, until): (usize, u64)) -> Expression {
-        Expression::new("REMOVE #slot".into(), "#slot = :mine")
-            .name("#slot", &format!("slot_{slot}"))
-            .value(":mine", n(until))
+    /// A fetch's end at a host: its slot given back, if still its own, with the host's answer
+    /// times (to a tenth of a millisecond) if it was answered.
+    pub(crate) fn host_leave(
+        (slot, until): (usize, u64),
+        answers: Option<(f64, f64)>,
+    ) -> Expression {
+        let Some((mean, floor)) = answers else {
+            return Expression::new("REMOVE #slot".into(), "#slot = :mine")
+                .name("#slot", &format!("slot_{slot}"))
+                .value(":mine", n(until));
+        };
+        Expression::new(
+            "REMOVE #slot SET answer_ms = :mean, floor_ms = :floor".into(),
+            "#slot = :mine",
+        )
+        .name("#slot", &format!("slot_{slot}"))
+        .value(":mine", n(until))
+        .value(":mean", n(format!("{mean:.1}")))
+        .value(":floor", n(format!("{floor:.1}")))
     }
 
-    /// The host pushed back: the cooldown and slowdown every sandbox then obeys, only if the
-    /// cooldown ends later than the one in force (a push-back only lengthens it) and the
-    /// slowdown is still the one `read` (computed from it: one written meanwhile, perhaps
-    /// higher, is not overwritten).
-    pub(crate) fn host_push_back(
-        read: Option<(f64, u64)>,
-        (until, slowdown): (u64, f64),
-        now: u64,
-    ) -> Expression {
-        let cooldown = "(attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown)";
-        let update = "SET cooldown_until = :cooldown, slowdown = :slowdown, slowdown_at = :now";
-        let expression = match read {
-            None => Expression::new(
-                update.into(),
-                &format!("{cooldown} AND attribute_not_exists(slowdown)"),
-            ),
-            Some((read, read_at)) => Expression::new(
-                update.into(),
-                &format!("{cooldown} AND slowdown = :read AND slowdown_at = :read_at"),
-            )
-            .value(":read", n(read))
-            .value(":read_at", n(read_at)),
+    /// The host's trouble: the cooldown (only if it ends later than the one in force: a
+    /// push-back only lengthens it), and the pace's drop with the schedule restarted, only if
+    /// the slowdown is still the one `read` (computed from it: a drop recorded meanwhile is
+    /// not overwritten; the starts given before it are void however they were given).
+    pub(crate) fn host_push_back(read: &HostState, trouble: Trouble, now: u64) -> Expression {
+        let mut sets = Vec::new();
+        let mut conditions = Vec::new();
+        let mut values: Vec<(&str, AttributeValue)> = Vec::new();
+        if let Some(until) = trouble.cooldown_until {
+            sets.push("cooldown_until = :cooldown");
+            conditions.push("(attribute_not_exists(cooldown_until) OR cooldown_until < :cooldown)");
+            values.push((":cooldown", n(until)));
+        }
+        if let Some(length) = trouble.cooldown_ms {
+            sets.push("cooldown_ms = :length");
+            values.push((":length", n(length)));
+        }
+        if let Some(slowdown) = trouble.slowdown {
+            sets.extend(["slowdown = :slowdown", "slowdown_at = :now"]);
+            values.extend([(":slowdown", n(slowdown)), (":now", n(now))]);
+            conditions.push(match read.slowdown {
+                None => "attribute_not_exists(slowdown)",
+                Some((slowdown, at)) => {
+                    values.extend([(":read", n(slowdown)), (":read_at", n(at))]);
+                    "slowdown = :read AND slowdown_at = :read_at"
+                }
+            });
+        }
+        if let Some(next) = trouble.next_start {
+            sets.push("next_start = :next");
+            values.push((":next", n(next)));
+        }
+        let mut update = format!("SET {}", sets.join(", "));
+        match (trouble.slowdown, trouble.knee) {
+            (Some(_), Some(knee)) => {
+                update.push_str(", slowdown_knee = :knee");
+                values.push((":knee", n(knee)));
+            }
+            (Some(_), None) => update.push_str(" REMOVE slowdown_knee"),
+            (None, _) => {}
+        }
+        let condition = if conditions.is_empty() {
+            "attribute_exists(pk)".to_owned()
+        } else {
+            conditions.join(" AND ")
         };
-        expression
-            .value(":cooldown", n(until))
-            .value(":slowdown", n(slowdown))
-            .value(":now", n(now))
+        values
+            .into_iter()
+            .fold(Expression::new(update, &condition), |e, (name, value)| {
+                e.value(name, value)
+            })
     }
 
     /// A robots item that cannot be read made expired, if its expiry is still `seen`.

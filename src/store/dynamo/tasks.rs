@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 
 use crate::domain::bounds::Reason;
 use crate::domain::ids::TaskRef;
-use crate::domain::limits::JobPoliteness;
+use crate::domain::limits::{JobPoliteness, PoliteKey};
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
@@ -63,7 +63,7 @@ impl TaskStore for DynamoTaskStore {
             .keys(keys::run_key(&task.job_id, &task.run_id))
             .projection_expression(
                 "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
-                 host_max_rps, host_max_inflight, obey_robots",
+                 host_max_rps, host_max_inflight, obey_robots, politeness_key",
             )
             .expression_attribute_names("#status", "status")
             .consistent_read(true)
@@ -254,13 +254,22 @@ fn job_politeness(job: &Item) -> JobPoliteness {
     let rps = number::<f64>(job, "host_max_rps");
     let inflight = number::<u32>(job, "host_max_inflight");
     let obey = job.get("obey_robots").and_then(|v| v.as_bool().ok());
-    let (politeness, dropped) = JobPoliteness::in_range(rps, inflight, obey.copied());
+    let (mut politeness, dropped) = JobPoliteness::in_range(rps, inflight, obey.copied());
     if dropped {
         tracing::warn!(
             ?rps,
             ?inflight,
             "a job's host limits are out of range: the fleet's apply"
         );
+    }
+    if let Some(text) = string(job, "politeness_key") {
+        match PoliteKey::parse(text) {
+            Some(key) => politeness.key = key,
+            None => tracing::warn!(
+                key = %Reason::new(text),
+                "a job's politeness_key is not host, domain or address: by host"
+            ),
+        }
     }
     politeness
 }

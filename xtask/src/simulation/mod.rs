@@ -13,6 +13,7 @@ pub mod fresh;
 pub mod fresh_report;
 mod held;
 pub mod host;
+pub mod pace;
 mod places;
 pub mod report;
 

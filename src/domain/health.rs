@@ -1,0 +1,337 @@
+//! A host's health as the fleet learns it from its fetches, as pure arithmetic: how fast the
+//! site answers (an average and the floor it has when not loaded), and what a push-back, a
+//! failure or a slow answer does to the fleet's pace under the host's ceiling (the slowdown,
+//! raised at most once a round of fetches and wearing off by half-lives) and to its cooldown.
+//! docs/fetching.md argues the numbers.
+
+use crate::domain::limits::{
+    HostState, MAX_RETRY_AFTER_MS, MAX_SLOWDOWN, MIN_COOLDOWN_MS, Millis, interval,
+};
+
+/// What one fetch says of its host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sign {
+    /// An answer that is no trouble (whatever its status), after this long.
+    Answered(Millis),
+    /// 429 or 503: the site asks for less, perhaps with `Retry-After`.
+    PushedBack(Option<Millis>),
+    /// Another 5xx, a timeout, a reset or no connection: the site is failing.
+    Failing,
+}
+
+/// The average answer time gives each new answer this weight.
+const ANSWER_WEIGHT: f64 = 0.2;
+/// The floor follows a slower average up by this share of the gap an answer (and down to
+/// a faster one at once), so it tracks the site's unloaded answer time.
+const FLOOR_RISE: f64 = 0.02;
+/// An average this many times its floor, and this much over it, is slow: the site queues
+/// our requests (a knee of its capacity).
+const SLOW_FACTOR: f64 = 2.0;
+const SLOW_MARGIN_MS: f64 = 100.0;
+/// A push-back (the site's own word that we ask too much) multiplies the slowdown by this:
+/// the pace goes to two thirds, near CUBIC's 70%. A failure or answers growing slow, signs
+/// that may not be about our load, by the gentler one (80%); a failing site's cooldown does
+/// the rest.
+pub const DECREASE: f64 = 1.5;
+pub const SLOW_DECREASE: f64 = 1.25;
+/// A push-back or slow answers set the knee this much slower than the pace they struck
+/// at: the fleet comes back fast to 90% of it, and probes past that slowly.
+const KNEE_MARGIN: f64 = 1.1;
+/// Trouble this long after the last drop sets a knee; sooner, the drops compound.
+const QUIET_MS: Millis = 10_000;
+/// A failing host's cooldown lasts this long at first, and doubles while failures follow
+/// each other (within twice its length), up to the most.
+const FIRST_COOLDOWN_MS: Millis = MIN_COOLDOWN_MS;
+const MOST_COOLDOWN_MS: Millis = 30_000;
+
+/// The host's answer times after one more answer: `(average, floor)`, in milliseconds.
+pub fn learn(state: &HostState, answer_ms: Millis) -> (f64, f64) {
+    let sample = answer_ms as f64;
+    let Some((mean, floor)) = state.answers else {
+        return (sample, sample);
+    };
+    let mean = mean + ANSWER_WEIGHT * (sample - mean);
+    let floor = if mean < floor {
+        mean
+    } else {
+        floor + FLOOR_RISE * (mean - floor)
+    };
+    (mean, floor)
+}
+
+/// Whether answer times this slow say the site is queueing our requests.
+pub fn is_slow((mean, floor): (f64, f64)) -> bool {
+    mean > floor * SLOW_FACTOR && mean > floor + SLOW_MARGIN_MS
+}
+
+/// What the host's item records of a fetch's trouble: the cooldown (none: the pace alone
+/// drops), the slowdown from now (none: the pace stays) with the schedule restarted from
+/// now, and the failing cooldown's length.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Trouble {
+    pub cooldown_until: Option<Millis>,
+    pub slowdown: Option<f64>,
+    /// The knee the slowdown wears off to fast (none: at the one pace, for a failing site).
+    pub knee: Option<f64>,
+    pub next_start: Option<Millis>,
+    pub cooldown_ms: Option<Millis>,
+}
+
+/// The trouble to record after a fetch that started at `started` gave `sign` at `now`
+/// (`answers`: the item's answer times with this fetch's); `None`: nothing to record.
+///
+/// A fetch that started before the last drop of the pace was recorded was in flight when it
+/// was decided, so its trouble was counted: it drops nothing more (a burst of answers to one
+/// round of fetches drops the pace once, as TCP halves its window once a round trip). Its
+/// `Retry-After` is still obeyed.
+pub fn trouble(
+    state: &HostState,
+    (sign, answers): (Sign, Option<(f64, f64)>),
+    (started, now): (Millis, Millis),
+    max_rps: Option<f64>,
+) -> Option<Trouble> {
+    let counted = state.slowdown.is_some_and(|(_, at)| at >= started);
+    let in_force = state.slowdown_at(now);
+    let factor = match sign {
+        Sign::PushedBack(_) => DECREASE,
+        Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
+    };
+    let slowed = (in_force * factor).min(MAX_SLOWDOWN);
+    // Trouble a while after the last drop strikes near the site's limit: the knee. Trouble
+    // soon after it is the fleet still above the limit: no fast return, the drops compound.
+    let quiet = state
+        .slowdown
+        .is_none_or(|(_, at)| now.saturating_sub(at) >= QUIET_MS);
+    let drop = Trouble {
+        cooldown_until: None,
+        slowdown: Some(slowed),
+        knee: quiet.then_some(in_force * KNEE_MARGIN),
+        next_start: Some(now),
+        cooldown_ms: state.cooldown_ms,
+    };
+    match sign {
+        Sign::Answered(_) if counted || !answers.is_some_and(is_slow) => None,
+        Sign::Answered(_) => Some(drop),
+        Sign::PushedBack(Some(retry_after)) => Some(Trouble {
+            cooldown_until: Some(now.saturating_add(retry_after.min(MAX_RETRY_AFTER_MS))),
+            ..if counted {
+                Trouble {
+                    slowdown: None,
+                    next_start: None,
+                    ..drop
+                }
+            } else {
+                drop
+            }
+        }),
+        Sign::PushedBack(None) | Sign::Failing if counted => None,
+        Sign::PushedBack(None) => Some(Trouble {
+            cooldown_until: Some(
+                now.saturating_add(interval(max_rps.or(Some(1.0)), slowed).unwrap_or(1)),
+            ),
+            ..drop
+        }),
+        Sign::Failing => {
+            let length = failing_cooldown(state, now).max(slowed_interval(max_rps, slowed));
+            Some(Trouble {
+                cooldown_until: Some(now.saturating_add(length)),
+                cooldown_ms: Some(length),
+                knee: None,
+                ..drop
+            })
+        }
+    }
+}
+
+/// Whether a start given at `given_at` was given before the last drop of the pace: it
+/// was spaced at the old pace, so it is void and the schedule is asked again (the drop
+/// restarted the schedule from its time, at the new pace).
+pub fn voided(state: &HostState, given_at: Millis) -> bool {
+    state.slowdown.is_some_and(|(_, at)| at > given_at)
+}
+
+/// One interval at the slowed pace, at least [`MIN_COOLDOWN_MS`]: a failing site's
+/// shortest cooldown.
+fn slowed_interval(max_rps: Option<f64>, slowdown: f64) -> Millis {
+    interval(max_rps.or(Some(1.0)), slowdown).map_or(MIN_COOLDOWN_MS, |i| i.max(MIN_COOLDOWN_MS))
+}
+
+/// A failing host's cooldown: the first, or twice the last while failures follow it
+/// closely (a site down for a while is asked less and less often, as a circuit breaker
+/// does).
+fn failing_cooldown(state: &HostState, now: Millis) -> Millis {
+    match (state.cooldown_until, state.cooldown_ms) {
+        (Some(until), Some(last)) if now <= until.saturating_add(2 * last) => {
+            (last * 2).min(MOST_COOLDOWN_MS)
+        }
+        _ => FIRST_COOLDOWN_MS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slowed(factor: f64, at: Millis) -> HostState {
+        HostState {
+            slowdown: Some((factor, at)),
+            ..HostState::default()
+        }
+    }
+
+    #[test]
+    fn answer_times_average_and_their_floor_follows_the_fastest_average() {
+        let mut state = HostState::default();
+        for ms in [100, 100, 100, 100] {
+            state.answers = Some(learn(&state, ms));
+        }
+        let (mean, floor) = learn(&state, 600);
+
+        assert_eq!(state.answers, Some((100.0, 100.0)));
+        assert!((mean - 200.0).abs() < 1e-9);
+        assert!(
+            (floor - 102.0).abs() < 1e-9,
+            "the floor rises slowly: {floor}"
+        );
+        assert!(!is_slow((mean, floor)));
+        assert!(is_slow((450.0, 100.0)));
+        assert!(!is_slow((12.0, 5.0)), "a fast site's noise is not slow");
+    }
+
+    #[test]
+    fn a_failure_slows_the_pace_once_a_round_and_cools_the_host_for_longer_each_time() {
+        let now = 100_000;
+        let first = trouble(
+            &HostState::default(),
+            (Sign::Failing, None),
+            (now - 50, now),
+            Some(10.0),
+        );
+        let first = first.expect("a failure is trouble");
+        let after = HostState {
+            cooldown_until: first.cooldown_until,
+            slowdown: first.slowdown.map(|s| (s, now)),
+            cooldown_ms: first.cooldown_ms,
+            ..HostState::default()
+        };
+
+        let same_round = trouble(
+            &after,
+            (Sign::Failing, None),
+            (now - 20, now + 10),
+            Some(10.0),
+        );
+        let next = trouble(
+            &after,
+            (Sign::Failing, None),
+            (now + 1_000, now + 1_100),
+            Some(10.0),
+        );
+
+        assert_eq!(first.slowdown, Some(SLOW_DECREASE));
+        assert_eq!(first.cooldown_until, Some(now + 1_000));
+        assert_eq!(
+            same_round, None,
+            "it was in flight when the first was counted"
+        );
+        let next = next.expect("a later round's failure is trouble");
+        assert_eq!(next.cooldown_ms, Some(2_000));
+        assert_eq!(next.cooldown_until, Some(now + 1_100 + 2_000));
+        let slowdown = next.slowdown.expect("a drop");
+        assert!(
+            (slowdown - SLOW_DECREASE * SLOW_DECREASE).abs() < 0.05,
+            "worn off a little"
+        );
+    }
+
+    #[test]
+    fn a_cooldown_starts_short_again_once_trouble_has_stopped_for_a_while() {
+        let state = HostState {
+            cooldown_until: Some(10_000),
+            cooldown_ms: Some(8_000),
+            ..HostState::default()
+        };
+
+        assert_eq!(failing_cooldown(&state, 20_000), 16_000);
+        assert_eq!(failing_cooldown(&state, 26_001), FIRST_COOLDOWN_MS);
+        let long = HostState {
+            cooldown_ms: Some(MOST_COOLDOWN_MS),
+            ..state
+        };
+        assert_eq!(failing_cooldown(&long, 20_000), MOST_COOLDOWN_MS);
+    }
+
+    #[test]
+    fn retry_after_is_obeyed_even_from_a_fetch_already_counted() {
+        let state = slowed(2.0, 5_000);
+
+        let told = trouble(
+            &state,
+            (Sign::PushedBack(Some(3_000)), None),
+            (4_000, 5_100),
+            Some(5.0),
+        );
+
+        let told = told.expect("Retry-After is recorded");
+        assert_eq!(told.cooldown_until, Some(8_100));
+        assert_eq!(told.slowdown, None, "not slowed twice");
+    }
+
+    #[test]
+    fn a_slow_average_slows_the_pace_without_a_cooldown_and_a_fast_one_does_nothing() {
+        let state = HostState::default();
+
+        let slow = trouble(
+            &state,
+            (Sign::Answered(900), Some((500.0, 100.0))),
+            (0, 1_000),
+            Some(5.0),
+        );
+        let fast = trouble(
+            &state,
+            (Sign::Answered(90), Some((100.0, 100.0))),
+            (0, 1_000),
+            Some(5.0),
+        );
+
+        assert_eq!(
+            slow,
+            Some(Trouble {
+                cooldown_until: None,
+                slowdown: Some(SLOW_DECREASE),
+                knee: Some(KNEE_MARGIN),
+                next_start: Some(1_000),
+                cooldown_ms: None
+            })
+        );
+        assert_eq!(fast, None);
+    }
+
+    #[test]
+    fn a_drop_restarts_the_schedule_and_voids_the_starts_given_before_it() {
+        let before = HostState {
+            next_start: Some(20_000),
+            ..HostState::default()
+        };
+        let dropped = trouble(
+            &before,
+            (Sign::PushedBack(None), None),
+            (9_000, 10_000),
+            Some(10.0),
+        );
+        let after = HostState {
+            slowdown: Some((DECREASE, 10_000)),
+            next_start: dropped.and_then(|d| d.next_start),
+            ..before.clone()
+        };
+
+        assert_eq!(
+            after.next_start,
+            Some(10_000),
+            "the schedule starts again from the drop"
+        );
+        assert!(voided(&after, 9_000));
+        assert!(!voided(&after, 10_500), "given at the slowed pace");
+        assert!(!voided(&before, 9_000), "no drop");
+    }
+}
