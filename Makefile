@@ -44,11 +44,12 @@ bench-quick: $(VENV)/.test tinyproxy nginx
 HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500 matrix::
 
 # Tests whose bound is wall-clock time at a host's rate (N/r plus 10%, starts within a
-# second on two hosts, a site's pace): on a 2-CPU machine the tests beside them move the emulator's
-# deliveries by seconds, so they run alone after the rest, with the same bounds.
+# second on two hosts, a site's pace, a run at the default two in flight draining in time):
+# on a 2-CPU machine the tests beside them move the emulator's answers by seconds, so they
+# run alone after the rest, with the same bounds.
 QUIET_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
   politeness::the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart \
-  adaptive::a_real_nginx adaptive::a_site_serving_one_request adaptive::a_healthy_fast_site
+  adaptive::
 
 ## chaos: the matrix (tests/it/matrix.rs) on SEEDS random seeds (default 20), each a drawn
 ## configuration of the whole system; a failing seed prints how to replay it

@@ -91,24 +91,8 @@ pub fn trouble(
     max_rps: Option<f64>,
 ) -> Option<Trouble> {
     let counted = state.slowdown.is_some_and(|(_, at)| at >= started);
-    let in_force = state.slowdown_at(now);
-    let factor = match sign {
-        Sign::PushedBack(_) => DECREASE,
-        Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
-    };
-    let slowed = (in_force * factor).min(MAX_SLOWDOWN);
-    // Trouble a while after the last drop strikes near the site's limit: the knee. Trouble
-    // soon after it is the fleet still above the limit: no fast return, the drops compound.
-    let quiet = state
-        .slowdown
-        .is_none_or(|(_, at)| now.saturating_sub(at) >= QUIET_MS);
-    let drop = Trouble {
-        cooldown_until: None,
-        slowdown: Some(slowed),
-        knee: quiet.then_some(in_force * KNEE_MARGIN),
-        next_start: Some(now),
-        cooldown_ms: state.cooldown_ms,
-    };
+    let drop = drop_for(state, sign, now);
+    let slowed = drop.slowdown.unwrap_or(1.0);
     match sign {
         Sign::Answered(_) if counted || !answers.is_some_and(is_slow) => None,
         Sign::Answered(_) => Some(drop),
@@ -125,6 +109,7 @@ pub fn trouble(
             }
         }),
         Sign::PushedBack(None) | Sign::Failing if counted => None,
+        // The drop and the schedule's restart space the next start by a slowed interval.
         Sign::PushedBack(None) => Some(Trouble {
             cooldown_until: Some(
                 now.saturating_add(interval(max_rps.or(Some(1.0)), slowed).unwrap_or(1)),
@@ -140,6 +125,27 @@ pub fn trouble(
                 ..drop
             })
         }
+    }
+}
+
+/// The drop of the pace `sign` asks for at `now`, the schedule restarted from it. Trouble a
+/// while after the last drop strikes near the site's limit: the knee. Trouble soon after it
+/// is the fleet still above the limit: no fast return, the drops compound.
+fn drop_for(state: &HostState, sign: Sign, now: Millis) -> Trouble {
+    let in_force = state.slowdown_at(now);
+    let factor = match sign {
+        Sign::PushedBack(_) => DECREASE,
+        Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
+    };
+    let quiet = state
+        .slowdown
+        .is_none_or(|(_, at)| now.saturating_sub(at) >= QUIET_MS);
+    Trouble {
+        cooldown_until: None,
+        slowdown: Some((in_force * factor).min(MAX_SLOWDOWN)),
+        knee: quiet.then_some(in_force * KNEE_MARGIN),
+        next_start: Some(now),
+        cooldown_ms: state.cooldown_ms,
     }
 }
 
