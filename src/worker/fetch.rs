@@ -116,8 +116,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let started = Instant::now();
         let fetched = self.fetch_budgeted(task, &work, budget, invocation).await;
-        // What the site's answer says of its health; a proxy's own (ours) says nothing.
-        let sign = health_sign(&fetched.page, started.elapsed());
+        // What the site's answer says of its health; a proxy's own (ours) says nothing, nor
+        // a fetch our own budget cut short (the invocation's end, not the site's slowness).
+        let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
+            && budget < self.settings.scrape_timeout;
+        let sign = health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short);
         self.leave(Some(permit), sign, invocation).await;
         fetched
     }
