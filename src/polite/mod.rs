@@ -95,8 +95,8 @@ pub struct Permit {
     host: Option<(Host, Option<f64>)>,
     slot: Option<(usize, Millis)>,
     start: Millis,
-    /// A booked start: its slot (and the cooldown) is asked of the host's item just before
-    /// the start, in one write, not when the record arrives (the limits and the fetch's
+    /// A booked start: its slot (and the cooldown) is asked of the host's item at the start,
+    /// in one write, not when the record arrives (the limits and the fetch's
     /// budget to ask with).
     at_start: Option<(HostLimits, Duration)>,
     /// The latest start the record may be booked for, if its start is missed.
@@ -281,7 +281,7 @@ impl Gate {
     }
 
     /// A booked start, without a request: come back nearer to it, or go at it (its slot is
-    /// asked for just before it, in [`Gate::ready`]). `None`: the booking was missed by more
+    /// asked for at it, in [`Gate::ready`]). `None`: the booking was missed by more
     /// than its interval and is void (the record asks again like any other).
     fn booked(
         &self,
