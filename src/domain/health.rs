@@ -37,8 +37,10 @@ pub const SLOW_DECREASE: f64 = 1.25;
 /// A push-back or slow answers set the knee this much slower than the pace they struck
 /// at: the fleet comes back fast to 90% of it, and probes past that slowly.
 const KNEE_MARGIN: f64 = 1.1;
-/// Trouble this long after the last drop sets a knee; sooner, the drops compound.
-const QUIET_MS: Millis = 10_000;
+/// A drop counts the trouble of fetches that start within a round of it (the site's
+/// average answer time: a queue built before the drop takes that long to drain), a round
+/// being at most this long.
+const MOST_ROUND_MS: Millis = 2_000;
 /// A failing host's cooldown lasts this long at first, and doubles while failures follow
 /// each other (within twice its length), up to the most.
 const FIRST_COOLDOWN_MS: Millis = MIN_COOLDOWN_MS;
@@ -80,18 +82,23 @@ pub struct Trouble {
 /// The trouble to record after a fetch that started at `started` gave `sign` at `now`
 /// (`answers`: the item's answer times with this fetch's); `None`: nothing to record.
 ///
-/// A fetch that started before the last drop of the pace was recorded was in flight when it
-/// was decided, so its trouble was counted: it drops nothing more (a burst of answers to one
-/// round of fetches drops the pace once, as TCP halves its window once a round trip). Its
-/// `Retry-After` is still obeyed.
+/// A fetch that started before the last drop of the pace was recorded, or within a round
+/// after it, met the load the drop was for, so its trouble was counted: it drops nothing
+/// more (a burst of answers to one round of fetches drops the pace once, as TCP halves its
+/// window once a round trip). Its `Retry-After` is still obeyed.
 pub fn trouble(
     state: &HostState,
     (sign, answers): (Sign, Option<(f64, f64)>),
     (started, now): (Millis, Millis),
     max_rps: Option<f64>,
 ) -> Option<Trouble> {
-    let counted = state.slowdown.is_some_and(|(_, at)| at >= started);
-    let drop = drop_for(state, sign, now);
+    let round = state
+        .answers
+        .map_or(0, |(mean, _)| (mean as Millis).min(MOST_ROUND_MS));
+    let counted = state
+        .slowdown
+        .is_some_and(|(_, at)| at.saturating_add(round) >= started);
+    let drop = drop_for(state, sign, now, max_rps);
     let slowed = drop.slowdown.unwrap_or(1.0);
     match sign {
         Sign::Answered(_) if counted || !answers.is_some_and(is_slow) => None,
@@ -128,23 +135,23 @@ pub fn trouble(
     }
 }
 
-/// The drop of the pace `sign` asks for at `now`, the schedule restarted from it. Trouble a
-/// while after the last drop strikes near the site's limit: the knee. Trouble soon after it
-/// is the fleet still above the limit: no fast return, the drops compound.
-fn drop_for(state: &HostState, sign: Sign, now: Millis) -> Trouble {
+/// The drop of the pace `sign` asks for at `now`, the schedule restarted one slowed
+/// interval after it (a fetch may have started just before: the ceiling holds across the
+/// drop). Trouble strikes at the site's limit, or above it: the knee is set under that pace
+/// each time (CUBIC's W_max). A fleet far above the limit meets trouble again a round
+/// after each drop, long before it is back at the knee, so its drops compound.
+fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) -> Trouble {
     let in_force = state.slowdown_at(now);
     let factor = match sign {
         Sign::PushedBack(_) => DECREASE,
         Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
     };
-    let quiet = state
-        .slowdown
-        .is_none_or(|(_, at)| now.saturating_sub(at) >= QUIET_MS);
+    let slowdown = (in_force * factor).min(MAX_SLOWDOWN);
     Trouble {
         cooldown_until: None,
-        slowdown: Some((in_force * factor).min(MAX_SLOWDOWN)),
-        knee: quiet.then_some(in_force * KNEE_MARGIN),
-        next_start: Some(now),
+        slowdown: Some(slowdown),
+        knee: Some(in_force * KNEE_MARGIN),
+        next_start: Some(now.saturating_add(interval(max_rps, slowdown).unwrap_or(0))),
         cooldown_ms: state.cooldown_ms,
     }
 }
@@ -306,7 +313,7 @@ mod tests {
                 cooldown_until: None,
                 slowdown: Some(SLOW_DECREASE),
                 knee: Some(KNEE_MARGIN),
-                next_start: Some(1_000),
+                next_start: Some(1_000 + 250),
                 cooldown_ms: None
             })
         );
@@ -314,7 +321,35 @@ mod tests {
     }
 
     #[test]
-    fn a_drop_restarts_the_schedule_and_voids_the_starts_given_before_it() {
+    fn trouble_from_a_fetch_that_met_the_queue_of_before_the_drop_drops_nothing_more() {
+        // Arrange: dropped at 10 s; the site answers in 500 ms on average.
+        let state = HostState {
+            answers: Some((500.0, 200.0)),
+            ..slowed(DECREASE, 10_000)
+        };
+        let pushed_back = |started: Millis| {
+            trouble(
+                &state,
+                (Sign::PushedBack(None), None),
+                (started, started + 10),
+                Some(20.0),
+            )
+        };
+
+        // Act
+        let within_the_round = pushed_back(10_400);
+        let after_it = pushed_back(10_600);
+
+        // Assert: the second drop compounds, with its knee under the pace it struck at.
+        assert_eq!(within_the_round, None);
+        let after_it = after_it.expect("a later round's push-back drops the pace");
+        let in_force = state.slowdown_at(10_610);
+        assert_eq!(after_it.slowdown, Some(in_force * DECREASE));
+        assert_eq!(after_it.knee, Some(in_force * KNEE_MARGIN));
+    }
+
+    #[test]
+    fn a_drop_restarts_the_schedule_one_slowed_interval_on_and_voids_the_starts_given_before_it() {
         let before = HostState {
             next_start: Some(20_000),
             ..HostState::default()
@@ -333,8 +368,8 @@ mod tests {
 
         assert_eq!(
             after.next_start,
-            Some(10_000),
-            "the schedule starts again from the drop"
+            Some(10_000 + 150),
+            "the schedule starts again one slowed interval after the drop"
         );
         assert!(voided(&after, 9_000));
         assert!(!voided(&after, 10_500), "given at the slowed pace");
