@@ -15,7 +15,7 @@ use fleet_robots::RobotsSays;
 pub use crate::domain::limits::{self, JobPoliteness};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -141,6 +141,9 @@ pub struct Gate {
     views: Mutex<HashMap<Host, HostState>>,
     turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
+    /// How long the check at a start takes here, on average (ms): it is made that much
+    /// ahead of the start.
+    check_ms: AtomicU64,
 }
 
 /// A host's turn in this sandbox: one ask of the host's item at a time, the starts booked
@@ -176,6 +179,12 @@ const SLOT_MARGIN_MS: Millis = 5_000;
 /// A grant this fresh is the host's item's word at the fetch's start; an older one (the
 /// claim took longer) is asked again, so no fetch starts past a push-back recorded since.
 const FRESH_GRANT_MS: Millis = 50;
+/// The check at a start is first thought to take this long; it is made at most the most
+/// ahead of the start, however slow the host's item answers.
+const FIRST_CHECK_MS: Millis = 20;
+const MOST_CHECK_LEAD_MS: Millis = 100;
+/// A start this late, or an interval late if that is longer, is missed.
+const LEAST_LATENESS_MS: Millis = 200;
 /// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
@@ -189,6 +198,7 @@ impl Gate {
             views: Mutex::default(),
             turns: Mutex::default(),
             robots: Mutex::default(),
+            check_ms: AtomicU64::new(FIRST_CHECK_MS),
         }
     }
 
@@ -265,11 +275,10 @@ impl Gate {
         }
     }
 
-    /// Whether a copy booked for `start` missed it by more than the interval of the job's
-    /// limits (its booking is void: it would bunch with the next starts).
+    /// Whether a copy booked for `start` missed it (its booking is void: it would bunch
+    /// with the next starts).
     pub fn missed(&self, start: Millis, job: &JobPoliteness) -> bool {
-        let interval = limits::interval(self.limits(job).max_rps, 1.0).unwrap_or(0);
-        now_ms() > start + interval
+        missed_at(start, self.limits(job).max_rps, now_ms())
     }
 
     /// How long a copy booked for `start` that came early waits on (none: it is due), at
@@ -281,8 +290,8 @@ impl Gate {
     }
 
     /// A booked start, without a request: come back nearer to it, or go at it (its slot is
-    /// asked for at it, in [`Gate::ready`]). `None`: the booking was missed by more
-    /// than its interval and is void (the record asks again like any other).
+    /// asked for at it, in [`Gate::ready`]). `None`: the booking was missed and is void
+    /// (the record asks again like any other).
     fn booked(
         &self,
         host: &Host,
@@ -291,8 +300,7 @@ impl Gate {
         budget: Duration,
     ) -> Option<Entry> {
         let now = now_ms();
-        let interval = limits::interval(limits.max_rps, 1.0).unwrap_or(0);
-        if now > start + interval {
+        if missed_at(start, limits.max_rps, now) {
             return None;
         }
         if let Some(delay) = self.parked(start) {
@@ -311,6 +319,14 @@ impl Gate {
             given_at,
         }))
     }
+}
+
+/// Whether a start is missed at `now`: later than one interval of the ceiling `max_rps`
+/// (it would start too near the next one), or than [`LEAST_LATENESS_MS`] at rates where
+/// the interval is shorter than the host item's answer time under load can be.
+fn missed_at(start: Millis, max_rps: Option<f64>, now: Millis) -> bool {
+    let interval = limits::interval(max_rps, 1.0).unwrap_or(0);
+    now > start.saturating_add(interval.max(LEAST_LATENESS_MS))
 }
 
 /// A wait with up to a quarter more, so the records a host held do not all come back at once.
@@ -340,5 +356,25 @@ mod tests {
         assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
         assert!(jittered(Millis::MAX) >= Duration::from_millis(Millis::MAX));
         assert!(jittered(1_000) <= Duration::from_millis(1_250));
+    }
+
+    #[test]
+    fn a_start_is_missed_an_interval_late_or_200_ms_late_at_high_rates() {
+        let start = 10_000;
+
+        assert!(
+            !missed_at(start, Some(2.0), start + 500),
+            "at 2/s, 500 ms late goes"
+        );
+        assert!(missed_at(start, Some(2.0), start + 501));
+        assert!(
+            !missed_at(start, Some(20.0), start + 200),
+            "at 20/s, 200 ms late goes"
+        );
+        assert!(missed_at(start, Some(20.0), start + 201));
+        assert!(
+            !missed_at(start, None, start + 200),
+            "no rate: the same bound"
+        );
     }
 }

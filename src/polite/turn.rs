@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::{
     AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
-    MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
-    now_ms,
+    MOST_BOOKED_TOGETHER, MOST_CHECK_LEAD_MS, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered,
+    limits, millis, missed_at, now_ms,
 };
 
 /// How many times a push-back is written when other sandboxes' push-backs keep coming
@@ -86,11 +86,12 @@ impl Gate {
         }
     }
 
-    /// Sleeps until the permit's start, and there asks the host's item again: a booked start
-    /// takes its slot (one write, which checks the cooldown too), any other reads the
-    /// cooldown, unless it was granted a moment ago. A host in trouble since (any sandbox's
-    /// fetch), or a slot still taken, gives the permit back and answers the wait; a start
-    /// missed, or given before the pace dropped, asks the schedule again.
+    /// Sleeps until the permit's start, and there asks the host's item again (ahead of the
+    /// start by the check's usual time, so the fetch starts at it): a booked start takes its
+    /// slot (one write, which checks the cooldown too), any other reads the cooldown, unless
+    /// it was granted a moment ago. A host in trouble since (any sandbox's fetch), or a slot
+    /// still taken, gives the permit back and answers the wait; a start missed, or given
+    /// before the pace dropped, asks the schedule again.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
@@ -100,28 +101,37 @@ impl Gate {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
-        let wait = permit.start.saturating_sub(now_ms());
-        measures.polite.slept_ms.fetch_add(wait, ORDER);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
-        let woke = now_ms();
-        if woke <= permit.given_at + FRESH_GRANT_MS && permit.at_start.is_none() {
+        let lead = self.check_ms.load(ORDER).min(MOST_CHECK_LEAD_MS);
+        sleep_until(permit.start.saturating_sub(lead), measures).await;
+        let asked = now_ms();
+        let fresh = asked.max(permit.start) <= permit.given_at + FRESH_GRANT_MS;
+        if fresh && permit.at_start.is_none() {
+            sleep_until(permit.start, measures).await;
             return Ok(Ok(permit));
         }
         if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
             self.leave(store, permit, None, measures).await;
             return Ok(Err(Later::after(wait)));
         }
-        let interval = limits::interval(max_rps, 1.0).unwrap_or(Millis::MAX);
-        let missed = woke > permit.start.saturating_add(interval);
+        self.learn_check(now_ms().saturating_sub(asked));
+        sleep_until(permit.start, measures).await;
+        // Late by the claim's or the check's time, the fetch starts now.
+        let missed = missed_at(permit.start, max_rps, now_ms());
         if missed || health::voided(&self.view(&host), permit.given_at) {
             return self.again(store, permit, (&host, max_rps), measures).await;
         }
         Ok(Ok(permit))
     }
 
-    /// A start missed by more than its interval (the claim took that long) would bunch with
-    /// the next ones, and one given before the pace dropped would go at the old pace: the
-    /// schedule is taken again, once (booked, if it is full past the sleep).
+    /// One more check's time, into this sandbox's average (each weighs a quarter).
+    fn learn_check(&self, took: Millis) {
+        let mean = self.check_ms.load(ORDER);
+        self.check_ms.store((mean * 3 + took) / 4, ORDER);
+    }
+
+    /// A start missed (the claim or the check took that long) would bunch with the next
+    /// ones, and one given before the pace dropped would go at the
+    /// old pace: the schedule is taken again, once (booked, if it is full past the sleep).
     async fn again<S: HostStore>(
         &self,
         store: &S,
@@ -136,8 +146,7 @@ impl Gate {
         let far = Some(permit.far);
         match self.take(store, host, schedule, AGAIN_BUDGET, far).await? {
             Entry::Go(again) => {
-                let wait = again.start.saturating_sub(now_ms());
-                tokio::time::sleep(Duration::from_millis(wait)).await;
+                sleep_until(again.start, measures).await;
                 Ok(Ok(Permit {
                     start: again.start,
                     ..permit
@@ -344,6 +353,13 @@ impl Gate {
         }
         views.insert(host.clone(), state);
     }
+}
+
+/// Sleeps until `at` (ms since the epoch), counted as politeness's sleep.
+async fn sleep_until(at: Millis, measures: &Measures) {
+    let wait = at.saturating_sub(now_ms());
+    measures.polite.slept_ms.fetch_add(wait, ORDER);
+    tokio::time::sleep(Duration::from_millis(wait)).await;
 }
 
 /// The host's item after `trouble` was recorded on `state` at `now`.
