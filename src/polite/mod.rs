@@ -141,9 +141,43 @@ pub struct Gate {
     views: Mutex<HashMap<Host, HostState>>,
     turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
-    /// How long the check at a start takes here, on average (ms): it is made that much
-    /// ahead of the start.
-    check_ms: AtomicU64,
+    /// How long the check at a start takes here: it is made that much ahead of the start.
+    check: CheckTime,
+}
+
+/// How long the check at a start takes in this sandbox, as TCP keeps a round trip's time: an
+/// average and its mean deviation (ms, each answer weighing a quarter). The check is made
+/// the average and twice the deviation ahead of the start, so the fetch nearly always
+/// starts at it.
+#[derive(Debug)]
+struct CheckTime {
+    mean: AtomicU64,
+    spread: AtomicU64,
+}
+
+impl Default for CheckTime {
+    fn default() -> Self {
+        Self {
+            mean: AtomicU64::new(20),
+            spread: AtomicU64::new(10),
+        }
+    }
+}
+
+impl CheckTime {
+    fn lead(&self) -> Millis {
+        let (mean, spread) = (self.mean.load(ORDER), self.spread.load(ORDER));
+        mean.saturating_add(2 * spread).min(MOST_CHECK_LEAD_MS)
+    }
+
+    fn learn(&self, took: Millis) {
+        let (mean, spread) = (self.mean.load(ORDER), self.spread.load(ORDER));
+        let off = took.abs_diff(mean);
+        self.mean
+            .store((mean * 3 + took.min(Millis::MAX / 4)) / 4, ORDER);
+        self.spread
+            .store((spread * 3 + off.min(Millis::MAX / 4)) / 4, ORDER);
+    }
 }
 
 /// A host's turn in this sandbox: one ask of the host's item at a time, the starts booked
@@ -179,12 +213,11 @@ const SLOT_MARGIN_MS: Millis = 5_000;
 /// A grant this fresh is the host's item's word at the fetch's start; an older one (the
 /// claim took longer) is asked again, so no fetch starts past a push-back recorded since.
 const FRESH_GRANT_MS: Millis = 50;
-/// The check at a start is first thought to take this long; it is made at most the most
-/// ahead of the start, however slow the host's item answers.
-const FIRST_CHECK_MS: Millis = 20;
-const MOST_CHECK_LEAD_MS: Millis = 100;
-/// A start this late, or an interval late if that is longer, is missed.
-const LEAST_LATENESS_MS: Millis = 200;
+/// The check at a start is made at most this far ahead of it, however slow the host's item
+/// answers (trouble recorded meanwhile is missed).
+const MOST_CHECK_LEAD_MS: Millis = 250;
+/// A start this late, or half an interval late if that is longer, is missed.
+const LEAST_LATENESS_MS: Millis = 100;
 /// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
@@ -198,7 +231,7 @@ impl Gate {
             views: Mutex::default(),
             turns: Mutex::default(),
             robots: Mutex::default(),
-            check_ms: AtomicU64::new(FIRST_CHECK_MS),
+            check: CheckTime::default(),
         }
     }
 
@@ -321,12 +354,12 @@ impl Gate {
     }
 }
 
-/// Whether a start is missed at `now`: later than one interval of the ceiling `max_rps`
-/// (it would start too near the next one), or than [`LEAST_LATENESS_MS`] at rates where
-/// the interval is shorter than the host item's answer time under load can be.
+/// Whether a start is missed at `now`: later than half an interval of the ceiling
+/// `max_rps` (it would start too near the next one), or than [`LEAST_LATENESS_MS`] at rates
+/// where half an interval is shorter than the host item's answer time under load can be.
 fn missed_at(start: Millis, max_rps: Option<f64>, now: Millis) -> bool {
     let interval = limits::interval(max_rps, 1.0).unwrap_or(0);
-    now > start.saturating_add(interval.max(LEAST_LATENESS_MS))
+    now > start.saturating_add((interval / 2).max(LEAST_LATENESS_MS))
 }
 
 /// A wait with up to a quarter more, so the records a host held do not all come back at once.
@@ -359,21 +392,39 @@ mod tests {
     }
 
     #[test]
-    fn a_start_is_missed_an_interval_late_or_200_ms_late_at_high_rates() {
+    fn the_check_is_made_ahead_of_the_start_by_its_usual_time_and_spread_within_the_most() {
+        let steady = CheckTime::default();
+        let jumpy = CheckTime::default();
+        let slow = CheckTime::default();
+
+        for _ in 0..40 {
+            steady.learn(10);
+            jumpy.learn(10);
+            jumpy.learn(90);
+            slow.learn(2_000);
+        }
+
+        assert!(steady.lead() <= 12, "{}", steady.lead());
+        assert!((90..=170).contains(&jumpy.lead()), "{}", jumpy.lead());
+        assert_eq!(slow.lead(), MOST_CHECK_LEAD_MS);
+    }
+
+    #[test]
+    fn a_start_is_missed_half_an_interval_late_or_100_ms_late_at_high_rates() {
         let start = 10_000;
 
         assert!(
-            !missed_at(start, Some(2.0), start + 500),
-            "at 2/s, 500 ms late goes"
+            !missed_at(start, Some(2.0), start + 250),
+            "at 2/s, 250 ms late goes"
         );
-        assert!(missed_at(start, Some(2.0), start + 501));
+        assert!(missed_at(start, Some(2.0), start + 251));
         assert!(
-            !missed_at(start, Some(20.0), start + 200),
-            "at 20/s, 200 ms late goes"
+            !missed_at(start, Some(20.0), start + 100),
+            "at 20/s, 100 ms late goes"
         );
-        assert!(missed_at(start, Some(20.0), start + 201));
+        assert!(missed_at(start, Some(20.0), start + 101));
         assert!(
-            !missed_at(start, None, start + 200),
+            !missed_at(start, None, start + 100),
             "no rate: the same bound"
         );
     }

@@ -13,9 +13,15 @@ use std::time::Duration;
 
 use super::{
     AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
-    MOST_BOOKED_TOGETHER, MOST_CHECK_LEAD_MS, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered,
-    limits, millis, missed_at, now_ms,
+    MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
+    missed_at, now_ms,
 };
+
+/// A start this many milliseconds from the next (5 a second or slower) is judged late once
+/// checked, a check slower than usual included. At faster rates a slow store would make
+/// most checks late: those sent back to ask again would add to its load, so a start is
+/// judged before its check.
+const JUDGED_AFTER_CHECK_MS: Millis = 200;
 
 /// How many times a push-back is written when other sandboxes' push-backs keep coming
 /// between its read and its write (each try starts from the item as the refusal gave it).
@@ -101,7 +107,7 @@ impl Gate {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
-        let lead = self.check_ms.load(ORDER).min(MOST_CHECK_LEAD_MS);
+        let lead = self.check.lead();
         sleep_until(permit.start.saturating_sub(lead), measures).await;
         let asked = now_ms();
         let fresh = asked.max(permit.start) <= permit.given_at + FRESH_GRANT_MS;
@@ -113,20 +119,18 @@ impl Gate {
             self.leave(store, permit, None, measures).await;
             return Ok(Err(Later::after(wait)));
         }
-        self.learn_check(now_ms().saturating_sub(asked));
+        self.check.learn(now_ms().saturating_sub(asked));
         sleep_until(permit.start, measures).await;
-        // Late by the claim's or the check's time, the fetch starts now.
-        let missed = missed_at(permit.start, max_rps, now_ms());
+        // Late by the claim's time; at a slow rate, by a check slower than usual too.
+        let judged = match limits::interval(max_rps, 1.0) {
+            Some(interval) if interval >= JUDGED_AFTER_CHECK_MS => now_ms(),
+            _ => asked + lead,
+        };
+        let missed = missed_at(permit.start, max_rps, judged);
         if missed || health::voided(&self.view(&host), permit.given_at) {
             return self.again(store, permit, (&host, max_rps), measures).await;
         }
         Ok(Ok(permit))
-    }
-
-    /// One more check's time, into this sandbox's average (each weighs a quarter).
-    fn learn_check(&self, took: Millis) {
-        let mean = self.check_ms.load(ORDER);
-        self.check_ms.store((mean * 3 + took) / 4, ORDER);
     }
 
     /// A start missed (the claim or the check took that long) would bunch with the next
