@@ -3,7 +3,7 @@
 //! the acknowledged messages and leave the rest to come back after their visibility timeout;
 //! the queue's own redrive policy moves repeat failures to its dead-letter queue.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -50,6 +50,10 @@ pub struct MappingStats {
     pub failing: Mutex<Option<(Instant, String)>>,
     /// Message ids deleted after an ack.
     pub acked: Mutex<HashSet<String>>,
+    /// Deliveries of a message another poller held at that moment (SQS delivers at least
+    /// once: under `DUPLICATE_POLICY=converge` both scrape), and the ids held now.
+    pub doubled: AtomicU64,
+    held: Mutex<HashMap<String, usize>>,
     /// What the records came to: tasks ended successful (by this mapping's deliveries),
     /// failed, and acknowledged without work (already ended, not wanted, poison); bytes
     /// stored.
@@ -60,6 +64,31 @@ pub struct MappingStats {
 }
 
 impl MappingStats {
+    /// The batch's messages are held by a poller until `release`; one another holds too is
+    /// counted as doubled.
+    fn hold(&self, messages: &[Message]) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in messages.iter().filter_map(|m| m.message_id()) {
+            let holders = held.entry(id.to_owned()).or_default();
+            if *holders > 0 {
+                self.doubled.fetch_add(1, Ordering::Relaxed);
+            }
+            *holders += 1;
+        }
+    }
+
+    fn release(&self, messages: &[Message]) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in messages.iter().filter_map(|m| m.message_id()) {
+            if let Some(holders) = held.get_mut(id) {
+                *holders -= 1;
+                if *holders == 0 {
+                    held.remove(id);
+                }
+            }
+        }
+    }
+
     /// A batch whose `acked` messages were deleted and the rest left for retry.
     fn count(&self, received: &[Message], acked: &[String]) {
         self.batches.fetch_add(1, Ordering::Relaxed);
@@ -268,7 +297,9 @@ async fn poll<P: ProcessRecord>(
         }
         invocation += 1;
         let request_id = format!("local-{poller}-{invocation}");
+        stats.hold(&messages);
         let invoked = invoke(queue, processor, settings, &messages, &request_id).await;
+        stats.release(&messages);
         match invoked {
             Ok((acked, tally)) => {
                 stats.count(&messages, &acked);

@@ -72,7 +72,14 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
             .all(|s| s == "successful")
     );
     assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
-    assert_eq!(site.hits("/page"), tasks, "every page fetched once");
+    // Once, but for a message the queue handed two pollers at the same moment (both
+    // scrape under the default DUPLICATE_POLICY=converge; moto's SQS does this at times).
+    let fetched = site.hits("/page");
+    assert!(
+        (tasks..=tasks + drained.doubled).contains(&fetched),
+        "{fetched} fetches of {tasks} pages ({} delivered twice at once)",
+        drained.doubled
+    );
     assert_eq!(site.hits("/robots.txt"), 1, "once for the fleet");
     let most = site.most_started_within(Duration::from_secs(1));
     assert!(most <= 6, "{most} starts in a second: 5 a second, +1");

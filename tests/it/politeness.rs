@@ -90,6 +90,8 @@ async fn drain(stack: &Stack, queue: &Queue, politeness: Politeness) -> Duration
 pub(crate) struct Drained {
     pub took: Duration,
     pub backlog_read: Option<Duration>,
+    /// Messages the queue delivered to two pollers at once (both may scrape).
+    pub doubled: usize,
 }
 
 /// Drains the queue with `fleet`'s sandboxes at once, each a worker with its own caches and
@@ -157,6 +159,7 @@ pub(crate) async fn drain_tuned(
     Drained {
         took: started.elapsed(),
         backlog_read: backlog_read.get().copied(),
+        doubled: stats.doubled.load(std::sync::atomic::Ordering::Relaxed) as usize,
     }
 }
 
