@@ -207,6 +207,11 @@ const FRESH_GRANT_MS: Millis = 50;
 const MOST_CHECK_LEAD_MS: Millis = 100;
 /// A start this late, or half an interval late if that is longer, is missed.
 const LEAST_LATENESS_MS: Millis = 100;
+/// A start this many milliseconds from the next (5 a second or slower) is judged late once
+/// checked, a check slower than usual included. At faster rates a slow store would make
+/// most checks late, and those sent back to ask again would add to its load: a start is
+/// judged as if its check took its usual time.
+const JUDGED_AFTER_CHECK_MS: Millis = 200;
 /// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
@@ -351,6 +356,20 @@ fn missed_at(start: Millis, max_rps: Option<f64>, now: Millis) -> bool {
     now > start.saturating_add((interval / 2).max(LEAST_LATENESS_MS))
 }
 
+/// Whether a checked start is missed: judged at `now` at 5 a second or slower, else at
+/// `usual` (when the check would have ended had it taken its usual time).
+fn missed_once_checked(
+    start: Millis,
+    max_rps: Option<f64>,
+    (usual, now): (Millis, Millis),
+) -> bool {
+    let judged = match limits::interval(max_rps, 1.0) {
+        Some(interval) if interval >= JUDGED_AFTER_CHECK_MS => now,
+        _ => usual,
+    };
+    missed_at(start, max_rps, judged)
+}
+
 /// A wait with up to a quarter more, so the records a host held do not all come back at once.
 fn jittered(wait: Millis) -> Duration {
     Duration::from_millis(wait.saturating_add(fastrand::u64(0..=wait / 4)))
@@ -396,6 +415,18 @@ mod tests {
         assert!(steady.lead() <= 12, "{}", steady.lead());
         assert!((40..=75).contains(&jumpy.lead()), "{}", jumpy.lead());
         assert_eq!(slow.lead(), MOST_CHECK_LEAD_MS);
+    }
+
+    #[test]
+    fn a_slow_check_counts_as_lateness_only_at_5_a_second_or_slower() {
+        let (start, usual, slow) = (10_000, 10_020, 10_180);
+
+        assert!(missed_once_checked(start, Some(5.0), (usual, slow)));
+        assert!(!missed_once_checked(start, Some(20.0), (usual, slow)));
+        assert!(
+            missed_once_checked(start, Some(20.0), (slow, slow)),
+            "a late claim"
+        );
     }
 
     #[test]

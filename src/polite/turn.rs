@@ -14,14 +14,8 @@ use std::time::Duration;
 use super::{
     AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
     MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
-    missed_at, now_ms,
+    missed_once_checked, now_ms,
 };
-
-/// A start this many milliseconds from the next (5 a second or slower) is judged late once
-/// checked, a check slower than usual included. At faster rates a slow store would make
-/// most checks late: those sent back to ask again would add to its load, so a start is
-/// judged before its check.
-const JUDGED_AFTER_CHECK_MS: Millis = 200;
 
 /// How many times a push-back is written when other sandboxes' push-backs keep coming
 /// between its read and its write (each try starts from the item as the refusal gave it).
@@ -121,12 +115,7 @@ impl Gate {
         }
         self.check.learn(now_ms().saturating_sub(asked));
         sleep_until(permit.start, measures).await;
-        // Late by the claim's time; at a slow rate, by a check slower than usual too.
-        let judged = match limits::interval(max_rps, 1.0) {
-            Some(interval) if interval >= JUDGED_AFTER_CHECK_MS => now_ms(),
-            _ => asked + lead,
-        };
-        let missed = missed_at(permit.start, max_rps, judged);
+        let missed = missed_once_checked(permit.start, max_rps, (asked + lead, now_ms()));
         if missed || health::voided(&self.view(&host), permit.given_at) {
             return self.again(store, permit, (&host, max_rps), measures).await;
         }
@@ -134,8 +123,8 @@ impl Gate {
     }
 
     /// A start missed (the claim or the check took that long) would bunch with the next
-    /// ones, and one given before the pace dropped would go at the
-    /// old pace: the schedule is taken again, once (booked, if it is full past the sleep).
+    /// ones, and one given before the pace dropped would go at the old pace: the schedule
+    /// is taken again, once (booked, if it is full past the sleep).
     async fn again<S: HostStore>(
         &self,
         store: &S,
