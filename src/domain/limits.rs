@@ -207,6 +207,12 @@ impl HostState {
         slowdown.max(1.0)
     }
 
+    /// The fleet's average answer time of the host, if it has one.
+    pub fn usual_answer(&self) -> Option<std::time::Duration> {
+        let (mean, _) = self.answers?;
+        Some(std::time::Duration::from_millis(mean.max(0.0) as u64))
+    }
+
     /// When slot `i` is held until (0: free).
     pub fn slot_until(&self, i: usize) -> Millis {
         self.slots.get(i).copied().flatten().unwrap_or(0)

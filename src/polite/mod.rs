@@ -212,7 +212,7 @@ const LEAST_LATENESS_MS: Millis = 100;
 /// most checks late, and those sent back to ask again would add to its load: a start is
 /// judged as if its check took its usual time.
 const JUDGED_AFTER_CHECK_MS: Millis = 200;
-/// The budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
+/// The most budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
 /// delivers a moment late), and sleeps the rest.
@@ -415,6 +415,26 @@ mod tests {
         assert!(steady.lead() <= 12, "{}", steady.lead());
         assert!((40..=75).contains(&jumpy.lead()), "{}", jumpy.lead());
         assert_eq!(slow.lead(), MOST_CHECK_LEAD_MS);
+    }
+
+    #[test]
+    fn a_start_is_slept_for_only_while_the_hosts_usual_answer_still_fits_the_budget() {
+        let gate = Gate::new(Politeness {
+            max_sleep: Duration::from_secs(5),
+            ..Politeness::off()
+        });
+        let slow_site = HostState {
+            answers: Some((1_500.0, 1_400.0)),
+            ..HostState::default()
+        };
+        let limits = HostLimits::none();
+        let budget = Duration::from_millis(2_500);
+
+        let unknown = gate.ask(&HostState::default(), limits, budget);
+        let known = gate.ask(&slow_site, limits, budget);
+
+        assert!((1_450..=1_550).contains(&(unknown.horizon - unknown.now)));
+        assert!((950..=1_050).contains(&(known.horizon - known.now)));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::ports::error::AwsError;
 use crate::ports::hosts::{HostStore, PushedBack};
 use std::collections::VecDeque;
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{
     AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
@@ -67,12 +67,15 @@ impl Gate {
 
     /// What this sandbox asks of a host for one fetch now, from its view: the interval
     /// (slowed as the view says), the sleep's horizon, a slot until the fetch's budget ends.
+    /// The horizon leaves the fetch the host's usual answer time: a start later than that
+    /// is booked for another invocation rather than fetched and cut by this one's end.
     pub(super) fn ask(&self, seen: &HostState, limits: HostLimits, budget: Duration) -> Ask {
         let now = now_ms();
+        let answer = seen.usual_answer().unwrap_or_default();
         let sleep = self
             .settings
             .max_sleep
-            .min(budget.saturating_sub(crate::domain::time::MIN_FETCH));
+            .min(budget.saturating_sub(answer.max(crate::domain::time::MIN_FETCH)));
         let horizon = now + millis(sleep);
         let until = horizon + millis(budget) + SLOT_MARGIN_MS;
         Ask {
@@ -91,11 +94,13 @@ impl Gate {
     /// slot (one write, which checks the cooldown too), any other reads the cooldown, unless
     /// it was granted a moment ago. A host in trouble since (any sandbox's fetch), or a slot
     /// still taken, gives the permit back and answers the wait; a start missed, or given
-    /// before the pace dropped, asks the schedule again.
+    /// before the pace dropped, asks the schedule again, with what is left of the fetch's
+    /// time until `ends`.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
         mut permit: Permit,
+        ends: Instant,
         measures: &Measures,
     ) -> Result<Result<Permit, Later>, AwsError> {
         let Some((host, max_rps)) = permit.host.clone() else {
@@ -117,7 +122,9 @@ impl Gate {
         sleep_until(permit.start, measures).await;
         let missed = missed_once_checked(permit.start, max_rps, (asked + lead, now_ms()));
         if missed || health::voided(&self.view(&host), permit.given_at) {
-            return self.again(store, permit, (&host, max_rps), measures).await;
+            let budget = AGAIN_BUDGET.min(ends.saturating_duration_since(Instant::now()));
+            let again = self.again(store, permit, (&host, max_rps), budget, measures);
+            return again.await;
         }
         Ok(Ok(permit))
     }
@@ -130,6 +137,7 @@ impl Gate {
         store: &S,
         permit: Permit,
         (host, max_rps): (&Host, Option<f64>),
+        budget: Duration,
         measures: &Measures,
     ) -> Result<Result<Permit, Later>, AwsError> {
         let schedule = HostLimits {
@@ -137,7 +145,7 @@ impl Gate {
             max_inflight: None,
         };
         let far = Some(permit.far);
-        match self.take(store, host, schedule, AGAIN_BUDGET, far).await? {
+        match self.take(store, host, schedule, budget, far).await? {
             Entry::Go(again) => {
                 sleep_until(again.start, measures).await;
                 Ok(Ok(Permit {

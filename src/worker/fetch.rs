@@ -217,7 +217,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let Some(permit) = work.permit.take() else {
             return Ok(Ok(work));
         };
-        let ready = self.gate.ready(&self.tasks, permit, &invocation.measures);
+        let ends = invocation.cutoff.checked_sub(self.settings.store_reserve);
+        let ends = ends.unwrap_or(invocation.cutoff);
+        let ready = self
+            .gate
+            .ready(&self.tasks, permit, ends.into_std(), &invocation.measures);
         Ok(ready.await?.map(|permit| Work {
             permit: Some(permit),
             ..work

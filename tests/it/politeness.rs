@@ -249,12 +249,22 @@ async fn invocations_that_end_mid_fetch_keep_the_hosts_in_flight_limit() {
     };
 
     // Act
-    drain_with(&stack, &queue, polite(Some(5.0), Some(4)), short).await;
+    let drained = drain_with(&stack, &queue, polite(Some(5.0), Some(4)), short).await;
 
     // Assert: every task done once; fetches were cut and made again, and never more than
     // the host's four at once, the cut ones counted until the site stopped serving them.
     assert!(statuses(&stack, 20).await.iter().all(|s| s == "successful"));
-    assert_eq!(dlq.depth(&stack).await, 0);
+    let dead: Vec<_> = dlq
+        .drain(&stack)
+        .await
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    let doubled = drained.doubled;
+    assert!(
+        dead.is_empty(),
+        "dead-lettered {dead:?}; {doubled} deliveries doubled"
+    );
     let visits = site.visits();
     let fetched = visits
         .iter()
