@@ -29,10 +29,13 @@ const FLOOR_RISE: f64 = 0.02;
 const SLOW_FACTOR: f64 = 2.0;
 const SLOW_MARGIN_MS: f64 = 100.0;
 /// A push-back (the site's own word that we ask too much) multiplies the slowdown by this:
-/// the pace goes to two thirds, near CUBIC's 70%. A failure or answers growing slow, signs
-/// that may not be about our load, by the gentler one (80%); a failing site's cooldown does
-/// the rest.
+/// the pace goes to two thirds, near CUBIC's 70%. The first one, with no knee yet, halves it,
+/// as TCP's slow start ends: a fleet at many times a site's capacity comes under it in fewer
+/// rounds, each of which meets a full queue. A failure or answers growing slow, signs that
+/// may not be about our load, take the gentler one (80%); a failing site's cooldown does the
+/// rest.
 pub const DECREASE: f64 = 1.5;
+pub const FIRST_DECREASE: f64 = 2.0;
 pub const SLOW_DECREASE: f64 = 1.25;
 /// A push-back or slow answers set the knee this much slower than the pace they struck
 /// at: the fleet comes back fast to 90% of it, and probes past that slowly.
@@ -143,7 +146,8 @@ pub fn trouble(
 fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) -> Trouble {
     let in_force = state.slowdown_at(now);
     let factor = match sign {
-        Sign::PushedBack(_) => DECREASE,
+        Sign::PushedBack(_) if state.knee.is_some() => DECREASE,
+        Sign::PushedBack(_) => FIRST_DECREASE,
         Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
     };
     let slowdown = (in_force * factor).min(MAX_SLOWDOWN);
@@ -344,8 +348,33 @@ mod tests {
         assert_eq!(within_the_round, None);
         let after_it = after_it.expect("a later round's push-back drops the pace");
         let in_force = state.slowdown_at(10_610);
-        assert_eq!(after_it.slowdown, Some(in_force * DECREASE));
+        assert_eq!(after_it.slowdown, Some(in_force * FIRST_DECREASE));
         assert_eq!(after_it.knee, Some(in_force * KNEE_MARGIN));
+    }
+
+    #[test]
+    fn the_first_push_back_halves_the_pace_and_a_later_one_takes_a_third_off() {
+        // Arrange: a host never pushed back, and one with a knee from a push-back at 10 s.
+        let new = HostState::default();
+        let kneed = HostState {
+            knee: Some(2.0),
+            ..slowed(4.0, 10_000)
+        };
+        let pushed_back = |state: &HostState, now: Millis| {
+            let sign = (Sign::PushedBack(None), None);
+            trouble(state, sign, (now - 10, now), Some(20.0)).and_then(|t| t.slowdown)
+        };
+
+        // Act
+        let first = pushed_back(&new, 10);
+        let above_the_knee = pushed_back(&kneed, 15_000);
+        let past_the_knee = pushed_back(&kneed, 60_000);
+
+        // Assert
+        assert_eq!(first, Some(FIRST_DECREASE), "no knee yet");
+        let slowed_by = |now: Millis| kneed.slowdown_at(now) * DECREASE;
+        assert_eq!(above_the_knee, Some(slowed_by(15_000)), "coming back to it");
+        assert_eq!(past_the_knee, Some(slowed_by(60_000)), "probing past it");
     }
 
     #[test]
@@ -361,14 +390,14 @@ mod tests {
             Some(10.0),
         );
         let after = HostState {
-            slowdown: Some((DECREASE, 10_000)),
+            slowdown: Some((FIRST_DECREASE, 10_000)),
             next_start: dropped.and_then(|d| d.next_start),
             ..before.clone()
         };
 
         assert_eq!(
             after.next_start,
-            Some(10_000 + 150),
+            Some(10_000 + 200),
             "the schedule starts again one slowed interval after the drop"
         );
         assert!(voided(&after, 9_000));

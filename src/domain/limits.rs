@@ -157,7 +157,7 @@ pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
 /// fast down to it, then slowly past it: the fleet comes back near the site's limit in
 /// seconds and probes beyond it over minutes (as TCP CUBIC grows its window).
 pub const TO_KNEE_HALF_LIFE_MS: f64 = 10_000.0;
-pub const PAST_KNEE_HALF_LIFE_MS: f64 = 120_000.0;
+pub const PAST_KNEE_HALF_LIFE_MS: f64 = 240_000.0;
 /// A cooldown without `Retry-After` lasts at least this long.
 pub const MIN_COOLDOWN_MS: Millis = 1_000;
 /// A site's `Retry-After` past this (a day) is taken as this: its cooldown, and a task's hold.
@@ -553,10 +553,10 @@ mod tests {
             (kneed.slowdown_at(to_knee as Millis) - 2.0).abs() < 1e-3,
             "at the knee in 3 s"
         );
-        let past = kneed.slowdown_at(to_knee as Millis + 120_000);
+        let past = kneed.slowdown_at(to_knee as Millis + 240_000);
         assert!(
             (past - 1.0).abs() < 1e-3,
-            "past it by half in 2 minutes: {past}"
+            "past it by half in 4 minutes: {past}"
         );
     }
 
