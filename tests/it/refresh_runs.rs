@@ -17,7 +17,7 @@ use conveyor_worker::store::dynamo::{attributes, keys};
 
 use crate::ops::{list, ops, succeeded};
 use crate::polite_defaults::production_defaults;
-use crate::politeness::{Fleet, drain_tuned};
+use crate::politeness::{Drained, Fleet, drain_tuned};
 
 /// The earlier run and the refresh.
 const FIRST: &str = "first";
@@ -57,11 +57,11 @@ async fn submit_and_drain(
     proxy: &ForwardProxy,
     run: (&str, Option<&str>),
     urls: &[String],
-) -> String {
+) -> (String, usize) {
     let queue = Queue::create(stack, 30).await;
     let submitted = submit(stack, &queue, run, urls).await;
-    drain(stack, proxy, &queue).await;
-    submitted
+    let drained = drain(stack, proxy, &queue).await;
+    (submitted, drained.doubled)
 }
 
 /// `run` of `urls` submitted by `conveyor-ops` (refreshing `refreshes`) to `queue`; what it
@@ -94,13 +94,13 @@ async fn submit(
 
 /// Drains `queue` with [`FLEET`], each worker through `proxy` with the production
 /// politeness.
-async fn drain(stack: &Stack, proxy: &ForwardProxy, queue: &Queue) {
+async fn drain(stack: &Stack, proxy: &ForwardProxy, queue: &Queue) -> Drained {
     let tiers = Tiers::parse(&proxy.url()).expect("the proxy's URL");
     let tune = |t: &mut WorkerTuning| {
         t.proxies = tiers.clone();
         t.politeness = production_defaults();
     };
-    drain_tuned(stack, queue, &tune, FLEET).await;
+    drain_tuned(stack, queue, &tune, FLEET).await
 }
 
 /// A run's fields as `conveyor-ops progress --json` adds them up (its shards included).
@@ -141,7 +141,8 @@ async fn a_refresh_of_500_unchanged_pages_costs_a_fraction_of_the_first_runs_pro
 
     // Act: the same list, refreshing the first run.
     stack.calls.clear();
-    let submitted = submit_and_drain(&stack, &proxy, (REFRESH, Some(FIRST)), &urls).await;
+    let (submitted, doubled) =
+        submit_and_drain(&stack, &proxy, (REFRESH, Some(FIRST)), &urls).await;
     let refresh = run_fields(&stack, REFRESH).await;
     let calls = stack.calls.calls();
 
@@ -152,7 +153,14 @@ async fn a_refresh_of_500_unchanged_pages_costs_a_fraction_of_the_first_runs_pro
         "{submitted}"
     );
     let (full, not_modified) = site.answers();
-    assert_eq!((full, not_modified), (answered.0, answered.1 + 500));
+    assert_eq!(full, answered.0, "no page answered in full");
+    // Once a page, but for a message the queue handed two pollers at the same moment (both
+    // ask under the default DUPLICATE_POLICY=converge; moto's SQS does this at times).
+    let asked = not_modified - answered.1;
+    assert!(
+        (500..=500 + doubled).contains(&asked),
+        "{asked} pages answered 304 of 500 ({doubled} delivered twice at once)"
+    );
     assert_eq!(field(&refresh, "tasks_succeeded"), 500);
     assert_eq!(field(&refresh, "pages_not_modified"), 500);
     assert_eq!(field(&refresh, "bytes_not_fetched"), 500 * 16_000);
