@@ -158,7 +158,8 @@ pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
 /// seconds and probes beyond it over minutes (as TCP CUBIC grows its window).
 pub const TO_KNEE_HALF_LIFE_MS: f64 = 10_000.0;
 pub const PAST_KNEE_HALF_LIFE_MS: f64 = 240_000.0;
-/// A cooldown without `Retry-After` lasts at least this long.
+/// A failing site's cooldown lasts at least this long (a push-back's without `Retry-After`
+/// is one slowed interval).
 pub const MIN_COOLDOWN_MS: Millis = 1_000;
 /// A site's `Retry-After` past this (a day) is taken as this: its cooldown, and a task's hold.
 pub const MAX_RETRY_AFTER_MS: Millis = 24 * 3_600_000;
