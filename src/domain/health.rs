@@ -37,6 +37,8 @@ const SLOW_MARGIN_MS: f64 = 100.0;
 pub const DECREASE: f64 = 1.5;
 pub const FIRST_DECREASE: f64 = 2.0;
 pub const SLOW_DECREASE: f64 = 1.25;
+/// A push-back drops the pace by how much slower answers have grown, up to this.
+const MOST_QUEUED_DECREASE: f64 = 4.0;
 /// A push-back or slow answers set the knee this much slower than the pace they struck
 /// at: the fleet comes back fast to 90% of it, and probes past that slowly.
 const KNEE_MARGIN: f64 = 1.1;
@@ -146,8 +148,8 @@ pub fn trouble(
 fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) -> Trouble {
     let in_force = state.slowdown_at(now);
     let factor = match sign {
-        Sign::PushedBack(_) if state.knee.is_some() => DECREASE,
-        Sign::PushedBack(_) => FIRST_DECREASE,
+        Sign::PushedBack(_) if state.knee.is_some() => DECREASE.max(queued(state)),
+        Sign::PushedBack(_) => FIRST_DECREASE.max(queued(state)),
         Sign::Answered(_) | Sign::Failing => SLOW_DECREASE,
     };
     let slowdown = (in_force * factor).min(MAX_SLOWDOWN);
@@ -158,6 +160,17 @@ fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) ->
         next_start: Some(now.saturating_add(interval(max_rps, slowdown).unwrap_or(0))),
         cooldown_ms: state.cooldown_ms,
     }
+}
+
+/// How many times its floor the host's average answer takes, at most
+/// [`MOST_QUEUED_DECREASE`]: a site that queues our requests answers that much slower, so a
+/// push-back then drops the pace at least that much (the queue says how far over its
+/// capacity the fleet is, where a fixed drop would take several rounds).
+fn queued(state: &HostState) -> f64 {
+    state
+        .answers
+        .map_or(1.0, |(mean, floor)| mean / floor.max(1.0))
+        .clamp(1.0, MOST_QUEUED_DECREASE)
 }
 
 /// Whether a start given at `given_at` was given before the last drop of the pace: it
@@ -348,7 +361,11 @@ mod tests {
         assert_eq!(within_the_round, None);
         let after_it = after_it.expect("a later round's push-back drops the pace");
         let in_force = state.slowdown_at(10_610);
-        assert_eq!(after_it.slowdown, Some(in_force * FIRST_DECREASE));
+        assert_eq!(
+            after_it.slowdown,
+            Some(in_force * 2.5),
+            "answers at 2.5x their floor"
+        );
         assert_eq!(after_it.knee, Some(in_force * KNEE_MARGIN));
     }
 
@@ -375,6 +392,30 @@ mod tests {
         let slowed_by = |now: Millis| kneed.slowdown_at(now) * DECREASE;
         assert_eq!(above_the_knee, Some(slowed_by(15_000)), "coming back to it");
         assert_eq!(past_the_knee, Some(slowed_by(60_000)), "probing past it");
+    }
+
+    #[test]
+    fn a_push_back_from_a_site_queueing_our_requests_drops_the_pace_as_far_as_its_answers_slowed() {
+        // Arrange: answers at 3 and 6 times their floor, one host with a knee.
+        let queueing = |mean: f64, knee: Option<f64>| HostState {
+            answers: Some((mean, 200.0)),
+            knee,
+            ..HostState::default()
+        };
+        let pushed_back = |state: &HostState| {
+            let sign = (Sign::PushedBack(None), None);
+            trouble(state, sign, (0, 10), Some(20.0)).and_then(|t| t.slowdown)
+        };
+
+        // Act
+        let three_times = pushed_back(&queueing(600.0, Some(1.0)));
+        let six_times = pushed_back(&queueing(1_200.0, None));
+        let unloaded = pushed_back(&queueing(220.0, Some(1.0)));
+
+        // Assert
+        assert_eq!(three_times, Some(3.0));
+        assert_eq!(six_times, Some(MOST_QUEUED_DECREASE), "at most");
+        assert_eq!(unloaded, Some(DECREASE), "the usual drop");
     }
 
     #[test]
