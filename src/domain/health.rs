@@ -165,12 +165,15 @@ fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) ->
 /// How many times its floor the host's average answer takes, at most
 /// [`MOST_QUEUED_DECREASE`]: a site that queues our requests answers that much slower, so a
 /// push-back then drops the pace at least that much (the queue says how far over its
-/// capacity the fleet is, where a fixed drop would take several rounds).
+/// capacity the fleet is, where a fixed drop would take several rounds). Answers less than
+/// [`SLOW_MARGIN_MS`] over the floor count as unloaded: a fast site's jitter is no queue.
 fn queued(state: &HostState) -> f64 {
-    state
-        .answers
-        .map_or(1.0, |(mean, floor)| mean / floor.max(1.0))
-        .clamp(1.0, MOST_QUEUED_DECREASE)
+    match state.answers {
+        Some((mean, floor)) if mean > floor + SLOW_MARGIN_MS => {
+            (mean / floor.max(1.0)).clamp(1.0, MOST_QUEUED_DECREASE)
+        }
+        _ => 1.0,
+    }
 }
 
 /// Whether a start given at `given_at` was given before the last drop of the pace: it
@@ -411,11 +414,20 @@ mod tests {
         let three_times = pushed_back(&queueing(600.0, Some(1.0)));
         let six_times = pushed_back(&queueing(1_200.0, None));
         let unloaded = pushed_back(&queueing(220.0, Some(1.0)));
+        let jittery = pushed_back(&HostState {
+            answers: Some((40.0, 10.0)),
+            ..HostState::default()
+        });
 
         // Assert
         assert_eq!(three_times, Some(3.0));
         assert_eq!(six_times, Some(MOST_QUEUED_DECREASE), "at most");
         assert_eq!(unloaded, Some(DECREASE), "the usual drop");
+        assert_eq!(
+            jittery,
+            Some(FIRST_DECREASE),
+            "a fast site's 30 ms is no queue"
+        );
     }
 
     #[test]
