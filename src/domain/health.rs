@@ -399,7 +399,7 @@ mod tests {
 
     #[test]
     fn a_push_back_from_a_site_queueing_our_requests_drops_the_pace_as_far_as_its_answers_slowed() {
-        // Arrange: answers at 3 and 6 times their floor, one host with a knee.
+        // Arrange: answers at 3, 6 and 1.1 times a 200 ms floor, and a 10 ms site at 40 ms.
         let queueing = |mean: f64, knee: Option<f64>| HostState {
             answers: Some((mean, 200.0)),
             knee,

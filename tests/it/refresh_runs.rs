@@ -51,7 +51,8 @@ async fn job_with_limits(stack: &Stack, (max_rps, max_inflight): (u32, u32)) {
 }
 
 /// `run` of `urls` submitted by `conveyor-ops` (refreshing `refreshes`), then drained
-/// through `proxy`; what `submit` printed.
+/// through `proxy`; what `submit` printed, and how many messages the queue handed two
+/// pollers at once.
 async fn submit_and_drain(
     stack: &Stack,
     proxy: &ForwardProxy,
