@@ -207,10 +207,12 @@ const FRESH_GRANT_MS: Millis = 50;
 const MOST_CHECK_LEAD_MS: Millis = 100;
 /// A start this late, or half an interval late if that is longer, is missed.
 const LEAST_LATENESS_MS: Millis = 100;
-/// A start this many milliseconds from the next (5 a second or slower) is judged late once
-/// checked, a check slower than usual included. At faster rates a slow store would make
-/// most checks late, and those sent back to ask again would add to its load: a start is
-/// judged as if its check took its usual time.
+/// A start this many milliseconds from the next (5 a second or slower), or one of a host
+/// the fleet has slowed, is judged late once checked, a check slower than usual included.
+/// At faster rates a slow store would make most checks late, and those sent back to ask
+/// again would add to its load: a start is judged as if its check took its usual time. A
+/// slowed host is asked less than its ceiling, and its site has shown it cannot take
+/// bursts: a start that waited behind the sandbox's other asks goes on top of the next one.
 const JUDGED_AFTER_CHECK_MS: Millis = 200;
 /// The most budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
 const AGAIN_BUDGET: Duration = Duration::from_secs(3);
@@ -356,18 +358,20 @@ fn missed_at(start: Millis, max_rps: Option<f64>, now: Millis) -> bool {
     now > start.saturating_add((interval / 2).max(LEAST_LATENESS_MS))
 }
 
-/// Whether a checked start is missed: judged at `now` at 5 a second or slower, else at
-/// `usual` (when the check would have ended had it taken its usual time).
+/// Whether a checked start is missed at the ceiling `max_rps` slowed by `slowdown`: judged
+/// at `now` at 5 a second or slower or on a slowed host, else at `usual` (when the check
+/// would have ended had it taken its usual time); late by half an interval of the pace.
 fn missed_once_checked(
     start: Millis,
-    max_rps: Option<f64>,
+    (max_rps, slowdown): (Option<f64>, f64),
     (usual, now): (Millis, Millis),
 ) -> bool {
     let judged = match limits::interval(max_rps, 1.0) {
+        Some(_) if slowdown > 1.0 => now,
         Some(interval) if interval >= JUDGED_AFTER_CHECK_MS => now,
         _ => usual,
     };
-    missed_at(start, max_rps, judged)
+    missed_at(start, max_rps.map(|rps| rps / slowdown), judged)
 }
 
 /// A wait with up to a quarter more, so the records a host held do not all come back at once.
@@ -438,14 +442,30 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_check_counts_as_lateness_only_at_5_a_second_or_slower() {
+    fn a_slow_check_counts_as_lateness_at_5_a_second_or_slower_or_on_a_slowed_host() {
         let (start, usual, slow) = (10_000, 10_020, 10_180);
 
-        assert!(missed_once_checked(start, Some(5.0), (usual, slow)));
-        assert!(!missed_once_checked(start, Some(20.0), (usual, slow)));
+        assert!(missed_once_checked(start, (Some(5.0), 1.0), (usual, slow)));
+        assert!(!missed_once_checked(
+            start,
+            (Some(20.0), 1.0),
+            (usual, slow)
+        ));
         assert!(
-            missed_once_checked(start, Some(20.0), (slow, slow)),
+            missed_once_checked(start, (Some(20.0), 1.0), (slow, slow)),
             "a late claim"
+        );
+        assert!(
+            missed_once_checked(start, (Some(20.0), 1.2), (usual, slow)),
+            "the fleet has slowed the host"
+        );
+        assert!(
+            !missed_once_checked(start, (Some(20.0), 1.2), (usual, start + 100)),
+            "within half an interval of its pace, at least 100 ms"
+        );
+        assert!(
+            !missed_once_checked(start, (Some(5.0), 2.0), (usual, start + 200)),
+            "half an interval at 2.5 a second"
         );
     }
 

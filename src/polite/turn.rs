@@ -120,7 +120,9 @@ impl Gate {
         }
         self.check.learn(now_ms().saturating_sub(asked));
         sleep_until(permit.start, measures).await;
-        let missed = missed_once_checked(permit.start, max_rps, (asked + lead, now_ms()));
+        let now = now_ms();
+        let pace = (max_rps, self.view(&host).slowdown_at(now));
+        let missed = missed_once_checked(permit.start, pace, (asked + lead, now));
         if missed || health::voided(&self.view(&host), permit.given_at) {
             let budget = AGAIN_BUDGET.min(ends.saturating_duration_since(Instant::now()));
             let again = self.again(store, permit, (&host, max_rps), budget, measures);
