@@ -3,7 +3,7 @@
 //! check there, and the slot given back with what the fetch said of the host's health.
 
 use crate::domain::health::{self, Sign, Trouble};
-use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
+use crate::domain::limits::{Ask, CONTENDED_RETRY_MS, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
 use crate::ports::error::AwsError;
 use crate::ports::hosts::{HostStore, PushedBack};
@@ -149,11 +149,12 @@ impl Gate {
         let far = Some(permit.far);
         match self.take(store, host, schedule, budget, far).await? {
             Entry::Go(again) => {
-                sleep_until(again.start, measures).await;
-                Ok(Ok(Permit {
+                let permit = Permit {
                     start: again.start,
+                    given_at: again.given_at,
                     ..permit
-                }))
+                };
+                self.checked_again(store, host, permit, measures).await
             }
             Entry::Hold(delay, _) => {
                 self.leave(store, permit, None, measures).await;
@@ -166,6 +167,34 @@ impl Gate {
             }
             Entry::Disallowed | Entry::ProxyFailed => Ok(Ok(permit)),
         }
+    }
+
+    /// A start taken again is checked at it as any other: one given more than a moment
+    /// before it reads the host's item there, and trouble recorded since (a cooldown, or a
+    /// drop that voids it) sends it back to wait rather than to a third ask.
+    async fn checked_again<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        mut permit: Permit,
+        measures: &Measures,
+    ) -> Result<Result<Permit, Later>, AwsError> {
+        if permit.start > permit.given_at + FRESH_GRANT_MS {
+            sleep_until(permit.start.saturating_sub(self.check.lead()), measures).await;
+            let checked = match self.at_start(store, host, &mut permit).await? {
+                Err(wait) => Err(wait),
+                Ok(()) if health::voided(&self.view(host), permit.given_at) => {
+                    Err(jittered(CONTENDED_RETRY_MS))
+                }
+                Ok(()) => Ok(()),
+            };
+            if let Err(wait) = checked {
+                self.leave(store, permit, None, measures).await;
+                return Ok(Err(Later::after(wait)));
+            }
+        }
+        sleep_until(permit.start, measures).await;
+        Ok(Ok(permit))
     }
 
     /// At the start: a booked start's slot (with an in-flight limit; the take checks the

@@ -626,6 +626,60 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
     assert!(cooldown >= now + 29_000, "{cooldown} against {now}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_asked_again_after_a_missed_one_is_held_by_a_push_back_recorded_before_it() {
+    use conveyor_worker::domain::limits::HostLimits;
+    use conveyor_worker::domain::time::epoch_millis;
+    use conveyor_worker::metrics::Measures;
+    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
+
+    // Arrange: a sandbox at 2 a second takes an idle host's turn and comes to it 400 ms late
+    // (its claim took that long), so it asks the schedule again and is given the next start,
+    // 500 ms after the first. Its client stops before its second GetItem: the check there.
+    let stack = Stack::new().await;
+    let worker = std::sync::Arc::new(stack.worker_with(|t| {
+        t.politeness = Politeness {
+            limits: HostLimits {
+                max_rps: Some(2.0),
+                max_inflight: None,
+            },
+            max_sleep: Duration::from_secs(2),
+            ..Politeness::off()
+        };
+    }));
+    let (hosts, paused) = paused_before(&stack, "GetItem", 2).await;
+    let visit = Visit {
+        url: "http://site.test/page",
+        booked: None,
+        booked_at: None,
+        wait_left: Duration::from_secs(60),
+    };
+    let (job, measures) = (JobPoliteness::default(), Measures::default());
+    let budget = Duration::from_secs(10);
+    let entered = (worker.gate).enter((&hosts, &worker.fetcher), visit, &job, budget, &measures);
+    let Entry::Go(permit) = entered.await.expect("the host's turn") else {
+        panic!("an idle host grants a turn at once");
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ends = std::time::Instant::now() + budget;
+    let sandbox = worker.clone();
+    let ready =
+        tokio::spawn(async move { sandbox.gate.ready(&hosts, permit, ends, &measures).await });
+
+    // Act: before that check, another sandbox records a push-back with a 2 s cooldown.
+    paused.reached().await;
+    let now = epoch_millis(std::time::SystemTime::now());
+    pushed_back(&stack, "site.test:80", (2.0, now), now + 2_000).await;
+    paused.resume();
+
+    // Assert: no fetch starts; the record comes back after the cooldown.
+    let ready = ready.await.expect("the check").expect("the host's item");
+    let Err(later) = ready else {
+        panic!("a fetch started after a push-back was recorded");
+    };
+    assert!(later.delay >= Duration::from_millis(1_500), "{later:?}");
+}
+
 /// A push-back another sandbox recorded at `host`: `(slowdown, at)`, and a cooldown `until`.
 async fn pushed_back(stack: &Stack, host: &str, (slowdown, at): (f64, u128), until: u128) {
     let update = stack
