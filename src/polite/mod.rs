@@ -174,7 +174,8 @@ impl CheckTime {
 /// such records wait for it now.
 #[derive(Debug, Default)]
 struct HostTurn {
-    spare: tokio::sync::Mutex<VecDeque<Millis>>,
+    /// Starts booked together and not yet given to a record: (the start, when booked).
+    spare: tokio::sync::Mutex<VecDeque<(Millis, Millis)>>,
     waiting: AtomicUsize,
 }
 

@@ -245,14 +245,11 @@ impl Gate {
         host: &Host,
         ask: Ask,
         far: Millis,
-        (spare, waiting): (&mut VecDeque<Millis>, usize),
+        (spare, waiting): (&mut VecDeque<(Millis, Millis)>, usize),
     ) -> Result<Entry, AwsError> {
         let interval = ask.interval.unwrap_or(0);
-        while let Some(start) = spare.pop_front() {
-            // One too near for a copy to come back in time is a start missed.
-            if start > ask.now + BOOKING_LEAD_MS {
-                return Ok(booked(start, ask.now));
-            }
+        if let Some(start) = next_spare(spare, &self.view(host), ask.now) {
+            return Ok(booked(start, ask.now));
         }
         let together = (1 + waiting).min(MOST_BOOKED_TOGETHER) as Millis;
         let far = Ask {
@@ -264,7 +261,7 @@ impl Gate {
         self.remember(host, state);
         Ok(match grant {
             Grant::StartAt(start) => {
-                spare.extend((1..together).map(|i| start + i * interval));
+                spare.extend((1..together).map(|i| (start + i * interval, ask.now)));
                 booked(start, ask.now)
             }
             Grant::Later(start) => Entry::Hold(jittered(start - ask.now), HoldReason::Host),
@@ -440,6 +437,22 @@ fn granted(
     Entry::Hold(jittered(wait), HoldReason::Host)
 }
 
+/// The first start booked together that a copy can still come back in time for (one too
+/// near is a start missed) and that no drop of the pace has voided since it was booked (the
+/// drop restarted the schedule from its time); those before it are dropped.
+fn next_spare(
+    spare: &mut VecDeque<(Millis, Millis)>,
+    view: &HostState,
+    now: Millis,
+) -> Option<Millis> {
+    while let Some((start, booked_at)) = spare.pop_front() {
+        if start > now + BOOKING_LEAD_MS && !health::voided(view, booked_at) {
+            return Some(start);
+        }
+    }
+    None
+}
+
 /// A start booked at `now`: come back a little before it.
 fn booked(start: Millis, now: Millis) -> Entry {
     Entry::Booked {
@@ -461,5 +474,34 @@ fn pick_slot(seen: &HostState, max: u32, now: Millis) -> usize {
             .unwrap_or(0)
     } else {
         free[fastrand::usize(..free.len())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_booked_together_is_given_unless_too_near_or_booked_before_the_pace_dropped() {
+        // Arrange: three starts booked together at 1 000; the pace dropped at 1 500.
+        let now = 2_000;
+        let booked = |starts: &[Millis]| -> VecDeque<(Millis, Millis)> {
+            starts.iter().map(|&start| (start, 1_000)).collect()
+        };
+        let dropped = HostState {
+            slowdown: Some((2.0, 1_500)),
+            ..HostState::default()
+        };
+        let (mut steady, mut slowed) = (booked(&[3_000, 5_000, 6_000]), booked(&[5_000, 6_000]));
+
+        // Act
+        let given = next_spare(&mut steady, &HostState::default(), now);
+        let void = next_spare(&mut slowed, &dropped, now);
+
+        // Assert
+        assert_eq!(given, Some(5_000), "3 000 is too near to come back for");
+        assert_eq!(steady, booked(&[6_000]));
+        assert_eq!(void, None, "the drop restarted the schedule");
+        assert!(slowed.is_empty());
     }
 }
