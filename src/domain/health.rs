@@ -121,11 +121,15 @@ pub fn trouble(
             }
         }),
         Sign::PushedBack(None) | Sign::Failing if counted => None,
-        // The drop and the schedule's restart space the next start by a slowed interval.
+        // The drop and the schedule's restart space the next start by a slowed interval, or
+        // by the wait the site's queue adds to its answers if that is longer: what it has
+        // queued drains before the next start meets it (a pace just under its capacity
+        // drains a queue slowly, and each request that meets it full is refused and drops
+        // the pace again).
         Sign::PushedBack(None) => Some(Trouble {
-            cooldown_until: Some(
-                now.saturating_add(interval(max_rps.or(Some(1.0)), slowed).unwrap_or(1)),
-            ),
+            cooldown_until: Some(now.saturating_add(
+                interval(max_rps.or(Some(1.0)), slowed).map_or(1, |i| i.max(queue_wait(state))),
+            )),
             ..drop
         }),
         Sign::Failing => {
@@ -174,6 +178,15 @@ fn queued(state: &HostState) -> f64 {
         }
         _ => 1.0,
     }
+}
+
+/// How much longer than its floor the host's average answer takes (ms, at most a round):
+/// the wait a request meets in the site's queue, so about how long that queue takes to
+/// drain once no more requests join it.
+fn queue_wait(state: &HostState) -> Millis {
+    state.answers.map_or(0, |(mean, floor)| {
+        ((mean - floor).max(0.0) as Millis).min(MOST_ROUND_MS)
+    })
 }
 
 /// Whether a start given at `given_at` was given before the last drop of the pace: it
@@ -428,6 +441,32 @@ mod tests {
             Some(FIRST_DECREASE),
             "a fast site's 30 ms is no queue"
         );
+    }
+
+    #[test]
+    fn a_push_back_from_a_queueing_site_cools_the_host_until_its_queue_has_drained() {
+        // Arrange: answers 400 ms over a 200 ms floor, and a site that does not queue.
+        let queueing = HostState {
+            answers: Some((600.0, 200.0)),
+            knee: Some(1.0),
+            ..HostState::default()
+        };
+        let unloaded = HostState {
+            answers: Some((20.0, 20.0)),
+            knee: Some(1.0),
+            ..HostState::default()
+        };
+        let cooled = |state: &HostState| {
+            let sign = (Sign::PushedBack(None), None);
+            trouble(state, sign, (9_000, 10_000), Some(20.0)).and_then(|t| t.cooldown_until)
+        };
+
+        // Act
+        let (queued, not_queued) = (cooled(&queueing), cooled(&unloaded));
+
+        // Assert: the queue's wait, where one slowed interval (50 ms times 3) is shorter.
+        assert_eq!(queued, Some(10_000 + 400));
+        assert_eq!(not_queued, Some(10_000 + 75), "one interval slowed by 1.5");
     }
 
     #[test]
