@@ -156,7 +156,7 @@ pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
 /// With a knee (the pace a push-back or slow answers struck at), the slowdown wears off
 /// fast down to it, then slowly past it: the fleet comes back near the site's limit in
 /// seconds and probes beyond it over minutes (as TCP CUBIC grows its window).
-pub const TO_KNEE_HALF_LIFE_MS: f64 = 10_000.0;
+pub const TO_KNEE_HALF_LIFE_MS: f64 = 20_000.0;
 pub const PAST_KNEE_HALF_LIFE_MS: f64 = 240_000.0;
 /// A failing site's cooldown lasts at least this long (a push-back's without `Retry-After`
 /// is one slowed interval).
