@@ -574,35 +574,13 @@ async fn a_last_task_whose_count_was_refused_around_a_requeue_still_completes_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_read_and_write() {
     use conveyor_worker::domain::health::Sign;
-    use conveyor_worker::domain::limits::{HostLimits, MAX_SLOWDOWN};
-    use conveyor_worker::metrics::Measures;
-    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
+    use conveyor_worker::domain::limits::MAX_SLOWDOWN;
 
     // Arrange: a sandbox with a rate for its hosts takes a turn at `site.test`; its client
     // stops before its second UpdateItem (the first is the turn): the push-back's write.
     let stack = Stack::new().await;
-    let worker = std::sync::Arc::new(stack.worker_with(|t| {
-        t.politeness = Politeness {
-            limits: HostLimits {
-                max_rps: Some(1.0),
-                max_inflight: None,
-            },
-            ..Politeness::off()
-        };
-    }));
     let (hosts, paused) = paused_before(&stack, "UpdateItem", 2).await;
-    let visit = Visit {
-        url: "http://site.test/page",
-        booked: None,
-        booked_at: None,
-        wait_left: Duration::from_secs(60),
-    };
-    let (job, measures) = (JobPoliteness::default(), Measures::default());
-    let budget = Duration::from_secs(10);
-    let entered = (worker.gate).enter((&hosts, &worker.fetcher), visit, &job, budget, &measures);
-    let Entry::Go(permit) = entered.await.expect("the host's turn") else {
-        panic!("an idle host grants a turn at once");
-    };
+    let (worker, permit, measures) = turn_at_site_test(&stack, &hosts, 1.0).await;
     let answer = Some(Sign::PushedBack(Some(30_000)));
     let sandbox = worker.clone();
     let answered = tokio::spawn(async move {
@@ -628,40 +606,16 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_asked_again_after_a_missed_one_is_held_by_a_push_back_recorded_before_it() {
-    use conveyor_worker::domain::limits::HostLimits;
     use conveyor_worker::domain::time::epoch_millis;
-    use conveyor_worker::metrics::Measures;
-    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
 
     // Arrange: a sandbox at 2 a second takes an idle host's turn and comes to it 400 ms late
     // (its claim took that long), so it asks the schedule again and is given the next start,
     // 500 ms after the first. Its client stops before its second GetItem: the check there.
     let stack = Stack::new().await;
-    let worker = std::sync::Arc::new(stack.worker_with(|t| {
-        t.politeness = Politeness {
-            limits: HostLimits {
-                max_rps: Some(2.0),
-                max_inflight: None,
-            },
-            max_sleep: Duration::from_secs(2),
-            ..Politeness::off()
-        };
-    }));
     let (hosts, paused) = paused_before(&stack, "GetItem", 2).await;
-    let visit = Visit {
-        url: "http://site.test/page",
-        booked: None,
-        booked_at: None,
-        wait_left: Duration::from_secs(60),
-    };
-    let (job, measures) = (JobPoliteness::default(), Measures::default());
-    let budget = Duration::from_secs(10);
-    let entered = (worker.gate).enter((&hosts, &worker.fetcher), visit, &job, budget, &measures);
-    let Entry::Go(permit) = entered.await.expect("the host's turn") else {
-        panic!("an idle host grants a turn at once");
-    };
+    let (worker, permit, measures) = turn_at_site_test(&stack, &hosts, 2.0).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let ends = std::time::Instant::now() + budget;
+    let ends = std::time::Instant::now() + Duration::from_secs(10);
     let sandbox = worker.clone();
     let ready =
         tokio::spawn(async move { sandbox.gate.ready(&hosts, permit, ends, &measures).await });
@@ -678,6 +632,45 @@ async fn a_start_asked_again_after_a_missed_one_is_held_by_a_push_back_recorded_
         panic!("a fetch started after a push-back was recorded");
     };
     assert!(later.delay >= Duration::from_millis(1_500), "{later:?}");
+}
+
+/// A sandbox whose hosts have `max_rps` (and 2 s of sleep toward a start), with the turn it
+/// took through `hosts` at an idle `site.test`, and its measures.
+async fn turn_at_site_test(
+    stack: &Stack,
+    hosts: &DynamoTaskStore,
+    max_rps: f64,
+) -> (
+    std::sync::Arc<TestWorker>,
+    conveyor_worker::polite::Permit,
+    conveyor_worker::metrics::Measures,
+) {
+    use conveyor_worker::domain::limits::HostLimits;
+    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
+
+    let worker = std::sync::Arc::new(stack.worker_with(|t| {
+        t.politeness = Politeness {
+            limits: HostLimits {
+                max_rps: Some(max_rps),
+                max_inflight: None,
+            },
+            max_sleep: Duration::from_secs(2),
+            ..Politeness::off()
+        };
+    }));
+    let visit = Visit {
+        url: "http://site.test/page",
+        booked: None,
+        booked_at: None,
+        wait_left: Duration::from_secs(60),
+    };
+    let (job, measures) = (JobPoliteness::default(), Default::default());
+    let budget = Duration::from_secs(10);
+    let entered = (worker.gate).enter((hosts, &worker.fetcher), visit, &job, budget, &measures);
+    let Entry::Go(permit) = entered.await.expect("the host's turn") else {
+        panic!("an idle host grants a turn at once");
+    };
+    (worker, permit, measures)
 }
 
 /// A push-back another sandbox recorded at `host`: `(slowdown, at)`, and a cooldown `until`.
