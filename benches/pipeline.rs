@@ -1,5 +1,6 @@
 //! CPU per record: the whole pipeline (message parsing, guard, fetch, converge, the partial
-//! batch reply) over in-process stores and pages, so only the worker's own work is timed.
+//! batch reply) over in-process stores and pages, so only the worker's own work is timed;
+//! and the check of one page for block pages alone (`blocks/...`).
 //! `cargo bench --bench pipeline`; `make bench` reads its estimates into BENCHMARKS.md.
 //! To profile it, keep the symbols the release profile strips (a separate build):
 //! `CARGO_PROFILE_BENCH_STRIP=none cargo bench --bench pipeline -- --profile-time 5` under
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use conveyor_testkit::deliveries;
 use conveyor_testkit::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 use conveyor_worker::batch::{BatchLimits, run_batch};
+use conveyor_worker::domain::blocks::Detection;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 /// The worker's default MAX_CONCURRENCY.
@@ -49,5 +51,30 @@ fn pipeline(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pipeline);
+/// The block page check of one 16 KiB page: the bench's page, and an HTML page whose title
+/// comes after 2 KiB of its head.
+fn blocks(c: &mut Criterion) {
+    let detection = Detection::default();
+    let mut html = b"<!DOCTYPE html><html><head>".to_vec();
+    html.extend(b"<meta name=\"x\" content=\"y\">".repeat(2048 / 32));
+    html.extend_from_slice(b"<title>Blue kettle | shop.example</title></head><body>");
+    while html.len() < CPU_PAGE_BYTES {
+        html.extend_from_slice(
+            b"<p>Boils a full kettle in under four minutes, <a href=\"/k\">more</a>.</p>",
+        );
+    }
+    let pages = [
+        ("bench-page", vec![b'x'; CPU_PAGE_BYTES]),
+        ("html-page", html),
+    ];
+    let mut group = c.benchmark_group("blocks");
+    for (name, page) in &pages {
+        group.bench_function(*name, |b| {
+            b.iter(|| detection.by_body(Some("text/html"), std::hint::black_box(page)));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, pipeline, blocks);
 criterion_main!(benches);

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::contract::{NotWanted, Outcome};
+use crate::domain::blocks::Detection;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::message::REDRIVE_GAP_MS;
@@ -18,11 +19,13 @@ use crate::ports::tasks::{Claim, Lease, TaskStore, TriesFrom};
 use crate::retry::Patience;
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
-/// them, the job's politeness, and the run's budget for the paid proxy tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// them, the job's politeness and block detection, and the run's budget for the paid proxy
+/// tier.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Wanted {
     pub counting: Counting,
     pub politeness: JobPoliteness,
+    pub detection: Detection,
     pub paid_budget: Option<u64>,
 }
 
@@ -170,10 +173,10 @@ impl ParentsCache {
         }
         let kept = self.entry(task);
         let mut kept = kept.lock().await;
-        if let Some((at, wanted)) = *kept
+        if let Some((at, wanted)) = &*kept
             && at.elapsed() < self.ttl
         {
-            return Ok(Ok(wanted));
+            return Ok(Ok(wanted.clone()));
         }
         let parents = store.load_parents(task).await?;
         if let Some(why) = unwanted(&parents) {
@@ -190,8 +193,9 @@ impl ParentsCache {
         if runs.len() >= MOST_RUNS {
             let ttl = self.ttl;
             runs.retain(|_, kept| {
-                kept.try_lock()
-                    .map_or(true, |k| k.is_some_and(|(at, _)| at.elapsed() < ttl))
+                kept.try_lock().map_or(true, |k| {
+                    k.as_ref().is_some_and(|(at, _)| at.elapsed() < ttl)
+                })
             });
             if runs.len() >= MOST_RUNS {
                 runs.clear();
@@ -206,6 +210,7 @@ fn wanted(parents: &Parents) -> Wanted {
     Wanted {
         counting: parents.counting,
         politeness: parents.politeness,
+        detection: parents.detection.clone(),
         paid_budget: parents.paid_budget,
     }
 }

@@ -221,6 +221,7 @@ impl Tally {
             first.push((bytes, "Bytes", json!(spend.bytes)));
             first.push((wire, "Bytes", json!(spend.wire_bytes)));
         }
+        first.push(("Blocked", "Count", json!(self.spend.blocks())));
         let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
         if let Some(chunk) = latencies.next() {
             first.push(("FetchLatency", "Milliseconds", json!(chunk)));
@@ -398,8 +399,10 @@ mod tests {
             requests: 2,
             bytes: 300,
             wire_bytes: 120,
+            blocks: 1,
         };
         spend.add(2, spent);
+        spend.add_direct_blocks(1);
         measures.spent(&spend);
         measures.spent(&spend);
         measures.not_modified(2048);
@@ -432,6 +435,10 @@ mod tests {
         assert_eq!(document["ProxyRequestsTier2"], 4);
         assert_eq!(document["ProxyWireBytesTier2"], 240);
         assert!(document.get("ProxyBytesTier1").is_none());
+        assert_eq!(
+            document["Blocked"], 4,
+            "a block on tier 2 and one direct, twice"
+        );
         assert_eq!(document["NotModified"], 1);
         assert_eq!(document["BytesNotFetched"], 2048);
     }

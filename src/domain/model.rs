@@ -82,6 +82,9 @@ pub struct Parents {
     pub counting: Counting,
     /// The job's own host limits and robots.txt choice.
     pub politeness: crate::domain::limits::JobPoliteness,
+    /// How the job's pages are checked for block pages (`block_detection`,
+    /// `block_signatures`).
+    pub detection: crate::domain::blocks::Detection,
     /// The run's budget, in bytes, for the paid (last) proxy tier (`paid_tier_budget_bytes`).
     pub paid_budget: Option<u64>,
 }

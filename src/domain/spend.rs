@@ -1,5 +1,5 @@
 //! What fetching through proxies costs: requests, and bytes received and on the wire, per
-//! proxy tier.
+//! proxy tier; and the block pages met on the way, per tier and direct.
 
 /// The most proxy tiers `PROXY_URLS` may name.
 pub const MAX_TIERS: usize = 4;
@@ -28,12 +28,14 @@ pub struct Lease {
 
 /// Requests sent and bytes through one tier: `bytes` of bodies received (decoded, as the
 /// pages are stored), `wire_bytes` as the proxy carried them both ways (request and answer
-/// heads, bodies as sent, CONNECT and TLS): what providers bill.
+/// heads, bodies as sent, CONNECT and TLS): what providers bill. `blocks`: the answers
+/// that were a bot manager's block or challenge page (`domain::blocks`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierSpend {
     pub requests: u64,
     pub bytes: u64,
     pub wire_bytes: u64,
+    pub blocks: u64,
 }
 
 impl TierSpend {
@@ -53,10 +55,12 @@ impl TierSpend {
 }
 
 /// The spend of one delivery's fetch (or of a run, summed), tier by tier; tier 1 is the
-/// first of `PROXY_URLS`. A direct fetch spends nothing here.
+/// first of `PROXY_URLS`. A direct fetch spends nothing here; the blocks it met are
+/// counted apart ([`Spend::direct_blocks`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spend {
     tiers: [TierSpend; MAX_TIERS],
+    direct_blocks: u64,
 }
 
 impl Spend {
@@ -67,7 +71,23 @@ impl Spend {
             spend.requests += spent.requests;
             spend.bytes += spent.bytes;
             spend.wire_bytes += spent.wire_bytes;
+            spend.blocks += spent.blocks;
         }
+    }
+
+    /// Counts `blocks` met without a proxy.
+    pub fn add_direct_blocks(&mut self, blocks: u64) {
+        self.direct_blocks += blocks;
+    }
+
+    /// The blocks met without a proxy.
+    pub fn direct_blocks(&self) -> u64 {
+        self.direct_blocks
+    }
+
+    /// Every block met, direct and through every tier.
+    pub fn blocks(&self) -> u64 {
+        self.spent().map(|(_, spend)| spend.blocks).sum::<u64>() + self.direct_blocks
     }
 
     /// The spend of `tier` (1-based).
@@ -86,7 +106,7 @@ impl Spend {
     }
 
     pub fn is_zero(&self) -> bool {
-        self.spent().next().is_none()
+        self.spent().next().is_none() && self.direct_blocks == 0
     }
 
     /// What every tier's spend is billed ([`TierSpend::billed`]), together.
@@ -99,6 +119,7 @@ impl Spend {
         for (tier, spend) in other.spent() {
             self.add(tier, spend);
         }
+        self.direct_blocks += other.direct_blocks;
         self
     }
 }
@@ -124,6 +145,7 @@ mod tests {
             requests,
             bytes,
             wire_bytes,
+            blocks: 0,
         };
 
         spend.add(1, spent(1, 100, 40));
@@ -138,5 +160,28 @@ mod tests {
         assert!(Spend::default().is_zero());
         assert_eq!(spend.tier(1).billed(), 45, "the wire, where it was counted");
         assert_eq!(spend.tier(2).billed(), 50);
+    }
+
+    #[test]
+    fn blocks_add_up_by_tier_and_direct_and_bill_nothing() {
+        let mut spend = Spend::default();
+        let blocked = TierSpend {
+            requests: 1,
+            blocks: 1,
+            ..TierSpend::default()
+        };
+
+        spend.add(1, blocked);
+        spend.add(2, blocked);
+        spend.add(1, blocked);
+        spend.add_direct_blocks(3);
+
+        assert_eq!((spend.tier(1).blocks, spend.tier(2).blocks), (2, 1));
+        assert_eq!(spend.blocks(), 6);
+        assert_eq!(spend.plus(&spend).direct_blocks(), 6);
+        assert_eq!(spend.billed(), 0, "no bytes: nothing billed");
+        let mut direct = Spend::default();
+        direct.add_direct_blocks(1);
+        assert!(!direct.is_zero(), "a direct block is recorded");
     }
 }

@@ -10,7 +10,7 @@ use crate::ports::error::AwsError;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string, text};
 use crate::store::dynamo::runs::counting_of;
-use crate::store::dynamo::spend::writes::spend_names;
+use crate::store::dynamo::spend::writes::{blocks_name, spend_names};
 
 /// A run as stored, and its tasks by status.
 #[derive(Debug, Default, serde::Serialize)]
@@ -146,11 +146,21 @@ pub async fn run_fields(
         }
         counters.extend(shards);
     }
-    for (tier, spent) in spend_of(&counters).spent() {
+    let spend = spend_of(&counters);
+    for (tier, spent) in spend.spent() {
         let [requests, bytes, wire] = spend_names(tier);
         fields.insert(requests, spent.requests.to_string());
         fields.insert(bytes, spent.bytes.to_string());
         fields.insert(wire, spent.wire_bytes.to_string());
+    }
+    let blocks = spend.spent().map(|(tier, spent)| (tier, spent.blocks));
+    for (tier, blocks) in blocks.chain([(0, spend.direct_blocks())]) {
+        if blocks > 0 {
+            fields.insert(blocks_name(tier), blocks.to_string());
+        }
+    }
+    if spend.blocks() > 0 {
+        fields.insert("blocks".into(), spend.blocks().to_string());
     }
     Ok(fields)
 }
@@ -165,9 +175,11 @@ pub fn spend_of(counters: &[Item]) -> Spend {
                 requests: requests.unwrap_or(0),
                 bytes: bytes.unwrap_or(0),
                 wire_bytes: wire.unwrap_or(0),
+                blocks: number(item, &blocks_name(tier)).unwrap_or(0),
             };
             spend.add(tier, spent);
         }
+        spend.add_direct_blocks(number(item, &blocks_name(0)).unwrap_or(0));
     }
     spend
 }

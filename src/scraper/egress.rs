@@ -16,8 +16,9 @@ use super::reuse::Answered;
 use super::wire::{self, Conn, Relay};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
-    classify, client_builder, refusal_of,
+    classify, client_builder, header_text, refusal_block, refusal_of,
 };
+use crate::domain::blocks::Detection;
 use crate::domain::model::Page;
 use crate::domain::proxy::{Credentials, ProxyAddr, ProxySecret, sticky};
 use crate::domain::refresh::Validators;
@@ -91,7 +92,8 @@ impl Routes {
         let mut tier = ask.first_tier.max(1);
         while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
             let left = ask.budget.saturating_sub(started.elapsed());
-            let (page, meter) = self.via(fetcher, route, url.clone(), (left, ask)).await;
+            let (page, mut meter) = self.via(fetcher, route, url.clone(), (left, ask)).await;
+            meter.blocks = u64::from(page.as_ref().is_err_and(|e| e.block.is_some()));
             spend.add(tier, meter);
             match page {
                 Err(err) if err.blocked && tier < usable => {
@@ -222,7 +224,7 @@ impl Routes {
                 Ok(wire) => wire,
                 Err(err) => return (Err(err), meter),
             };
-            let hop = (tunnelled, conditional);
+            let hop = (tunnelled, conditional, ask.detection);
             let response = match self.hop(response, hop, wire.clone(), &mut meter).await {
                 Hop::Page(response) => response,
                 Hop::Redirect(next) => {
@@ -239,12 +241,12 @@ impl Routes {
     }
 
     /// One hop's answer read: a redirect (its target checked as the first URL was), a
-    /// refusal (blamed on whoever answered: `tunnelled`), or the page. A response that is
-    /// not the page is read to its end, its bytes counted.
+    /// refusal (a block page, else blamed on whoever answered: `tunnelled`), or the page. A
+    /// response that is not the page is read to its end, its bytes counted.
     async fn hop(
         &self,
         response: reqwest::Response,
-        (tunnelled, conditional): (bool, bool),
+        (tunnelled, conditional, detection): (bool, bool, &Detection),
         wire: Option<Arc<Conn>>,
         meter: &mut Meter,
     ) -> Hop {
@@ -256,9 +258,8 @@ impl Routes {
             };
         }
         if let Some(refused) = refusal_of(&response, conditional) {
-            let maker = maker(response.headers(), tunnelled);
-            discard(response, wire, meter).await;
-            return Hop::Failed(answered(refused, maker));
+            let refused = (refused, tunnelled, detection);
+            return Hop::Failed(refusal(response, refused, wire, meter).await);
         }
         Hop::Page(response)
     }
@@ -424,9 +425,8 @@ async fn read_page(
     meter: &mut Meter,
 ) -> Result<Page, FetchError> {
     let status = response.status().as_u16();
-    let asked = (requested, ask.if_changed.is_some());
     let page = fetcher
-        .page_of(response, asked, (&mut meter.bytes, ask.keep_first))
+        .page_of(response, (requested, ask), &mut meter.bytes)
         .await;
     let cut = ask.wire_most.filter(|_| wire::was_cut(wire.as_ref()));
     meter.wire_bytes += wire::claim(wire);
@@ -529,23 +529,51 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
     matches!(next.scheme(), "http" | "https").then_some(next)
 }
 
-/// Reads what is left of an answer the fetch does not keep (a redirect's, a refusal's),
-/// counting its body and its connection's wire bytes.
-async fn discard(response: reqwest::Response, wire: Option<Arc<Conn>>, meter: &mut Meter) {
-    meter.bytes += drain(response).await;
-    meter.wire_bytes += wire::claim(wire);
+/// A refused answer read to its end: the block page it is (by its headers, or its body's
+/// start for a status bot managers answer with), else the refusal, blamed on whoever made
+/// it.
+async fn refusal(
+    response: reqwest::Response,
+    (refused, tunnelled, detection): (FetchError, bool, &Detection),
+    wire: Option<Arc<Conn>>,
+    meter: &mut Meter,
+) -> FetchError {
+    let headers = response.headers();
+    let (status, maker) = (response.status().as_u16(), maker(headers, tunnelled));
+    let by_headers = detection.by_headers(|name| header_text(headers, name));
+    let content_type = header_text(headers, "content-type").map(str::to_owned);
+    let start = discard(response, wire, meter).await;
+    let said = (status, content_type.as_deref());
+    match refusal_block(detection, said, by_headers, &start) {
+        Some(block) => FetchError::blocked_by(block, status),
+        None => answered(refused, maker),
+    }
 }
 
-/// Reads up to [`DRAIN_BYTES`] of a body no page is made of, for the meter.
-async fn drain(mut response: reqwest::Response) -> u64 {
-    let mut read = 0;
-    while read < DRAIN_BYTES {
+/// Reads what is left of an answer the fetch does not keep (a redirect's, a refusal's),
+/// counting its body and its connection's wire bytes; its body's start, kept.
+async fn discard(
+    response: reqwest::Response,
+    wire: Option<Arc<Conn>>,
+    meter: &mut Meter,
+) -> Vec<u8> {
+    let start = drain(response).await;
+    meter.bytes += start.len() as u64;
+    meter.wire_bytes += wire::claim(wire);
+    start
+}
+
+/// Reads up to [`DRAIN_BYTES`] of a body no page is made of, for the meter, and keeps them
+/// (a refusal's start is checked for block pages).
+async fn drain(mut response: reqwest::Response) -> Vec<u8> {
+    let mut read = Vec::new();
+    while read.len() < DRAIN_BYTES {
         match response.chunk().await {
-            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(Some(chunk)) => read.extend_from_slice(&chunk),
             _ => break,
         }
     }
-    read as u64
+    read
 }
 
 /// Who made an answer that came back through a proxy.

@@ -20,6 +20,9 @@ use bytes::Bytes;
 use reqwest::redirect;
 use url::Url;
 
+use crate::domain::blocks::{
+    BLOCK_STATUSES, BODY_WINDOW, Block, Detection, NO_DETECTION, TABLE_ONLY,
+};
 use crate::domain::bounds::{ContentType, UrlText};
 use crate::domain::health::Sign;
 use crate::domain::model::{NOT_MODIFIED, Page};
@@ -54,8 +57,11 @@ pub struct FetchError {
     /// The fetch ran out of its time budget (connect or total).
     pub timed_out: bool,
     /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
-    /// `Retry-After`, a connection the proxy could not make); the next tier may get through.
+    /// `Retry-After`, a connection the proxy could not make, a block page); the next tier
+    /// may get through.
     pub blocked: bool,
+    /// The answer was a bot manager's block or challenge page (`domain::blocks`).
+    pub block: Option<Block>,
 }
 
 /// What a fetch's result, after `took`, says of the site's health (`None`: nothing: a
@@ -101,8 +107,37 @@ impl FetchError {
             retry_after: None,
             timed_out: false,
             blocked: false,
+            block: None,
         }
     }
+
+    /// An answer that was `block`'s page: never a result. It fails for good where no
+    /// other tier can be asked, and climbs to the next tier where one can.
+    pub fn blocked_by(block: Block, http_status: u16) -> Self {
+        let reason = block.reason();
+        Self {
+            http_status: Some(http_status),
+            blocked: true,
+            block: Some(block),
+            ..Self::permanent(reason)
+        }
+    }
+}
+
+/// The block a refused answer shows, by its headers, or for a status bot managers answer
+/// with, by the start of its body (`start`, read up to [`BODY_WINDOW`]).
+fn refusal_block(
+    detection: &Detection,
+    (status, content_type): (u16, Option<&str>),
+    by_headers: Option<Block>,
+    start: &[u8],
+) -> Option<Block> {
+    let by_body = || {
+        BLOCK_STATUSES
+            .contains(&status)
+            .then(|| detection.by_body(content_type, start))
+    };
+    by_headers.or_else(|| by_body().flatten())
 }
 
 /// What a fetch may use.
@@ -121,6 +156,8 @@ pub struct Ask<'a> {
     /// Ask only if the page changed since the response these validators came from
     /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
     pub if_changed: Option<&'a Validators>,
+    /// How answers are checked for block and challenge pages (the job's choice).
+    pub detection: &'a Detection,
     /// The most bytes on the wire the fetch may take through a proxy (a paid fetch's hold):
     /// the proxy's relay cuts the connection there, and the fetch fails as a page too large.
     pub wire_most: Option<u64>,
@@ -136,6 +173,7 @@ impl Ask<'_> {
             keep_first: None,
             if_changed: None,
             wire_most: None,
+            detection: &TABLE_ONLY,
         }
     }
 }
@@ -336,35 +374,40 @@ impl HttpFetcher {
         Ok(body.into_bytes())
     }
 
-    /// The page a response holds, or why it holds none; the body bytes read are added to
-    /// `received`.
+    /// The page a response holds, or why it holds none (its status, a block page); the
+    /// body bytes read are added to `received`.
     async fn page_of(
         &self,
         response: reqwest::Response,
-        (requested, conditional): (String, bool),
-        body: (&mut u64, Option<u64>),
+        (requested, ask): (String, Ask<'_>),
+        received: &mut u64,
     ) -> Result<Page, FetchError> {
         let status = response.status().as_u16();
-        if let Some(refusal) = refusal_of(&response, conditional) {
-            return Err(refusal);
-        }
-        let header = |name| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok())
+        // robots.txt is read as robots.txt, whatever it looks like.
+        let detection = match ask.keep_first {
+            Some(_) => &NO_DETECTION,
+            None => ask.detection,
         };
-        let content_type = header(reqwest::header::CONTENT_TYPE);
-        let content_type = ContentType::new(content_type.unwrap_or("application/octet-stream"));
-        let validators = Validators::parse(
-            header(reqwest::header::ETAG),
-            header(reqwest::header::LAST_MODIFIED),
-        );
+        if let Some(refusal) = refusal_of(&response, ask.if_changed.is_some()) {
+            return Err(self.refused(response, refusal, detection, received).await);
+        }
+        if let Some(block) = detection.by_headers(|name| header_text(response.headers(), name)) {
+            return Err(FetchError::blocked_by(block, status));
+        }
+        let header = |name| header_text(response.headers(), name);
+        let typed = header("content-type");
+        let content_type = ContentType::new(typed.unwrap_or("application/octet-stream"));
+        let typed = typed.is_some();
+        let validators = Validators::parse(header("etag"), header("last-modified"));
         let final_url = UrlText::new(response.url().as_str());
         let body = match status {
             NOT_MODIFIED => Bytes::new(),
-            _ => self.read_body(response, status, body).await?,
+            _ => (self.read_body(response, status, (received, ask.keep_first))).await?,
         };
+        let content_type_said = typed.then_some(content_type.as_str());
+        if let Some(block) = detection.by_body(content_type_said, &body) {
+            return Err(FetchError::blocked_by(block, status));
+        }
         Ok(Page {
             url: requested,
             http_status: status,
@@ -373,6 +416,32 @@ impl HttpFetcher {
             body,
             validators,
         })
+    }
+
+    /// Why a direct answer holds no page: the block it shows, else its status. A status
+    /// bot managers answer with has the start of its body read for signatures.
+    async fn refused(
+        &self,
+        response: reqwest::Response,
+        refusal: FetchError,
+        detection: &Detection,
+        received: &mut u64,
+    ) -> FetchError {
+        let status = response.status().as_u16();
+        let by_headers = detection.by_headers(|name| header_text(response.headers(), name));
+        let wanted =
+            by_headers.is_none() && !detection.is_off() && BLOCK_STATUSES.contains(&status);
+        if !wanted {
+            return by_headers.map_or(refusal, |block| FetchError::blocked_by(block, status));
+        }
+        let content_type = header_text(response.headers(), "content-type").map(str::to_owned);
+        let start = (self.read_body(response, status, (received, Some(BODY_WINDOW as u64)))).await;
+        let start = start.unwrap_or_default();
+        let said = (status, content_type.as_deref());
+        match refusal_block(detection, said, None, &start) {
+            Some(block) => FetchError::blocked_by(block, status),
+            None => refusal,
+        }
     }
 
     /// The direct client, built the first time a fetch needs it.
@@ -386,21 +455,23 @@ impl HttpFetcher {
     }
 
     async fn fetch_direct(&self, parsed: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
-        let requested = (parsed.to_string(), ask.if_changed.is_some());
+        let requested = parsed.to_string();
         let client = (self.direct()?, &*self.answered);
         let response = egress::send(client, (&parsed, ask.if_changed), ask.budget, &mut 0)
             .await
             .map_err(|e| classify::classify_error(&e))?;
-        self.page_of(response, requested, (&mut 0, ask.keep_first))
-            .await
+        self.page_of(response, (requested, ask), &mut 0).await
     }
 
     /// One fetch through the proxies, or direct.
     async fn fetch_once(&self, parsed: Url, ask: Ask<'_>) -> Fetched {
-        match &self.routes {
-            Some(routes) => routes.fetch(self, parsed, ask).await,
-            None => Fetched::unspent(self.fetch_direct(parsed, ask).await),
-        }
+        let Some(routes) = &self.routes else {
+            let mut fetched = Fetched::unspent(self.fetch_direct(parsed, ask).await);
+            let blocked = fetched.page.as_ref().is_err_and(|e| e.block.is_some());
+            fetched.spend.add_direct_blocks(u64::from(blocked));
+            return fetched;
+        };
+        routes.fetch(self, parsed, ask).await
     }
 
     /// The checks that need no network: length, syntax, then scheme, credentials, port and
@@ -417,6 +488,11 @@ impl HttpFetcher {
             .map_err(|refused| FetchError::permanent(refused.to_string()))?;
         Ok(parsed)
     }
+}
+
+/// A header's value as text, if it is there and is text.
+fn header_text<'h>(headers: &'h reqwest::header::HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
 }
 
 /// Why a response holds no page (its status), if it holds none.

@@ -120,7 +120,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         // a fetch our own budget cut short (the invocation's end, not the site's slowness).
         let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
             && budget < self.settings.scrape_timeout;
-        let sign = health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short);
+        // A block page met on any tier is the site's refusal of us: the fleet slows, as for a
+        // 429, even when a later tier got the page.
+        let sign = match fetched.spend.blocks() {
+            0 => health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short),
+            _ => Some(Sign::PushedBack(None)),
+        };
         self.leave(Some(permit), sign, invocation).await;
         fetched
     }
@@ -138,6 +143,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let url = work.url.as_deref();
         let within = |budget| Ask {
             if_changed: work.prior.as_ref().map(|prior| &prior.validators),
+            detection: &work.wanted.detection,
             ..Ask::within(budget)
         };
         let (Some(run_budget), paid @ 1..) = (work.wanted.paid_budget, self.settings.proxy_tiers)

@@ -524,9 +524,13 @@ pub struct MemoryPages {
 }
 
 impl Fetcher for MemoryPages {
-    async fn fetch(&self, url: &str, _ask: scraper::Ask<'_>) -> Fetched {
+    /// The page, checked for block pages as a fetched page is (no headers here: the body).
+    async fn fetch(&self, url: &str, ask: scraper::Ask<'_>) -> Fetched {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
+        }
+        if let Some(block) = ask.detection.by_body(Some("text/html"), &self.body) {
+            return Fetched::unspent(Err(scraper::FetchError::blocked_by(block, 200)));
         }
         Fetched::unspent(Ok(Page {
             url: url.to_owned(),

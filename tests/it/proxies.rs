@@ -1218,5 +1218,6 @@ async fn tier_spend(stack: &Stack, tier: usize) -> conveyor_worker::domain::spen
         requests: n("proxy_requests"),
         bytes: n("proxy_bytes"),
         wire_bytes: n("proxy_wire_bytes"),
+        blocks: n("blocks"),
     }
 }

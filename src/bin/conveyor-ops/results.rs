@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use conveyor_worker::domain::blocks::is_block_reason;
 use conveyor_worker::ops::results::{self, Check, Options, TaskResult};
 
 use crate::exit::{Exit, stop};
@@ -67,6 +68,8 @@ pub async fn run(args: ResultsArgs) -> Outcome {
 struct Tally {
     successful: usize,
     failed: usize,
+    /// Failed on a block page (`blocked: ...`).
+    blocked: usize,
     open: usize,
     mismatched: usize,
     bytes: u64,
@@ -81,7 +84,11 @@ impl Tally {
         for task in found {
             match task.status.as_str() {
                 "successful" => tally.successful += 1,
-                "failed" => tally.failed += 1,
+                "failed" => {
+                    tally.failed += 1;
+                    let reason = task.error.as_deref().unwrap_or_default();
+                    tally.blocked += usize::from(is_block_reason(reason));
+                }
                 _ => tally.open += 1,
             }
             tally.mismatched += usize::from(matches!(task.check, Check::Mismatch(_)));
@@ -104,9 +111,13 @@ impl Tally {
                 self.bytes_not_fetched
             ),
         };
+        let blocked = match self.blocked {
+            0 => String::new(),
+            n => format!(" ({n} on a block page)"),
+        };
         format!(
-            "{}: {} successful{refreshed}, {} failed, {} not ended; {} bytes stored, {} not \
-             matching their record; in {:.1} s ({rate:.0} a second)",
+            "{}: {} successful{refreshed}, {} failed{blocked}, {} not ended; {} bytes stored, \
+             {} not matching their record; in {:.1} s ({rate:.0} a second)",
             crate::count(listed as u64, "task"),
             self.successful,
             self.failed,

@@ -20,7 +20,7 @@ use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 use crate::store::error::cancellation_fault;
-use writes::spend_names;
+use writes::{blocks_name, spend_names};
 
 impl SpendStore for DynamoTaskStore {
     #[tracing::instrument(skip_all)]
@@ -381,7 +381,7 @@ impl Expression {
     }
 
     /// With one delivery's spend added to the item (a counter item: the run or a shard),
-    /// in the same `ADD` clause as its counts.
+    /// in the same `ADD` clause as its counts; the blocks it met, where it met any.
     pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {
         let mut adds = Vec::new();
         for (tier, spent) in spend.spent() {
@@ -391,6 +391,14 @@ impl Expression {
                 let placeholder = format!(":spent_{kind}{tier}");
                 self = self.value(&placeholder, n(figure));
                 adds.push((name, placeholder));
+            }
+        }
+        let tiers = spend.spent().map(|(tier, spent)| (tier, spent.blocks));
+        for (tier, blocks) in tiers.chain([(0, spend.direct_blocks())]) {
+            if blocks > 0 {
+                let placeholder = format!(":blocks{tier}");
+                self = self.value(&placeholder, n(blocks));
+                adds.push((blocks_name(tier), placeholder));
             }
         }
         self.with_adds(&adds)
@@ -411,6 +419,14 @@ pub(crate) mod writes {
             format!("proxy_bytes_t{tier}"),
             format!("proxy_wire_bytes_t{tier}"),
         ]
+    }
+
+    /// The name of the blocks met through tier `tier` on a counter item; tier 0: direct.
+    pub fn blocks_name(tier: usize) -> String {
+        match tier {
+            0 => "blocks_direct".to_owned(),
+            tier => format!("blocks_t{tier}"),
+        }
     }
 
     /// One delivery's spend added to an existing counter item (run or shard), alone.

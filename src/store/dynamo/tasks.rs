@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::{
     KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure,
 };
 
+use crate::domain::blocks::{Detection, JobSignature, MAX_JOB_SIGNATURES};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::TaskRef;
 use crate::domain::limits::{JobPoliteness, PoliteKey};
@@ -63,7 +64,8 @@ impl TaskStore for DynamoTaskStore {
             .keys(keys::run_key(&task.job_id, &task.run_id))
             .projection_expression(
                 "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
-                 host_max_rps, host_max_inflight, obey_robots, politeness_key",
+                 host_max_rps, host_max_inflight, obey_robots, politeness_key, \
+                 block_detection, block_signatures",
             )
             .expression_attribute_names("#status", "status")
             .consistent_read(true)
@@ -77,6 +79,7 @@ impl TaskStore for DynamoTaskStore {
                 Some(keys::JOB_SORT) => {
                     parents.job_status = status;
                     parents.politeness = job_politeness(&item);
+                    parents.detection = job_detection(&item);
                 }
                 Some(sk) if sk == run_sort => {
                     parents.run_status = status;
@@ -272,6 +275,41 @@ fn job_politeness(job: &Item) -> JobPoliteness {
         }
     }
     politeness
+}
+
+/// How a job's pages are checked for block pages: off with `block_detection` false; else
+/// the table and the job's `block_signatures` (each a map: `name`, and `header` with
+/// `contains`, or `body`), a signature that is not valid dropped with a warning.
+fn job_detection(job: &Item) -> Detection {
+    if job.get("block_detection").and_then(|v| v.as_bool().ok()) == Some(&false) {
+        return Detection::off();
+    }
+    let Some(listed) = job.get("block_signatures").and_then(|v| v.as_l().ok()) else {
+        return Detection::default();
+    };
+    let mut signatures = Vec::new();
+    for entry in listed.iter().take(MAX_JOB_SIGNATURES) {
+        match entry.as_m().ok().and_then(job_signature) {
+            Some(signature) => signatures.push(signature),
+            None => tracing::warn!("a job's block signature is not valid: dropped"),
+        }
+    }
+    if listed.len() > MAX_JOB_SIGNATURES {
+        tracing::warn!(
+            listed = listed.len(),
+            "a job lists more block signatures than {MAX_JOB_SIGNATURES}: the first are kept"
+        );
+    }
+    Detection::with(signatures)
+}
+
+fn job_signature(entry: &Item) -> Option<JobSignature> {
+    let name = string(entry, "name").unwrap_or_default();
+    match (string(entry, "header"), string(entry, "body")) {
+        (Some(header), None) => JobSignature::header(name, header, string(entry, "contains")?),
+        (None, Some(body)) => JobSignature::body(name, body),
+        _ => None,
+    }
 }
 
 /// A refresh task's earlier result, as its producer wrote it (`prior_*`), if whole and valid.
