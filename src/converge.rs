@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use crate::domain::blocks::{BODY_WINDOW, Detection};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
@@ -38,6 +39,9 @@ pub struct Stores<'a, T, R> {
     pub spend: Spend,
     /// The delivery that spent `spend` (its idempotency token).
     pub delivery: String,
+    /// How the job's pages are checked for block pages: an object another delivery (or an
+    /// earlier release) stored is adopted only if it is none.
+    pub detection: Detection,
     /// The terminal write counted `spend`.
     spend_counted: AtomicBool,
 }
@@ -51,6 +55,7 @@ impl<'a, T, R> Stores<'a, T, R> {
             counting,
             spend: Spend::default(),
             delivery: String::new(),
+            detection: Detection::default(),
             spend_counted: AtomicBool::new(false),
         }
     }
@@ -154,7 +159,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     }
 
     /// Finishes the task as failed, unless an earlier delivery already stored its page: a
-    /// stored result always wins over a failure.
+    /// stored result always wins over a failure (a stored block page does not).
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn fail(
         &self,
@@ -178,6 +183,9 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         let Some(stored) = self.results.describe(key).await? else {
             return Ok(None);
         };
+        if self.stored_block(key, &stored).await?.is_some() {
+            return Ok(None);
+        }
         let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
         Ok(Some(match converged {
             Converged::Succeeded { .. } => Converged::Succeeded { adopted: true },
@@ -203,12 +211,51 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             // Gone between the put and the read (deleted meanwhile): a conflict, so the put
             // is tried again.
             Put::AlreadyThere => match self.results.describe(key).await? {
-                Some(stored) => Ok((stored, true)),
+                Some(stored) => self.adopt_or_replace(new, stored).await,
                 None => Err(AwsError::Conflict {
                     detail: format!("{key} was there for the put but gone for the read"),
                 }),
             },
         }
+    }
+
+    /// The stored object, adopted; or where it is a block page, replaced by the page (on
+    /// its version: changed meanwhile, a conflict, and the put is tried again).
+    async fn adopt_or_replace(
+        &self,
+        new: NewResult<'_>,
+        stored: StoredResult,
+    ) -> Result<(StoredResult, bool), AwsError> {
+        let Some(etag) = self.stored_block(new.key, &stored).await? else {
+            return Ok((stored, true));
+        };
+        match self.results.replace(new, &etag).await? {
+            Put::Stored => Ok((described(new.key, new.page, new.sha256), false)),
+            Put::AlreadyThere => Err(AwsError::Conflict {
+                detail: format!("{} changed as its block page was replaced", new.key),
+            }),
+        }
+    }
+
+    /// The version of the object under `key` when it is a block page (stored by an earlier
+    /// release, or before the table knew its signature): never a result.
+    async fn stored_block(
+        &self,
+        key: &ResultKey,
+        stored: &StoredResult,
+    ) -> Result<Option<String>, AwsError> {
+        if self.detection.is_off() {
+            return Ok(None);
+        }
+        let Some(opening) = self.results.opening(key, BODY_WINDOW).await? else {
+            return Ok(None);
+        };
+        let typed = Some(stored.content_type.as_str()).filter(|t| !t.is_empty());
+        let Some(block) = self.detection.by_body(typed, &opening.bytes) else {
+            return Ok(None);
+        };
+        tracing::warn!(%key, %block, "the stored object is a block page: not adopted");
+        Ok(Some(opening.etag))
     }
 
     /// The terminal write, tried again on conflicts; a record DynamoDB refuses as invalid

@@ -65,6 +65,13 @@ pub enum Copied {
     EarlierChanged,
 }
 
+/// The start of a stored object, and its version (S3's ETag) as a replacement names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opening {
+    pub bytes: Vec<u8>,
+    pub etag: String,
+}
+
 /// Where result objects live.
 pub trait ResultStore: Send + Sync {
     /// Stores the page only if nothing is stored under the key yet.
@@ -78,6 +85,21 @@ pub trait ResultStore: Send + Sync {
         &self,
         key: &ResultKey,
     ) -> impl Future<Output = Result<Option<StoredResult>, AwsError>> + Send;
+
+    /// The object's first `most` bytes and its version, or `None` when there is none.
+    fn opening(
+        &self,
+        key: &ResultKey,
+        most: usize,
+    ) -> impl Future<Output = Result<Option<Opening>, AwsError>> + Send;
+
+    /// Stores the page in place of the object of version `etag` (a block page an earlier
+    /// release stored): `AlreadyThere` when the object is no longer that version.
+    fn replace(
+        &self,
+        new: NewResult<'_>,
+        etag: &str,
+    ) -> impl Future<Output = Result<Put, AwsError>> + Send;
 
     /// The earlier result of a refresh task, checked by the SHA-256 the store computed of
     /// its bytes against the one the task names.

@@ -15,8 +15,10 @@ use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::StoredResult;
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
-use crate::ports::error::AwsError;
-use crate::ports::results::{Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore};
+use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::results::{
+    Carried, Checked, Copied, Earlier, NewResult, Opening, Put, ResultStore,
+};
 use crate::store::error::service_code;
 use crate::store::lazy::Lazy;
 
@@ -52,31 +54,60 @@ impl S3ResultStore {
 impl ResultStore for S3ResultStore {
     #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
     async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
-        let request = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(new.key.as_str())
-            .if_none_match("*")
-            .body(ByteStream::from(new.page.body.clone()))
-            .content_type(new.page.content_type.as_str())
-            // S3 checks the bytes against it and keeps it: a refresh's proof of them.
-            .checksum_algorithm(ChecksumAlgorithm::Sha256)
-            .checksum_sha256(base64_of_hex(new.sha256))
-            .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str())
-            .metadata(
-                meta::FINAL_URL,
-                MetadataUrl::new(&new.page.final_url).as_str(),
-            )
-            .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
-            .metadata(meta::SHA256, new.sha256)
-            .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
-        let result = with_validators(request, &new.page.validators).send().await;
+        let result = self.put(new).if_none_match("*").send().await;
         match result {
             Ok(_) => Ok(Put::Stored),
             Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(Put::AlreadyThere),
             Err(err) => Err(AwsError::from_sdk("PutObject", err)),
         }
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %new.key))]
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+        let result = self.put(new).if_match(etag).send().await;
+        match result {
+            Ok(_) => Ok(Put::Stored),
+            // Gone (404) or another version (412): not the object that was checked.
+            Err(err) if matches!(service_code(&err), Some("PreconditionFailed" | "NoSuchKey")) => {
+                Ok(Put::AlreadyThere)
+            }
+            Err(err) => Err(AwsError::from_sdk("PutObject(replace)", err)),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(%key))]
+    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, AwsError> {
+        let request = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key.as_str());
+        let result = request
+            .range(format!("bytes=0-{}", most.max(1) - 1))
+            .send()
+            .await;
+        let out = match result {
+            Ok(out) => out,
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Ok(None);
+            }
+            // An empty object has no byte 0.
+            Err(err) if service_code(&err) == Some("InvalidRange") => {
+                let head = self.head(key, false).await?;
+                let etag = head.and_then(|head| head.e_tag);
+                return Ok(etag.map(|etag| Opening {
+                    bytes: Vec::new(),
+                    etag,
+                }));
+            }
+            Err(err) => return Err(AwsError::from_sdk("GetObject(range)", err)),
+        };
+        let etag = out.e_tag.clone().unwrap_or_default();
+        let body = (out.body.collect().await)
+            .map_err(|e| AwsError::aws("GetObject(range)", AwsFault::ServiceFailed, e))?;
+        let mut bytes = body.to_vec();
+        bytes.truncate(most);
+        Ok(Some(Opening { bytes, etag }))
     }
 
     #[tracing::instrument(skip_all, fields(%key))]
@@ -193,6 +224,34 @@ impl S3ResultStore {
             Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
             Err(err) => Err(AwsError::from_sdk("HeadObject", err)),
         }
+    }
+}
+
+impl S3ResultStore {
+    /// A result's `PutObject`, every header but its condition.
+    fn put(
+        &self,
+        new: NewResult<'_>,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        let request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(new.key.as_str())
+            .body(ByteStream::from(new.page.body.clone()))
+            .content_type(new.page.content_type.as_str())
+            // S3 checks the bytes against it and keeps it: a refresh's proof of them.
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .checksum_sha256(base64_of_hex(new.sha256))
+            .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str())
+            .metadata(
+                meta::FINAL_URL,
+                MetadataUrl::new(&new.page.final_url).as_str(),
+            )
+            .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
+            .metadata(meta::SHA256, new.sha256)
+            .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
+        with_validators(request, &new.page.validators)
     }
 }
 

@@ -260,7 +260,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let max_attempts = self.settings.max_attempts;
         let final_attempt = work.receives >= max_attempts || attempts >= max_attempts;
         let patience = self.patience(final_attempt, invocation);
-        let stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
+        let mut stores = Stores::new(&self.tasks, &self.results, patience, work.wanted.counting);
+        // A block page an earlier release stored is not adopted.
+        stores.detection = work.wanted.detection.clone();
         let key = ResultKey::for_task(&self.settings.results_prefix, task);
         if redelivery && let Some(converged) = stores.adopt_stored(task, &key).await? {
             let adopted = Ok(outcome_of(converged, redelivery, false));

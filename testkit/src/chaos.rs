@@ -16,7 +16,9 @@ use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
 use conveyor_worker::domain::refresh::Prior;
 use conveyor_worker::ports::error::AwsError;
-use conveyor_worker::ports::results::{Carried, Checked, Copied, NewResult, Put, ResultStore};
+use conveyor_worker::ports::results::{
+    Carried, Checked, Copied, NewResult, Opening, Put, ResultStore,
+};
 
 /// How often, and how, AWS misbehaves.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +90,14 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
 
     async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.inner.describe(key).await
+    }
+
+    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, AwsError> {
+        self.inner.opening(key, most).await
+    }
+
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+        self.inner.replace(new, etag).await
     }
 
     async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {

@@ -25,7 +25,7 @@ use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
 use conveyor_worker::ports::results::{
-    Carried, Checked, Copied, Earlier, NewResult, Put, ResultStore,
+    Carried, Checked, Copied, Earlier, NewResult, Opening, Put, ResultStore,
 };
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore, TriesFrom};
@@ -286,6 +286,30 @@ impl ResultStore for MemoryResults {
     async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(lock(&self.objects).get(key.as_str()).cloned())
+    }
+
+    /// The bytes are not kept: no opening to check (no block page is ever stored here).
+    async fn opening(&self, key: &ResultKey, _most: usize) -> Result<Option<Opening>, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let stored = lock(&self.objects).get(key.as_str()).cloned();
+        Ok(stored.map(|stored| Opening {
+            bytes: Vec::new(),
+            etag: stored.sha256,
+        }))
+    }
+
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut objects = lock(&self.objects);
+        let Some(stored) = objects
+            .get_mut(new.key.as_str())
+            .filter(|s| s.sha256 == etag)
+        else {
+            return Ok(Put::AlreadyThere);
+        };
+        stored.sha256 = new.sha256.to_owned();
+        stored.size = new.page.body.len() as u64;
+        Ok(Put::Stored)
     }
 
     async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
