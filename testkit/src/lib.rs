@@ -3,6 +3,7 @@
 //! every request they send, seeding helpers, SQS event builders, the local site, in-process
 //! stores, fault injection, the chaos scenario, and items as earlier releases wrote them.
 
+pub mod block_pages;
 pub mod chaos;
 pub mod demo;
 pub mod fixtures;
@@ -730,13 +731,25 @@ impl Stack {
 
     /// Puts an object as an earlier delivery would have stored it.
     pub async fn put_object(&self, key: &str, body: &[u8], http_status: u16) {
+        self.put_typed_object(key, body, (http_status, "text/plain"))
+            .await;
+    }
+
+    /// Puts an object as an earlier delivery would have stored it, of this status and type.
+    pub async fn put_typed_object(
+        &self,
+        key: &str,
+        body: &[u8],
+        (status, content_type): (u16, &str),
+    ) {
         use sha2::Digest;
+        let http_status = status;
         self.s3
             .put_object()
             .bucket(&self.bucket)
             .key(key)
             .body(body.to_vec().into())
-            .content_type("text/plain")
+            .content_type(content_type)
             .metadata("sha256", hex::encode(sha2::Sha256::digest(body)))
             .metadata("http-status", http_status.to_string())
             .metadata("final-url", "http://earlier.example/")

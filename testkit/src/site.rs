@@ -83,6 +83,8 @@ impl Site {
             .route("/long-redirect/{n}", get(long_redirect))
             .route("/trickle/{size}", get(trickle))
             .route("/blocks/{ip}/{name}", get(blocks))
+            .route("/corpus/{name}", get(corpus))
+            .route("/challenged/{ip}/{answer}/{name}", get(challenged))
             .route("/forged-relay", get(forged_relay))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .layer(middleware::from_fn_with_state(served.clone(), serve_count))
@@ -162,6 +164,35 @@ async fn blocks(
     let padded = query.get("bytes").map_or(0, |&n| n as usize);
     page.extend(std::iter::repeat_n('.', padded.saturating_sub(page.len())));
     page.into_response()
+}
+
+/// An answer of the block pages' corpus (`block_pages`), as the file has it.
+async fn corpus(Path(name): Path<String>) -> Response {
+    served(&crate::block_pages::answer(&name))
+}
+
+/// The corpus answer `answer` to requests from `ip` (a proxy tier's egress), the page
+/// `name` to any other.
+async fn challenged(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((ip, answer, name)): Path<(IpAddr, String, String)>,
+) -> Response {
+    if peer.ip() == ip {
+        return served(&crate::block_pages::answer(&answer));
+    }
+    let page = format!("<html><head><title>{name}</title></head><body>page {name}</body></html>");
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+fn served(answer: &crate::block_pages::Answer) -> Response {
+    let mut response = Response::new(axum::body::Body::from(answer.body.clone()));
+    *response.status_mut() = StatusCode::from_u16(answer.status).expect("a valid status");
+    for (name, value) in &answer.headers {
+        let name = header::HeaderName::from_bytes(name.as_bytes()).expect("a header name");
+        let value = header::HeaderValue::from_str(value).expect("a header value");
+        response.headers_mut().append(name, value);
+    }
+    response
 }
 
 /// A gzip body without end that decodes to nothing: its header, then empty deflate blocks

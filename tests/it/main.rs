@@ -4,6 +4,7 @@
 
 mod ack_contract;
 mod adaptive;
+mod blocks;
 mod chaos;
 mod cold_start;
 mod compatibility;
