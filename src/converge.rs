@@ -183,7 +183,8 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         let Some(stored) = self.results.describe(key).await? else {
             return Ok(None);
         };
-        if self.stored_block(key, &stored).await?.is_some() {
+        // Boxed: the adopt paths are rare, and the read would grow every delivery's future.
+        if Box::pin(self.stored_block(key, &stored)).await?.is_some() {
             return Ok(None);
         }
         let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
@@ -226,7 +227,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         new: NewResult<'_>,
         stored: StoredResult,
     ) -> Result<(StoredResult, bool), AwsError> {
-        let Some(etag) = self.stored_block(new.key, &stored).await? else {
+        let Some(etag) = Box::pin(self.stored_block(new.key, &stored)).await? else {
             return Ok((stored, true));
         };
         match self.results.replace(new, &etag).await? {

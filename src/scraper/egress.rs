@@ -259,7 +259,8 @@ impl Routes {
         }
         if let Some(refused) = refusal_of(&response, conditional) {
             let refused = (refused, tunnelled, detection);
-            return Hop::Failed(refusal(response, refused, wire, meter).await);
+            // Boxed, as a direct refusal's read (`HttpFetcher::refused`).
+            return Hop::Failed(Box::pin(refusal(response, refused, wire, meter)).await);
         }
         Hop::Page(response)
     }

@@ -389,7 +389,10 @@ impl HttpFetcher {
             None => ask.detection,
         };
         if let Some(refusal) = refusal_of(&response, ask.if_changed.is_some()) {
-            return Err(self.refused(response, refusal, detection, received).await);
+            // Boxed: a refusal is the rare way, and its body read would grow every fetch's
+            // future by its size.
+            let refused = Box::pin(self.refused(response, refusal, detection, received));
+            return Err(refused.await);
         }
         if let Some(block) = detection.by_headers(|name| header_text(response.headers(), name)) {
             return Err(FetchError::blocked_by(block, status));

@@ -64,7 +64,9 @@ impl ResultStore for S3ResultStore {
 
     #[tracing::instrument(skip_all, fields(key = %new.key))]
     async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
-        let result = self.put(new).if_match(etag).send().await;
+        // The SDK's futures boxed, here and in `opening`: they are large in a debug build,
+        // and these rare calls sit inside every delivery's converge.
+        let result = Box::pin(self.put(new).if_match(etag).send()).await;
         match result {
             Ok(_) => Ok(Put::Stored),
             // Gone (404) or another version (412): not the object that was checked.
@@ -82,10 +84,8 @@ impl ResultStore for S3ResultStore {
             .get_object()
             .bucket(&self.bucket)
             .key(key.as_str());
-        let result = request
-            .range(format!("bytes=0-{}", most.max(1) - 1))
-            .send()
-            .await;
+        let ranged = request.range(format!("bytes=0-{}", most.max(1) - 1));
+        let result = Box::pin(ranged.send()).await;
         let out = match result {
             Ok(out) => out,
             Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
@@ -93,7 +93,7 @@ impl ResultStore for S3ResultStore {
             }
             // An empty object has no byte 0.
             Err(err) if service_code(&err) == Some("InvalidRange") => {
-                let head = self.head(key, false).await?;
+                let head = Box::pin(self.head(key, false)).await?;
                 let etag = head.and_then(|head| head.e_tag);
                 return Ok(etag.map(|etag| Opening {
                     bytes: Vec::new(),

@@ -35,8 +35,24 @@ fn seeds() -> Vec<u64> {
     }
 }
 
+/// A process's main thread's stack. A test thread has 2 MiB, and in a debug build the poll
+/// frames of a whole system run in one `block_on` (the mapping's pollers, the sandboxes with
+/// their proxy tiers and paid budget, their records) come near it: the seeds needed 2.5 MiB
+/// when this was set.
+const MAIN_STACK: usize = 8 << 20;
+
 #[test]
 fn every_drawn_configuration_keeps_every_invariant() {
+    let seeds = std::thread::Builder::new()
+        .stack_size(MAIN_STACK)
+        .spawn(check_every_seed)
+        .expect("a thread for the seeds");
+    if let Err(panic) = seeds.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn check_every_seed() {
     conveyor_testkit::chaos::quiet_injected_crashes();
     let logs = Captured::default();
     let dispatch = capture(&logs);
