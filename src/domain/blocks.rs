@@ -147,7 +147,7 @@ fn same_title(title: &[u8], wanted: &str) -> bool {
     trimmed(title).eq_ignore_ascii_case(&trimmed(wanted.as_bytes()))
 }
 
-/// One pass over `patterns` (at most 64), leftmost first: the packed (SIMD) search.
+/// One pass over a job's body patterns, leftmost first: the packed (SIMD) search.
 fn automaton<P: AsRef<[u8]>>(patterns: &[P]) -> AhoCorasick {
     AhoCorasickBuilder::new()
         .match_kind(MatchKind::LeftmostFirst)
@@ -159,7 +159,8 @@ fn automaton<P: AsRef<[u8]>>(patterns: &[P]) -> AhoCorasick {
 /// A job's name for one of its signatures, as reasons and logs show it.
 pub type SignatureName = Bounded<64>;
 
-/// A job's own signature, checked when it was read (`JobSignature::new`).
+/// A job's own signature, checked when it was read ([`JobSignature::header`],
+/// [`JobSignature::body`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobSignature {
     name: SignatureName,

@@ -144,14 +144,17 @@ async fn direct_every_block_page_fails_its_task_by_name_and_every_other_page_is_
 #[tokio::test]
 async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_stored() {
     // Arrange: the site answers the datacenter pool with a block page: a 200 challenge with
-    // its header, one without it, and Akamai's 403; the residential pool gets the page.
+    // its header, one without it, a 403 challenge and Akamai's 403; the residential pool, the
+    // paid tier of a run with a budget, gets the page.
     let stack = Stack::new().await;
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
     stack.put_active_run().await;
+    stack.set_paid_budget(10_000_000).await;
     let cases = [
-        "cloudflare-challenge-header",
+        "cloudflare-challenge-200-header",
         "cloudflare-interstitial-200",
+        "cloudflare-challenge-header",
         "akamai-access-denied",
     ];
     let mut sites = Vec::new();
@@ -167,7 +170,7 @@ async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_sto
     let reply = run_batch(&worker(&stack, &tiers), cases.map(delivery).to_vec()).await;
 
     // Assert: one request through each tier, the page's bytes stored, one block on tier 1
-    // each, and the host slowed all the same.
+    // each, the paid tier's bytes reserved of the budget, and the host slowed all the same.
     assert!(retried(&reply).is_empty(), "{reply:?}");
     for (case, (site, path)) in cases.iter().zip(&sites) {
         assert_eq!(
@@ -191,7 +194,9 @@ async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_sto
         assert!(seen.n("slowdown").is_some(), "{case}: {seen:?}");
     }
     let run = stack.run_item(JOB, RUN).await;
-    assert_eq!((run.n("blocks_t1"), run.n("blocks_t2")), (Some(3), None));
+    assert_eq!((run.n("blocks_t1"), run.n("blocks_t2")), (Some(4), None));
+    assert_eq!(run.n("proxy_requests_t2"), Some(4));
+    assert!(run.n("paid_tier_reserved_bytes").is_some(), "{run:?}");
 }
 
 #[tokio::test]
