@@ -27,7 +27,7 @@ use crate::ports::results::ResultStore;
 use crate::ports::secrets::Secrets;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::pressure::Pressure;
+use crate::pushback::pressure::Pressure;
 use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::lazy::Lazy;

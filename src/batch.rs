@@ -14,7 +14,7 @@ use tracing::{Instrument, field};
 
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
-use crate::pressure::Pressure;
+use crate::pushback::pressure::Pressure;
 
 /// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
 pub trait ProcessRecord: Sync {

@@ -15,7 +15,7 @@ use crate::domain::spend::{DeliverySpend, Spend};
 use crate::ports::error::AwsError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
-use crate::retry::{FINISH_THROTTLED, Patience};
+use crate::pushback::retry::{FINISH_THROTTLED, Patience};
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use crate::domain::model::{Counting, Parents, TaskStatus, Tries};
 use crate::domain::refresh::Prior;
 use crate::ports::error::AwsError;
 use crate::ports::tasks::{Claim, Lease, TaskStore, TriesFrom};
-use crate::retry::Patience;
+use crate::pushback::retry::Patience;
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
 /// them, the job's politeness and block detection, and the run's budget for the paid proxy

@@ -29,7 +29,7 @@ pub struct Measures {
     /// Pages not modified (`304`), and the bytes of the earlier results carried forward.
     not_modified: AtomicU64,
     bytes_not_fetched: AtomicU64,
-    /// Writes that met a concurrent change and were tried again (`retry::Patience`).
+    /// Writes that met a concurrent change and were tried again (`pushback::retry::Patience`).
     pub conflicts: AtomicU64,
     pub polite: PoliteMeasures,
     /// Requests and bytes through each proxy tier (task fetches and robots.txt alike).

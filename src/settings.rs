@@ -1,11 +1,11 @@
 //! The wiring's one reading of the configuration: each step's settings made from [`Config`]
 //! here, so no module below the wiring imports `config`.
 
-use crate::backoff::Backoff;
 use crate::batch::BatchLimits;
 use crate::config::Config;
 use crate::metrics::MetricsSettings;
-use crate::retry::RetryPolicy;
+use crate::pushback::backoff::Backoff;
+use crate::pushback::retry::RetryPolicy;
 use crate::scraper::FetchSettings;
 use crate::worker::RecordSettings;
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
 use crate::ports::error::AwsError;
-use crate::retry::{Patience, RetryPolicy};
+use crate::pushback::retry::{Patience, RetryPolicy};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::string;
 use crate::store::dynamo::runs::{Requeue, counting_of, spread_of};

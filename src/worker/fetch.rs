@@ -17,7 +17,7 @@ use crate::ports::queue::Visibility;
 use crate::ports::results::{Checked, Earlier, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::retry::Patience;
+use crate::pushback::retry::Patience;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry, health_sign};
 use std::time::Duration;
 use tokio::time::Instant;

@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 
-use crate::backoff::Backoff;
 use crate::batch::Invocation;
 use crate::budget::PaidAllowances;
 use crate::contract::Outcome;
@@ -30,8 +29,9 @@ use crate::ports::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility};
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::pressure::Pressure;
-use crate::retry::RetryPolicy;
+use crate::pushback::backoff::Backoff;
+use crate::pushback::pressure::Pressure;
+use crate::pushback::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
 
 /// The settings one record needs, made from the configuration by the wiring (`settings.rs`).

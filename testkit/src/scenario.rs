@@ -7,7 +7,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use conveyor_worker::Worker;
-use conveyor_worker::backoff::Backoff;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::TaskRef;
@@ -15,6 +14,7 @@ use conveyor_worker::domain::message;
 use conveyor_worker::ops::local_mapping::{
     self, Ended, MappingSettings, MappingStats, Progress, Watch,
 };
+use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::sqs::SqsQueue;
 
 use super::chaos::{Crashing, Faults};

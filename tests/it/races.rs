@@ -276,7 +276,8 @@ async fn converging_over<F>(
 {
     let conflicts = std::sync::atomic::AtomicU64::new(0);
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    let patience = conveyor_worker::retry::Patience::new(until, Default::default(), &conflicts);
+    let patience =
+        conveyor_worker::pushback::retry::Patience::new(until, Default::default(), &conflicts);
     let stores = conveyor_worker::converge::Stores::new(tasks, results, patience, counting);
     converge(&stores).await;
 }

@@ -24,7 +24,7 @@ use conveyor_worker::ports::error::{AwsError, AwsFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore, TriesFrom};
-use conveyor_worker::retry::{Patience, RetryPolicy};
+use conveyor_worker::pushback::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use std::sync::atomic::AtomicU64;

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use conveyor_worker::retry::RetryPolicy;
+use conveyor_worker::pushback::retry::RetryPolicy;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, LogNormal};

@@ -85,7 +85,7 @@ pub struct Params {
     /// A fresh run's limits (`None`: the table and S3 never the limit, the fleet all there).
     pub fresh: Option<Fresh>,
     /// Each sandbox's records at once under AWS push-back, as the worker keeps them
-    /// (`pressure.rs`: halved on a push-back at most once a second, +1/limit per record
+    /// (`pushback/pressure.rs`: halved on a push-back at most once a second, +1/limit per record
     /// counted); off: every slot always works.
     pub aimd: bool,
     pub seed: u64,
