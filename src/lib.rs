@@ -6,16 +6,14 @@
 //! |---|---|
 //! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`polite`] (the host's turn for the fleet, robots.txt) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
 //! | one record, a batch | [`worker`] runs one record to its [`Outcome`]; [`batch`] runs a batch within its deadline and builds the partial batch reply |
-//! | around the records | [`pushback`]: [`pushback::retry`] (conflicts tried again), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (records at once under AWS push-back), [`metrics`] (EMF), [`config`] (the environment) |
+//! | around the records | [`pushback`]: [`pushback::retry`] (conflicts tried again), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (records at once under AWS push-back), [`metrics`] (EMF) |
 //! | the stores | [`ports`]: the traits the steps store through, in domain types; [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, each item kind's write expressions beside it, AWS errors classified |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
-//! | wiring | [`aws`]: SDK config and clients, the production worker, the Lambda handler; [`settings`]: each step's settings from [`config`], read once |
+//! | wiring | [`wiring`]: [`wiring::config`] (the environment), [`wiring::settings`] (each step's settings from it, read once), [`wiring::aws`] (SDK config and clients, the production worker, the Lambda handler) |
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
-pub mod aws;
 pub mod batch;
 pub mod budget;
-pub mod config;
 pub mod contract;
 pub mod converge;
 pub mod domain;
@@ -26,10 +24,10 @@ pub mod polite;
 pub mod ports;
 pub mod pushback;
 pub mod scraper;
-pub mod settings;
 pub mod store;
+pub mod wiring;
 pub mod worker;
 
-pub use config::Config;
 pub use contract::{Outcome, Reply};
+pub use wiring::config::Config;
 pub use worker::Worker;

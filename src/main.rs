@@ -1,9 +1,9 @@
 //! The Lambda entry point: logs, configuration and clients once per cold start, then the loop.
 
 use conveyor_worker::Config;
-use conveyor_worker::aws::{self, AwsWorker};
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::metrics::MetricsSettings;
+use conveyor_worker::wiring::aws::{self, AwsWorker};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 
 #[tokio::main]

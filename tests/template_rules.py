@@ -1,7 +1,7 @@
 """The deployment rules of template.yaml that linters do not check (they do not look inside
 SAM event sources or weigh one resource against another). Run by `make test`:
 
-    python tests/template_rules.py template.yaml docs/runbook.md src/config.rs
+    python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs
 
 Each rule returns the problems it finds. The template must have none, and each rule must
 find its problem in a copy of the template broken on purpose (so no rule passes vacuously).

@@ -234,7 +234,7 @@ pub trait Fetcher: Send + Sync {
 /// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
 pub const MAX_URL_BYTES: usize = 8 * 1024;
 
-/// Fetch limits, made from the configuration by the wiring (`settings.rs`).
+/// Fetch limits, made from the configuration by the wiring (`wiring/settings.rs`).
 #[derive(Debug, Clone)]
 pub struct FetchSettings {
     pub connect_timeout: Duration,

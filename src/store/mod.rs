@@ -2,7 +2,7 @@
 //! DynamoDB ([`dynamo`]), result objects and the quarantine in S3 ([`s3`]), message visibility
 //! and copies in SQS ([`sqs`]), the proxies' credentials in Secrets Manager ([`secrets`]).
 //! AWS errors are classified in [`error`] before anything becomes text. Only the wiring
-//! (`aws.rs`, `ops/`, the test kit) names them.
+//! (`wiring/aws.rs`, `ops/`, the test kit) names them.
 
 pub mod dynamo;
 pub mod error;

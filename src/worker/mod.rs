@@ -34,7 +34,8 @@ use crate::pushback::pressure::Pressure;
 use crate::pushback::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
 
-/// The settings one record needs, made from the configuration by the wiring (`settings.rs`).
+/// The settings one record needs, made from the configuration by the wiring
+/// (`wiring/settings.rs`).
 #[derive(Debug, Clone)]
 pub struct RecordSettings {
     pub results_prefix: String,

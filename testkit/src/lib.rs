@@ -40,9 +40,7 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 use conveyor_worker::Worker;
-use conveyor_worker::aws::s3_config;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::{Id, TaskRef};
 use conveyor_worker::domain::model::{ShardSizes, Sharding};
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
@@ -55,6 +53,8 @@ use conveyor_worker::store::dynamo::attributes::{self, Item};
 use conveyor_worker::store::dynamo::keys;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsVisibility;
+use conveyor_worker::wiring::aws::s3_config;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 use conveyor_worker::worker::RecordSettings;
 use serde_json::json;
 
@@ -135,7 +135,7 @@ pub fn prodlike_endpoint() -> String {
 /// client is the worker's own.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
-        .http_client(conveyor_worker::aws::https_client())
+        .http_client(conveyor_worker::wiring::aws::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "tests"))

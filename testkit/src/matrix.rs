@@ -9,12 +9,12 @@ use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::ops::{redrive, requeue};
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::sqs::SqsQueue;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use super::chaos::Faults;
 use super::forward_proxy::{ForwardProxy, PASSWORD, USER};

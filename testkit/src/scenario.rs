@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use conveyor_worker::Worker;
 use conveyor_worker::batch::BatchLimits;
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::domain::message;
 use conveyor_worker::ops::local_mapping::{
@@ -16,6 +15,7 @@ use conveyor_worker::ops::local_mapping::{
 };
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::sqs::SqsQueue;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use super::chaos::{Crashing, Faults};
 use super::fresh_site::FreshSite;
@@ -337,7 +337,7 @@ pub const INVOCATION_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn production_politeness() -> conveyor_worker::polite::Politeness {
     let required =
         |name: &str| matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "required".to_owned());
-    conveyor_worker::config::Config::from_lookup(required)
+    conveyor_worker::wiring::config::Config::from_lookup(required)
         .expect("the defaults")
         .politeness
 }

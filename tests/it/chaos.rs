@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use conveyor_testkit::chaos::Faults;
 use conveyor_testkit::scenario::{self, Scenario};
-use conveyor_worker::config::DuplicatePolicy;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 
 fn scenario(policy: DuplicatePolicy, counters: (u32, u32), polite: bool) -> Scenario {
     Scenario {

@@ -12,12 +12,12 @@ use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::Outcome;
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::message::{Carried, Message, REDRIVE_GAP};
 use conveyor_worker::domain::model::TaskStatus;
 use conveyor_worker::domain::proxy::Tiers;
 use conveyor_worker::ports::tasks::{Lease, TaskStore, TriesFrom};
 use conveyor_worker::store::dynamo::{attributes, keys};
+use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::polite_defaults::production_defaults;
 use crate::politeness::{Fleet, drain_tuned, pages, tasks_of};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::store::dynamo::keys;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 use tokio::process::Command;
 
 /// `conveyor-ops` with these arguments and the worker's settings for `stack`, to run.

@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::config::Config;
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::store::dynamo::{attributes, keys};
+use conveyor_worker::wiring::config::Config;
 
 use crate::politeness::{Fleet, by_operation, drain_with, pages, statuses, tasks_of};
 

@@ -11,10 +11,10 @@ use conveyor_testkit::queue::Queue;
 use conveyor_testkit::scenario::{self, Scenario};
 use conveyor_testkit::*;
 use conveyor_worker::batch::{BatchLimits, process_batch};
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::message::{Carried, Message};
 use conveyor_worker::pushback::retry::RetryPolicy;
 use conveyor_worker::store::dynamo::{attributes, keys};
+use conveyor_worker::wiring::config::DuplicatePolicy;
 use conveyor_worker::worker::MAX_COPIES;
 
 #[tokio::test]

@@ -10,9 +10,9 @@ use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
 use conveyor_testkit::tls_site::TlsSite;
 use conveyor_testkit::*;
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
 use crate::ops::{ops, succeeded};

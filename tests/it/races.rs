@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use conveyor_testkit::*;
-use conveyor_worker::config::DuplicatePolicy;
 use conveyor_worker::converge::Converged;
 use conveyor_worker::domain::model::{Counting, Sharding};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::store::s3::S3ResultStore;
+use conveyor_worker::wiring::config::DuplicatePolicy;
 use futures_util::future::join_all;
 
 #[tokio::test]

@@ -72,7 +72,7 @@ pub fn ending(err: &(dyn Error + 'static), named: &Named) -> (Exit, String) {
         Some(other) => return (Exit::Failed, other.to_string()),
         None => {}
     }
-    if find::<conveyor_worker::config::ConfigError>(err).is_some() {
+    if find::<conveyor_worker::wiring::config::ConfigError>(err).is_some() {
         return (Exit::BadInput, explain(err));
     }
     (Exit::Failed, explain(err))

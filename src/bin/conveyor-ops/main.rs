@@ -26,12 +26,12 @@ use std::error::Error;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use conveyor_worker::aws;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::ops::count;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsQueue;
+use conveyor_worker::wiring::aws;
 use exit::{Exit, Named};
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 

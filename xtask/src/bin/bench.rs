@@ -734,7 +734,7 @@ async fn near_the_cap(
     idle: f64,
     (pages, env): (usize, Option<(&str, &str)>),
 ) -> Result<Figure> {
-    use conveyor_worker::config::{PROCESS_BYTES, RECORD_OVERHEAD_BYTES};
+    use conveyor_worker::wiring::config::{PROCESS_BYTES, RECORD_OVERHEAD_BYTES};
     let url = site.url(&format!("/trickle/{}", 95 * MEGABYTE / 10));
     // The site compresses the page once, on this first request.
     reqwest::Client::builder()

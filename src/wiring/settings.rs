@@ -2,11 +2,11 @@
 //! here, so no module below the wiring imports `config`.
 
 use crate::batch::BatchLimits;
-use crate::config::Config;
 use crate::metrics::MetricsSettings;
 use crate::pushback::backoff::Backoff;
 use crate::pushback::retry::RetryPolicy;
 use crate::scraper::FetchSettings;
+use crate::wiring::config::Config;
 use crate::worker::RecordSettings;
 
 impl From<&Config> for BatchLimits {

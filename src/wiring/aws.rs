@@ -16,7 +16,6 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use lambda_runtime::LambdaEvent;
 
 use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
-use crate::config::Config;
 use crate::contract::Outcome;
 use crate::domain::proxy::ProxySecret;
 use crate::metrics::{self, MetricsSettings};
@@ -34,6 +33,7 @@ use crate::store::lazy::Lazy;
 use crate::store::s3::S3ResultStore;
 use crate::store::secrets::SecretsManager;
 use crate::store::sqs::SqsVisibility;
+use crate::wiring::config::Config;
 use crate::worker::Worker;
 
 /// The worker as deployed: DynamoDB, S3 and reqwest.
