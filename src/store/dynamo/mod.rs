@@ -17,6 +17,7 @@ use expressions::Expression;
 pub mod attributes;
 pub mod expressions;
 pub mod hosts;
+pub mod jobs;
 pub mod keys;
 pub mod run_counters;
 pub mod runs;

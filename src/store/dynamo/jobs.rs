@@ -1,0 +1,69 @@
+//! The job item as the worker reads it: the job's own politeness (host limits, robots.txt,
+//! how hosts are keyed) and its block detection (on or off, its own signatures), each value
+//! checked, one out of range or not valid dropped with a warning.
+
+use crate::domain::blocks::{Detection, JobSignature, MAX_JOB_SIGNATURES};
+use crate::domain::bounds::Reason;
+use crate::domain::limits::{JobPoliteness, PoliteKey};
+use crate::store::dynamo::attributes::{Item, number, string};
+
+/// A job's own politeness, each attribute taken only when it is in range (else the
+/// fleet's setting stands, with a warning).
+pub(super) fn politeness(job: &Item) -> JobPoliteness {
+    let rps = number::<f64>(job, "host_max_rps");
+    let inflight = number::<u32>(job, "host_max_inflight");
+    let obey = job.get("obey_robots").and_then(|v| v.as_bool().ok());
+    let (mut politeness, dropped) = JobPoliteness::in_range(rps, inflight, obey.copied());
+    if dropped {
+        tracing::warn!(
+            ?rps,
+            ?inflight,
+            "a job's host limits are out of range: the fleet's apply"
+        );
+    }
+    if let Some(text) = string(job, "politeness_key") {
+        match PoliteKey::parse(text) {
+            Some(key) => politeness.key = key,
+            None => tracing::warn!(
+                key = %Reason::new(text),
+                "a job's politeness_key is not host, domain or address: by host"
+            ),
+        }
+    }
+    politeness
+}
+
+/// How a job's pages are checked for block pages: off with `block_detection` false; else
+/// the table and the job's `block_signatures` (each a map: `name`, and `header` with
+/// `contains`, or `body`), a signature that is not valid dropped with a warning.
+pub(super) fn detection(job: &Item) -> Detection {
+    if job.get("block_detection").and_then(|v| v.as_bool().ok()) == Some(&false) {
+        return Detection::off();
+    }
+    let Some(listed) = job.get("block_signatures").and_then(|v| v.as_l().ok()) else {
+        return Detection::default();
+    };
+    let mut signatures = Vec::new();
+    for entry in listed.iter().take(MAX_JOB_SIGNATURES) {
+        match entry.as_m().ok().and_then(job_signature) {
+            Some(signature) => signatures.push(signature),
+            None => tracing::warn!("a job's block signature is not valid: dropped"),
+        }
+    }
+    if listed.len() > MAX_JOB_SIGNATURES {
+        tracing::warn!(
+            listed = listed.len(),
+            "a job lists more block signatures than {MAX_JOB_SIGNATURES}: the first are kept"
+        );
+    }
+    Detection::with(signatures)
+}
+
+fn job_signature(entry: &Item) -> Option<JobSignature> {
+    let name = string(entry, "name").unwrap_or_default();
+    match (string(entry, "header"), string(entry, "body")) {
+        (Some(header), None) => JobSignature::header(name, header, string(entry, "contains")?),
+        (None, Some(body)) => JobSignature::body(name, body),
+        _ => None,
+    }
+}
