@@ -4,23 +4,23 @@
 //! site's, and every request, body byte and wire byte (through each proxy's relay, `wire`)
 //! metered.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reqwest::dns::{Name, Resolve, Resolving};
-use reqwest::redirect;
 use tokio::time::Instant;
 use url::Url;
 
+use super::answers::{answered, maker, transport_failure};
 use super::reuse::Answered;
+use super::route::Route;
 use super::wire::{self, Conn, Relay};
 use super::{
-    AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, Retry,
-    classify, client_builder, header_text, refusal_block, refusal_of,
+    AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, classify,
+    header_text, refusal_block, refusal_of,
 };
 use crate::domain::blocks::Detection;
 use crate::domain::model::Page;
-use crate::domain::proxy::{Credentials, ProxyAddr, ProxySecret, sticky};
+use crate::domain::proxy::{ProxyAddr, ProxySecret, sticky};
 use crate::domain::refresh::Validators;
 use crate::domain::spend::{Spend, TierSpend};
 
@@ -44,14 +44,6 @@ pub(super) struct Routes {
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
     settings: FetchSettings,
-}
-
-/// A proxy and its client, built at its first use (a sandbox uses the proxies its hosts
-/// stick to, not all of them; each client costs a TLS configuration and a relay).
-struct Route {
-    addr: ProxyAddr,
-    credentials: Option<Credentials>,
-    client: OnceLock<Result<(reqwest::Client, Option<Relay>), String>>,
 }
 
 /// Requests sent and bytes received and on the wire through one proxy.
@@ -273,131 +265,6 @@ enum Hop {
     Failed(FetchError),
 }
 
-impl Route {
-    fn new(credentials: Option<&Credentials>, addr: &ProxyAddr) -> Result<Self, reqwest::Error> {
-        // Refused here, at the cold start, rather than at the proxy's first use.
-        reqwest::Proxy::all(addr.url().as_str())?;
-        Ok(Self {
-            addr: addr.clone(),
-            credentials: credentials.cloned(),
-            client: OnceLock::new(),
-        })
-    }
-
-    /// The proxy's client and its relay, built the first time they are asked for.
-    fn client(
-        &self,
-        settings: &FetchSettings,
-        lookup: &Arc<dyn Lookup>,
-    ) -> Result<(&reqwest::Client, Option<&Relay>), FetchError> {
-        let built = self
-            .client
-            .get_or_init(|| self.build(settings, lookup).map_err(|e| e.to_string()));
-        let label = self.addr.label();
-        built
-            .as_ref()
-            .map(|(client, relay)| (client, relay.as_ref()))
-            .map_err(|e| FetchError::ours(format!("proxy {label}: no client: {e}")))
-    }
-
-    /// A client whose proxy is this one's relay: the proxy's name (kept for TLS to an https
-    /// proxy) resolves to the relay on loopback, at the relay's port; an address is the
-    /// relay's. An https proxy named by its address is asked directly (TLS checks that
-    /// address): its wire bytes are not counted.
-    fn build(
-        &self,
-        settings: &FetchSettings,
-        lookup: &Arc<dyn Lookup>,
-    ) -> Result<(reqwest::Client, Option<Relay>), Box<dyn std::error::Error>> {
-        let url = self.addr.url();
-        if url.scheme() == "https" && self.addr.name().is_none() {
-            let client = self.client_via(settings, url, lookup)?;
-            return Ok((client, None));
-        }
-        let upstream = wire::Upstream {
-            host: self.addr.name().map_or_else(
-                || {
-                    url.host_str()
-                        .unwrap_or_default()
-                        .trim_matches(['[', ']'])
-                        .to_owned()
-                },
-                str::to_owned,
-            ),
-            port: url.port_or_known_default().unwrap_or(80),
-            lookup: lookup.clone(),
-        };
-        let relay = Relay::start(upstream)?;
-        let mut relayed = url.clone();
-        relayed
-            .set_port(Some(relay.port()))
-            .map_err(|()| "no port")?;
-        if self.addr.name().is_none() {
-            relayed.set_host(Some("127.0.0.1"))?;
-        }
-        let relayed_to = Arc::new(RelayLookup);
-        let client = self.client_via(settings, &relayed, &(relayed_to as Arc<dyn Lookup>))?;
-        Ok((client, Some(relay)))
-    }
-
-    /// A client of the proxy at `url` (its name resolved by `lookup`).
-    fn client_via(
-        &self,
-        settings: &FetchSettings,
-        url: &Url,
-        lookup: &Arc<dyn Lookup>,
-    ) -> Result<reqwest::Client, reqwest::Error> {
-        let mut proxy = reqwest::Proxy::all(url.as_str())?;
-        if let Some(credentials) = &self.credentials {
-            proxy = proxy.basic_auth(&credentials.username, &credentials.password);
-        }
-        let resolver = ProxyResolver {
-            name: self.addr.name().map(str::to_owned),
-            lookup: lookup.clone(),
-        };
-        client_builder(settings)
-            // Followed here, hop by hop, each hop checked as the first was.
-            .redirect(redirect::Policy::none())
-            .dns_resolver(Arc::new(resolver))
-            .proxy(proxy)
-            .build()
-    }
-}
-
-/// A proxy's client resolves the proxy's own name (to its relay) and nothing else: the
-/// target's name goes to the proxy (checked before, [`Routes::check_target`]).
-struct ProxyResolver {
-    name: Option<String>,
-    lookup: Arc<dyn Lookup>,
-}
-
-impl Resolve for ProxyResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let (wanted, lookup) = (self.name.clone(), self.lookup.clone());
-        Box::pin(async move {
-            let name = name.as_str().to_owned();
-            if wanted.as_deref() != Some(name.as_str()) {
-                return Err(Box::new(Refused::NotTheProxy(name)) as _);
-            }
-            let ips = lookup.lookup(name).await?;
-            let addrs = ips.into_iter().map(|ip| std::net::SocketAddr::new(ip, 0));
-            Ok(Box::new(addrs.collect::<Vec<_>>().into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// The proxy's name as its relayed client resolves it: the relay, on loopback.
-struct RelayLookup;
-
-impl Lookup for RelayLookup {
-    fn lookup(
-        &self,
-        _host: String,
-    ) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<std::net::IpAddr>>> {
-        Box::pin(async { Ok(vec![std::net::Ipv4Addr::LOCALHOST.into()]) })
-    }
-}
-
 /// The relay's count of `response`'s connection, which it cuts once the fetch took
 /// `most_left` more on the wire, if there is a most; the relay's own answer that it could
 /// not reach the proxy is a failure.
@@ -575,212 +442,4 @@ async fn drain(mut response: reqwest::Response) -> Vec<u8> {
         }
     }
     read
-}
-
-/// Who made an answer that came back through a proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Maker {
-    /// The site: inside a CONNECT tunnel, or forwarded by the proxy, which marks what it
-    /// forwards with `Via` (RFC 9110 7.6.3) or a `Proxy-Status` with `received-status`.
-    Site,
-    /// The proxy, by its `Proxy-Status` (RFC 9209): an `error` of its own.
-    Proxy,
-    /// Unmarked: the proxy's own, or the site's through a proxy that hides itself.
-    Unmarked,
-}
-
-/// Who made an answer, by its headers and whether it came through a tunnel.
-fn maker(headers: &reqwest::header::HeaderMap, tunnelled: bool) -> Maker {
-    if tunnelled {
-        return Maker::Site;
-    }
-    let said = headers
-        .get_all("proxy-status")
-        .iter()
-        .filter_map(|value| sfv::Parser::new(value.as_bytes()).parse::<sfv::List>().ok())
-        .flatten()
-        .filter_map(|member| match member {
-            sfv::ListEntry::Item(item) => Some(item.params),
-            sfv::ListEntry::InnerList(_) => None,
-        });
-    let (mut error, mut received) = (false, false);
-    for params in said {
-        error |= params.contains_key("error");
-        received |= params.contains_key("received-status");
-    }
-    match (
-        error,
-        received || headers.contains_key(reqwest::header::VIA),
-    ) {
-        (true, _) => Maker::Proxy,
-        (false, true) => Maker::Site,
-        (false, false) => Maker::Unmarked,
-    }
-}
-
-/// An answer that came through the proxy, by who made it. The site's is the site's. A 407
-/// (or a 401: tinyproxy's answer to wrong credentials), and a 502, 503 or 504 without
-/// `Retry-After`, that the site did not make are the proxy's own: failures of ours, never
-/// the page's. A 403, or a 429 without `Retry-After`, is a
-/// block the next tier may pass.
-fn answered(err: FetchError, maker: Maker) -> FetchError {
-    let status = err.http_status.unwrap_or_default();
-    let paced = err.retry_after.is_some();
-    let site = maker == Maker::Site;
-    match status {
-        403 => FetchError {
-            blocked: true,
-            ..err
-        },
-        429 if !paced => FetchError {
-            blocked: true,
-            ..err
-        },
-        401 | 407 if !site => FetchError {
-            http_status: Some(status),
-            ..FetchError::ours(format!("proxy: authentication required (HTTP {status})"))
-        },
-        502..=504 if !site && !paced => FetchError {
-            retry: Retry::Ours,
-            reason: format!("proxy: gateway failure ({})", err.reason),
-            ..err
-        },
-        _ => err,
-    }
-}
-
-/// A request through the proxy that got no answer. hyper-util does not export its tunnel
-/// error, so its three refusals are told apart by the text it gives them (pinned by
-/// tests/it/proxies.rs against a real proxy): a CONNECT answered 407, a CONNECT refused
-/// otherwise (the proxy could not or would not connect: a block), no connection to the proxy
-/// at all (the next tier may be up).
-fn transport_failure(err: &reqwest::Error, proxy: &ProxyAddr, tunnelled: bool) -> FetchError {
-    let text = chain(err);
-    let label = proxy.label();
-    if text.contains("tunnel error: proxy authorization required") {
-        FetchError {
-            http_status: Some(407),
-            ..FetchError::ours(format!("proxy {label}: authentication required (HTTP 407)"))
-        }
-    } else if text.contains("tunnel error: unsuccessful") {
-        FetchError {
-            blocked: true,
-            ..FetchError::ours(format!("proxy {label}: CONNECT refused"))
-        }
-    } else if (text.contains("tunnel error: failed to create underlying connection")
-        || (err.is_connect() && !tunnelled))
-        && !err.is_timeout()
-    {
-        FetchError {
-            blocked: true,
-            ..FetchError::ours(format!("proxy {label}: no connection"))
-        }
-    } else {
-        classify::classify_error(err)
-    }
-}
-
-/// An error and its sources, as one line.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut current = err.source();
-    while let Some(e) = current {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        current = e.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use reqwest::StatusCode;
-
-    fn at(status: u16, retry_after: Option<u64>) -> FetchError {
-        FetchError {
-            http_status: Some(status),
-            retry_after: retry_after.map(Duration::from_secs),
-            ..FetchError::new(
-                classify::classify_status(StatusCode::from_u16(status).unwrap())
-                    .unwrap_or(Retry::Permanent),
-                format!("HTTP {status}"),
-            )
-        }
-    }
-
-    #[test]
-    fn answers_through_a_proxy_follow_the_escalation_table() {
-        use Maker::{Proxy, Site, Unmarked};
-        // (status, Retry-After, maker) -> (retry, blocked)
-        let table = [
-            (403, None, Unmarked, Retry::Permanent, true),
-            (403, None, Site, Retry::Permanent, true),
-            (429, None, Unmarked, Retry::Transient, true),
-            (429, Some(5), Unmarked, Retry::Transient, false),
-            (407, None, Unmarked, Retry::Ours, false),
-            (401, None, Unmarked, Retry::Ours, false),
-            (401, None, Site, Retry::Permanent, false),
-            (502, None, Unmarked, Retry::Ours, false),
-            (503, None, Unmarked, Retry::Ours, false),
-            (504, None, Proxy, Retry::Ours, false),
-            (503, Some(5), Unmarked, Retry::Transient, false),
-            (503, None, Site, Retry::Transient, false),
-            (404, None, Unmarked, Retry::Permanent, false),
-        ];
-        for (status, after, maker, retry, blocked) in table {
-            let err = answered(at(status, after), maker);
-            assert_eq!(
-                (err.retry, err.blocked),
-                (retry, blocked),
-                "{status} {after:?} {maker:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_proxy_marks_what_it_forwards_and_what_it_made() {
-        let with = |pairs: &[(&'static str, &'static str)]| {
-            let mut headers = reqwest::header::HeaderMap::new();
-            for (name, value) in pairs {
-                headers.append(*name, reqwest::header::HeaderValue::from_static(value));
-            }
-            headers
-        };
-        let cases = [
-            (with(&[]), false, Maker::Unmarked),
-            (with(&[]), true, Maker::Site),
-            (
-                with(&[("via", "1.1 vm (tinyproxy/1.11.1)")]),
-                false,
-                Maker::Site,
-            ),
-            (
-                with(&[("proxy-status", "edge; received-status=503")]),
-                false,
-                Maker::Site,
-            ),
-            (
-                with(&[("proxy-status", "edge; error=destination_unavailable")]),
-                false,
-                Maker::Proxy,
-            ),
-            (
-                with(&[("proxy-status", r#"edge; details="a, b; error=x""#)]),
-                false,
-                Maker::Unmarked,
-            ),
-            (
-                with(&[
-                    ("via", "1.1 cdn"),
-                    ("proxy-status", "gw; error=connection_refused"),
-                ]),
-                false,
-                Maker::Proxy,
-            ),
-        ];
-        for (headers, tunnelled, expected) in cases {
-            assert_eq!(maker(&headers, tunnelled), expected, "{headers:?}");
-        }
-    }
 }

@@ -1,11 +1,14 @@
 //! The scraper: fetches a task's URL with bounded time, size and redirects, only from the
 //! public internet, and says whether a failure is worth another delivery.
 
+mod answers;
 mod body;
 mod classify;
 mod egress;
+mod error;
 pub mod policy;
 mod reuse;
+mod route;
 mod wire;
 
 pub use classify::{classify_status, retry_after};
@@ -20,125 +23,16 @@ use bytes::Bytes;
 use reqwest::redirect;
 use url::Url;
 
-use crate::domain::blocks::{
-    BLOCK_STATUSES, BODY_WINDOW, Block, Detection, NO_DETECTION, TABLE_ONLY,
-};
+use crate::domain::blocks::{BLOCK_STATUSES, BODY_WINDOW, Detection, NO_DETECTION, TABLE_ONLY};
 use crate::domain::bounds::{ContentType, UrlText};
-use crate::domain::health::Sign;
 use crate::domain::model::{NOT_MODIFIED, Page};
 use crate::domain::proxy::{ProxySecret, Tiers};
 use crate::domain::refresh::Validators;
 use crate::domain::spend::Spend;
 pub use body::CappedBody;
 use egress::Routes;
-
-/// Whether a failed fetch is worth another delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retry {
-    /// The site's transient failure: retried, and on the final attempt the task fails.
-    Transient,
-    /// The page can never be had: the task fails.
-    Permanent,
-    /// A failure of ours (a proxy's credentials, gateway or tunnel), not the page's: retried,
-    /// and never the task's failure, whatever the attempt.
-    Ours,
-}
-
-/// A fetch that produced no page. `reason` is short and goes on the task as `error`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct FetchError {
-    pub retry: Retry,
-    pub reason: String,
-    /// The response's status, when there was a response.
-    pub http_status: Option<u16>,
-    /// How long the site asked us to wait (`Retry-After`), when it did.
-    pub retry_after: Option<Duration>,
-    /// The fetch ran out of its time budget (connect or total).
-    pub timed_out: bool,
-    /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
-    /// `Retry-After`, a connection the proxy could not make, a block page); the next tier
-    /// may get through.
-    pub blocked: bool,
-    /// The answer was a bot manager's block or challenge page (`domain::blocks`).
-    pub block: Option<Block>,
-}
-
-/// What a fetch's result, after `took`, says of the site's health (`None`: nothing: a
-/// failure of ours, or our own refusal before any request).
-pub fn health_sign<T>(result: &Result<T, FetchError>, took: Duration) -> Option<Sign> {
-    let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
-    let Err(error) = result else {
-        return Some(Sign::Answered(ms));
-    };
-    let retry_after = || {
-        error
-            .retry_after
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    };
-    match (error.retry, error.http_status) {
-        (Retry::Ours, _) => None,
-        (_, Some(429 | 503)) => Some(Sign::PushedBack(retry_after())),
-        (_, Some(500..=599)) => Some(Sign::Failing),
-        (_, Some(_)) => Some(Sign::Answered(ms)),
-        (Retry::Transient, None) => Some(Sign::Failing),
-        (Retry::Permanent, None) => None,
-    }
-}
-
-impl FetchError {
-    pub fn permanent(reason: impl Into<String>) -> Self {
-        Self::new(Retry::Permanent, reason)
-    }
-
-    pub fn transient(reason: impl Into<String>) -> Self {
-        Self::new(Retry::Transient, reason)
-    }
-
-    pub fn ours(reason: impl Into<String>) -> Self {
-        Self::new(Retry::Ours, reason)
-    }
-
-    fn new(retry: Retry, reason: impl Into<String>) -> Self {
-        Self {
-            retry,
-            reason: reason.into(),
-            http_status: None,
-            retry_after: None,
-            timed_out: false,
-            blocked: false,
-            block: None,
-        }
-    }
-
-    /// An answer that was `block`'s page: never a result. It fails for good where no
-    /// other tier can be asked, and climbs to the next tier where one can.
-    pub fn blocked_by(block: Block, http_status: u16) -> Self {
-        let reason = block.reason();
-        Self {
-            http_status: Some(http_status),
-            blocked: true,
-            block: Some(block),
-            ..Self::permanent(reason)
-        }
-    }
-}
-
-/// The block a refused answer shows, by its headers, or for a status bot managers answer
-/// with, by the start of its body (`start`, read up to [`BODY_WINDOW`]).
-fn refusal_block(
-    detection: &Detection,
-    (status, content_type): (u16, Option<&str>),
-    by_headers: Option<Block>,
-    start: &[u8],
-) -> Option<Block> {
-    let by_body = || {
-        BLOCK_STATUSES
-            .contains(&status)
-            .then(|| detection.by_body(content_type, start))
-    };
-    by_headers.or_else(|| by_body().flatten())
-}
+use error::refusal_block;
+pub use error::{FetchError, Retry, health_sign};
 
 /// What a fetch may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
