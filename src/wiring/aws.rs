@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use aws_config::environment::EnvironmentVariableCredentialsProvider;
 use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
 use aws_smithy_runtime_api::client::http::{
@@ -15,19 +15,12 @@ use aws_smithy_runtime_api::client::http::{
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use lambda_runtime::LambdaEvent;
 
-use crate::batch::{self, BatchLimits, Invocation, ProcessRecord};
-use crate::contract::Outcome;
+use crate::batch::{self, BatchLimits, ProcessRecord};
 use crate::domain::proxy::ProxySecret;
 use crate::metrics::{self, MetricsSettings};
 use crate::ports::error::AwsError;
-use crate::ports::hosts::HostStore;
-use crate::ports::queue::Visibility;
-use crate::ports::results::ResultStore;
 use crate::ports::secrets::Secrets;
-use crate::ports::spend::SpendStore;
-use crate::ports::tasks::TaskStore;
-use crate::pushback::pressure::Pressure;
-use crate::scraper::{FetchSettings, Fetcher, HttpFetcher};
+use crate::scraper::{FetchSettings, HttpFetcher};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::lazy::Lazy;
 use crate::store::s3::S3ResultStore;
@@ -207,31 +200,6 @@ impl AwsWorker {
             SqsVisibility::new(sqs, endpoint),
             config.into(),
         ))
-    }
-}
-
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
-    for Worker<T, R, F, V>
-{
-    async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
-        Worker::process(self, record, invocation).await
-    }
-
-    async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
-        Worker::out_of_time(self, record).await
-    }
-
-    async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
-        Worker::held_in_group(self, record).await
-    }
-
-    fn pressure(&self) -> Option<&Pressure> {
-        Some(&self.pressure)
-    }
-
-    /// Gives the paid-tier bytes reserved and not spent back to their runs.
-    async fn after_batch(&self) {
-        self.paid.give_back(&self.tasks).await;
     }
 }
 

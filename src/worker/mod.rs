@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 
-use crate::batch::Invocation;
+use crate::batch::{Invocation, ProcessRecord};
 use crate::budget::PaidAllowances;
 use crate::contract::Outcome;
 use crate::converge::Converged;
@@ -400,4 +400,31 @@ fn receive_count(record: &SqsMessage) -> u32 {
         .get("ApproximateReceiveCount")
         .and_then(|n| n.parse().ok())
         .unwrap_or(1)
+}
+
+/// The worker as the batch runs it: each record to its outcome, the sandbox's pressure, and
+/// the paid-tier bytes given back after the batch.
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
+    for Worker<T, R, F, V>
+{
+    async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
+        Worker::process(self, record, invocation).await
+    }
+
+    async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
+        Worker::out_of_time(self, record).await
+    }
+
+    async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
+        Worker::held_in_group(self, record).await
+    }
+
+    fn pressure(&self) -> Option<&Pressure> {
+        Some(&self.pressure)
+    }
+
+    /// Gives the paid-tier bytes reserved and not spent back to their runs.
+    async fn after_batch(&self) {
+        self.paid.give_back(&self.tasks).await;
+    }
 }
