@@ -2,7 +2,7 @@
 //! budget), its spend recorded, and the convergence of what it brought.
 
 use crate::batch::Invocation;
-use crate::budget::PaidTurn;
+use crate::budget::{PaidHold, PaidTurn};
 use crate::contract::Outcome;
 use crate::converge::{Converged, Stores};
 use crate::domain::bounds::Reason;
@@ -160,19 +160,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return first;
         }
         let cap = self.settings.paid_fetch_cap;
-        let hold = match self.paid.hold(&self.tasks, task, run_budget, cap).await {
-            Ok(PaidTurn::Go(hold)) => hold,
-            Ok(PaidTurn::Spent) => return first,
-            Ok(PaidTurn::Held) => {
-                let page = Err(FetchError::ours(PAID_BUDGET_HELD.to_owned()));
-                return Fetched { page, ..first };
-            }
-            Err(err) => {
-                let reason = format!("the paid tier's budget could not be read: {err}");
-                let page = Err(FetchError::ours(reason));
-                // What the other tiers spent is spent all the same.
-                return Fetched { page, ..first };
-            }
+        let (hold, first) = match self.paid_hold(task, run_budget, first).await {
+            Ok(held) => held,
+            Err(ended) => return ended,
         };
         let ask = Ask {
             first_tier: paid,
@@ -186,6 +176,26 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             spend: first.spend.plus(&last.spend),
             ..last
         }
+    }
+
+    /// A hold on the paid tier's most bytes from the run's budget, with the first fetch; or
+    /// what that fetch ends as without one: the budget spent, held by fetches in flight, or
+    /// not readable (what the other tiers spent is spent all the same).
+    async fn paid_hold(
+        &self,
+        task: &TaskRef,
+        run_budget: u64,
+        first: Fetched,
+    ) -> Result<(PaidHold, Fetched), Fetched> {
+        let cap = self.settings.paid_fetch_cap;
+        let reason = match self.paid.hold(&self.tasks, task, run_budget, cap).await {
+            Ok(PaidTurn::Go(hold)) => return Ok((hold, first)),
+            Ok(PaidTurn::Spent) => return Err(first),
+            Ok(PaidTurn::Held) => PAID_BUDGET_HELD.to_owned(),
+            Err(err) => format!("the paid tier's budget could not be read: {err}"),
+        };
+        let page = Err(FetchError::ours(reason));
+        Err(Fetched { page, ..first })
     }
 
     /// Marks the task's tries spent; a failure is logged (the task is then tried again as
@@ -326,6 +336,19 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             (Err(err), _) => err,
         };
+        self.failed(stores, task, key, err, attempt).await
+    }
+
+    /// A fetch that brought no page: a wait (the paid budget held elsewhere), no time left,
+    /// a retry (ours, or the site's before the final attempt), or the task's failure.
+    async fn failed(
+        &self,
+        stores: &Stores<'_, T, R>,
+        task: &TaskRef,
+        key: &ResultKey,
+        err: FetchError,
+        attempt: Attempt,
+    ) -> Result<Outcome, AwsError> {
         // The paid tier's budget is held by other fetches for now: a wait, not a try.
         if err.retry == Retry::Ours && err.reason == PAID_BUDGET_HELD {
             let delay = PAID_BUDGET_WAIT;
