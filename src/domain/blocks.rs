@@ -139,12 +139,12 @@ fn title(window: &[u8]) -> Option<&[u8]> {
 
 /// Whether a title is the table's: trimmed, ASCII case ignored, a final `.` or `…` dropped.
 fn same_title(title: &[u8], wanted: &str) -> bool {
-    let trimmed = |t: &[u8]| {
+    fn trimmed(t: &[u8]) -> &[u8] {
         let t = t.trim_ascii();
         let t = t.strip_suffix("\u{2026}".as_bytes()).unwrap_or(t);
-        t.strip_suffix(b".").unwrap_or(t).trim_ascii_end().to_vec()
-    };
-    trimmed(title).eq_ignore_ascii_case(&trimmed(wanted.as_bytes()))
+        t.strip_suffix(b".").unwrap_or(t).trim_ascii_end()
+    }
+    trimmed(title).eq_ignore_ascii_case(trimmed(wanted.as_bytes()))
 }
 
 /// One pass over a job's body patterns, leftmost first: the packed (SIMD) search.
@@ -249,15 +249,12 @@ impl Detection {
         if signatures.is_empty() {
             return Self::default();
         }
-        let body_rows: Vec<usize> = (signatures.iter().enumerate())
-            .filter(|(_, s)| matches!(s.signal, JobSignal::Body(_)))
-            .map(|(row, _)| row)
-            .collect();
-        let patterns = (body_rows.iter()).map(|&row| match &signatures[row].signal {
-            JobSignal::Body(bytes) => bytes.as_slice(),
-            JobSignal::Header(..) => &[],
-        });
-        let patterns: Vec<&[u8]> = patterns.collect();
+        let (body_rows, patterns): (Vec<usize>, Vec<&[u8]>) = (signatures.iter().enumerate())
+            .filter_map(|(row, s)| match &s.signal {
+                JobSignal::Body(bytes) => Some((row, bytes.as_slice())),
+                JobSignal::Header(..) => None,
+            })
+            .unzip();
         let bodies = (!patterns.is_empty()).then(|| (automaton(&patterns), body_rows));
         let own = Own { signatures, bodies };
         Self {
@@ -290,7 +287,7 @@ impl Detection {
         own.signatures.iter().find_map(|s| match &s.signal {
             JobSignal::Header(name, contains) => header(name)
                 .filter(|v| v.to_ascii_lowercase().contains(contains.as_str()))
-                .map(|_| Block::own(&s.name, "header")),
+                .map(|_| Block::own(&s.name, "job header")),
             JobSignal::Body(_) => None,
         })
     }
@@ -313,7 +310,7 @@ impl Detection {
         let (automaton, rows) = own.bodies.as_ref()?;
         let hit = automaton.find(window)?;
         let row = rows[hit.pattern().as_usize()];
-        Some(Block::own(&own.signatures[row].name, "body"))
+        Some(Block::own(&own.signatures[row].name, "job body"))
     }
 }
 
@@ -353,11 +350,6 @@ impl Block {
     }
 
     fn own(name: &SignatureName, seen_in: &'static str) -> Self {
-        let seen_in = if seen_in == "body" {
-            "job body"
-        } else {
-            "job header"
-        };
         Self {
             name: name.clone(),
             seen_in,

@@ -326,16 +326,17 @@ impl HttpFetcher {
     ) -> FetchError {
         let status = response.status().as_u16();
         let by_headers = detection.by_headers(|name| header_text(response.headers(), name));
-        let wanted =
-            by_headers.is_none() && !detection.is_off() && BLOCK_STATUSES.contains(&status);
-        if !wanted {
-            return by_headers.map_or(refusal, |block| FetchError::blocked_by(block, status));
-        }
         let content_type = header_text(response.headers(), "content-type").map(str::to_owned);
-        let start = (self.read_body(response, status, (received, Some(BODY_WINDOW as u64)))).await;
-        let start = start.unwrap_or_default();
+        // A 404's body is not read, nor one whose headers already told.
+        let read = by_headers.is_none() && !detection.is_off() && BLOCK_STATUSES.contains(&status);
+        let start = match read {
+            true => (self.read_body(response, status, (received, Some(BODY_WINDOW as u64))))
+                .await
+                .unwrap_or_default(),
+            false => Bytes::new(),
+        };
         let said = (status, content_type.as_deref());
-        match refusal_block(detection, said, None, &start) {
+        match refusal_block(detection, said, by_headers, &start) {
             Some(block) => FetchError::blocked_by(block, status),
             None => refusal,
         }

@@ -180,8 +180,13 @@ async fn challenged(
     if peer.ip() == ip {
         return served(&crate::block_pages::answer(&answer));
     }
-    let page = format!("<html><head><title>{name}</title></head><body>page {name}</body></html>");
+    let page = challenged_page(&name);
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+/// The page `/challenged/.../{name}` serves to requests it does not block.
+pub fn challenged_page(name: &str) -> String {
+    format!("<html><head><title>{name}</title></head><body>page {name}</body></html>")
 }
 
 fn served(answer: &crate::block_pages::Answer) -> Response {

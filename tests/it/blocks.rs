@@ -178,8 +178,7 @@ async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_sto
             Some("successful"),
             "{case}"
         );
-        let page =
-            format!("<html><head><title>{case}</title></head><body>page {case}</body></html>");
+        let page = conveyor_testkit::site::challenged_page(case);
         assert_eq!(
             stored(&stack, case).await,
             Some(page.into_bytes()),
