@@ -609,13 +609,15 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
 async fn a_start_asked_again_after_a_missed_one_is_held_by_a_push_back_recorded_before_it() {
     use conveyor_worker::domain::time::epoch_millis;
 
-    // Arrange: a sandbox at 2 a second takes an idle host's turn and comes to it 400 ms late
-    // (its claim took that long), so it asks the schedule again and is given the next start,
-    // 500 ms after the first. Its client stops before its second GetItem: the check there.
+    // Arrange: a sandbox at one fetch every 2 s takes an idle host's turn and comes to it
+    // 1.2 s late (its claim took that long; over half an interval is a miss), so it asks the
+    // schedule again and is given the next start, 2 s after the first: far enough ahead to be
+    // checked however slow a loaded machine is. Its client stops before its second GetItem:
+    // the check there.
     let stack = Stack::new().await;
     let (hosts, paused) = paused_before(&stack, "GetItem", 2).await;
-    let (worker, permit, measures) = turn_at_site_test(&stack, &hosts, 2.0).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (worker, permit, measures) = turn_at_site_test(&stack, &hosts, 0.5).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     let ends = std::time::Instant::now() + Duration::from_secs(10);
     let sandbox = worker.clone();
     let ready =
