@@ -58,12 +58,15 @@ async fn busy_host_through_a_407_proxy(obey_robots: bool) -> usize {
 
     drain_tuned(&stack, &queue, &tune, fleet).await;
 
+    // SQS may hand one message to two pollers at once, and each parks its own copy: every
+    // task is in the dead-letter queue, a task twice only as such a double delivery.
     let dead = dlq.drain(&stack).await;
-    assert_eq!(
-        dead.len(),
-        8,
-        "every task's message in the dead-letter queue"
-    );
+    let mut tasks: Vec<String> = dead.iter().map(|m| task_of(m.body.as_deref())).collect();
+    assert!(dead.len() <= 16, "{} dead-lettered messages", dead.len());
+    tasks.sort();
+    tasks.dedup();
+    let all: Vec<String> = (0..8).map(|i| format!("t{i:03}")).collect();
+    assert_eq!(tasks, all, "every task's message in the dead-letter queue");
     for i in 0..8 {
         let task = stack.task(&format!("t{i:03}")).await;
         assert_eq!(task.status(), Some("processing"), "{task:?}");
@@ -73,6 +76,12 @@ async fn busy_host_through_a_407_proxy(obey_robots: bool) -> usize {
     let requests = proxy.requests().len();
     println!("proxy requests: {requests} for 8 tasks (robots.txt obeyed: {obey_robots})");
     requests
+}
+
+/// The task id a message's body names.
+fn task_of(body: Option<&str>) -> String {
+    let message = Message::parse(body, None).expect("a body");
+    message.task.task_id.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -346,15 +355,7 @@ async fn on_a_fifo_queue_waits_and_holds_move_to_the_back_of_their_group_before_
                 .attributes()
                 .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
             let carried = Carried::read(m.body());
-            (
-                Message::parse(m.body(), None)
-                    .expect("a body")
-                    .task
-                    .task_id
-                    .to_string(),
-                group.cloned(),
-                carried.waits,
-            )
+            (task_of(m.body()), group.cloned(), carried.waits)
         })
         .collect();
     copies.sort();
