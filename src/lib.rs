@@ -13,13 +13,10 @@
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
 pub mod batch;
-pub mod budget;
-pub mod contract;
-pub mod converge;
 pub mod domain;
-pub mod guard;
 pub mod metrics;
 pub mod ops;
+pub mod paid;
 pub mod polite;
 pub mod ports;
 pub mod pushback;
@@ -28,6 +25,6 @@ pub mod store;
 pub mod wiring;
 pub mod worker;
 
-pub use contract::{Outcome, Reply};
+pub use batch::contract::{Outcome, Reply};
 pub use wiring::config::Config;
 pub use worker::Worker;

@@ -70,7 +70,7 @@ impl From<&Config> for RecordSettings {
             politeness: config.politeness.clone(),
             proxy_tiers: config.proxies.len(),
             paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes, config.max_redirects),
-            paid_lease: crate::budget::LEASE,
+            paid_lease: crate::paid::LEASE,
         }
     }
 }

@@ -2,14 +2,13 @@
 //! budget), its spend recorded, and the convergence of what it brought.
 
 use crate::batch::Invocation;
-use crate::budget::{PaidHold, PaidTurn};
-use crate::contract::Outcome;
-use crate::converge::{Converged, Stores};
+use crate::batch::contract::Outcome;
 use crate::domain::bounds::Reason;
 use crate::domain::health::Sign;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page};
 use crate::metrics::Measures;
+use crate::paid::{PaidHold, PaidTurn};
 use crate::polite::{Later, Permit};
 use crate::ports::error::AwsError;
 use crate::ports::hosts::HostStore;
@@ -19,6 +18,7 @@ use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::pushback::retry::Patience;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, Retry, health_sign};
+use crate::worker::converge::{Converged, Stores};
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -2,26 +2,26 @@
 //! Its way to the fetch is in `turn`, the fetch and its convergence in `fetch`, and where a
 //! record goes when it is not done here (a copy, a hold, the quarantine) in `park`.
 
+mod admit;
+pub mod converge;
 mod fetch;
+pub mod guard;
 mod park;
-mod turn;
 
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 
+use crate::batch::contract::Outcome;
 use crate::batch::{Invocation, ProcessRecord};
-use crate::budget::PaidAllowances;
-use crate::contract::Outcome;
-use crate::converge::Converged;
 use crate::domain::ids::TaskRef;
 use crate::domain::message::Message;
 use crate::domain::model::DuplicatePolicy;
 use crate::domain::model::TriesFrom;
 use crate::domain::refresh::Prior;
 use crate::domain::time::epoch_millis;
-use crate::guard::{ParentsCache, Wanted};
+use crate::paid::PaidAllowances;
 use crate::polite::{Gate, HoldReason, Permit, Politeness};
 use crate::ports::error::AwsFault;
 use crate::ports::hosts::HostStore;
@@ -33,6 +33,8 @@ use crate::pushback::backoff::Backoff;
 use crate::pushback::pressure::Pressure;
 use crate::pushback::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
+use crate::worker::converge::Converged;
+use crate::worker::guard::{ParentsCache, Wanted};
 
 /// The settings one record needs, made from the configuration by the wiring
 /// (`wiring/settings.rs`).
@@ -58,7 +60,7 @@ pub struct RecordSettings {
     /// what it holds of its run's budget while it runs, and where its relay cuts it.
     pub paid_fetch_cap: u64,
     /// How long this sandbox's lease on its paid-tier reservations lasts
-    /// ([`crate::budget::LEASE`]).
+    /// ([`crate::paid::LEASE`]).
     pub paid_lease: Duration,
 }
 

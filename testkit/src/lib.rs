@@ -856,7 +856,7 @@ impl Default for WorkerTuning {
             s3_faults: None,
             politeness: Politeness::off(),
             proxies: Tiers::default(),
-            paid_lease: conveyor_worker::budget::LEASE,
+            paid_lease: conveyor_worker::paid::LEASE,
             dynamodb_interceptor: None,
             proxy_secret: ProxySecret::default(),
         }

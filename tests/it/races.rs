@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use conveyor_testkit::*;
-use conveyor_worker::converge::Converged;
 use conveyor_worker::domain::model::{Counting, Sharding};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::wiring::config::DuplicatePolicy;
+use conveyor_worker::worker::converge::Converged;
 use futures_util::future::join_all;
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn a_failure_clears_the_lease_too() {
 /// The converge step over the stack's own stores, as a delivery past its fetch would run it.
 async fn converging<F>(stack: &Stack, converge: F)
 where
-    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+    F: AsyncFnOnce(&conveyor_worker::worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
 {
     converging_counted(stack, Default::default(), converge).await;
 }
@@ -260,7 +260,7 @@ where
 /// [`converging`] into a run that counts its tasks this way.
 async fn converging_counted<F>(stack: &Stack, counting: Counting, converge: F)
 where
-    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+    F: AsyncFnOnce(&conveyor_worker::worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
 {
     let worker = stack.worker();
     converging_over((&worker.tasks, &worker.results), counting, converge).await;
@@ -272,20 +272,20 @@ async fn converging_over<F>(
     counting: Counting,
     converge: F,
 ) where
-    F: AsyncFnOnce(&conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
+    F: AsyncFnOnce(&conveyor_worker::worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>),
 {
     let conflicts = std::sync::atomic::AtomicU64::new(0);
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
     let patience =
         conveyor_worker::pushback::retry::Patience::new(until, Default::default(), &conflicts);
-    let stores = conveyor_worker::converge::Stores::new(tasks, results, patience, counting);
+    let stores = conveyor_worker::worker::converge::Stores::new(tasks, results, patience, counting);
     converge(&stores).await;
 }
 
 /// t1 fails (its delivery found nothing stored), then another delivery's page is stored
 /// and must win.
 async fn fail_then_succeed(
-    stores: &conveyor_worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>,
+    stores: &conveyor_worker::worker::converge::Stores<'_, DynamoTaskStore, S3ResultStore>,
     key: &conveyor_worker::domain::ids::ResultKey,
 ) {
     let failed = stores.fail(&task_ref("t1"), key, not_found()).await;

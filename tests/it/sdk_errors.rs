@@ -16,7 +16,6 @@ use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, KeysAndAttribu
 use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
-use conveyor_worker::converge::{Converged, Stores};
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
 use conveyor_worker::domain::spend::{DeliverySpend, Lease, Reservation, Spend};
@@ -27,6 +26,7 @@ use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore, TriesFrom};
 use conveyor_worker::pushback::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
+use conveyor_worker::worker::converge::{Converged, Stores};
 use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 

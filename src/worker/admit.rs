@@ -2,12 +2,10 @@
 //! claim is its guard), the host's turn, the claim, and what follows it.
 
 use crate::batch::Invocation;
-use crate::contract::Outcome;
-use crate::converge::Stores;
+use crate::batch::contract::Outcome;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::message::REDRIVE_GAP_MS;
 use crate::domain::model::Tries;
-use crate::guard::{self, Admission, Checked, Wanted};
 use crate::polite::{Entry, Later, Permit, Visit};
 use crate::ports::error::AwsError;
 use crate::ports::hosts::HostStore;
@@ -16,6 +14,8 @@ use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::{Lease, TaskStore, TriesFrom};
 use crate::scraper::{FetchError, Fetcher};
+use crate::worker::converge::Stores;
+use crate::worker::guard::{self, Admission, Checked, Wanted};
 use std::time::{Duration, SystemTime};
 
 use super::{

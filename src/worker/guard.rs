@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::contract::{NotWanted, Outcome};
+use crate::batch::contract::{NotWanted, Outcome};
 use crate::domain::blocks::Detection;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
