@@ -15,7 +15,8 @@ use crate::ports::spend::SpendStore;
 use crate::ports::tasks::{Lease, TaskStore, TriesFrom};
 use crate::scraper::{FetchError, Fetcher};
 use crate::worker::converge::Stores;
-use crate::worker::guard::{self, Admission, Checked, Wanted};
+use crate::worker::guard::{self, Admission, Checked};
+use crate::worker::parents::Wanted;
 use std::time::{Duration, SystemTime};
 
 use super::{

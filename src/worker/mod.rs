@@ -6,6 +6,7 @@ mod admit;
 pub mod converge;
 mod fetch;
 pub mod guard;
+pub mod parents;
 mod park;
 
 use std::time::{Duration, SystemTime};
@@ -34,7 +35,7 @@ use crate::pushback::pressure::Pressure;
 use crate::pushback::retry::RetryPolicy;
 use crate::scraper::{FetchError, Fetcher};
 use crate::worker::converge::Converged;
-use crate::worker::guard::{ParentsCache, Wanted};
+use crate::worker::parents::{ParentsCache, Wanted};
 
 /// The settings one record needs, made from the configuration by the wiring
 /// (`wiring/settings.rs`).
@@ -48,7 +49,7 @@ pub struct RecordSettings {
     pub store_reserve: Duration,
     /// How a write that meets a concurrent one is tried again.
     pub conflict_retries: RetryPolicy,
-    /// How long a sandbox keeps a run's "job active, run running" (`guard::ParentsCache`).
+    /// How long a sandbox keeps a run's "job active, run running" (`parents::ParentsCache`).
     pub parents_ttl: Duration,
     pub backoff: Backoff,
     pub duplicate_policy: DuplicatePolicy,
