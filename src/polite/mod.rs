@@ -5,10 +5,14 @@
 //! not fetched, and waits without burning an attempt. The host's turn is in `turn`, the
 //! fleet's robots.txt in `fleet_robots`.
 
+mod admission;
 mod fleet_robots;
 pub mod robots;
 mod turn;
 
+pub use admission::{
+    Admission, DISALLOWED, MAX_POLITE_HOLD, ROBOTS_PROXY_FAILED, WAITED_TOO_LONG, Waited, admission,
+};
 use fleet_robots::RobotsSays;
 
 /// The host's limits and their rule live in the domain; re-exported where the gate uses them.

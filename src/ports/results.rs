@@ -37,7 +37,7 @@ pub struct Earlier {
 
 /// What checking an earlier result found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked {
+pub enum EarlierCheck {
     Usable(Earlier),
     /// Gone, without a SHA-256 checksum or the metadata that describes it, or not the bytes
     /// its task names: why.
@@ -106,7 +106,7 @@ pub trait ResultStore: Send + Sync {
     fn check_earlier(
         &self,
         prior: &Prior,
-    ) -> impl Future<Output = Result<Checked, AwsError>> + Send;
+    ) -> impl Future<Output = Result<EarlierCheck, AwsError>> + Send;
 
     /// Copies a checked earlier result to the task's key, only if nothing is stored there
     /// yet and the earlier object is still the version checked.

@@ -17,7 +17,7 @@ use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
 use crate::ports::error::{AwsError, AwsFault};
 use crate::ports::results::{
-    Carried, Checked, Copied, Earlier, NewResult, Opening, Put, ResultStore,
+    Carried, Copied, Earlier, EarlierCheck, NewResult, Opening, Put, ResultStore,
 };
 use crate::store::error::service_code;
 use crate::store::lazy::Lazy;
@@ -119,13 +119,13 @@ impl ResultStore for S3ResultStore {
     }
 
     #[tracing::instrument(skip_all, fields(key = %prior.key))]
-    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
         let Some(head) = self.head(&prior.key, true).await? else {
-            return Ok(Checked::Unusable("the earlier result is gone".into()));
+            return Ok(EarlierCheck::Unusable("the earlier result is gone".into()));
         };
         let checksum = head.checksum_sha256.as_deref().and_then(hex_of_base64);
         let Some(checksum) = checksum else {
-            return Ok(Checked::Unusable(
+            return Ok(EarlierCheck::Unusable(
                 "the earlier result has no SHA-256 checksum".into(),
             ));
         };
@@ -133,15 +133,15 @@ impl ResultStore for S3ResultStore {
         // describe the copy by, so the page is fetched in full.
         let stored = match described(&prior.key, &head) {
             Ok(stored) => stored,
-            Err(err) => return Ok(Checked::Unusable(err.to_string())),
+            Err(err) => return Ok(EarlierCheck::Unusable(err.to_string())),
         };
         if checksum != prior.sha256.as_str() || stored.sha256 != prior.sha256.as_str() {
-            return Ok(Checked::Unusable(
+            return Ok(EarlierCheck::Unusable(
                 "the earlier result's bytes are not the ones its task names".into(),
             ));
         }
         let version = head.e_tag.clone().unwrap_or_default();
-        Ok(Checked::Usable(Earlier { version, stored }))
+        Ok(EarlierCheck::Usable(Earlier { version, stored }))
     }
 
     #[tracing::instrument(skip_all, fields(key = %carried.key))]

@@ -7,6 +7,8 @@ use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
+use crate::polite::MAX_POLITE_HOLD;
+use crate::ports::error::AwsFault;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::{Attribute, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility};
 use crate::ports::results::ResultStore;
@@ -17,14 +19,46 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
-use super::{
-    Claimed, MAX_COPIES, PRESSED_COPIES_FOR, Worker, name_span, on_fifo, pushed_back,
-    receive_count, sent_at,
-};
+use super::Worker;
+use super::guard::Claimed;
+use super::parse::{Delivery, name_span, on_fifo, receive_count, sent_at};
+
+/// Copies a message may have after final attempts that ended for reasons of ours; past them,
+/// it meets the queue's redrive policy like any other.
+pub const MAX_COPIES: u32 = 10;
+
+/// How long copies are sent for a record AWS keeps pushing back on, from its first such
+/// copy: longer than a new table takes to double its rate (30 minutes) a few times, or a
+/// hot key to split.
+pub const PRESSED_COPIES_FOR: Duration = Duration::from_secs(2 * 3_600);
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
+    /// Where the record goes after its outcome: a parked copy for its host's turn, the
+    /// lease given up, a copy for a last try, the back of its FIFO group, or a hold through
+    /// its visibility timeout. The outcome, changed by what was done, goes to the reply.
+    pub(super) async fn park(
+        &self,
+        record: &SqsMessage,
+        delivery: &Delivery,
+        outcome: Outcome,
+    ) -> Outcome {
+        let (message, receives) = (&delivery.message, delivery.receives);
+        let outcome = self.requeue_politely(record, message, outcome).await;
+        if let Some(owner) = delivery.owner.as_deref()
+            && ends_without_terminal_write(&outcome)
+        {
+            self.release(delivery.task(), owner).await;
+        }
+        let outcome = self.send_again(record, message, outcome, receives).await;
+        let outcome = self.to_back_of_group(record, message, outcome).await;
+        if let Some(delay) = self.hold_for(&outcome, receives, message.carried.copies) {
+            self.hold(record, delay).await;
+        }
+        outcome
+    }
+
     /// A record its host has no room for is sent again as a fresh copy, due after its wait
     /// (at most SQS's 15 minutes), so waiting burns no receive toward the dead-letter queue.
     /// A longer wait is held through the visibility timeout instead (up to
@@ -33,7 +67,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// FIFO queue (a copy would lose its place), but on its receive before the last (the
     /// copy then goes to the back of its group, due at once); nor if the copy cannot be
     /// sent (then held back instead).
-    pub(super) async fn requeue_politely(
+    async fn requeue_politely(
         &self,
         record: &SqsMessage,
         message: &Message,
@@ -92,7 +126,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// [`MAX_FIFO_MOVES`] such copies: a task whose tries go to failures of ours then
     /// reaches the dead-letter queue within a few rounds of receives, its group not held
     /// behind it for long.
-    pub(super) async fn to_back_of_group(
+    async fn to_back_of_group(
         &self,
         record: &SqsMessage,
         message: &Message,
@@ -158,7 +192,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// the strained sandbox did not start, by time instead: [`PRESSED_COPIES_FOR`] from its
     /// first such copy), and not on a FIFO queue; if the copy cannot be sent, the outcome
     /// stands (the message comes back and meets the redrive policy).
-    pub(super) async fn send_again(
+    async fn send_again(
         &self,
         record: &SqsMessage,
         message: &Message,
@@ -239,7 +273,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// Keeps a message to retry invisible for `delay`. If that fails, the message still
     /// comes back, after the queue's own visibility timeout.
-    pub(super) async fn hold(&self, record: &SqsMessage, delay: Duration) {
+    async fn hold(&self, record: &SqsMessage, delay: Duration) {
         let queue = record
             .event_source_arn
             .as_deref()
@@ -257,7 +291,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// Gives the lease up, so the next delivery need not wait for it to expire.
-    pub(super) async fn release(&self, task: &TaskRef, owner: &str) {
+    async fn release(&self, task: &TaskRef, owner: &str) {
         if let Err(err) = self.tasks.release(task, owner).await {
             tracing::warn!(error = %err, "could not release the lease; it expires at the deadline");
         }
@@ -266,7 +300,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Gives back the attempt of a claim that was not followed by a fetch (and the status it
     /// found, so the next delivery is not taken for a redelivery). A failure is logged: the
     /// task then counts one attempt more than it was fetched.
-    pub(super) async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
+    async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
         let was = if claim.redelivery {
             TaskStatus::Processing
         } else {
@@ -275,6 +309,54 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let owner = claim.owner.as_deref();
         if let Err(err) = self.tasks.unclaim(task, was, owner).await {
             tracing::warn!(error = %err, "could not give the claim's attempt back");
+        }
+    }
+
+    /// `ended`, once the attempt of the delivery's claim, which no fetch followed, is given
+    /// back.
+    pub(super) async fn unclaimed(
+        &self,
+        delivery: &Delivery,
+        claim: &Claimed,
+        ended: Outcome,
+    ) -> Outcome {
+        self.unclaim(delivery.task(), claim).await;
+        ended
+    }
+
+    /// The hold of a record AWS pushed back on: it grows with the receives and copies while
+    /// the sandbox's pressure is strained.
+    fn pressed_hold(&self, receives: u32, copies: u32) -> Duration {
+        let strain = self.pressure.strain();
+        self.settings.backoff.pressed(receives + copies, strain)
+    }
+
+    /// How long a message to retry stays invisible before it comes back, if not the
+    /// queue's own visibility timeout. `copies`: the fresh copies of it sent before.
+    fn hold_for(&self, outcome: &Outcome, receives: u32, copies: u32) -> Option<Duration> {
+        match outcome {
+            Outcome::ScrapeTransient { retry_after, .. } => {
+                Some(self.settings.backoff.delay(*retry_after, receives))
+            }
+            // Back exactly when the lease ends (not capped by the backoff's maximum: coming
+            // back earlier would only find the lease again and use up a receive).
+            Outcome::LeaseHeld { until } => {
+                let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                Some(left + Duration::from_secs(1))
+            }
+            // Contention passes in moments, not in a visibility timeout.
+            Outcome::Store(err) if err.is_conflict() => {
+                Some(self.settings.backoff.delay(None, receives))
+            }
+            // AWS pushed back (throttled, failed, timed out, unreachable): a hold that grows
+            // with the receives and copies while the sandbox's pressure is strained (short
+            // once it has eased), jittered so held records do not all return at once. The
+            // copies are bounded by time (PRESSED_COPIES_FOR), so they outlast a table's
+            // warm-up. A refusal (access, a missing table) waits out the queue's timeout.
+            outcome if pushed_back(outcome) => Some(self.pressed_hold(receives, copies)),
+            Outcome::NoTimeLeft => Some(Duration::ZERO),
+            Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
+            _ => None,
         }
     }
 }
@@ -319,4 +401,17 @@ fn copy_name(record: &SqsMessage) -> String {
     hex::encode(Sha256::digest(
         format!("copy#{message}#{receipt}").as_bytes(),
     ))
+}
+
+/// AWS pushed back (throttled, failed, timed out, unreachable).
+fn pushed_back(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back))
+}
+
+/// Outcomes after which the task may still be open (no terminal write by this delivery).
+fn ends_without_terminal_write(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::ScrapeTransient { .. } | Outcome::Store(_) | Outcome::NoTimeLeft
+    )
 }

@@ -17,7 +17,7 @@ use conveyor_worker::domain::model::StoredResult;
 use conveyor_worker::domain::refresh::Prior;
 use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::results::{
-    Carried, Checked, Copied, NewResult, Opening, Put, ResultStore,
+    Carried, Copied, EarlierCheck, NewResult, Opening, Put, ResultStore,
 };
 
 /// How often, and how, AWS misbehaves.
@@ -100,7 +100,7 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
         self.inner.replace(new, etag).await
     }
 
-    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
         self.inner.check_earlier(prior).await
     }
 

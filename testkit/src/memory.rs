@@ -25,7 +25,7 @@ use conveyor_worker::ports::error::AwsError;
 use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
 use conveyor_worker::ports::results::{
-    Carried, Checked, Copied, Earlier, NewResult, Opening, Put, ResultStore,
+    Carried, Copied, Earlier, EarlierCheck, NewResult, Opening, Put, ResultStore,
 };
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, Lease, TaskStore, TriesFrom};
@@ -312,15 +312,17 @@ impl ResultStore for MemoryResults {
         Ok(Put::Stored)
     }
 
-    async fn check_earlier(&self, prior: &Prior) -> Result<Checked, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(match lock(&self.objects).get(prior.key.as_str()) {
-            Some(stored) if stored.sha256 == prior.sha256.as_str() => Checked::Usable(Earlier {
-                version: stored.sha256.clone(),
-                stored: stored.clone(),
-            }),
-            Some(_) => Checked::Unusable("another object".into()),
-            None => Checked::Unusable("gone".into()),
+            Some(stored) if stored.sha256 == prior.sha256.as_str() => {
+                EarlierCheck::Usable(Earlier {
+                    version: stored.sha256.clone(),
+                    stored: stored.clone(),
+                })
+            }
+            Some(_) => EarlierCheck::Unusable("another object".into()),
+            None => EarlierCheck::Unusable("gone".into()),
         })
     }
 

@@ -1,5 +1,208 @@
-//! Converge: the page stored under the task's key, then the one terminal write that can win.
+//! Stage 5, converge: the page stored under the task's key, then the one terminal write that
+//! can win (`stores`); a failure worth a retry ends without a terminal write. What the fetch
+//! spent through proxies is counted in that write, or recorded alone.
 
 mod stores;
 
 pub use stores::{Converged, Stores};
+
+use std::time::Duration;
+
+use crate::batch::Invocation;
+use crate::batch::contract::Outcome;
+use crate::domain::bounds::Reason;
+use crate::domain::ids::{ResultKey, TaskRef};
+use crate::domain::model::{Failure, Page};
+use crate::metrics::Measures;
+use crate::ports::error::AwsError;
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::Visibility;
+use crate::ports::results::Earlier;
+use crate::ports::results::ResultStore;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
+use crate::scraper::{FetchError, Fetcher, Retry};
+
+use super::Worker;
+use super::fetch::Scraped;
+use super::fetch::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
+use super::parents::Wanted;
+use super::parse::Delivery;
+
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
+    /// Stores the page, or records a failure that is final. A wait for the run's paid
+    /// budget gives the claim's attempt back: it was not a try of the task's.
+    pub(super) async fn converge(
+        &self,
+        delivery: &Delivery,
+        scraped: Scraped,
+        invocation: &Invocation,
+    ) -> Outcome {
+        let mut stores = self.stores(&scraped.wanted, scraped.final_attempt, invocation);
+        stores.delivery = delivery.id.clone();
+        stores.spend = scraped.spend;
+        let this_try = Try {
+            redelivery: scraped.claim.redelivery,
+            final_attempt: scraped.final_attempt,
+            time: scraped.time,
+            earlier: scraped.earlier.as_ref(),
+            measures: &invocation.measures,
+        };
+        let converged = self.converge_page(&stores, delivery.task(), scraped.page, this_try);
+        let outcome = converged.await.unwrap_or_else(Outcome::Store);
+        if !stores.spend_counted() {
+            self.record_spend(delivery.task(), &stores).await;
+        }
+        match outcome {
+            Outcome::PoliteHeld { .. } => self.unclaimed(delivery, &scraped.claim, outcome).await,
+            outcome => outcome,
+        }
+    }
+
+    /// The page stored (or an unchanged refresh carried forward), or the fetch's failure.
+    async fn converge_page(
+        &self,
+        stores: &Stores<'_, T, R>,
+        task: &TaskRef,
+        page: Result<Page, FetchError>,
+        this_try: Try<'_>,
+    ) -> Result<Outcome, AwsError> {
+        let key = &self.result_key(task);
+        let (measures, redelivery) = (this_try.measures, this_try.redelivery);
+        let err = match (page, this_try.earlier) {
+            (Ok(page), Some(earlier)) if page.not_modified() => {
+                let converged = stores.carry_forward(task, key, earlier, &page).await?;
+                if converged == (Converged::Succeeded { adopted: false }) {
+                    measures.not_modified(earlier.stored.size);
+                }
+                return Ok(outcome_of(converged, redelivery, false));
+            }
+            (Ok(page), _) if page.not_modified() => {
+                FetchError::transient("HTTP 304 to a request that named no earlier result")
+            }
+            (Ok(page), _) => {
+                let converged = stores.succeed(task, key, &page).await?;
+                if converged == (Converged::Succeeded { adopted: false }) {
+                    measures.stored(page.body.len() as u64);
+                }
+                return Ok(outcome_of(converged, redelivery, false));
+            }
+            (Err(err), _) => err,
+        };
+        self.failed(stores, task, err, this_try).await
+    }
+
+    /// A fetch that brought no page: a wait (the paid budget held elsewhere), no time left,
+    /// a retry (ours, or the site's before the final attempt), or the task's failure.
+    async fn failed(
+        &self,
+        stores: &Stores<'_, T, R>,
+        task: &TaskRef,
+        err: FetchError,
+        this_try: Try<'_>,
+    ) -> Result<Outcome, AwsError> {
+        if err.retry == Retry::Ours && err.reason == PAID_BUDGET_HELD {
+            let delay = PAID_BUDGET_WAIT;
+            return Ok(Outcome::PoliteHeld {
+                delay,
+                booked: None,
+            });
+        }
+        // Our own deadline ended the fetch, not the site's slowness: not the page's failure.
+        if err.timed_out && this_try.time < self.settings.scrape_timeout {
+            return Ok(Outcome::NoTimeLeft);
+        }
+        // A failure of ours is never the page's, whatever the attempt; on the final attempt
+        // it spends the task's tries (its messages then go to the dead-letter queue).
+        let final_attempt = this_try.final_attempt;
+        if err.retry == Retry::Ours && final_attempt {
+            self.spend_tries(task, &err.reason).await;
+        }
+        if err.retry == Retry::Ours || (err.retry == Retry::Transient && !final_attempt) {
+            return Ok(Outcome::ScrapeTransient {
+                reason: err.reason,
+                retry_after: err.retry_after,
+            });
+        }
+        let gave_up = err.retry == Retry::Transient;
+        let failure = Failure {
+            reason: Reason::new(&err.reason),
+            http_status: err.http_status,
+        };
+        let converged = stores.fail(task, &self.result_key(task), failure).await?;
+        Ok(outcome_of(converged, this_try.redelivery, gave_up))
+    }
+
+    /// The stores as this try writes to them: conflicts tried again with the try's
+    /// patience, the run counted as it counts, a stored block page never adopted.
+    pub(super) fn stores<'a>(
+        &'a self,
+        wanted: &Wanted,
+        final_attempt: bool,
+        invocation: &'a Invocation,
+    ) -> Stores<'a, T, R> {
+        let patience = self.patience(final_attempt, invocation);
+        let mut stores = Stores::new(&self.tasks, &self.results, patience, wanted.counting);
+        stores.detection = wanted.detection.clone();
+        stores
+    }
+
+    /// The key the task's result is stored under.
+    pub(super) fn result_key(&self, task: &TaskRef) -> ResultKey {
+        ResultKey::for_task(&self.settings.results_prefix, task)
+    }
+
+    /// Marks the task's tries spent; a failure is logged (the task is then tried again as
+    /// before, its messages parked while its host says wait).
+    async fn spend_tries(&self, task: &TaskRef, reason: &str) {
+        if let Err(err) = self.tasks.spend_tries(task, &Reason::new(reason)).await {
+            tracing::warn!(error = %err, "could not mark the task's tries spent");
+        }
+    }
+
+    /// Records what a fetch spent through proxies into its run's counters, once for this
+    /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
+    /// without counters; or its answer was lost: the store counts it once for the
+    /// delivery). A record that fails after the SDK's retries is logged with it.
+    async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
+        let spend = &stores.spend;
+        if spend.is_zero() {
+            return;
+        }
+        let recorded = self
+            .tasks
+            .record_spend(task, stores.counting, spend, &stores.delivery);
+        if let Err(err) = recorded.await {
+            tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
+        }
+    }
+}
+
+/// This try, as converging what its fetch brought needs it.
+#[derive(Clone, Copy)]
+struct Try<'a> {
+    /// An earlier delivery had claimed the task.
+    redelivery: bool,
+    /// A transient failure is final.
+    final_attempt: bool,
+    /// The time the fetch was given.
+    time: Duration,
+    /// The earlier result a refresh carries forward if the page has not changed.
+    earlier: Option<&'a Earlier>,
+    measures: &'a Measures,
+}
+
+/// The outcome of a converged task.
+pub(super) fn outcome_of(converged: Converged, redelivery: bool, gave_up: bool) -> Outcome {
+    match converged {
+        Converged::Succeeded { adopted } => Outcome::Succeeded {
+            redelivery,
+            adopted,
+        },
+        Converged::LostRace => Outcome::LostRace,
+        Converged::Failed { reason } if gave_up => Outcome::GaveUp { reason },
+        Converged::Failed { reason } => Outcome::FailedPermanently { reason },
+    }
+}

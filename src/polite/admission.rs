@@ -1,0 +1,95 @@
+//! What the gate's answer makes of a record: fetch, fail without a request, or wait for the
+//! host (a parked copy, or a hold through the visibility timeout), and how long a wait may
+//! last. The politeness rules the worker follows live here, beside the gate.
+
+use std::time::Duration;
+
+use crate::ports::queue::{SQS_MAX_DELAY, SQS_MAX_VISIBILITY};
+use crate::scraper::FetchError;
+
+use super::{Entry, HoldReason, Later, Permit};
+
+/// The reason a task robots.txt forbids fails with.
+pub const DISALLOWED: &str = "disallowed by robots.txt";
+
+/// The reason of ours a task's try ends with while our proxy cannot fetch its host's
+/// robots.txt.
+pub const ROBOTS_PROXY_FAILED: &str =
+    "the host's robots.txt could not be fetched through the proxy";
+
+/// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` for its host.
+pub const WAITED_TOO_LONG: &str = "waited too long for its host";
+
+/// The longest a wait is held through the visibility timeout: SQS's 12 hours from the
+/// receive, less what the invocation may have taken of them.
+pub const MAX_POLITE_HOLD: Duration = SQS_MAX_VISIBILITY.saturating_sub(Duration::from_secs(3_600));
+
+/// What a record has waited for its host so far.
+#[derive(Debug, Clone, Copy)]
+pub struct Waited {
+    /// The waits earlier copies of its message had.
+    pub waits: u32,
+    /// How much longer it may wait (`POLITE_MAX_WAIT_MS` from its first wait).
+    pub wait_left: Duration,
+    /// Its task's tries are spent on failures of ours: it no longer waits for its host.
+    pub spent: bool,
+}
+
+/// What the gate's answer makes of a record.
+#[derive(Debug)]
+pub enum Admission {
+    /// Fetch, with the host's permit.
+    Go(Permit),
+    /// Fail without a request: robots.txt forbids the URL, our proxy could not fetch
+    /// robots.txt, or the record waited too long.
+    Refused(FetchError),
+    /// Come back later, at the start booked for it if one was.
+    Wait(Later),
+    /// Its task's tries are spent: held back rather than parked, so its receives take it
+    /// to the dead-letter queue.
+    HeldBack,
+}
+
+/// What the gate's `entry` makes of a record that `waited` so far.
+pub fn admission(entry: Entry, waited: Waited) -> Admission {
+    let (delay, booked) = match entry {
+        Entry::Go(permit) => return Admission::Go(permit),
+        Entry::Disallowed => return Admission::Refused(FetchError::permanent(DISALLOWED)),
+        Entry::ProxyFailed => {
+            let reason = ROBOTS_PROXY_FAILED.to_owned();
+            return Admission::Refused(FetchError::ours(reason));
+        }
+        Entry::Hold(delay, why) => {
+            let delay = backed_off(delay, why, waited.waits);
+            let delay_ms = delay.as_millis() as u64;
+            tracing::info!(delay_ms, ?why, "the host has no room");
+            (delay, None)
+        }
+        Entry::Booked { start, delay } => {
+            let delay_ms = delay.as_millis() as u64;
+            tracing::info!(delay_ms, start, "the host's start booked");
+            (delay, Some(start))
+        }
+    };
+    if waited.spent {
+        return Admission::HeldBack;
+    }
+    if delay > waited.wait_left {
+        return Admission::Refused(FetchError::permanent(WAITED_TOO_LONG));
+    }
+    Admission::Wait(Later { delay, booked })
+}
+
+/// A wait for robots.txt (being fetched elsewhere, or not to be had) grows with the copy's
+/// waits past the first few, so a host whose robots.txt never answers costs a copy per task
+/// every 15 minutes, not every minute. A wait for the host's schedule, slots or cooldown is
+/// what the host says.
+fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
+    match why {
+        HoldReason::Robots => {
+            let backoff = Duration::from_secs(1 << waits.saturating_sub(4).min(10));
+            delay.max(backoff).min(SQS_MAX_DELAY)
+        }
+        HoldReason::Host => delay,
+    }
+}

@@ -1,0 +1,227 @@
+//! Stage 4, fetch: a redelivery whose page is already stored adopts it instead; else the
+//! delivery sleeps until its host's start (after the claim, so the claim's time is not
+//! added to it) and fetches, the paid proxy tier held back while its run has a budget.
+
+mod paid;
+
+pub(super) use paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::batch::Invocation;
+use crate::batch::contract::Outcome;
+use crate::domain::health::Sign;
+use crate::domain::ids::TaskRef;
+use crate::domain::model::Page;
+use crate::domain::refresh::Prior;
+use crate::domain::spend::Spend;
+use crate::polite::{Later, Permit};
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::Visibility;
+use crate::ports::results::{Earlier, EarlierCheck, ResultStore};
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
+use crate::scraper::{Ask, FetchError, Fetched, Fetcher, health_sign};
+
+use super::admit::{Admitted, Pass};
+use super::guard::Claimed;
+use super::parents::Wanted;
+use super::parse::Delivery;
+use super::{Step, Worker};
+
+/// A delivery after its fetch: what the fetch brought, and what the converge stage needs.
+#[derive(Debug)]
+pub(super) struct Scraped {
+    pub claim: Claimed,
+    pub wanted: Wanted,
+    pub final_attempt: bool,
+    /// The time the fetch was given: shorter than `SCRAPE_TIMEOUT_MS` when the invocation's
+    /// end was near (a fetch that ran out of it is not the page's failure).
+    pub time: Duration,
+    pub page: Result<Page, FetchError>,
+    /// What the fetch sent through proxies.
+    pub spend: Spend,
+    /// The earlier result a refresh carries forward if the page has not changed.
+    pub earlier: Option<Earlier>,
+}
+
+/// What one fetch is of: the task, its URL, what its job and run want, and the earlier
+/// result whose validators it asks with.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub task: &'a TaskRef,
+    pub url: Option<&'a str>,
+    pub wanted: &'a Wanted,
+    pub prior: Option<&'a Prior>,
+}
+
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
+    /// Adopts a stored page, or sleeps until the host's start and fetches. The claim's
+    /// attempt is given back when no fetch follows it.
+    pub(super) async fn scrape(
+        &self,
+        delivery: &Delivery,
+        admitted: Admitted,
+        invocation: &Invocation,
+    ) -> Step<Scraped> {
+        if admitted.claim.redelivery
+            && let Some(adopted) = self.adopted(delivery, &admitted, invocation).await
+        {
+            return Err(self.left(admitted.pass.permit(), adopted, invocation).await);
+        }
+        let admitted = self.at_start(delivery, admitted, invocation).await?;
+        let Some(time) = self.fetch_time(invocation) else {
+            let ended = self.unclaimed(delivery, &admitted.claim, Outcome::NoTimeLeft);
+            let ended = ended.await;
+            return Err(self.left(admitted.pass.permit(), ended, invocation).await);
+        };
+        let Admitted {
+            claim,
+            url,
+            prior,
+            wanted,
+            pass,
+            final_attempt,
+        } = admitted;
+        let (prior, earlier) = match self.earlier(prior).await {
+            Ok(checked) => checked,
+            Err(err) => return Err(self.left(pass.permit(), err.into(), invocation).await),
+        };
+        let task = delivery.task();
+        let target = Target {
+            task,
+            url: url.as_deref(),
+            wanted: &wanted,
+            prior: prior.as_ref(),
+        };
+        let fetched = self.fetch_polite(target, pass, time, invocation).await;
+        Ok(Scraped {
+            claim,
+            wanted,
+            final_attempt,
+            time,
+            page: fetched.page,
+            spend: fetched.spend,
+            earlier,
+        })
+    }
+
+    /// A redelivery's page that an earlier delivery already stored, converged instead of
+    /// fetched (a block page an earlier release stored is not adopted).
+    async fn adopted(
+        &self,
+        delivery: &Delivery,
+        admitted: &Admitted,
+        invocation: &Invocation,
+    ) -> Option<Outcome> {
+        let (task, key) = (delivery.task(), self.result_key(delivery.task()));
+        let stores = self.stores(&admitted.wanted, admitted.final_attempt, invocation);
+        match stores.adopt_stored(task, &key).await {
+            Ok(adopted) => {
+                adopted.map(|converged| super::converge::outcome_of(converged, true, false))
+            }
+            Err(err) => Some(Outcome::Store(err)),
+        }
+    }
+
+    /// The delivery once its host's start has come. A cooldown set meanwhile (by any
+    /// sandbox's fetch) gives the permit and the claim's attempt back, and the delivery
+    /// waits.
+    async fn at_start(
+        &self,
+        delivery: &Delivery,
+        admitted: Admitted,
+        invocation: &Invocation,
+    ) -> Step<Admitted> {
+        let permit = match admitted.pass {
+            Pass::Go(permit) => permit,
+            refused => {
+                return Ok(Admitted {
+                    pass: refused,
+                    ..admitted
+                });
+            }
+        };
+        let ends = invocation.cutoff.checked_sub(self.settings.store_reserve);
+        let ends = ends.unwrap_or(invocation.cutoff).into_std();
+        let measures = &invocation.measures;
+        match self.gate.ready(&self.tasks, permit, ends, measures).await? {
+            Ok(permit) => Ok(Admitted {
+                pass: Pass::Go(permit),
+                ..admitted
+            }),
+            Err(Later { delay, booked }) => {
+                let held = Outcome::PoliteHeld { delay, booked };
+                Err(self.unclaimed(delivery, &admitted.claim, held).await)
+            }
+        }
+    }
+
+    /// A refresh task's earlier result, if it can be carried forward (its object is there,
+    /// with the bytes the task names); otherwise the prior is forgotten and the page fetched
+    /// in full.
+    async fn earlier(
+        &self,
+        prior: Option<Prior>,
+    ) -> Result<(Option<Prior>, Option<Earlier>), crate::ports::error::AwsError> {
+        let Some(prior) = prior else {
+            return Ok((None, None));
+        };
+        if !prior.is_under(&self.settings.results_prefix) {
+            tracing::warn!(key = %prior.key, "the earlier result is not one of the results: fetched in full");
+            return Ok((None, None));
+        }
+        match self.results.check_earlier(&prior).await? {
+            EarlierCheck::Usable(earlier) => Ok((Some(prior), Some(earlier))),
+            EarlierCheck::Unusable(why) => {
+                tracing::info!(%why, key = %prior.key, "the earlier result cannot be carried forward: fetched in full");
+                Ok((None, None))
+            }
+        }
+    }
+
+    /// Fetches with the host's permit, given back after with what the answer said of the
+    /// host's health; a refused delivery fails for good without a request.
+    async fn fetch_polite(
+        &self,
+        target: Target<'_>,
+        pass: Pass,
+        time: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let permit: Permit = match pass {
+            Pass::Go(permit) => permit,
+            Pass::Refused(refused) => return Fetched::unspent(Err(refused)),
+        };
+        let started = Instant::now();
+        let fetched = self.fetch_paid_held_back(target, time, invocation).await;
+        // A proxy's own failure says nothing of the site's health, nor does a fetch our own
+        // deadline cut short (the invocation's end, not the site's slowness).
+        let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
+            && time < self.settings.scrape_timeout;
+        // A block page met on any tier is the site refusing us: the fleet slows down, as for
+        // a 429, even when a later tier got the page.
+        let sign = match fetched.spend.blocks() {
+            0 => health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short),
+            _ => Some(Sign::PushedBack(None)),
+        };
+        self.leave(Some(permit), sign, invocation).await;
+        fetched
+    }
+
+    /// One fetch through the scraper, measured.
+    async fn fetch(&self, url: Option<&str>, ask: Ask<'_>, invocation: &Invocation) -> Fetched {
+        let Some(url) = url else {
+            return Fetched::unspent(Err(FetchError::permanent("task has no url")));
+        };
+        let started = Instant::now();
+        let fetched = self.fetcher.fetch(url, ask).await;
+        invocation.measures.fetched(started.elapsed());
+        invocation.measures.spent(&fetched.spend);
+        fetched
+    }
+}

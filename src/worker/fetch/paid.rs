@@ -1,0 +1,97 @@
+//! The paid proxy tier, held back while a run has a budget for it: asked only once the other
+//! tiers are blocked, and only with a hold on its most bytes from this sandbox's share of
+//! the run's budget (`crate::paid`), settled with what it spent.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::batch::Invocation;
+use crate::paid::{PaidHold, PaidTurn};
+use crate::ports::hosts::HostStore;
+use crate::ports::queue::Visibility;
+use crate::ports::results::ResultStore;
+use crate::ports::spend::SpendStore;
+use crate::ports::tasks::TaskStore;
+use crate::scraper::{Ask, FetchError, Fetched, Fetcher};
+
+use super::super::Worker;
+use super::Target;
+
+/// Why a fetch that needed the paid tier did not use it: its run's budget is held by
+/// fetches in flight. The record waits for them to settle (a parked copy, its try given
+/// back).
+pub(in crate::worker) const PAID_BUDGET_HELD: &str =
+    "the paid tier's budget is held by fetches in flight";
+
+/// How long a record waits for its run's paid budget held elsewhere: about when this
+/// sandbox reads the run's budget again.
+pub(in crate::worker) const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
+    Worker<T, R, F, V>
+{
+    /// The fetch, the paid tier asked last and only with a hold on the run's budget.
+    pub(super) async fn fetch_paid_held_back(
+        &self,
+        target: Target<'_>,
+        time: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        let within = |time| Ask {
+            if_changed: target.prior.map(|prior| &prior.validators),
+            detection: &target.wanted.detection,
+            ..Ask::within(time)
+        };
+        let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, self.settings.proxy_tiers)
+        else {
+            return self.fetch(target.url, within(time), invocation).await;
+        };
+        let started = Instant::now();
+        let withheld = Ask {
+            paid_tier: false,
+            ..within(time)
+        };
+        let first = self.fetch(target.url, withheld, invocation).await;
+        if !first.wants_paid_tier {
+            return first;
+        }
+        let (hold, first) = match self.paid_hold(target, run_budget, first).await {
+            Ok(held) => held,
+            Err(ended) => return ended,
+        };
+        let ask = Ask {
+            first_tier: paid,
+            wire_most: Some(self.settings.paid_fetch_cap),
+            ..within(time.saturating_sub(started.elapsed()))
+        };
+        let last = self.fetch(target.url, ask, invocation).await;
+        let spent = last.spend.tier(paid).billed();
+        self.paid.settle(&self.tasks, hold, spent).await;
+        Fetched {
+            spend: first.spend.plus(&last.spend),
+            ..last
+        }
+    }
+
+    /// A hold on the paid tier's most bytes from the run's budget, with the first fetch; or
+    /// what that fetch ends as without one: the budget spent, held by fetches in flight, or
+    /// not readable (what the other tiers spent is spent all the same).
+    async fn paid_hold(
+        &self,
+        target: Target<'_>,
+        run_budget: u64,
+        first: Fetched,
+    ) -> Result<(PaidHold, Fetched), Fetched> {
+        let cap = self.settings.paid_fetch_cap;
+        let held = self.paid.hold(&self.tasks, target.task, run_budget, cap);
+        let reason = match held.await {
+            Ok(PaidTurn::Go(hold)) => return Ok((hold, first)),
+            Ok(PaidTurn::Spent) => return Err(first),
+            Ok(PaidTurn::Held) => PAID_BUDGET_HELD.to_owned(),
+            Err(err) => format!("the paid tier's budget could not be read: {err}"),
+        };
+        let page = Err(FetchError::ours(reason));
+        Err(Fetched { page, ..first })
+    }
+}

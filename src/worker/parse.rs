@@ -1,0 +1,135 @@
+//! Stage 1, parse: an SQS record becomes one delivery of a task, or a poison message for
+//! the quarantine (stage 6).
+
+use std::time::{Duration, SystemTime};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use sha2::{Digest, Sha256};
+
+use crate::batch::Invocation;
+use crate::domain::ids::TaskRef;
+use crate::domain::message::{Message, Poison};
+use crate::domain::model::{DuplicatePolicy, TriesFrom};
+use crate::domain::time::epoch_millis;
+
+use super::Worker;
+
+/// One delivery of a task: its message, how many times the message was received, and a
+/// name for the delivery.
+#[derive(Debug)]
+pub(super) struct Delivery {
+    /// The task, and what earlier copies of the message carried in its body.
+    pub message: Message,
+    /// The message's receives, earlier copies' included.
+    pub receives: u32,
+    /// The receives that count toward the task's tries. On a FIFO queue a wait is a hold
+    /// that takes a receive, so there only the task's claims count (this is 1).
+    pub counted_receives: u32,
+    /// How much longer the task may wait for its host (`POLITE_MAX_WAIT_MS` from its first
+    /// wait).
+    pub wait_left: Duration,
+    /// Names this delivery, so its spend is recorded once: at most 36 characters.
+    pub id: String,
+    /// Under `DUPLICATE_POLICY=lease`, the owner of the lease this delivery takes.
+    pub owner: Option<String>,
+}
+
+impl Delivery {
+    pub fn task(&self) -> &TaskRef {
+        &self.message.task
+    }
+
+    /// The set of tries the message belongs to, as its body says.
+    pub fn tries(&self) -> TriesFrom {
+        TriesFrom {
+            since: self.message.carried.tries_since,
+            fresh: false,
+        }
+    }
+}
+
+impl<T, R, F, V> Worker<T, R, F, V> {
+    /// Parses the record's body and reads its SQS attributes.
+    pub(super) fn parse(
+        &self,
+        record: &SqsMessage,
+        invocation: &Invocation,
+    ) -> Result<Delivery, Poison> {
+        let message = Message::parse(record.body.as_deref(), sent_at(record))?;
+        name_span(&message.task);
+        if message.redriven {
+            tracing::info!("sent again long after its copy was written: a fresh set of tries");
+        }
+        let receives = receive_count(record) + message.carried.receives_before;
+        Ok(Delivery {
+            counted_receives: if on_fifo(record) { 1 } else { receives },
+            wait_left: self.wait_left(message.carried.polite_since),
+            id: delivery_id(record, receives),
+            owner: self.lease_owner(invocation, record),
+            receives,
+            message,
+        })
+    }
+
+    /// Under `DUPLICATE_POLICY=lease`, this delivery: the invocation's request id and the
+    /// message id, so two copies of a task in one batch do not share a lease either.
+    fn lease_owner(&self, invocation: &Invocation, record: &SqsMessage) -> Option<String> {
+        match self.settings.duplicate_policy {
+            DuplicatePolicy::Converge => None,
+            DuplicatePolicy::Lease => Some(format!(
+                "{}/{}",
+                invocation.request_id,
+                record.message_id.as_deref().unwrap_or_default()
+            )),
+        }
+    }
+
+    /// How much longer this task may wait for its host: `POLITE_MAX_WAIT_MS` from its first
+    /// wait (which a copy's body carries).
+    fn wait_left(&self, polite_since: Option<u64>) -> Duration {
+        let now = epoch_millis(SystemTime::now()) as u64;
+        let waited = polite_since.map_or(0, |since| now.saturating_sub(since));
+        let max_wait = self.settings.politeness.max_wait;
+        max_wait.saturating_sub(Duration::from_millis(waited))
+    }
+}
+
+/// Names the task in the record's span, so each of its log lines says which task it is of.
+pub(super) fn name_span(task: &TaskRef) {
+    let span = tracing::Span::current();
+    span.record("job_id", task.job_id.as_str());
+    span.record("run_id", task.run_id.as_str());
+    span.record("task_id", task.task_id.as_str());
+}
+
+/// A name for this delivery, at most 36 characters (a DynamoDB idempotency token): the same
+/// for the same receive of a message (its receipt handle is new at every receive),
+/// different for any other.
+fn delivery_id(record: &SqsMessage, receives: u32) -> String {
+    let message = record.message_id.as_deref().unwrap_or_default();
+    let receipt = record.receipt_handle.as_deref().unwrap_or_default();
+    let digest = Sha256::digest(format!("{message}#{receipt}#{receives}").as_bytes());
+    hex::encode(&digest[..16])
+}
+
+/// Whether the record came from a FIFO queue (its ARN ends in `.fifo`).
+pub(super) fn on_fifo(record: &SqsMessage) -> bool {
+    record
+        .event_source_arn
+        .as_deref()
+        .is_some_and(|arn| arn.ends_with(".fifo"))
+}
+
+/// SQS's `SentTimestamp` (ms since the epoch), if the record has it.
+pub(super) fn sent_at(record: &SqsMessage) -> Option<u64> {
+    record.attributes.get("SentTimestamp")?.parse().ok()
+}
+
+/// SQS's `ApproximateReceiveCount`: 1 on the first delivery. Missing or odd values count as 1.
+pub(super) fn receive_count(record: &SqsMessage) -> u32 {
+    record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
