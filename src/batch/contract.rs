@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::domain::message::Poison;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 
 /// What SQS is told about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     /// DynamoDB or S3 failed, or held data we cannot read.
-    Store(AwsError),
+    Store(StoreError),
     /// `DUPLICATE_POLICY=lease`: another invocation holds the task's lease until `until`;
     /// retried after it, without scraping.
     LeaseHeld { until: std::time::SystemTime },
@@ -62,7 +62,7 @@ pub enum Outcome {
     OutOfTime,
     /// The task's host had no room (its rate, slots or cooldown, shared by the fleet) or its
     /// robots.txt is not known yet: not claimed, not fetched. A fresh copy of the message was
-    /// sent, due after `delay`, so the wait burns no receive on the way to the dead-letter
+    /// sent, due after `delay`, so the wait uses up no receive on the way to the dead-letter
     /// queue; this delivery is done.
     PoliteRequeued { delay: Duration },
     /// As [`Outcome::PoliteRequeued`], but held back through its visibility instead (a FIFO
@@ -77,7 +77,7 @@ pub enum Outcome {
     /// still gets its last try; this delivery is done.
     SentAgain { delay: Duration },
     /// Too little time was left before the cutoff to fetch the page and still store it:
-    /// not fetched (or the fetch stopped at its budget), and made visible again at once for
+    /// not fetched (or the fetch stopped at its deadline), and made visible again at once for
     /// an invocation with time to spare.
     NoTimeLeft,
 }
@@ -131,8 +131,8 @@ impl Outcome {
     }
 }
 
-impl From<AwsError> for Outcome {
-    fn from(err: AwsError) -> Self {
+impl From<StoreError> for Outcome {
+    fn from(err: StoreError) -> Self {
         Outcome::Store(err)
     }
 }
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn only_transient_outcomes_are_retried() {
-        let corrupt = || AwsError::Corrupt {
+        let corrupt = || StoreError::Corrupt {
             what: "task",
             detail: "status 7".into(),
         };

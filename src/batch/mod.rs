@@ -56,7 +56,7 @@ pub trait ProcessRecord: Sync {
 pub struct Invocation {
     /// The Lambda request id (the lease owner under `DUPLICATE_POLICY=lease`).
     pub request_id: String,
-    /// The deadline in force: Lambda's, or [`PAST_DEADLINE_BUDGET`] from the start when
+    /// The deadline in force: Lambda's, or [`FALLBACK_DEADLINE`] from the start when
     /// Lambda's had already passed.
     pub deadline: SystemTime,
     /// When the batch stops: `deadline_margin` before the deadline.
@@ -72,11 +72,11 @@ impl Invocation {
             deadline
         } else {
             tracing::warn!(
-                budget_secs = PAST_DEADLINE_BUDGET.as_secs(),
+                fallback_secs = FALLBACK_DEADLINE.as_secs(),
                 "the deadline had passed before the invocation started (cargo lambda watch?); \
-                 using a fixed budget"
+                 using a deadline of 15 minutes from now"
             );
-            now + PAST_DEADLINE_BUDGET
+            now + FALLBACK_DEADLINE
         };
         let left = deadline.duration_since(now).unwrap_or_default();
         Self {
@@ -95,9 +95,9 @@ pub struct BatchLimits {
     pub deadline_margin: Duration,
 }
 
-/// The budget used when the invocation's deadline had already passed when it started: real
+/// How far off the deadline is set when Lambda's had already passed as the invocation started: real
 /// Lambda never does that, `cargo lambda watch` always does. Lambda's longest timeout.
-pub const PAST_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
+pub const FALLBACK_DEADLINE: Duration = Duration::from_secs(15 * 60);
 
 /// Runs every record and builds the partial batch response.
 pub async fn process_batch<P: ProcessRecord>(

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 
-/// A body that can never name a task; redelivering it would only burn receives.
+/// A body that can never name a task; redelivering it would only use up receives.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Poison(pub String);

@@ -20,7 +20,7 @@ pub enum Reservation {
 /// the budget held may take them back for the run: a sandbox that died holding them strands
 /// them no longer than that.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
+pub struct PaidLease {
     /// The sandbox, as its allowances name it (random per cold start).
     pub holder: String,
     pub expires_at_ms: u64,

@@ -15,7 +15,7 @@ use aws_sdk_sqs::types::Message;
 use crate::batch::{BatchLimits, ProcessRecord, run_batch};
 use crate::metrics::Tally;
 use crate::ops::count;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::store::sqs::{SqsQueue, to_record};
 
 /// How long every SQS call may fail before a watched mapping gives up, by default.
@@ -318,7 +318,7 @@ async fn invoke<P: ProcessRecord>(
     settings: &MappingSettings,
     messages: &[Message],
     request_id: &str,
-) -> Result<(Vec<String>, Tally), AwsError> {
+) -> Result<(Vec<String>, Tally), StoreError> {
     let records: Vec<SqsMessage> = messages
         .iter()
         .map(|m| to_record(m, &settings.queue_arn))
@@ -346,7 +346,7 @@ async fn invoke<P: ProcessRecord>(
 /// A failed SQS call of the mapping: counted, said at the first of a streak only, and a
 /// pause that grows with the streak (to 5 s), so an emulator gone is not asked 20 times a
 /// second.
-async fn failed(stats: &MappingStats, err: &AwsError) {
+async fn failed(stats: &MappingStats, err: &StoreError) {
     let calls = stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
     let (first, streak) = {
         let mut failing = stats.failing.lock().unwrap_or_else(PoisonError::into_inner);

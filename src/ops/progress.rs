@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::domain::ids::Id;
 use crate::domain::model::Counting;
 use crate::domain::spend::{MAX_TIERS, Spend, TierSpend};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string, text};
 use crate::store::dynamo::runs::counting_of;
@@ -101,7 +101,7 @@ pub async fn progress(
     tasks: &DynamoTaskStore,
     job: &Id,
     run: &Id,
-) -> Result<RunProgress, AwsError> {
+) -> Result<RunProgress, StoreError> {
     let mut progress = RunProgress {
         run: run_fields(tasks, job, run).await?,
         ..RunProgress::default()
@@ -125,11 +125,11 @@ pub async fn run_fields(
     tasks: &DynamoTaskStore,
     job: &Id,
     run: &Id,
-) -> Result<BTreeMap<String, String>, AwsError> {
+) -> Result<BTreeMap<String, String>, StoreError> {
     let item: Item = tasks
         .run_item(job, run)
         .await?
-        .ok_or_else(|| AwsError::Refused {
+        .ok_or_else(|| StoreError::NotAllowed {
             detail: format!("run {job}/{run} does not exist"),
         })?;
     let mut fields: BTreeMap<String, String> = RUN_FIELDS

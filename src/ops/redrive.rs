@@ -7,7 +7,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 
 use crate::domain::message;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::queue::{Attribute, MessageCopy};
 use crate::store::sqs::{SqsQueue, to_record};
 
@@ -42,7 +42,7 @@ pub async fn redrive(
     dead: &SqsQueue,
     to: Option<&SqsQueue>,
     most: usize,
-) -> Result<Redriven, AwsError> {
+) -> Result<Redriven, StoreError> {
     let mut redriven = Redriven::default();
     // Each message read, by id, with its latest receipt (only that one releases it).
     let mut held: HashMap<String, Message> = HashMap::new();

@@ -3,7 +3,7 @@
 //! body still poison lands on its own object again, never beside it; and the list of them.
 
 use crate::domain::ids::REPLAYED_FROM;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::store::s3::S3ResultStore;
 use crate::store::sqs::SqsQueue;
 
@@ -25,7 +25,7 @@ pub async fn replay_quarantine(
     prefix: &str,
     queue: &SqsQueue,
     delete: Option<std::time::Duration>,
-) -> Result<Replayed, AwsError> {
+) -> Result<Replayed, StoreError> {
     let mut replayed = Replayed::default();
     for key in quarantine.keys_under(prefix).await? {
         match original_body(&quarantine.read(&key).await?) {
@@ -61,7 +61,7 @@ pub struct Quarantined {
 pub async fn list_quarantine(
     quarantine: &S3ResultStore,
     prefix: &str,
-) -> Result<Vec<Quarantined>, AwsError> {
+) -> Result<Vec<Quarantined>, StoreError> {
     let mut listed = Vec::new();
     for key in quarantine.keys_under(prefix).await? {
         let document: serde_json::Value =

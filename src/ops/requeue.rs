@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::pushback::retry::{Patience, RetryPolicy};
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::string;
@@ -58,7 +58,7 @@ pub async fn requeue_failed(
     (job, run): (&Id, &Id),
     resend_open: bool,
     stop: &AtomicBool,
-) -> Result<Requeued, AwsError> {
+) -> Result<Requeued, StoreError> {
     let (counting, spread) = requeueable(tasks, (job, run)).await?;
     let mut requeued = Requeued::default();
     let mut to_send = Vec::new();
@@ -103,15 +103,15 @@ pub async fn requeue_failed(
 async fn requeueable(
     tasks: &DynamoTaskStore,
     (job, run): (&Id, &Id),
-) -> Result<(Option<Counting>, Option<u32>), AwsError> {
+) -> Result<(Option<Counting>, Option<u32>), StoreError> {
     let item = tasks
         .run_item(job, run)
         .await?
-        .ok_or_else(|| AwsError::Refused {
+        .ok_or_else(|| StoreError::NotAllowed {
             detail: format!("run {job}/{run} does not exist"),
         })?;
     if string(&item, "status") == Some("cancelled") {
-        return Err(AwsError::Refused {
+        return Err(StoreError::NotAllowed {
             detail: format!("run {job}/{run} is cancelled"),
         });
     }
@@ -123,7 +123,7 @@ async fn reset(
     tasks: &DynamoTaskStore,
     task: &TaskRef,
     counting: Option<Counting>,
-) -> Result<Requeue, AwsError> {
+) -> Result<Requeue, StoreError> {
     let conflicts = AtomicU64::new(0);
     let until = Instant::now() + RESET_PATIENCE;
     Patience::new(until, RESET_RETRIES, &conflicts)
@@ -155,8 +155,8 @@ async fn send(queue: &SqsQueue, tasks: &[TaskRef], requeued: &mut Requeued) {
     }
 }
 
-fn task_ref(job: &Id, run: &Id, task: &str) -> Result<TaskRef, AwsError> {
-    let task_id = Id::parse(task).map_err(|e| AwsError::Corrupt {
+fn task_ref(job: &Id, run: &Id, task: &str) -> Result<TaskRef, StoreError> {
+    let task_id = Id::parse(task).map_err(|e| StoreError::Corrupt {
         what: "task id",
         detail: format!("{task:?}: {e}"),
     })?;

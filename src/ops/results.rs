@@ -8,7 +8,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
 use crate::domain::ids::{Id, ResultKey};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::results::ResultStore;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{Item, number, string};
@@ -62,7 +62,7 @@ const AT_ONCE: usize = 16;
 #[derive(Debug, thiserror::Error)]
 pub enum ResultsError {
     #[error("{0}")]
-    Aws(#[from] AwsError),
+    Store(#[from] StoreError),
     /// A downloaded object could not be written here.
     #[error("could not write {path}: {source}")]
     Write {

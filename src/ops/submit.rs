@@ -12,7 +12,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::refresh::Prior;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::scraper::MAX_URL_BYTES;
 use crate::store::dynamo::DynamoTaskStore;
 use crate::store::dynamo::attributes::{number, string};
@@ -114,7 +114,7 @@ pub async fn submit(
     urls: &[(usize, String)],
     layout: Layout<'_>,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Submitted, AwsError> {
+) -> Result<Submitted, StoreError> {
     if let Created::Existing(item) = tasks.create_job(job).await?
         && string(&item, "status") == Some("cancelled")
     {
@@ -155,7 +155,7 @@ async fn create_run(
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
     layout: Layout<'_>,
-) -> Result<(u64, Option<u32>), AwsError> {
+) -> Result<(u64, Option<u32>), StoreError> {
     let total = urls.len() as u64;
     let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
     let mut sizes = layout
@@ -210,7 +210,7 @@ fn same_length(
     item: &crate::store::dynamo::attributes::Item,
     (job, run): (&Id, &Id),
     urls: &[(usize, String)],
-) -> Result<(), AwsError> {
+) -> Result<(), StoreError> {
     let stored: Option<u64> = number(item, "tasks_total");
     let total = urls.len() as u64;
     let Some(stored) = stored.filter(|&stored| stored != total) else {
@@ -241,7 +241,7 @@ async fn same_list(
     tasks: &DynamoTaskStore,
     (job, run, spread): (&Id, &Id, Option<u32>),
     submitted: &[(usize, String)],
-) -> Result<(), AwsError> {
+) -> Result<(), StoreError> {
     for chunk in submitted.chunks(100) {
         let refs: Vec<TaskRef> = chunk
             .iter()
@@ -269,7 +269,7 @@ async fn earlier_run<'a>(
     tasks: &DynamoTaskStore,
     job: &Id,
     earlier: &'a Id,
-) -> Result<EarlierRun<'a>, AwsError> {
+) -> Result<EarlierRun<'a>, StoreError> {
     match tasks.run_item(job, earlier).await? {
         Some(item) => Ok((earlier, spread_of(&item))),
         None => Err(refused(format!(
@@ -284,7 +284,7 @@ async fn earlier_results(
     tasks: &DynamoTaskStore,
     (job, (earlier, spread)): (&Id, EarlierRun<'_>),
     chunk: &[(usize, String)],
-) -> Result<HashMap<String, Prior>, AwsError> {
+) -> Result<HashMap<String, Prior>, StoreError> {
     let refs: Vec<TaskRef> = chunk
         .iter()
         .map(|(line, _)| {
@@ -309,7 +309,7 @@ async fn create_tasks(
     (job, run, spread): (&Id, &Id, Option<u32>),
     (chunk, priors): (&[(usize, String)], &HashMap<String, Prior>),
     submitted: &mut Submitted,
-) -> Result<Vec<TaskRef>, AwsError> {
+) -> Result<Vec<TaskRef>, StoreError> {
     let creates = chunk.iter().map(|(line, url)| async move {
         let task = TaskRef::new(job.clone(), run.clone(), task_id(*line)).spread_over(spread);
         let prior = priors.get(task.task_id.as_str());
@@ -339,7 +339,7 @@ async fn create_tasks(
 
 /// Sends one message per task, ten to a request; what SQS does not take is sent again, up
 /// to five times.
-async fn send_all(queue: &SqsQueue, tasks: &[TaskRef]) -> Result<(), AwsError> {
+async fn send_all(queue: &SqsQueue, tasks: &[TaskRef]) -> Result<(), StoreError> {
     let sends = tasks.chunks(10).map(|batch| send_batch(queue, batch));
     stream::iter(sends)
         .buffer_unordered(4)
@@ -348,7 +348,7 @@ async fn send_all(queue: &SqsQueue, tasks: &[TaskRef]) -> Result<(), AwsError> {
     Ok(())
 }
 
-async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), AwsError> {
+async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), StoreError> {
     let mut unsent = batch.to_vec();
     for attempt in 0..5 {
         if attempt > 0 {
@@ -364,15 +364,15 @@ async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), AwsError>
         crate::ops::count(unsent.len() as u64, "message")
     );
     let why = code.clone();
-    Err(AwsError::aws(
+    Err(StoreError::failed(
         "SendMessageBatch",
-        crate::ports::error::AwsFault::Refused { code },
+        crate::ports::error::StoreFault::Refused { code },
         why,
     ))
 }
 
-fn refused(detail: String) -> AwsError {
-    AwsError::Refused { detail }
+fn refused(detail: String) -> StoreError {
+    StoreError::NotAllowed { detail }
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::domain::spend::{Lease, Reservation};
-use crate::ports::error::AwsError;
+use crate::domain::spend::{PaidLease, Reservation};
+use crate::ports::error::StoreError;
 use crate::ports::spend::SpendStore;
 
 /// How long a sandbox's lease on its reservations lasts past its latest one. The sandbox
@@ -87,9 +87,18 @@ struct Allowance {
     reclaimed: Option<Instant>,
 }
 
+/// Why a fetch that needed the paid tier did not use it: its run's budget is held by
+/// fetches in flight. The record waits for them to settle (a parked copy, its try given
+/// back).
+pub const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
+
+/// How long a record waits for its run's paid budget held elsewhere: about when this
+/// sandbox reads the run's budget again.
+pub const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
 /// What a paid fetch may do.
 #[derive(Debug)]
-pub enum PaidTurn {
+pub enum PaidAnswer {
     /// Go, holding this much of the run's budget.
     Go(PaidHold),
     /// The run's budget is spent: the task fails for it.
@@ -160,7 +169,7 @@ impl PaidAllowances {
         task: &TaskRef,
         budget: u64,
         cap: u64,
-    ) -> Result<PaidTurn, AwsError> {
+    ) -> Result<PaidAnswer, StoreError> {
         let run = (task.job_id.clone(), task.run_id.clone());
         let chunk = chunk_of(budget, cap);
         for _ in 0..MOST_RESERVATIONS {
@@ -184,18 +193,18 @@ impl PaidAllowances {
             }
             self.reserved(&run, (chunk, asked), answer, budget);
         }
-        Ok(PaidTurn::Held)
+        Ok(PaidAnswer::Held)
     }
 
     /// Takes `cap` from the run's allowance if it has that much, says no if the run refused
     /// lately, else `None`: a reservation is needed.
-    fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidTurn> {
+    fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidAnswer> {
         let mut runs = lock(&self.runs);
         let kept = runs.get_mut(run)?;
         if kept.usable() && kept.left >= signed(cap) {
             kept.left -= signed(cap);
             kept.holding += 1;
-            return Some(PaidTurn::Go(PaidHold {
+            return Some(PaidAnswer::Go(PaidHold {
                 run: run.clone(),
                 cap,
                 runs: self.runs.clone(),
@@ -203,15 +212,15 @@ impl PaidAllowances {
             }));
         }
         match kept.refused.filter(|(until, _)| Instant::now() < *until)? {
-            (_, Reservation::Spent) => Some(PaidTurn::Spent),
-            _ => Some(PaidTurn::Held),
+            (_, Reservation::Spent) => Some(PaidAnswer::Spent),
+            _ => Some(PaidAnswer::Held),
         }
     }
 
     /// This sandbox's lease, from now.
-    fn lease_from_now(&self) -> Lease {
+    fn lease_from_now(&self) -> PaidLease {
         let length = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
-        Lease {
+        PaidLease {
             holder: self.holder.clone(),
             expires_at_ms: epoch_ms().saturating_add(length),
         }
@@ -402,8 +411,8 @@ mod tests {
             flag.load(std::sync::atomic::Ordering::Relaxed)
         }
 
-        fn lost() -> AwsError {
-            AwsError::Conflict {
+        fn lost() -> StoreError {
+            StoreError::Changed {
                 detail: "no answer".into(),
             }
         }
@@ -431,16 +440,16 @@ mod tests {
             _: Counting,
             _: &Spend,
             _: &str,
-        ) -> Result<(), AwsError> {
+        ) -> Result<(), StoreError> {
             Ok(())
         }
 
         async fn reserve_paid(
             &self,
             _: (&Id, &Id),
-            lease: &Lease,
+            lease: &PaidLease,
             chunk: u64,
-        ) -> Result<Reservation, AwsError> {
+        ) -> Result<Reservation, StoreError> {
             tokio::task::yield_now().await; // others race in between
             let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
             let answer = match *books {
@@ -460,11 +469,16 @@ mod tests {
             }
         }
 
-        async fn note_paid(&self, _: (&Id, &Id), holder: &str, bytes: u64) -> Result<(), AwsError> {
+        async fn note_paid(
+            &self,
+            _: (&Id, &Id),
+            holder: &str,
+            bytes: u64,
+        ) -> Result<(), StoreError> {
             match self.leases().get_mut(holder) {
                 Some(held) => held.1 += bytes,
                 None => {
-                    return Err(AwsError::Refused {
+                    return Err(StoreError::NotAllowed {
                         detail: "no lease".into(),
                     });
                 }
@@ -477,7 +491,7 @@ mod tests {
             _: (&Id, &Id),
             holder: &str,
             unnoted: u64,
-        ) -> Result<(), AwsError> {
+        ) -> Result<(), StoreError> {
             if Self::fault(&self.refuse_returns) {
                 return Err(Self::lost());
             }
@@ -489,7 +503,7 @@ mod tests {
             Ok(())
         }
 
-        async fn reclaim_paid(&self, _: (&Id, &Id), now_ms: u64) -> Result<usize, AwsError> {
+        async fn reclaim_paid(&self, _: (&Id, &Id), now_ms: u64) -> Result<usize, StoreError> {
             let mut leases = self.leases();
             let expired: Vec<String> = leases
                 .iter()
@@ -522,7 +536,7 @@ mod tests {
         // Act: every fetch that gets a hold spends all of it.
         let fetches = sandboxes.iter().flat_map(|paid| {
             (0..16).map(|_| async {
-                let PaidTurn::Go(hold) = paid.hold(&account, &task(), budget, cap).await.unwrap()
+                let PaidAnswer::Go(hold) = paid.hold(&account, &task(), budget, cap).await.unwrap()
                 else {
                     return None;
                 };
@@ -548,7 +562,7 @@ mod tests {
         let (budget, cap) = (300 << 10, 64 << 10);
         let account = Account::new(budget);
         let (first, second) = (PaidAllowances::default(), PaidAllowances::default());
-        let PaidTurn::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
+        let PaidAnswer::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
             panic!("a hold on a fresh budget");
         };
         first.settle(&account, hold, 1_000).await;
@@ -556,7 +570,8 @@ mod tests {
         // Act
         first.give_back(&account).await;
         let mut held = 0;
-        while let PaidTurn::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap() {
+        while let PaidAnswer::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap()
+        {
             second.settle(&account, hold, cap).await;
             held += cap;
         }
@@ -575,8 +590,8 @@ mod tests {
             "{held}: the budget was not stranded"
         );
         assert_eq!(account.books(), (held + 1_000, held + 1_000));
-        assert!(matches!(busy.unwrap(), PaidTurn::Held));
-        assert!(matches!(spent.unwrap(), PaidTurn::Spent));
+        assert!(matches!(busy.unwrap(), PaidAnswer::Held));
+        assert!(matches!(spent.unwrap(), PaidAnswer::Spent));
     }
 
     #[tokio::test]
@@ -586,8 +601,8 @@ mod tests {
         let (budget, cap, lease) = (128 << 10, 64 << 10, Duration::from_millis(200));
         let account = Account::new(budget);
         let dead = PaidAllowances::new(lease);
-        let go = |turn: Result<PaidTurn, AwsError>| match turn.unwrap() {
-            PaidTurn::Go(hold) => hold,
+        let go = |turn: Result<PaidAnswer, StoreError>| match turn.unwrap() {
+            PaidAnswer::Go(hold) => hold,
             turn => panic!("{turn:?}"),
         };
         let first = go(dead.hold(&account, &task(), budget, cap).await);
@@ -599,7 +614,7 @@ mod tests {
         let during = other.hold(&account, &task(), budget, cap).await.unwrap();
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let mut spent = 0;
-        while let PaidTurn::Go(hold) = other.hold(&account, &task(), budget, cap).await.unwrap() {
+        while let PaidAnswer::Go(hold) = other.hold(&account, &task(), budget, cap).await.unwrap() {
             other.settle(&account, hold, cap).await;
             spent += cap;
         }
@@ -608,14 +623,14 @@ mod tests {
         // Assert: held while the lease lasted; then the rest of the budget was the other's
         // (the dead sandbox's noted 1,000 bytes stay spent, its fetch in flight is the one
         // cap the run may spend past its budget).
-        assert!(matches!(during, PaidTurn::Held), "{during:?}");
+        assert!(matches!(during, PaidAnswer::Held), "{during:?}");
         assert_eq!(spent, budget);
         assert_eq!(account.books(), (spent + 1_000, spent + 1_000));
     }
 
-    fn go(turn: Result<PaidTurn, AwsError>) -> PaidHold {
+    fn go(turn: Result<PaidAnswer, StoreError>) -> PaidHold {
         match turn {
-            Ok(PaidTurn::Go(hold)) => hold,
+            Ok(PaidAnswer::Go(hold)) => hold,
             turn => panic!("{turn:?}"),
         }
     }

@@ -3,7 +3,7 @@
 
 use crate::domain::limits::{Host, HostLimits, Millis};
 use crate::metrics::Measures;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, RobotsRecord};
 use crate::scraper::{self, Fetcher, health_sign};
 use robots::{Parsed, Verdict};
@@ -36,9 +36,9 @@ impl Gate {
         host: &Host,
         url: &url::Url,
         limits: HostLimits,
-        budget: Duration,
+        fetch_time: Duration,
         measures: &Measures,
-    ) -> Result<RobotsSays, AwsError> {
+    ) -> Result<RobotsSays, StoreError> {
         let kept = self.kept_robots(host);
         let mut kept = kept.lock().await;
         let now = now_ms();
@@ -49,7 +49,7 @@ impl Gate {
             Some(record) => record,
             None => {
                 let fetched =
-                    self.fetch_robots((store, fetcher), host, url, limits, budget, measures);
+                    self.fetch_robots((store, fetcher), host, url, limits, fetch_time, measures);
                 match fetched.await? {
                     Ok(record) => record,
                     Err(RobotsSays::Wait(wait)) => {
@@ -74,9 +74,9 @@ impl Gate {
         host: &Host,
         url: &url::Url,
         limits: HostLimits,
-        budget: Duration,
+        fetch_time: Duration,
         measures: &Measures,
-    ) -> Result<Result<RobotsRecord, RobotsSays>, AwsError> {
+    ) -> Result<Result<RobotsRecord, RobotsSays>, StoreError> {
         let timeout = self.settings.robots_timeout;
         // The cooldown is read before the fleet's lease is taken, so a host cooling down
         // holds no lease for the others to wait out.
@@ -88,7 +88,7 @@ impl Gate {
             .take_robots_fetch(host, now, now + ROBOTS_LEASE_MS)
             .await?
         {
-            return self.await_robots(store, host, budget).await;
+            return self.await_robots(store, host, fetch_time).await;
         }
         // Outside the schedule and the slots: one request a day for the whole fleet, which
         // must not queue behind the starts the host's records have booked. Its push-back
@@ -98,10 +98,10 @@ impl Gate {
             ..Permit::default()
         };
         let started = std::time::Instant::now();
-        let fetched = robots_fetched(fetcher, url, budget.min(timeout), measures).await;
-        // Cut short by this record's budget, not by its own timeout: no answer of the site's.
+        let fetched = robots_fetched(fetcher, url, fetch_time.min(timeout), measures).await;
+        // Cut short by this record's fetch_time, not by its own timeout: no answer of the site's.
         // A record with time comes back for it (the lease lapses meanwhile).
-        let cut_short = budget < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
+        let cut_short = fetch_time < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
         let sign = health_sign(&fetched, started.elapsed()).filter(|_| !cut_short);
         self.leave(store, permit, sign, measures).await;
         if cut_short {
@@ -128,9 +128,9 @@ impl Gate {
         &self,
         store: &S,
         host: &Host,
-        budget: Duration,
-    ) -> Result<Result<RobotsRecord, RobotsSays>, AwsError> {
-        let until = tokio::time::Instant::now() + ROBOTS_WAIT.min(budget / 2);
+        fetch_time: Duration,
+    ) -> Result<Result<RobotsRecord, RobotsSays>, StoreError> {
+        let until = tokio::time::Instant::now() + ROBOTS_WAIT.min(fetch_time / 2);
         while tokio::time::Instant::now() + ROBOTS_POLL < until {
             tokio::time::sleep(ROBOTS_POLL).await;
             if let Some(record) = store
@@ -154,18 +154,18 @@ impl Gate {
     }
 }
 
-/// The robots.txt of `url`'s host, its first 500 KiB, within `budget`: metered for the fleet,
+/// The robots.txt of `url`'s host, its first 500 KiB, within `fetch_time`: metered for the fleet,
 /// not charged to a run (one robots.txt serves them all).
 async fn robots_fetched<F: Fetcher>(
     fetcher: &F,
     url: &url::Url,
-    budget: Duration,
+    fetch_time: Duration,
     measures: &Measures,
 ) -> Result<crate::domain::model::Page, scraper::FetchError> {
     let robots_url = robots::robots_url(url).unwrap_or_default();
     let ask = scraper::Ask {
         keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
-        ..scraper::Ask::within(budget)
+        ..scraper::Ask::within(fetch_time)
     };
     let fetched = fetcher.fetch(&robots_url, ask).await;
     measures.spent(&fetched.spend);

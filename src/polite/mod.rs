@@ -2,13 +2,13 @@
 //! (`domain::limits`, kept in DynamoDB by `store::dynamo::hosts`), and its robots.txt (`robots`),
 //! fetched once per host for every sandbox. The gate (here: what a record brings, what it is
 //! told) stands between the guard's reads and the claim: a record whose host has no room is
-//! not fetched, and waits without burning an attempt. The host's turn is in `turn`, the
+//! not fetched, and waits without using up an attempt. The host's schedule and slots are in `schedule`, the
 //! fleet's robots.txt in `fleet_robots`.
 
 mod admission;
 mod fleet_robots;
 pub mod robots;
-mod turn;
+mod schedule;
 
 pub use admission::{
     Admission, DISALLOWED, MAX_POLITE_HOLD, ROBOTS_PROXY_FAILED, WAITED_TOO_LONG, Waited, admission,
@@ -28,7 +28,7 @@ use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
 use crate::metrics::Measures;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 use crate::scraper::Fetcher;
 
@@ -101,7 +101,7 @@ pub struct Permit {
     start: Millis,
     /// A booked start: its slot (and the cooldown) is asked of the host's item at the start,
     /// in one write, not when the record arrives (the limits and the fetch's
-    /// budget to ask with).
+    /// fetch_time to ask with).
     at_start: Option<(HostLimits, Duration)>,
     /// The latest start the record may be booked for, if its start is missed.
     far: Millis,
@@ -202,7 +202,7 @@ const ROBOTS_POLL: Duration = Duration::from_millis(250);
 /// How long a record that has too little time to fetch robots.txt waits for a fresh
 /// invocation.
 const ROBOTS_SHORT_WAIT_MS: Millis = 1_000;
-/// A slot is held this much past its fetch's budget, for the time to give it back.
+/// A slot is held this much past its fetch's fetch_time, for the time to give it back.
 const SLOT_MARGIN_MS: Millis = 5_000;
 /// A grant this fresh is the host's item's word at the fetch's start; an older one (the
 /// claim took longer) is asked again, so no fetch starts past a push-back recorded since.
@@ -219,8 +219,8 @@ const LEAST_LATENESS_MS: Millis = 100;
 /// slowed host is asked less than its ceiling, and its site has shown it cannot take
 /// bursts: a start that waited behind the sandbox's other asks goes on top of the next one.
 const JUDGED_AFTER_CHECK_MS: Millis = 200;
-/// The most budget a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
-const AGAIN_BUDGET: Duration = Duration::from_secs(3);
+/// The most fetch_time a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
+const AGAIN_TIME: Duration = Duration::from_secs(3);
 /// A booked record comes back this much before its start (SQS delays whole seconds and
 /// delivers a moment late), and sleeps the rest.
 const BOOKING_LEAD_MS: Millis = 1_500;
@@ -256,9 +256,9 @@ impl Gate {
         (store, fetcher): (&S, &F),
         visit: Visit<'_>,
         job: &JobPoliteness,
-        budget: Duration,
+        fetch_time: Duration,
         measures: &Measures,
-    ) -> Result<Entry, AwsError> {
+    ) -> Result<Entry, StoreError> {
         let parsed = url::Url::parse(visit.url).ok();
         let Some((parsed, host)) = parsed.and_then(|u| Host::of(&u).map(|h| (u, h))) else {
             // The fetcher refuses what is no http(s) URL with a host.
@@ -266,7 +266,14 @@ impl Gate {
         };
         let mut limits = self.limits(job);
         if job.obey_robots.unwrap_or(self.settings.obey_robots) {
-            let says = self.robots((store, fetcher), &host, &parsed, limits, budget, measures);
+            let says = self.robots(
+                (store, fetcher),
+                &host,
+                &parsed,
+                limits,
+                fetch_time,
+                measures,
+            );
             match says.await? {
                 RobotsSays::Fetch { crawl_delay } => limits = limits.with_crawl_delay(crawl_delay),
                 RobotsSays::Disallowed => {
@@ -282,9 +289,12 @@ impl Gate {
         let booked = visit
             .booked
             .map(|start| (start, visit.booked_at.unwrap_or(0)));
-        let entry = match booked.and_then(|start| self.booked(&key, limits, start, budget)) {
+        let entry = match booked.and_then(|start| self.booked(&key, limits, start, fetch_time)) {
             Some(entry) => entry,
-            None => self.take(store, &key, limits, budget, Some(far)).await?,
+            None => {
+                self.take(store, &key, limits, fetch_time, Some(far))
+                    .await?
+            }
         };
         Ok(match entry {
             Entry::Go(permit) => Entry::Go(Permit { far, ..permit }),
@@ -331,7 +341,7 @@ impl Gate {
         host: &Host,
         limits: HostLimits,
         (start, given_at): (Millis, Millis),
-        budget: Duration,
+        fetch_time: Duration,
     ) -> Option<Entry> {
         let now = now_ms();
         if missed_at(start, limits.max_rps, now) {
@@ -348,7 +358,7 @@ impl Gate {
             host: Some((host.clone(), limits.max_rps)),
             slot: None,
             start,
-            at_start: Some((limits, budget)),
+            at_start: Some((limits, fetch_time)),
             far: 0,
             given_at,
         }))
@@ -427,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn a_start_is_slept_for_only_while_the_hosts_usual_answer_still_fits_the_budget() {
+    fn a_start_is_slept_for_only_while_the_hosts_usual_answer_still_fits_the_fetchs_time() {
         let gate = Gate::new(Politeness {
             max_sleep: Duration::from_secs(5),
             ..Politeness::off()
@@ -437,10 +447,10 @@ mod tests {
             ..HostState::default()
         };
         let limits = HostLimits::none();
-        let budget = Duration::from_millis(2_500);
+        let fetch_time = Duration::from_millis(2_500);
 
-        let unknown = gate.ask(&HostState::default(), limits, budget);
-        let known = gate.ask(&slow_site, limits, budget);
+        let unknown = gate.ask(&HostState::default(), limits, fetch_time);
+        let known = gate.ask(&slow_site, limits, fetch_time);
 
         assert!((1_450..=1_550).contains(&(unknown.horizon - unknown.now)));
         assert!((950..=1_050).contains(&(known.horizon - known.now)));

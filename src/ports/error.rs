@@ -1,12 +1,14 @@
-//! What a store call that gave no usable answer says: the AWS fault behind it, as far as a
-//! caller branches on it, or the stored data it could not read. The adapters classify the
-//! SDK's errors into it (`store::error`).
+//! The ports' error: what a store call that gave no usable answer says. It names what went
+//! wrong as far as a caller branches on it (throttled, a conflict, invalid, ...), or the
+//! stored data it could not read. The adapters classify the SDK's errors into it
+//! (`store::error`), so no caller sees an SDK type.
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What went wrong talking to AWS, as far as a caller needs to branch or an operator to read.
+/// What went wrong with a request to a store, as far as a caller needs to branch or an
+/// operator to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AwsFault {
+pub enum StoreFault {
     /// Throttled or over provisioned throughput: back off.
     Throttled,
     /// The service failed (5xx) or sent a response we could not read.
@@ -26,7 +28,7 @@ pub enum AwsFault {
     Refused { code: String },
 }
 
-impl AwsFault {
+impl StoreFault {
     /// AWS pushed back or did not answer (throttled, failed, timed out, not sent): worth
     /// another try once the load has eased, not at once.
     pub fn is_push_back(&self) -> bool {
@@ -37,7 +39,7 @@ impl AwsFault {
     }
 }
 
-impl std::fmt::Display for AwsFault {
+impl std::fmt::Display for StoreFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Throttled => f.write_str("throttled"),
@@ -53,55 +55,56 @@ impl std::fmt::Display for AwsFault {
 
 /// A store call that did not give an answer the worker can act on.
 ///
-/// Unless the worker can write something else in its place ([`AwsError::is_invalid`]),
+/// Unless the worker can write something else in its place ([`StoreError::is_invalid`]),
 /// every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
 /// cannot read is a bug that must reach the dead-letter queue rather than be dropped.
 #[derive(Debug, thiserror::Error)]
-pub enum AwsError {
+pub enum StoreError {
     #[error("{operation} {fault}")]
-    Aws {
+    Failed {
         operation: &'static str,
-        fault: AwsFault,
+        fault: StoreFault,
         #[source]
         source: BoxError,
     },
     #[error("unreadable {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
-    /// A concurrent change was in the way (a transaction conflict, an object gone between
-    /// two requests): trying again shortly may get past it.
+    /// What the worker read changed before its next request (an object gone between two
+    /// requests, counters that kept changing): trying again shortly may get past it. AWS's
+    /// own refusal of a request that met a concurrent one is [`StoreFault::Conflict`].
     #[error("concurrent change: {detail}")]
-    Conflict { detail: String },
+    Changed { detail: String },
     /// The stored state forbids what was asked (an operator's re-queue of a cancelled run).
     #[error("refused: {detail}")]
-    Refused { detail: String },
+    NotAllowed { detail: String },
 }
 
-impl AwsError {
-    /// An AWS error whose fault the caller classified (a cancelled transaction, by its
+impl StoreError {
+    /// A failed request whose fault the caller classified (a cancelled transaction, by its
     /// reasons; keys a batch read left unprocessed).
-    pub fn aws(operation: &'static str, fault: AwsFault, source: impl Into<BoxError>) -> Self {
-        Self::Aws {
+    pub fn failed(operation: &'static str, fault: StoreFault, source: impl Into<BoxError>) -> Self {
+        Self::Failed {
             operation,
             fault,
             source: source.into(),
         }
     }
 
-    /// The AWS fault behind this error, if it came from AWS.
-    pub fn aws_fault(&self) -> Option<&AwsFault> {
+    /// The fault behind this error, if a request failed.
+    pub fn fault(&self) -> Option<&StoreFault> {
         match self {
-            Self::Aws { fault, .. } => Some(fault),
-            Self::Corrupt { .. } | Self::Conflict { .. } | Self::Refused { .. } => None,
+            Self::Failed { fault, .. } => Some(fault),
+            Self::Corrupt { .. } | Self::Changed { .. } | Self::NotAllowed { .. } => None,
         }
     }
 
     /// A concurrent change was in the way: worth trying again shortly, within the invocation.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Conflict { .. }) || self.aws_fault() == Some(&AwsFault::Conflict)
+        matches!(self, Self::Changed { .. }) || self.fault() == Some(&StoreFault::Conflict)
     }
 
     /// AWS refused the request as invalid: the same request can never succeed.
     pub fn is_invalid(&self) -> bool {
-        matches!(self.aws_fault(), Some(AwsFault::Invalid { .. }))
+        matches!(self.fault(), Some(StoreFault::Invalid { .. }))
     }
 }

@@ -5,7 +5,7 @@ use std::future::Future;
 
 use crate::domain::health::Trouble;
 use crate::domain::limits::{Ask, Grant, Host, HostState, Millis};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 
 /// What the fleet knows of a host's robots.txt, until `expires_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +60,10 @@ pub trait HostStore: Send + Sync {
         host: &Host,
         ask: &Ask,
         seen: &HostState,
-    ) -> impl Future<Output = Result<Taken, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Taken, StoreError>> + Send;
 
     /// The host as it is now (a consistent read).
-    fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, AwsError>> + Send;
+    fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, StoreError>> + Send;
 
     /// Gives a fetch's slot back (if it is still the fetch's), in the same write recording
     /// the host's answer times with this fetch's, if it was answered.
@@ -72,7 +72,7 @@ pub trait HostStore: Send + Sync {
         host: &Host,
         slot: (usize, Millis),
         answers: Option<(f64, f64)>,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the host's trouble computed from `seen` (the item as read): its cooldown
     /// only if it lengthens the one in force (a later, weaker answer never shortens it), and
@@ -85,12 +85,12 @@ pub trait HostStore: Send + Sync {
         seen: &HostState,
         trouble: Trouble,
         now: Millis,
-    ) -> impl Future<Output = Result<PushedBack, AwsError>> + Send;
+    ) -> impl Future<Output = Result<PushedBack, StoreError>> + Send;
 
     fn robots(
         &self,
         host: &Host,
-    ) -> impl Future<Output = Result<Option<RobotsRecord>, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Option<RobotsRecord>, StoreError>> + Send;
 
     /// Takes the fleet's one fetch of the host's robots.txt until `until`; false when a fresh
     /// one is kept or another sandbox is fetching it.
@@ -99,7 +99,7 @@ pub trait HostStore: Send + Sync {
         host: &Host,
         now: Millis,
         until: Millis,
-    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Stores the fleet's copy; answers it as kept (a file cut to what the item holds), so
     /// the sandbox that fetched it parses the same bytes as every other.
@@ -107,5 +107,5 @@ pub trait HostStore: Send + Sync {
         &self,
         host: &Host,
         record: RobotsRecord,
-    ) -> impl Future<Output = Result<RobotsRecord, AwsError>> + Send;
+    ) -> impl Future<Output = Result<RobotsRecord, StoreError>> + Send;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::SqsMessage;
 
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 
 /// SQS's longest visibility timeout.
 pub const SQS_MAX_VISIBILITY: Duration = Duration::from_secs(12 * 60 * 60);
@@ -71,7 +71,7 @@ pub trait Visibility: Send + Sync {
         queue: &QueueRef,
         receipt_handle: &str,
         delay: Duration,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Sends a fresh copy of a message, due after its delay (at most SQS's 15 minutes): its
     /// receive count starts again.
@@ -79,7 +79,7 @@ pub trait Visibility: Send + Sync {
         &self,
         queue: &QueueRef,
         copy: &MessageCopy,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// A fresh copy of a received message: its body, when it is due, and what SQS keeps beside

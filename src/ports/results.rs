@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::{Page, StoredResult};
 use crate::domain::refresh::{Prior, Validators};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 
 /// A page on its way into the store.
 #[derive(Debug, Clone, Copy)]
@@ -78,20 +78,20 @@ pub trait ResultStore: Send + Sync {
     fn put_if_absent(
         &self,
         new: NewResult<'_>,
-    ) -> impl Future<Output = Result<Put, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
 
     /// Describes the object under the key from its metadata, or `None` when there is none.
     fn describe(
         &self,
         key: &ResultKey,
-    ) -> impl Future<Output = Result<Option<StoredResult>, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Option<StoredResult>, StoreError>> + Send;
 
     /// The object's first `most` bytes and its version, or `None` when there is none.
     fn opening(
         &self,
         key: &ResultKey,
         most: usize,
-    ) -> impl Future<Output = Result<Option<Opening>, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Option<Opening>, StoreError>> + Send;
 
     /// Stores the page in place of the object of version `etag` (a block page an earlier
     /// release stored): `AlreadyThere` when the object is no longer that version.
@@ -99,26 +99,26 @@ pub trait ResultStore: Send + Sync {
         &self,
         new: NewResult<'_>,
         etag: &str,
-    ) -> impl Future<Output = Result<Put, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
 
     /// The earlier result of a refresh task, checked by the SHA-256 the store computed of
     /// its bytes against the one the task names.
     fn check_earlier(
         &self,
         prior: &Prior,
-    ) -> impl Future<Output = Result<EarlierCheck, AwsError>> + Send;
+    ) -> impl Future<Output = Result<EarlierCheck, StoreError>> + Send;
 
     /// Copies a checked earlier result to the task's key, only if nothing is stored there
     /// yet and the earlier object is still the version checked.
     fn carry_if_absent(
         &self,
         carried: Carried<'_>,
-    ) -> impl Future<Output = Result<Copied, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Copied, StoreError>> + Send;
 
     /// Keeps a poison message (a JSON document) for a person to inspect and replay.
     fn quarantine(
         &self,
         key: &QuarantineKey,
         document: Vec<u8>,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -6,8 +6,8 @@ use std::future::Future;
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::{Lease, Reservation, Spend};
-use crate::ports::error::AwsError;
+use crate::domain::spend::{PaidLease, Reservation, Spend};
+use crate::ports::error::StoreError;
 
 /// Where spend is counted and the paid tier's budget kept.
 pub trait SpendStore: Send + Sync {
@@ -19,7 +19,7 @@ pub trait SpendStore: Send + Sync {
         counting: Counting,
         spend: &Spend,
         delivery: &str,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Reserves `chunk` bytes of the run's paid-tier budget under `lease` (its holder's
     /// lease is extended to its expiry), refused once the reserved bytes reach the budget
@@ -27,9 +27,9 @@ pub trait SpendStore: Send + Sync {
     fn reserve_paid(
         &self,
         run: (&Id, &Id),
-        lease: &Lease,
+        lease: &PaidLease,
         chunk: u64,
-    ) -> impl Future<Output = Result<Reservation, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
 
     /// Notes on `holder`'s lease that one of its paid fetches spent `bytes`, so that a lease
     /// taken back after its holder died counts them as spent, not as unspent.
@@ -38,7 +38,7 @@ pub trait SpendStore: Send + Sync {
         run: (&Id, &Id),
         holder: &str,
         bytes: u64,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Settles `holder`'s lease on the run's paid-tier budget and ends it, as the lease
     /// records it: the bytes it reserved go back to the run but for what was spent, its
@@ -49,7 +49,7 @@ pub trait SpendStore: Send + Sync {
         run: (&Id, &Id),
         holder: &str,
         unnoted: u64,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes back for the run every lease on its paid-tier budget that expired before
     /// `now_ms`: what each noted as spent is spent, the rest is unspent. How many it took.
@@ -57,5 +57,5 @@ pub trait SpendStore: Send + Sync {
         &self,
         run: (&Id, &Id),
         now_ms: u64,
-    ) -> impl Future<Output = Result<usize, AwsError>> + Send;
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }

@@ -8,7 +8,7 @@ use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::refresh::Prior;
 use crate::domain::spend::DeliverySpend;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 
 use crate::domain::bounds::Reason;
 pub use crate::domain::model::{Lease, Tries, TriesFrom};
@@ -53,13 +53,13 @@ pub trait TaskStore: Send + Sync {
     fn load_task(
         &self,
         task: &TaskRef,
-    ) -> impl Future<Output = Result<Option<Task>, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Option<Task>, StoreError>> + Send;
 
     /// The statuses of the task's job and run.
     fn load_parents(
         &self,
         task: &TaskRef,
-    ) -> impl Future<Output = Result<Parents, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Parents, StoreError>> + Send;
 
     /// Moves a pending or processing task to processing, counting the attempt in the set of
     /// tries `tries` names (a fresh set starts at one); with a lease, only if no other
@@ -70,7 +70,7 @@ pub trait TaskStore: Send + Sync {
         now: SystemTime,
         lease: Option<Lease<'_>>,
         tries: TriesFrom,
-    ) -> impl Future<Output = Result<Claim, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Marks an open task's tries spent: its final attempt failed for a reason of ours
     /// (`reason`), so its messages are no longer parked, but go to the dead-letter queue.
@@ -78,7 +78,7 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: &TaskRef,
         reason: &Reason,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
     /// terminal write, so the next one need not wait for the lease to expire).
@@ -86,7 +86,7 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: &TaskRef,
         owner: &str,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Gives back the attempt a claim counted, and the status it found (`was`), when no
     /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
@@ -96,7 +96,7 @@ pub trait TaskStore: Send + Sync {
         task: &TaskRef,
         was: TaskStatus,
         owner: Option<&str>,
-    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The one terminal write: only a task still pending or processing can take it, except
     /// that a stored result may replace a failure that has none (a success that raced a
@@ -109,5 +109,5 @@ pub trait TaskStore: Send + Sync {
         terminal: &Terminal,
         counter: (Counting, DeliverySpend<'_>),
         now: SystemTime,
-    ) -> impl Future<Output = Result<Finish, AwsError>> + Send;
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
 }

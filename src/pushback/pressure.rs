@@ -1,7 +1,7 @@
 //! The sandbox's record concurrency under AWS push-back: additive increase, multiplicative
 //! decrease (AIMD), so a throttled fleet offers the hot table or prefix less work instead of
 //! pressing on (every retried record claims again, and claims eat the write units that the
-//! terminal writes need). Below one record at once, the sandbox rests between records: a
+//! terminal writes need). Below one record at once, the sandbox pauses between records: a
 //! fleet of more sandboxes than the resource has room for still eases off.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -15,7 +15,7 @@ use crate::batch::contract::Outcome;
 /// At most one halving per this long: a burst of throttled records from one moment halves
 /// the limit once, as AIMD halves once per round trip.
 const CUT_EVERY: Duration = Duration::from_secs(1);
-/// The least share of one record's time the sandbox works (1/16: it rests fifteen times as
+/// The least share of one record's time the sandbox works (1/16: it pauses fifteen times as
 /// long as its last record took); below one record, a success adds this much.
 pub const LEAST: f64 = 1.0 / 16.0;
 
@@ -40,7 +40,7 @@ struct State {
 }
 
 impl State {
-    /// Whether one more record may start `now`; if not because the sandbox rests, until when.
+    /// Whether one more record may start `now`; if not because the sandbox pauses, until when.
     fn room(&self, now: Instant) -> Result<(), Option<Instant>> {
         match self.limit {
             None => Ok(()),
@@ -56,12 +56,12 @@ impl State {
 
 /// A record's turn; given back when dropped.
 #[derive(Debug)]
-pub struct Turn<'a> {
+pub struct InFlight<'a> {
     pressure: &'a Pressure,
     started: Instant,
 }
 
-impl Drop for Turn<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let now = Instant::now();
         let mut state = self.pressure.state();
@@ -77,7 +77,7 @@ impl Drop for Turn<'_> {
 
 impl Pressure {
     /// Waits until one more record may work.
-    pub async fn admit(&self) -> Turn<'_> {
+    pub async fn admit(&self) -> InFlight<'_> {
         loop {
             let turn = self.turn.notified();
             let now = Instant::now();
@@ -86,7 +86,7 @@ impl Pressure {
                 match state.room(now) {
                     Ok(()) => {
                         state.in_flight += 1;
-                        return Turn {
+                        return InFlight {
                             pressure: self,
                             started: now,
                         };
@@ -178,7 +178,7 @@ impl Pressure {
 /// (`false`), or neither.
 fn signal(outcome: &Outcome) -> Option<bool> {
     match outcome {
-        Outcome::Store(err) => err.aws_fault().map(|fault| fault.is_push_back()),
+        Outcome::Store(err) => err.fault().map(|fault| fault.is_push_back()),
         Outcome::Succeeded { .. }
         | Outcome::FailedPermanently { .. }
         | Outcome::GaveUp { .. }
@@ -193,12 +193,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::ports::error::{AwsError, AwsFault};
+    use crate::ports::error::{StoreError, StoreFault};
 
     fn throttled() -> Outcome {
-        Outcome::Store(AwsError::aws(
+        Outcome::Store(StoreError::failed(
             "UpdateItem",
-            AwsFault::Throttled,
+            StoreFault::Throttled,
             "slow down",
         ))
     }
@@ -283,7 +283,7 @@ mod tests {
         );
 
         tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(first); // took 1 s: rests 15 s
+        drop(first); // took 1 s: pauses 15 s
         let ended = Instant::now();
         let next = pressure.admit().await;
 

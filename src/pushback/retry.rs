@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::error::{StoreError, StoreFault};
 
 /// How often, and how far apart, a write that met a conflict is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,10 +63,10 @@ impl<'a> Patience<'a> {
 
     /// Runs `write` until it ends without a conflict, the tries are spent or the next pause
     /// would end past `until`. The last conflict is returned when patience runs out.
-    pub async fn retry<T, F, Fut>(&self, write: F) -> Result<T, AwsError>
+    pub async fn retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, AwsError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         self.retry_while(write, None).await
     }
@@ -77,10 +77,10 @@ impl<'a> Patience<'a> {
         &self,
         write: F,
         throttled: RetryPolicy,
-    ) -> Result<T, AwsError>
+    ) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, AwsError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         self.retry_while(write, Some(throttled)).await
     }
@@ -89,10 +89,10 @@ impl<'a> Patience<'a> {
         &self,
         mut write: F,
         throttled: Option<RetryPolicy>,
-    ) -> Result<T, AwsError>
+    ) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, AwsError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         let (mut conflicts, mut throttles) = (0, 0);
         loop {
@@ -106,7 +106,7 @@ impl<'a> Patience<'a> {
                     conflicts += 1;
                     (self.policy, conflicts)
                 }
-                Some(policy) if err.aws_fault() == Some(&AwsFault::Throttled) => {
+                Some(policy) if err.fault() == Some(&StoreFault::Throttled) => {
                     throttles += 1;
                     (policy, throttles)
                 }
@@ -139,8 +139,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn conflict() -> AwsError {
-        AwsError::Conflict {
+    fn conflict() -> StoreError {
+        StoreError::Changed {
             detail: "another transaction".into(),
         }
     }
@@ -208,7 +208,7 @@ mod tests {
             .retry(|| {
                 calls.set(calls.get() + 1);
                 async {
-                    Err(AwsError::Corrupt {
+                    Err(StoreError::Corrupt {
                         what: "task",
                         detail: "status 7".into(),
                     })
@@ -220,8 +220,8 @@ mod tests {
         assert_eq!(calls.get(), 1);
     }
 
-    fn throttled() -> AwsError {
-        AwsError::aws("TransactWriteItems", AwsFault::Throttled, "slow down")
+    fn throttled() -> StoreError {
+        StoreError::failed("TransactWriteItems", StoreFault::Throttled, "slow down")
     }
 
     const ROUNDS: RetryPolicy = RetryPolicy {
@@ -244,7 +244,7 @@ mod tests {
             )
             .await;
 
-        assert_eq!(result.unwrap_err().aws_fault(), Some(&AwsFault::Throttled));
+        assert_eq!(result.unwrap_err().fault(), Some(&StoreFault::Throttled));
         assert_eq!(calls.get(), 4, "the rounds in all");
         assert_eq!(met.load(Ordering::Relaxed), 0, "no conflict counted");
     }

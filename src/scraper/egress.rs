@@ -72,7 +72,7 @@ impl Routes {
         })
     }
 
-    /// Tries the tiers in order while the answer looks like a block, within the budget.
+    /// Tries the tiers in order while the answer looks like a block, within its time.
     pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask<'_>) -> Fetched {
         if let Err(refused) = self.check_target(&url).await {
             return Fetched::unspent(Err(refused.failure()));
@@ -83,7 +83,7 @@ impl Routes {
         let (started, mut spend) = (Instant::now(), Spend::default());
         let mut tier = ask.first_tier.max(1);
         while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
-            let left = ask.budget.saturating_sub(started.elapsed());
+            let left = ask.time.saturating_sub(started.elapsed());
             let (page, mut meter) = self.via(fetcher, route, url.clone(), (left, ask)).await;
             meter.blocks = u64::from(page.as_ref().is_err_and(|e| e.block.is_some()));
             spend.add(tier, meter);
@@ -182,7 +182,7 @@ impl Routes {
         fetcher: &HttpFetcher,
         route: &Route,
         mut url: Url,
-        (budget, ask): (Duration, Ask<'_>),
+        (time, ask): (Duration, Ask<'_>),
     ) -> (Result<Page, FetchError>, Meter) {
         let (requested, started) = (url.to_string(), Instant::now());
         let conditional = ask.if_changed.is_some();
@@ -198,7 +198,7 @@ impl Routes {
             // Who answered is this hop's question: through a tunnel (https) only the site
             // speaks once it is open; over plain http the proxy answers for the site.
             let tunnelled = url.scheme() == "https";
-            let left = budget.saturating_sub(started.elapsed());
+            let left = time.saturating_sub(started.elapsed());
             let sent = send(
                 (client, &fetcher.answered),
                 (&url, ask.if_changed),

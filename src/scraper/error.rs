@@ -29,7 +29,7 @@ pub struct FetchError {
     pub http_status: Option<u16>,
     /// How long the site asked us to wait (`Retry-After`), when it did.
     pub retry_after: Option<Duration>,
-    /// The fetch ran out of its time budget (connect or total).
+    /// The fetch ran out of time (connect or total).
     pub timed_out: bool,
     /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
     /// `Retry-After`, a connection the proxy could not make, a block page); the next tier

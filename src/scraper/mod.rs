@@ -38,7 +38,7 @@ pub use error::{FetchError, Retry, health_sign};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ask<'a> {
     /// The most time the fetch may take.
-    pub budget: Duration,
+    pub time: Duration,
     /// The proxy tier to start from (1-based).
     pub first_tier: usize,
     /// Whether the last (paid) proxy tier may be used: held back while a run has a budget
@@ -58,10 +58,10 @@ pub struct Ask<'a> {
 }
 
 impl Ask<'_> {
-    /// Every tier, within `budget`.
-    pub fn within(budget: Duration) -> Self {
+    /// Every tier, within `time`.
+    pub fn within(time: Duration) -> Self {
         Self {
-            budget,
+            time,
             first_tier: 1,
             paid_tier: true,
             keep_first: None,
@@ -355,7 +355,7 @@ impl HttpFetcher {
     async fn fetch_direct(&self, parsed: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
         let requested = parsed.to_string();
         let client = (self.direct()?, &*self.answered);
-        let response = egress::send(client, (&parsed, ask.if_changed), ask.budget, &mut 0)
+        let response = egress::send(client, (&parsed, ask.if_changed), ask.time, &mut 0)
             .await
             .map_err(|e| classify::classify_error(&e))?;
         self.page_of(response, (requested, ask), &mut 0).await
@@ -468,7 +468,7 @@ impl Fetcher for HttpFetcher {
         );
         let ask = Ask {
             if_changed: None,
-            budget: ask.budget.saturating_sub(started.elapsed()),
+            time: ask.time.saturating_sub(started.elapsed()),
             wire_most: ask
                 .wire_most
                 .map(|most| most.saturating_sub(first.spend.billed())),

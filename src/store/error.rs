@@ -4,7 +4,7 @@ use aws_runtime::retries::classifiers::{THROTTLING_ERRORS, TRANSIENT_ERRORS};
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
-use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::error::{StoreError, StoreFault};
 
 /// Codes of a request that met a concurrent change of the same item or object.
 const CONFLICT_CODES: &[&str] = &[
@@ -27,20 +27,20 @@ const INVALID_CODES: &[&str] = &[
     "KeyTooLongError",
 ];
 
-impl AwsError {
+impl StoreError {
     /// Classifies an SDK error by its variant and service error code, keeping it as the source.
     pub fn from_sdk<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> Self
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         let fault = match &err {
-            SdkError::TimeoutError(_) => AwsFault::TimedOut,
-            SdkError::DispatchFailure(d) if d.is_timeout() => AwsFault::TimedOut,
-            SdkError::DispatchFailure(_) | SdkError::ConstructionFailure(_) => AwsFault::NotSent,
+            SdkError::TimeoutError(_) => StoreFault::TimedOut,
+            SdkError::DispatchFailure(d) if d.is_timeout() => StoreFault::TimedOut,
+            SdkError::DispatchFailure(_) | SdkError::ConstructionFailure(_) => StoreFault::NotSent,
             SdkError::ServiceError(ctx) => classify(ctx.raw().status().as_u16(), ctx.err().code()),
-            _ => AwsFault::ServiceFailed,
+            _ => StoreFault::ServiceFailed,
         };
-        Self::Aws {
+        Self::Failed {
             operation,
             fault,
             source: Box::new(err),
@@ -51,16 +51,16 @@ impl AwsError {
 /// The fault of a cancelled DynamoDB transaction, by its items' cancellation reasons (in
 /// item order; `None` for an item that was fine), when one of them says more than "a
 /// condition failed".
-pub fn cancellation_fault(codes: &[&str]) -> Option<AwsFault> {
+pub fn cancellation_fault(codes: &[&str]) -> Option<StoreFault> {
     let any = |code: &str| codes.contains(&code);
     if any("TransactionConflict") {
-        Some(AwsFault::Conflict)
+        Some(StoreFault::Conflict)
     } else if any("ValidationError") {
-        Some(AwsFault::Invalid {
+        Some(StoreFault::Invalid {
             code: "ValidationError".into(),
         })
     } else if any("ThrottlingError") || any("ProvisionedThroughputExceeded") {
-        Some(AwsFault::Throttled)
+        Some(StoreFault::Throttled)
     } else {
         None
     }
@@ -68,22 +68,22 @@ pub fn cancellation_fault(codes: &[&str]) -> Option<AwsFault> {
 
 /// An AWS service error by HTTP status and error code. Throttling and transient codes are
 /// the SDK's own lists (`aws-runtime`), so they stay what the SDK's retries use.
-pub fn classify(status: u16, code: Option<&str>) -> AwsFault {
+pub fn classify(status: u16, code: Option<&str>) -> StoreFault {
     let is = |codes: &[&str]| code.is_some_and(|c| codes.contains(&c));
     if status == 429 || is(THROTTLING_ERRORS) {
-        AwsFault::Throttled
+        StoreFault::Throttled
     } else if is(TRANSIENT_ERRORS) {
-        AwsFault::TimedOut
+        StoreFault::TimedOut
     } else if is(CONFLICT_CODES) {
-        AwsFault::Conflict
+        StoreFault::Conflict
     } else if (500..600).contains(&status) {
-        AwsFault::ServiceFailed
+        StoreFault::ServiceFailed
     } else if is(INVALID_CODES) {
         let code = code.unwrap_or_default().to_owned();
-        AwsFault::Invalid { code }
+        StoreFault::Invalid { code }
     } else {
         let code = code.unwrap_or("unknown").to_owned();
-        AwsFault::Refused { code }
+        StoreFault::Refused { code }
     }
 }
 
@@ -102,52 +102,52 @@ mod tests {
     #[test]
     fn every_code_the_sdk_retries_as_throttling_is_throttled_here() {
         for code in THROTTLING_ERRORS {
-            assert_eq!(classify(400, Some(code)), AwsFault::Throttled, "{code}");
+            assert_eq!(classify(400, Some(code)), StoreFault::Throttled, "{code}");
         }
         assert_eq!(
             classify(400, Some("LimitExceededException")),
-            AwsFault::Throttled
+            StoreFault::Throttled
         );
         for code in TRANSIENT_ERRORS {
-            assert_eq!(classify(400, Some(code)), AwsFault::TimedOut, "{code}");
+            assert_eq!(classify(400, Some(code)), StoreFault::TimedOut, "{code}");
         }
     }
 
     #[test]
     fn concurrent_changes_invalid_requests_and_refusals_are_told_apart() {
         let table = [
-            (400, "TransactionConflictException", AwsFault::Conflict),
-            (409, "ConditionalRequestConflict", AwsFault::Conflict),
+            (400, "TransactionConflictException", StoreFault::Conflict),
+            (409, "ConditionalRequestConflict", StoreFault::Conflict),
             (
                 400,
                 "ValidationException",
-                AwsFault::Invalid {
+                StoreFault::Invalid {
                     code: "ValidationException".into(),
                 },
             ),
             (
                 400,
                 "RequestHeaderSectionTooLarge",
-                AwsFault::Invalid {
+                StoreFault::Invalid {
                     code: "RequestHeaderSectionTooLarge".into(),
                 },
             ),
             (
                 404,
                 "NoSuchBucket",
-                AwsFault::Refused {
+                StoreFault::Refused {
                     code: "NoSuchBucket".into(),
                 },
             ),
             (
                 400,
                 "AccessDeniedException",
-                AwsFault::Refused {
+                StoreFault::Refused {
                     code: "AccessDeniedException".into(),
                 },
             ),
-            (503, "ServiceUnavailable", AwsFault::ServiceFailed),
-            (429, "Anything", AwsFault::Throttled),
+            (503, "ServiceUnavailable", StoreFault::ServiceFailed),
+            (429, "Anything", StoreFault::Throttled),
         ];
         for (status, code, expected) in table {
             assert_eq!(classify(status, Some(code)), expected, "{status} {code}");

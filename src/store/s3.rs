@@ -15,7 +15,7 @@ use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::StoredResult;
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
-use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::error::{StoreError, StoreFault};
 use crate::ports::results::{
     Carried, Copied, Earlier, EarlierCheck, NewResult, Opening, Put, ResultStore,
 };
@@ -53,17 +53,17 @@ impl S3ResultStore {
 
 impl ResultStore for S3ResultStore {
     #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
         let result = self.put(new).if_none_match("*").send().await;
         match result {
             Ok(_) => Ok(Put::Stored),
             Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(Put::AlreadyThere),
-            Err(err) => Err(AwsError::from_sdk("PutObject", err)),
+            Err(err) => Err(StoreError::from_sdk("PutObject", err)),
         }
     }
 
     #[tracing::instrument(skip_all, fields(key = %new.key))]
-    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, StoreError> {
         // The SDK's futures boxed, here and in `opening`: they are large in a debug build,
         // and these rare calls sit inside every delivery's converge.
         let result = Box::pin(self.put(new).if_match(etag).send()).await;
@@ -73,12 +73,12 @@ impl ResultStore for S3ResultStore {
             Err(err) if matches!(service_code(&err), Some("PreconditionFailed" | "NoSuchKey")) => {
                 Ok(Put::AlreadyThere)
             }
-            Err(err) => Err(AwsError::from_sdk("PutObject(replace)", err)),
+            Err(err) => Err(StoreError::from_sdk("PutObject(replace)", err)),
         }
     }
 
     #[tracing::instrument(skip_all, fields(%key))]
-    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, AwsError> {
+    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, StoreError> {
         let request = self
             .client
             .get_object()
@@ -100,18 +100,18 @@ impl ResultStore for S3ResultStore {
                     etag,
                 }));
             }
-            Err(err) => return Err(AwsError::from_sdk("GetObject(range)", err)),
+            Err(err) => return Err(StoreError::from_sdk("GetObject(range)", err)),
         };
         let etag = out.e_tag.clone().unwrap_or_default();
         let body = (out.body.collect().await)
-            .map_err(|e| AwsError::aws("GetObject(range)", AwsFault::ServiceFailed, e))?;
+            .map_err(|e| StoreError::failed("GetObject(range)", StoreFault::ServiceFailed, e))?;
         let mut bytes = body.to_vec();
         bytes.truncate(most);
         Ok(Some(Opening { bytes, etag }))
     }
 
     #[tracing::instrument(skip_all, fields(%key))]
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
         match self.head(key, false).await? {
             Some(head) => described(key, &head).map(Some),
             None => Ok(None),
@@ -119,7 +119,7 @@ impl ResultStore for S3ResultStore {
     }
 
     #[tracing::instrument(skip_all, fields(key = %prior.key))]
-    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, StoreError> {
         let Some(head) = self.head(&prior.key, true).await? else {
             return Ok(EarlierCheck::Unusable("the earlier result is gone".into()));
         };
@@ -145,7 +145,7 @@ impl ResultStore for S3ResultStore {
     }
 
     #[tracing::instrument(skip_all, fields(key = %carried.key))]
-    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, StoreError> {
         let earlier = &carried.earlier.stored;
         let source = format!("{}/{}", self.bucket, encoded(earlier.key.as_str()));
         let request = self
@@ -181,12 +181,12 @@ impl ResultStore for S3ResultStore {
                     None => Ok(Copied::EarlierChanged),
                 }
             }
-            Err(err) => Err(AwsError::from_sdk("CopyObject", err)),
+            Err(err) => Err(StoreError::from_sdk("CopyObject", err)),
         }
     }
 
     #[tracing::instrument(skip_all, fields(key = key.as_str()))]
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
         self.client
             .put_object()
             .bucket(&self.bucket)
@@ -195,7 +195,7 @@ impl ResultStore for S3ResultStore {
             .body(ByteStream::from(document))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("PutObject(quarantine)", e))?;
+            .map_err(|e| StoreError::from_sdk("PutObject(quarantine)", e))?;
         Ok(())
     }
 }
@@ -210,7 +210,7 @@ impl S3ResultStore {
         &self,
         key: &ResultKey,
         checksum: bool,
-    ) -> Result<Option<HeadObjectOutput>, AwsError> {
+    ) -> Result<Option<HeadObjectOutput>, StoreError> {
         let mut request = self
             .client
             .head_object()
@@ -222,7 +222,7 @@ impl S3ResultStore {
         match request.send().await {
             Ok(head) => Ok(Some(head)),
             Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
-            Err(err) => Err(AwsError::from_sdk("HeadObject", err)),
+            Err(err) => Err(StoreError::from_sdk("HeadObject", err)),
         }
     }
 }
@@ -285,8 +285,8 @@ impl WithMetadata for aws_sdk_s3::operation::copy_object::builders::CopyObjectFl
 }
 
 /// A result object as its head and metadata describe it.
-fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, AwsError> {
-    let corrupt = |detail: String| AwsError::Corrupt {
+fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, StoreError> {
+    let corrupt = |detail: String| StoreError::Corrupt {
         what: "result object",
         detail: format!("{key}: {detail}"),
     };
@@ -347,7 +347,7 @@ fn encoded(key: &str) -> String {
 /// What operators do with the quarantine.
 impl S3ResultStore {
     /// The keys under `prefix`, every page of them.
-    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>, AwsError> {
+    pub async fn keys_under(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let mut pages = self
             .client
             .list_objects_v2()
@@ -357,7 +357,7 @@ impl S3ResultStore {
             .send();
         let mut keys = Vec::new();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| AwsError::from_sdk("ListObjectsV2", e))?;
+            let page = page.map_err(|e| StoreError::from_sdk("ListObjectsV2", e))?;
             keys.extend(
                 page.contents()
                     .iter()
@@ -368,27 +368,27 @@ impl S3ResultStore {
     }
 
     /// The object's bytes.
-    pub async fn read(&self, key: &str) -> Result<Vec<u8>, AwsError> {
+    pub async fn read(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.read_if_there(key)
             .await?
-            .ok_or_else(|| AwsError::Conflict {
+            .ok_or_else(|| StoreError::Changed {
                 detail: format!("the object at {key} is gone"),
             })
     }
 
     /// The bucket is there and may be read (HeadBucket): its absence said before any object.
-    pub async fn check_bucket(&self) -> Result<(), AwsError> {
+    pub async fn check_bucket(&self) -> Result<(), StoreError> {
         self.client
             .head_bucket()
             .bucket(&self.bucket)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("HeadBucket", e))?;
+            .map_err(|e| StoreError::from_sdk("HeadBucket", e))?;
         Ok(())
     }
 
     /// The object's bytes, or `None` when the bucket has no object at `key`.
-    pub async fn read_if_there(&self, key: &str) -> Result<Option<Vec<u8>>, AwsError> {
+    pub async fn read_if_there(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let sent = self
             .client
             .get_object()
@@ -401,23 +401,27 @@ impl S3ResultStore {
             Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
                 return Ok(None);
             }
-            Err(err) => return Err(AwsError::from_sdk("GetObject", err)),
+            Err(err) => return Err(StoreError::from_sdk("GetObject", err)),
         };
-        let bytes = object.body.collect().await.map_err(|e| AwsError::Corrupt {
-            what: "object body",
-            detail: format!("{key}: {e}"),
-        })?;
+        let bytes = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Corrupt {
+                what: "object body",
+                detail: format!("{key}: {e}"),
+            })?;
         Ok(Some(bytes.to_vec()))
     }
 
-    pub async fn delete(&self, key: &str) -> Result<(), AwsError> {
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.client
             .delete_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("DeleteObject", e))?;
+            .map_err(|e| StoreError::from_sdk("DeleteObject", e))?;
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use aws_sdk_sqs::types::{
 
 use crate::domain::ids::TaskRef;
 use crate::domain::message;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::queue::{
     Attribute, AttributeValue, MessageCopy, QueueRef, SQS_MAX_DELAY, SQS_MAX_VISIBILITY, Visibility,
 };
@@ -48,7 +48,7 @@ impl Visibility for SqsVisibility {
         queue: &QueueRef,
         receipt_handle: &str,
         delay: Duration,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         // Whole seconds, rounded up, within SQS's 0..=43200.
         let seconds = delay.min(SQS_MAX_VISIBILITY).as_secs_f64().ceil() as i32;
         self.client
@@ -58,18 +58,18 @@ impl Visibility for SqsVisibility {
             .visibility_timeout(seconds)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("ChangeMessageVisibility", e))?;
+            .map_err(|e| StoreError::from_sdk("ChangeMessageVisibility", e))?;
         Ok(())
     }
 
     #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
-    async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
+    async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), StoreError> {
         send_copy(&self.client, &queue.url(self.endpoint.as_deref()), copy).await
     }
 }
 
 /// Sends `copy` to the queue at `url`, with its group, deduplication id and attributes.
-async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(), AwsError> {
+async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(), StoreError> {
     // A FIFO queue takes no delay of a message's own (SQS refuses even 0 as a parameter).
     let seconds = match copy.deduplication {
         Some(_) => None,
@@ -91,7 +91,7 @@ async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(),
         )
         .send()
         .await
-        .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+        .map_err(|e| StoreError::from_sdk("SendMessage", e))?;
     Ok(())
 }
 
@@ -135,7 +135,7 @@ impl SqsQueue {
     }
 
     /// Messages visible, in flight or delayed, by the queue's own approximate counts.
-    pub async fn depth(&self) -> Result<u64, AwsError> {
+    pub async fn depth(&self) -> Result<u64, StoreError> {
         let out = self
             .client
             .get_queue_attributes()
@@ -143,7 +143,7 @@ impl SqsQueue {
             .set_attribute_names(Some(DEPTH.to_vec()))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+            .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
         let attributes = out.attributes.unwrap_or_default();
         Ok(DEPTH
             .iter()
@@ -152,7 +152,7 @@ impl SqsQueue {
     }
 
     /// The queue's ARN, which Lambda puts in every record as `eventSourceARN`.
-    pub async fn arn(&self) -> Result<Option<String>, AwsError> {
+    pub async fn arn(&self) -> Result<Option<String>, StoreError> {
         let out = self
             .client
             .get_queue_attributes()
@@ -160,14 +160,14 @@ impl SqsQueue {
             .attribute_names(QueueAttributeName::QueueArn)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+            .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
         Ok(out
             .attributes
             .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn)))
     }
 
     /// The queue's dead-letter queue, by its redrive policy, if it has one.
-    pub async fn dead_letter_queue(&self) -> Result<Option<SqsQueue>, AwsError> {
+    pub async fn dead_letter_queue(&self) -> Result<Option<SqsQueue>, StoreError> {
         let out = self
             .client
             .get_queue_attributes()
@@ -175,7 +175,7 @@ impl SqsQueue {
             .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetQueueAttributes", e))?;
+            .map_err(|e| StoreError::from_sdk("GetQueueAttributes", e))?;
         let policy = out
             .attributes
             .and_then(|mut a| a.remove(&QueueAttributeName::RedrivePolicy));
@@ -196,14 +196,14 @@ impl SqsQueue {
             .queue_owner_aws_account_id(&target.account)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetQueueUrl", e))?;
+            .map_err(|e| StoreError::from_sdk("GetQueueUrl", e))?;
         Ok(out
             .queue_url
             .map(|url| SqsQueue::new(self.client.clone(), url)))
     }
 
     /// Up to `max` messages, waiting up to `wait_seconds` for the first.
-    pub async fn receive(&self, max: i32, wait_seconds: i32) -> Result<Vec<Message>, AwsError> {
+    pub async fn receive(&self, max: i32, wait_seconds: i32) -> Result<Vec<Message>, StoreError> {
         self.receive_hidden(max, wait_seconds, None).await
     }
 
@@ -214,7 +214,7 @@ impl SqsQueue {
         max: i32,
         wait_seconds: i32,
         hidden_seconds: Option<i32>,
-    ) -> Result<Vec<Message>, AwsError> {
+    ) -> Result<Vec<Message>, StoreError> {
         let out = self
             .client
             .receive_message()
@@ -226,12 +226,12 @@ impl SqsQueue {
             .message_attribute_names("All")
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("ReceiveMessage", e))?;
+            .map_err(|e| StoreError::from_sdk("ReceiveMessage", e))?;
         Ok(out.messages.unwrap_or_default())
     }
 
     /// Deletes these received messages (at most 10).
-    pub async fn delete(&self, messages: &[&Message]) -> Result<(), AwsError> {
+    pub async fn delete(&self, messages: &[&Message]) -> Result<(), StoreError> {
         if messages.is_empty() {
             return Ok(());
         }
@@ -248,12 +248,12 @@ impl SqsQueue {
             .set_entries(Some(entries.collect()))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("DeleteMessageBatch", e))?;
+            .map_err(|e| StoreError::from_sdk("DeleteMessageBatch", e))?;
         Ok(())
     }
 
     /// Makes these received messages visible again at once (at most 10).
-    pub async fn release(&self, messages: &[&Message]) -> Result<(), AwsError> {
+    pub async fn release(&self, messages: &[&Message]) -> Result<(), StoreError> {
         if messages.is_empty() {
             return Ok(());
         }
@@ -271,7 +271,7 @@ impl SqsQueue {
             .set_entries(Some(entries.collect()))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("ChangeMessageVisibilityBatch", e))?;
+            .map_err(|e| StoreError::from_sdk("ChangeMessageVisibilityBatch", e))?;
         Ok(())
     }
 
@@ -282,7 +282,7 @@ impl SqsQueue {
         body: &str,
         attributes: &[(&str, &str)],
         delay: std::time::Duration,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let delay = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
         let mut request = self
             .client
@@ -301,7 +301,7 @@ impl SqsQueue {
         request
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("SendMessage", e))?;
+            .map_err(|e| StoreError::from_sdk("SendMessage", e))?;
         Ok(())
     }
 
@@ -311,14 +311,14 @@ impl SqsQueue {
     }
 
     /// Sends `copy`, with its group, deduplication id and message attributes.
-    pub async fn send_copy(&self, copy: &MessageCopy) -> Result<(), AwsError> {
+    pub async fn send_copy(&self, copy: &MessageCopy) -> Result<(), StoreError> {
         send_copy(&self.client, &self.url, copy).await
     }
 
     /// Sends one message per task (at most 10): the tasks whose message SQS did not take.
     /// On a FIFO queue each task is a message group of its own (no task waits behind
     /// another's retries) and each message a deduplication id of its own.
-    pub async fn send_tasks(&self, tasks: &[TaskRef]) -> Result<Vec<TaskRef>, AwsError> {
+    pub async fn send_tasks(&self, tasks: &[TaskRef]) -> Result<Vec<TaskRef>, StoreError> {
         let sent_at = crate::domain::time::epoch_millis(std::time::SystemTime::now());
         let entries = tasks.iter().enumerate().map(|(i, task)| {
             let fifo = self.is_fifo().then(|| fifo_names(task, sent_at));
@@ -338,7 +338,7 @@ impl SqsQueue {
             .set_entries(Some(entries.collect()))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("SendMessageBatch", e))?;
+            .map_err(|e| StoreError::from_sdk("SendMessageBatch", e))?;
         let failed: HashSet<&str> = out.failed().iter().map(|f| f.id()).collect();
         Ok(tasks
             .iter()

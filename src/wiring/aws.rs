@@ -18,7 +18,7 @@ use lambda_runtime::LambdaEvent;
 use crate::batch::{self, BatchLimits, ProcessRecord};
 use crate::domain::proxy::ProxySecret;
 use crate::metrics::{self, MetricsSettings};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::secrets::Secrets;
 use crate::scraper::{FetchSettings, HttpFetcher};
 use crate::store::dynamo::DynamoTaskStore;
@@ -62,10 +62,9 @@ pub async fn sdk_config(trust: Trust) -> SdkConfig {
     loader.load().await
 }
 
-/// The SDK's settings, loaded once per sandbox, at the first record that needs them (the
-/// handler waits for them before it runs a batch: [`SharedSdk::ready`]): a cold start
-/// reaches its first `next` request without them (0.4 ms of a 2 ms start here; loaded in
-/// the background beside that request instead, they gained nothing on 2 cores).
+/// The SDK's settings, loaded once per sandbox when the first batch arrives (the handler
+/// waits for them in [`SharedSdk::ready`]), so a cold start asks Lambda for its first
+/// event without waiting for them. Why not earlier: docs/performance.md.
 #[derive(Debug, Clone)]
 pub struct SharedSdk {
     loaded: Arc<tokio::sync::OnceCell<SdkConfig>>,
@@ -105,7 +104,7 @@ impl SharedSdk {
 }
 
 /// The proxies' credentials, from `PROXY_SECRET_ARN` (none without it).
-pub async fn proxy_secret(config: &Config, sdk: &SharedSdk) -> Result<ProxySecret, AwsError> {
+pub async fn proxy_secret(config: &Config, sdk: &SharedSdk) -> Result<ProxySecret, StoreError> {
     let Some(arn) = config.proxy_secret_arn.as_deref() else {
         return Ok(ProxySecret::default());
     };

@@ -83,7 +83,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Some(claim) => claim,
             None => match self.claim(delivery, guarded.tries, invocation).await {
                 Ok(claim) => claim,
-                Err(ended) => return Err(self.left(pass.permit(), ended, invocation).await),
+                Err(ended) => {
+                    return Err(self.without_permit(pass.permit(), ended, invocation).await);
+                }
             },
         };
         // Every fetch follows a claim: the task's claims count its attempts across copies and
@@ -145,18 +147,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// `ended`, once the permit of a delivery that did not fetch is given back.
-    pub(super) async fn left(
+    pub(super) async fn without_permit(
         &self,
         permit: Option<Permit>,
         ended: Outcome,
         invocation: &Invocation,
     ) -> Outcome {
-        self.leave(permit, None, invocation).await;
+        self.return_permit(permit, None, invocation).await;
         ended
     }
 
     /// Gives the host's permit back, with what the fetch said of the host's health.
-    pub(super) async fn leave(
+    pub(super) async fn return_permit(
         &self,
         permit: Option<Permit>,
         sign: Option<Sign>,

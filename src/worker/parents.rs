@@ -12,7 +12,7 @@ use crate::domain::blocks::Detection;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::tasks::TaskStore;
 
 /// What a run's job and run say of its tasks while they want work: how the run counts
@@ -59,7 +59,7 @@ impl ParentsCache {
         &self,
         store: &S,
         task: &TaskRef,
-    ) -> Result<Result<Wanted, NotWanted>, AwsError> {
+    ) -> Result<Result<Wanted, NotWanted>, StoreError> {
         if self.ttl.is_zero() {
             let parents = store.load_parents(task).await?;
             return Ok(unwanted(&parents).map_or(Ok(wanted(&parents)), Err));

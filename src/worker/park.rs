@@ -8,7 +8,7 @@ use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::polite::MAX_POLITE_HOLD;
-use crate::ports::error::AwsFault;
+use crate::ports::error::StoreFault;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::{Attribute, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility};
 use crate::ports::results::ResultStore;
@@ -60,7 +60,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// A record its host has no room for is sent again as a fresh copy, due after its wait
-    /// (at most SQS's 15 minutes), so waiting burns no receive toward the dead-letter queue.
+    /// (at most SQS's 15 minutes), so waiting uses up no receive toward the dead-letter queue.
     /// A longer wait is held through the visibility timeout instead (up to
     /// [`MAX_POLITE_HOLD`]) on the first receive of a copy that carries its booking, so a
     /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
@@ -122,7 +122,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// A FIFO record to retry on the receive before its last is sent again to the back of
     /// its group, due at once, one copy more: its message's receives (which its waits
-    /// burned) do not dead-letter a task with tries left, whose claims count them. At most
+    /// used up) do not dead-letter a task with tries left, whose claims count them. At most
     /// [`MAX_FIFO_MOVES`] such copies: a task whose tries go to failures of ours then
     /// reaches the dead-letter queue within a few rounds of receives, its group not held
     /// behind it for long.
@@ -362,7 +362,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 }
 
 /// How many times a FIFO record to retry is moved to the back of its group: two rounds of
-/// receives more than its message had, enough for the tries its waits burned receives of.
+/// receives more than its message had, enough for the tries its waits used up receives of.
 const MAX_FIFO_MOVES: u32 = 2;
 
 /// Whether a final attempt may be sent again once more: while AWS pushes back, within
@@ -405,7 +405,7 @@ fn copy_name(record: &SqsMessage) -> String {
 
 /// AWS pushed back (throttled, failed, timed out, unreachable).
 fn pushed_back(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Store(err) if err.aws_fault().is_some_and(AwsFault::is_push_back))
+    matches!(outcome, Outcome::Store(err) if err.fault().is_some_and(StoreFault::is_push_back))
 }
 
 /// Outcomes after which the task may still be open (no terminal write by this delivery).

@@ -15,7 +15,7 @@ use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey};
 use conveyor_worker::domain::model::StoredResult;
 use conveyor_worker::domain::refresh::Prior;
-use conveyor_worker::ports::error::AwsError;
+use conveyor_worker::ports::error::StoreError;
 use conveyor_worker::ports::results::{
     Carried, Copied, EarlierCheck, NewResult, Opening, Put, ResultStore,
 };
@@ -80,7 +80,7 @@ pub struct Crashing<R> {
 }
 
 impl<R: ResultStore> ResultStore for Crashing<R> {
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
         let put = self.inner.put_if_absent(new).await?;
         if fastrand::f64() < self.crash_rate {
             panic!("injected crash after the S3 write, before the terminal write");
@@ -88,23 +88,23 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
         Ok(put)
     }
 
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
         self.inner.describe(key).await
     }
 
-    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, AwsError> {
+    async fn opening(&self, key: &ResultKey, most: usize) -> Result<Option<Opening>, StoreError> {
         self.inner.opening(key, most).await
     }
 
-    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, StoreError> {
         self.inner.replace(new, etag).await
     }
 
-    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, StoreError> {
         self.inner.check_earlier(prior).await
     }
 
-    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, StoreError> {
         let copied = self.inner.carry_if_absent(carried).await?;
         if fastrand::f64() < self.crash_rate {
             panic!("injected crash after the S3 copy, before the terminal write");
@@ -112,7 +112,7 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
         Ok(copied)
     }
 
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
         self.inner.quarantine(key, document).await
     }
 }

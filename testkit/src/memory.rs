@@ -19,9 +19,9 @@ use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal, Tries,
 };
 use conveyor_worker::domain::refresh::{Prior, Validators};
-use conveyor_worker::domain::spend::{DeliverySpend, Lease as PaidLease, Reservation, Spend};
+use conveyor_worker::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
 use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
-use conveyor_worker::ports::error::AwsError;
+use conveyor_worker::ports::error::StoreError;
 use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
 use conveyor_worker::ports::results::{
@@ -107,7 +107,7 @@ impl MemoryTasks {
 }
 
 impl TaskStore for MemoryTasks {
-    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, AwsError> {
+    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, StoreError> {
         self.served();
         Ok(lock(&self.tasks).get(task).map(|t| Task {
             status: t.status,
@@ -117,7 +117,7 @@ impl TaskStore for MemoryTasks {
         }))
     }
 
-    async fn load_parents(&self, _task: &TaskRef) -> Result<Parents, AwsError> {
+    async fn load_parents(&self, _task: &TaskRef) -> Result<Parents, StoreError> {
         self.served();
         Ok(Parents {
             job_status: Some("active".into()),
@@ -132,7 +132,7 @@ impl TaskStore for MemoryTasks {
         now: SystemTime,
         lease: Option<Lease<'_>>,
         tries: TriesFrom,
-    ) -> Result<Claim, AwsError> {
+    ) -> Result<Claim, StoreError> {
         self.served();
         let mut tasks = lock(&self.tasks);
         let Some(entry) = tasks.get_mut(task) else {
@@ -176,7 +176,7 @@ impl TaskStore for MemoryTasks {
         task: &TaskRef,
         was: TaskStatus,
         owner: Option<&str>,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.served();
         if let Some(entry) = lock(&self.tasks).get_mut(task)
             && entry.status == TaskStatus::Processing
@@ -190,7 +190,7 @@ impl TaskStore for MemoryTasks {
         Ok(())
     }
 
-    async fn spend_tries(&self, task: &TaskRef, _reason: &Reason) -> Result<(), AwsError> {
+    async fn spend_tries(&self, task: &TaskRef, _reason: &Reason) -> Result<(), StoreError> {
         self.served();
         if let Some(entry) = lock(&self.tasks).get_mut(task)
             && !entry.status.is_terminal()
@@ -200,7 +200,7 @@ impl TaskStore for MemoryTasks {
         Ok(())
     }
 
-    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
+    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), StoreError> {
         self.served();
         self.release_lease(task, owner);
         Ok(())
@@ -212,7 +212,7 @@ impl TaskStore for MemoryTasks {
         terminal: &Terminal,
         (_counting, spend): (Counting, DeliverySpend<'_>),
         _now: SystemTime,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         self.served();
         let mut tasks = lock(&self.tasks);
         let replaces_failure = |entry: &MemoryTask| {
@@ -263,7 +263,7 @@ impl MemoryResults {
 }
 
 impl ResultStore for MemoryResults {
-    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, AwsError> {
+    async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut objects = lock(&self.objects);
         if objects.contains_key(new.key.as_str()) {
@@ -283,13 +283,13 @@ impl ResultStore for MemoryResults {
         Ok(Put::Stored)
     }
 
-    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, AwsError> {
+    async fn describe(&self, key: &ResultKey) -> Result<Option<StoredResult>, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(lock(&self.objects).get(key.as_str()).cloned())
     }
 
     /// The bytes are not kept: no opening to check (no block page is ever stored here).
-    async fn opening(&self, key: &ResultKey, _most: usize) -> Result<Option<Opening>, AwsError> {
+    async fn opening(&self, key: &ResultKey, _most: usize) -> Result<Option<Opening>, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let stored = lock(&self.objects).get(key.as_str()).cloned();
         Ok(stored.map(|stored| Opening {
@@ -298,7 +298,7 @@ impl ResultStore for MemoryResults {
         }))
     }
 
-    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, AwsError> {
+    async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut objects = lock(&self.objects);
         let Some(stored) = objects
@@ -312,7 +312,7 @@ impl ResultStore for MemoryResults {
         Ok(Put::Stored)
     }
 
-    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, AwsError> {
+    async fn check_earlier(&self, prior: &Prior) -> Result<EarlierCheck, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(match lock(&self.objects).get(prior.key.as_str()) {
             Some(stored) if stored.sha256 == prior.sha256.as_str() => {
@@ -326,7 +326,7 @@ impl ResultStore for MemoryResults {
         })
     }
 
-    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, AwsError> {
+    async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut objects = lock(&self.objects);
         if objects.contains_key(carried.key.as_str()) {
@@ -342,7 +342,7 @@ impl ResultStore for MemoryResults {
         Ok(Copied::Stored)
     }
 
-    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), AwsError> {
+    async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lock(&self.quarantined).insert(key.as_str().to_owned(), document);
         Ok(())
@@ -358,7 +358,7 @@ impl SpendStore for MemoryTasks {
         _counting: Counting,
         spend: &Spend,
         delivery: &str,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lock(&self.spend).insert(delivery.to_owned(), *spend);
         Ok(())
@@ -369,7 +369,7 @@ impl SpendStore for MemoryTasks {
         _run: (&Id, &Id),
         _lease: &PaidLease,
         _chunk: u64,
-    ) -> Result<Reservation, AwsError> {
+    ) -> Result<Reservation, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(Reservation::Granted)
     }
@@ -379,7 +379,7 @@ impl SpendStore for MemoryTasks {
         _run: (&Id, &Id),
         _holder: &str,
         _bytes: u64,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -389,12 +389,12 @@ impl SpendStore for MemoryTasks {
         _run: (&Id, &Id),
         _holder: &str,
         _unnoted: u64,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    async fn reclaim_paid(&self, _run: (&Id, &Id), _now_ms: u64) -> Result<usize, AwsError> {
+    async fn reclaim_paid(&self, _run: (&Id, &Id), _now_ms: u64) -> Result<usize, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(0)
     }
@@ -406,7 +406,7 @@ impl HostStore for MemoryTasks {
         host: &Host,
         ask: &Ask,
         _seen: &HostState,
-    ) -> Result<Taken, AwsError> {
+    ) -> Result<Taken, StoreError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
@@ -419,7 +419,7 @@ impl HostStore for MemoryTasks {
         Ok((grant, after, slot))
     }
 
-    async fn host(&self, host: &Host) -> Result<HostState, AwsError> {
+    async fn host(&self, host: &Host) -> Result<HostState, StoreError> {
         self.served();
         Ok(lock(&self.hosts).get(host).cloned().unwrap_or_default())
     }
@@ -429,7 +429,7 @@ impl HostStore for MemoryTasks {
         host: &Host,
         (slot, until): (usize, Millis),
         answers: Option<(f64, f64)>,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
@@ -446,7 +446,7 @@ impl HostStore for MemoryTasks {
         seen: &HostState,
         trouble: Trouble,
         now: Millis,
-    ) -> Result<PushedBack, AwsError> {
+    ) -> Result<PushedBack, StoreError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
@@ -469,7 +469,7 @@ impl HostStore for MemoryTasks {
         Ok(PushedBack::Recorded)
     }
 
-    async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, AwsError> {
+    async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, StoreError> {
         self.served();
         Ok(lock(&self.robots)
             .get(host)
@@ -481,7 +481,7 @@ impl HostStore for MemoryTasks {
         host: &Host,
         now: Millis,
         until: Millis,
-    ) -> Result<bool, AwsError> {
+    ) -> Result<bool, StoreError> {
         self.served();
         let mut robots = lock(&self.robots);
         let taken = robots
@@ -502,7 +502,7 @@ impl HostStore for MemoryTasks {
         &self,
         host: &Host,
         record: RobotsRecord,
-    ) -> Result<RobotsRecord, AwsError> {
+    ) -> Result<RobotsRecord, StoreError> {
         self.served();
         lock(&self.robots).insert(host.clone(), (record.clone(), 0));
         Ok(record)
@@ -530,12 +530,12 @@ impl Visibility for NoHold {
         _queue: &QueueRef,
         _receipt_handle: &str,
         _delay: Duration,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         self.holds.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    async fn requeue(&self, _queue: &QueueRef, copy: &MessageCopy) -> Result<(), AwsError> {
+    async fn requeue(&self, _queue: &QueueRef, copy: &MessageCopy) -> Result<(), StoreError> {
         self.requeued.fetch_add(1, Ordering::Relaxed);
         lock(&self.sent).push(copy.clone());
         Ok(())

@@ -262,9 +262,9 @@ async fn a_final_attempt_the_strained_sandbox_never_started_is_copied_for_later_
     };
     let worker = memory::worker(pages, 1, "http://example.com/a");
     for _ in 0..2 {
-        let throttled = conveyor_worker::ports::error::AwsError::aws(
+        let throttled = conveyor_worker::ports::error::StoreError::failed(
             "TransactWriteItems",
-            conveyor_worker::ports::error::AwsFault::Throttled,
+            conveyor_worker::ports::error::StoreFault::Throttled,
             "slow down",
         );
         worker.pressure.learn(&Outcome::Store(throttled));

@@ -18,8 +18,8 @@ use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
-use conveyor_worker::domain::spend::{DeliverySpend, Lease, Reservation, Spend};
-use conveyor_worker::ports::error::{AwsError, AwsFault};
+use conveyor_worker::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
+use conveyor_worker::ports::error::{StoreError, StoreFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore, TriesFrom};
@@ -85,9 +85,9 @@ fn store_failing_conditions(old_status: Option<&'static str>) -> DynamoTaskStore
     tasks(&rule)
 }
 
-fn fault(result: Result<impl std::fmt::Debug, AwsError>) -> AwsFault {
+fn fault(result: Result<impl std::fmt::Debug, StoreError>) -> StoreFault {
     let err = result.expect_err("the call fails");
-    err.aws_fault()
+    err.fault()
         .cloned()
         .unwrap_or_else(|| panic!("not an AWS fault: {err:?}"))
 }
@@ -105,7 +105,7 @@ async fn throttled_reads_are_classified_as_throttled() {
 
         assert_eq!(
             fault(store.load_task(&task()).await),
-            AwsFault::Throttled,
+            StoreFault::Throttled,
             "{body}"
         );
     }
@@ -119,7 +119,7 @@ async fn server_errors_are_classified_as_service_failures() {
 
     assert_eq!(
         fault(store.load_task(&task()).await),
-        AwsFault::ServiceFailed
+        StoreFault::ServiceFailed
     );
 }
 
@@ -231,7 +231,7 @@ async fn a_paid_tier_reservation_meeting_a_transaction_conflict_is_asked_again_i
         .output(|| TransactWriteItemsOutput::builder().build())
         .build();
     let store = tasks(&rule);
-    let lease = Lease {
+    let lease = PaidLease {
         holder: "sandbox".into(),
         expires_at_ms: 1,
     };
@@ -301,7 +301,7 @@ async fn keys_left_unprocessed_round_after_round_count_as_throttling() {
 
     assert_eq!(
         fault(store.load_parents(&task()).await),
-        AwsFault::Throttled
+        StoreFault::Throttled
     );
     assert_eq!(rule.num_calls(), 6, "the first ask and five more");
 }
@@ -367,15 +367,15 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
     };
 
     let store = results(&slow);
-    assert_eq!(fault(store.put_if_absent(new).await), AwsFault::Throttled);
+    assert_eq!(fault(store.put_if_absent(new).await), StoreFault::Throttled);
 
     let store = results(&bare);
-    assert_eq!(fault(store.describe(&key).await), AwsFault::ServiceFailed);
+    assert_eq!(fault(store.describe(&key).await), StoreFault::ServiceFailed);
 
     let store = results(&denied);
     assert!(matches!(
         fault(store.describe(&key).await),
-        AwsFault::Refused { .. }
+        StoreFault::Refused { .. }
     ));
 }
 
@@ -414,11 +414,11 @@ async fn s3_racing_conditional_puts_are_a_conflict_and_oversized_requests_invali
 
     assert_eq!(
         fault(results(&racing).put_if_absent(new).await),
-        AwsFault::Conflict
+        StoreFault::Conflict
     );
     assert!(matches!(
         fault(results(&too_big).put_if_absent(new).await),
-        AwsFault::Invalid { .. }
+        StoreFault::Invalid { .. }
     ));
 }
 

@@ -4,7 +4,7 @@
 use std::error::Error;
 use std::process::ExitCode;
 
-use conveyor_worker::ports::error::{AwsError, AwsFault};
+use conveyor_worker::ports::error::{StoreError, StoreFault};
 
 /// The exit codes, one per thing a script may want to branch on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,10 +65,12 @@ pub fn ending(err: &(dyn Error + 'static), named: &Named) -> (Exit, String) {
     if let Some(stop) = err.downcast_ref::<Stop>() {
         return (stop.exit, stop.message.clone());
     }
-    match find::<AwsError>(err) {
-        Some(aws @ AwsError::Aws { .. }) => return (Exit::Aws, aws_line(aws, named)),
+    match find::<StoreError>(err) {
+        Some(aws @ StoreError::Failed { .. }) => return (Exit::Aws, aws_line(aws, named)),
         // The stored state refuses what was asked (no such run, a cancelled one).
-        Some(refused @ AwsError::Refused { .. }) => return (Exit::BadInput, refused.to_string()),
+        Some(refused @ StoreError::NotAllowed { .. }) => {
+            return (Exit::BadInput, refused.to_string());
+        }
         Some(other) => return (Exit::Failed, other.to_string()),
         None => {}
     }
@@ -90,8 +92,8 @@ fn find<'a, T: Error + 'static>(err: &'a (dyn Error + 'static)) -> Option<&'a T>
 }
 
 /// An AWS error as the resource and the fix.
-fn aws_line(err: &AwsError, named: &Named) -> String {
-    let AwsError::Aws {
+fn aws_line(err: &StoreError, named: &Named) -> String {
+    let StoreError::Failed {
         operation, fault, ..
     } = err
     else {
@@ -100,10 +102,10 @@ fn aws_line(err: &AwsError, named: &Named) -> String {
     let (what, flag) = resource(operation, named);
     let chain = explain(err);
     match fault {
-        AwsFault::Refused { code } if missing(code) => {
+        StoreFault::Refused { code } if missing(code) => {
             format!("{what} does not exist ({code}): check {flag} and AWS_REGION")
         }
-        AwsFault::Refused { code }
+        StoreFault::Refused { code }
             if code.contains("AccessDenied")
                 || code.contains("Unauthorized")
                 || code.contains("Forbidden") =>
@@ -112,7 +114,7 @@ fn aws_line(err: &AwsError, named: &Named) -> String {
                 "{what}: access denied ({code}): the credentials' policy must allow {operation}"
             )
         }
-        AwsFault::Refused { code }
+        StoreFault::Refused { code }
             if code.contains("Token")
                 || code.contains("Signature")
                 || code.contains("Credential") =>
@@ -121,15 +123,15 @@ fn aws_line(err: &AwsError, named: &Named) -> String {
                 "{what}: the credentials were refused ({code}): check AWS_PROFILE or AWS_ACCESS_KEY_ID"
             )
         }
-        AwsFault::NotSent if chain.contains("signing region") => {
+        StoreFault::NotSent if chain.contains("signing region") => {
             "no AWS region (missing signing region): set AWS_REGION".to_owned()
         }
-        AwsFault::NotSent if chain.contains("credentials") || chain.contains("Credentials") => {
+        StoreFault::NotSent if chain.contains("credentials") || chain.contains("Credentials") => {
             "no credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
              or run where a role provides them"
                 .to_owned()
         }
-        AwsFault::NotSent | AwsFault::TimedOut => {
+        StoreFault::NotSent | StoreFault::TimedOut => {
             let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS".into());
             format!(
                 "{what}: {endpoint} did not answer ({}): check the network or AWS_ENDPOINT_URL",
@@ -234,7 +236,7 @@ mod tests {
     #[test]
     fn a_stop_keeps_its_code_refusals_are_bad_input_and_the_rest_fails() {
         let named = Named::default();
-        let refused = AwsError::Refused {
+        let refused = StoreError::NotAllowed {
             detail: "run j/r does not exist".into(),
         };
         let other = std::io::Error::other("disk full");

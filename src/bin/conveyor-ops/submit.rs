@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::ops::submit;
-use conveyor_worker::ports::error::AwsError;
+use conveyor_worker::ports::error::StoreError;
 
 use crate::exit::{Exit, stop};
 use crate::report::Reporter;
@@ -93,7 +93,7 @@ pub async fn run(args: SubmitArgs) -> Outcome {
         .await
         .map_err(|err| match err {
             // The run or its job refused this list (another list, a cancelled job).
-            AwsError::Refused { detail } => stop(Exit::BadInput, detail),
+            StoreError::NotAllowed { detail } => stop(Exit::BadInput, detail),
             err => err.into(),
         })?;
     if let Some(reporter) = &reporter {

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 
 use crate::domain::health::Trouble;
 use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
 
@@ -38,7 +38,12 @@ fn host_state(item: &Item) -> HostState {
 }
 
 impl HostStore for DynamoTaskStore {
-    async fn take_host(&self, host: &Host, ask: &Ask, seen: &HostState) -> Result<Taken, AwsError> {
+    async fn take_host(
+        &self,
+        host: &Host,
+        ask: &Ask,
+        seen: &HostState,
+    ) -> Result<Taken, StoreError> {
         // The view guesses the schedule; slots are only ever judged on the item itself
         // (the view does not see other sandboxes give theirs back).
         let guess = HostState {
@@ -74,13 +79,13 @@ impl HostStore for DynamoTaskStore {
                     return Ok((Grant::StartAt(start), after, ask.slot));
                 }
                 Err(err) if is_condition_failure(&err) => state = refused_state(&err),
-                Err(err) => return Err(AwsError::from_sdk("UpdateItem(host)", err)),
+                Err(err) => return Err(StoreError::from_sdk("UpdateItem(host)", err)),
             }
         }
         Ok((decide(&state, &ask).0.waiting(), state, None))
     }
 
-    async fn host(&self, host: &Host) -> Result<HostState, AwsError> {
+    async fn host(&self, host: &Host) -> Result<HostState, StoreError> {
         let out = self
             .client
             .get_item()
@@ -89,7 +94,7 @@ impl HostStore for DynamoTaskStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetItem(host)", e))?;
+            .map_err(|e| StoreError::from_sdk("GetItem(host)", e))?;
         Ok(out.item.as_ref().map(host_state).unwrap_or_default())
     }
 
@@ -98,7 +103,7 @@ impl HostStore for DynamoTaskStore {
         host: &Host,
         slot: (usize, Millis),
         answers: Option<(f64, f64)>,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let request = self
             .client
             .update_item()
@@ -112,7 +117,7 @@ impl HostStore for DynamoTaskStore {
             // A slot that lapsed is another fetch's now.
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(host)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
         }
     }
 
@@ -122,7 +127,7 @@ impl HostStore for DynamoTaskStore {
         seen: &HostState,
         trouble: Trouble,
         now: Millis,
-    ) -> Result<PushedBack, AwsError> {
+    ) -> Result<PushedBack, StoreError> {
         let request = self
             .client
             .update_item()
@@ -133,11 +138,11 @@ impl HostStore for DynamoTaskStore {
         match expression.apply_to(request).send().await {
             Ok(_) => Ok(PushedBack::Recorded),
             Err(err) if is_condition_failure(&err) => Ok(PushedBack::Refused(refused_state(&err))),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(host)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
         }
     }
 
-    async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, AwsError> {
+    async fn robots(&self, host: &Host) -> Result<Option<RobotsRecord>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -146,7 +151,7 @@ impl HostStore for DynamoTaskStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetItem(robots)", e))?;
+            .map_err(|e| StoreError::from_sdk("GetItem(robots)", e))?;
         let Some(item) = out.item else {
             return Ok(None);
         };
@@ -162,7 +167,7 @@ impl HostStore for DynamoTaskStore {
         host: &Host,
         now: Millis,
         until: Millis,
-    ) -> Result<bool, AwsError> {
+    ) -> Result<bool, StoreError> {
         let request = self
             .client
             .update_item()
@@ -175,7 +180,7 @@ impl HostStore for DynamoTaskStore {
         {
             Ok(_) => Ok(true),
             Err(err) if is_condition_failure(&err) => Ok(false),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(robots)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(robots)", err)),
         }
     }
 
@@ -183,7 +188,7 @@ impl HostStore for DynamoTaskStore {
         &self,
         host: &Host,
         record: RobotsRecord,
-    ) -> Result<RobotsRecord, AwsError> {
+    ) -> Result<RobotsRecord, StoreError> {
         let mut item = host_key(host.as_str(), "ROBOTS");
         item.insert("status".into(), s(record.rules.kind()));
         item.insert("expires_at".into(), n(record.expires_at));
@@ -207,7 +212,7 @@ impl HostStore for DynamoTaskStore {
             .set_item(Some(item))
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("PutItem(robots)", e))?;
+            .map_err(|e| StoreError::from_sdk("PutItem(robots)", e))?;
         Ok(record)
     }
 }
@@ -216,7 +221,7 @@ impl DynamoTaskStore {
     /// A robots item this release cannot read (no status it knows, a body missing or not
     /// gzip) would hold its host's records until it expired: its expiry is removed, if the
     /// item still has the one read, so the next sandbox takes the fetch and writes it anew.
-    async fn expire_robots(&self, host: &Host, item: &Item) -> Result<(), AwsError> {
+    async fn expire_robots(&self, host: &Host, item: &Item) -> Result<(), StoreError> {
         let Some(seen) = item.get("expires_at") else {
             return Ok(());
         };
@@ -237,7 +242,7 @@ impl DynamoTaskStore {
             Ok(_) => Ok(()),
             // Written anew (or expired) by another sandbox since it was read.
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(robots)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(robots)", err)),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{CancellationReason, KeysAndAttributes};
 
 use crate::domain::ids::{Id, TaskRef};
-use crate::ports::error::{AwsError, AwsFault};
+use crate::ports::error::{StoreError, StoreFault};
 use crate::store::lazy::Lazy;
 use attributes::Item;
 use expressions::Expression;
@@ -74,7 +74,7 @@ impl DynamoTaskStore {
         &self,
         asked: KeysAndAttributes,
         operation: &'static str,
-    ) -> Result<Vec<Item>, AwsError> {
+    ) -> Result<Vec<Item>, StoreError> {
         let mut items = Vec::new();
         let mut asked = Some(asked);
         for round in 0..=UNPROCESSED_ROUNDS {
@@ -91,7 +91,7 @@ impl DynamoTaskStore {
                 .request_items(&self.table, request)
                 .send()
                 .await
-                .map_err(|e| AwsError::from_sdk(operation, e))?;
+                .map_err(|e| StoreError::from_sdk(operation, e))?;
             let mut responses = out.responses.unwrap_or_default();
             items.extend(responses.remove(&self.table).unwrap_or_default());
             asked = out
@@ -103,7 +103,7 @@ impl DynamoTaskStore {
             None => Ok(items),
             Some(_) => {
                 let left = "DynamoDB left keys unprocessed";
-                Err(AwsError::aws(operation, AwsFault::Throttled, left))
+                Err(StoreError::failed(operation, StoreFault::Throttled, left))
             }
         }
     }

@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::DeliverySpend;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, n, number, string};
 use crate::store::dynamo::expressions::Expression;
@@ -31,7 +31,7 @@ impl DynamoTaskStore {
         task: &TaskRef,
         (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
-    ) -> Result<Option<Finish>, AwsError> {
+    ) -> Result<Option<Finish>, StoreError> {
         let mut step = RunStep::Count;
         for _ in 0..MAX_STEPS {
             match self
@@ -64,7 +64,7 @@ impl DynamoTaskStore {
                 },
             }
         }
-        Err(AwsError::Conflict {
+        Err(StoreError::Changed {
             detail: format!("the counters of run {} kept changing", task.run_id),
         })
     }
@@ -112,7 +112,7 @@ impl DynamoTaskStore {
         (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
         step: RunStep,
-    ) -> Result<Counted, AwsError> {
+    ) -> Result<Counted, StoreError> {
         let over = match step {
             RunStep::Recount => Over::FailureWithoutResult,
             _ => Over::Open,
@@ -144,7 +144,7 @@ impl DynamoTaskStore {
         task: &TaskRef,
         (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);
         let replaced = match recounted.await? {
             Counted::Written => Finish::Written {
@@ -168,14 +168,14 @@ impl DynamoTaskStore {
 /// the next step), or a fault (a conflict, an item too large).
 fn counted_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
-) -> Result<Counted, AwsError> {
+) -> Result<Counted, StoreError> {
     if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
         err.as_service_error()
     {
         let reasons = cancelled.cancellation_reasons();
         let codes = cancellation_codes(reasons);
         if let Some(fault) = cancellation_fault(&codes) {
-            return Err(AwsError::aws("TransactWriteItems(finish)", fault, err));
+            return Err(StoreError::failed("TransactWriteItems(finish)", fault, err));
         }
         match codes.as_slice() {
             ["ConditionalCheckFailed", ..] => {
@@ -192,7 +192,7 @@ fn counted_refusal(
             _ => {}
         }
     }
-    Err(AwsError::from_sdk("TransactWriteItems(finish)", err))
+    Err(StoreError::from_sdk("TransactWriteItems(finish)", err))
 }
 
 impl Expression {

@@ -15,7 +15,7 @@ use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::time::rfc3339;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::store::dynamo::attributes::{Item, n, number, s, string, strings};
 
 use crate::store::dynamo::keys;
@@ -45,7 +45,7 @@ pub enum Requeue {
 
 impl DynamoTaskStore {
     /// The job, `active`, unless it exists already.
-    pub async fn create_job(&self, job: &Id) -> Result<Created, AwsError> {
+    pub async fn create_job(&self, job: &Id) -> Result<Created, StoreError> {
         let mut item = keys::job_key(job);
         item.extend(strings(&[("status", "active"), ("created_at", &now())]));
         self.create(item, "PutItem(job)").await
@@ -60,7 +60,7 @@ impl DynamoTaskStore {
         (job, run): (&Id, &Id),
         total: u64,
         (sizes, spread, refreshes): (Option<&ShardSizes>, bool, Option<&Id>),
-    ) -> Result<Created, AwsError> {
+    ) -> Result<Created, StoreError> {
         let mut item = keys::run_key(job, run);
         item.extend(strings(&[("status", "running"), ("created_at", &now())]));
         if let Some(earlier) = refreshes {
@@ -99,7 +99,7 @@ impl DynamoTaskStore {
         job: &Id,
         run: &Id,
         sizes: &ShardSizes,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let groups = sizes
             .group_shards()
             .into_iter()
@@ -137,7 +137,7 @@ impl DynamoTaskStore {
         task: &TaskRef,
         url: &str,
         prior: Option<&Prior>,
-    ) -> Result<Created, AwsError> {
+    ) -> Result<Created, StoreError> {
         let mut item = keys::task_key(task);
         item.extend(strings(&[("url", url), ("status", "pending")]));
         item.insert("created_at".into(), s(&now()));
@@ -153,7 +153,7 @@ impl DynamoTaskStore {
     pub async fn earlier_results(
         &self,
         refs: &[TaskRef],
-    ) -> Result<std::collections::HashMap<String, (String, Prior)>, AwsError> {
+    ) -> Result<std::collections::HashMap<String, (String, Prior)>, StoreError> {
         let keys = refs.iter().map(keys::task_key).collect();
         let asked = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
             .set_keys(Some(keys))
@@ -185,18 +185,18 @@ impl DynamoTaskStore {
         job: &Id,
         run: &Id,
         through: u64,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let advance = writes::advance_submitted(through, &now());
         let result = self.update_run((job, run), advance).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(submitted)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(submitted)", err)),
         }
     }
 
     /// A conditional put that only creates; the item as stored when it was there already.
-    async fn create(&self, item: Item, operation: &'static str) -> Result<Created, AwsError> {
+    async fn create(&self, item: Item, operation: &'static str) -> Result<Created, StoreError> {
         let result = self
             .client
             .put_item()
@@ -212,13 +212,13 @@ impl DynamoTaskStore {
                 Some(PutItemError::ConditionalCheckFailedException(e)) => {
                     Ok(Created::Existing(e.item().cloned().unwrap_or_default()))
                 }
-                _ => Err(AwsError::from_sdk(operation, err)),
+                _ => Err(StoreError::from_sdk(operation, err)),
             },
         }
     }
 
     /// The run item, read consistently; `None` when it does not exist.
-    pub async fn run_item(&self, job: &Id, run: &Id) -> Result<Option<Item>, AwsError> {
+    pub async fn run_item(&self, job: &Id, run: &Id) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -227,7 +227,7 @@ impl DynamoTaskStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetItem(run)", e))?;
+            .map_err(|e| StoreError::from_sdk("GetItem(run)", e))?;
         Ok(out.item)
     }
 
@@ -238,7 +238,7 @@ impl DynamoTaskStore {
         job: &Id,
         run: &Id,
         shards: u32,
-    ) -> Result<Vec<Item>, AwsError> {
+    ) -> Result<Vec<Item>, StoreError> {
         let keys = (0..shards).map(|i| keys::shard_key(job, run, i)).collect();
         self.read_all(keys, "BatchGetItem(shards)").await
     }
@@ -249,7 +249,7 @@ impl DynamoTaskStore {
         job: &Id,
         run: &Id,
         groups: u32,
-    ) -> Result<Vec<Item>, AwsError> {
+    ) -> Result<Vec<Item>, StoreError> {
         let keys = (0..groups).map(|i| keys::group_key(job, run, i)).collect();
         self.read_all(keys, "BatchGetItem(groups)").await
     }
@@ -260,7 +260,7 @@ impl DynamoTaskStore {
         &self,
         keys: Vec<Item>,
         operation: &'static str,
-    ) -> Result<Vec<Item>, AwsError> {
+    ) -> Result<Vec<Item>, StoreError> {
         let mut items = Vec::new();
         for chunk in keys.chunks(100) {
             let asked = KeysAndAttributes::builder()
@@ -276,7 +276,7 @@ impl DynamoTaskStore {
     /// Every task of the run, read consistently, in task order: (task id, item). A v3 run's
     /// tasks are read from each of its shards' partitions (a Query each, a few at once, as
     /// its item says): never a scan.
-    pub async fn run_tasks(&self, job: &Id, run: &Id) -> Result<Vec<(String, Item)>, AwsError> {
+    pub async fn run_tasks(&self, job: &Id, run: &Id) -> Result<Vec<(String, Item)>, StoreError> {
         let run_item = self.run_item(job, run).await?;
         let spread = run_item.as_ref().and_then(spread_of);
         let partitions = keys::task_partitions(job, run, spread);
@@ -294,7 +294,7 @@ impl DynamoTaskStore {
     pub async fn stored_urls(
         &self,
         refs: &[TaskRef],
-    ) -> Result<std::collections::HashMap<String, String>, AwsError> {
+    ) -> Result<std::collections::HashMap<String, String>, StoreError> {
         let keys = refs.iter().map(keys::task_key).collect();
         let asked = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
             .set_keys(Some(keys))
@@ -314,7 +314,7 @@ impl DynamoTaskStore {
     }
 
     /// The tasks under one partition key (a Query, paged).
-    async fn partition_tasks(&self, partition: String) -> Result<Vec<(String, Item)>, AwsError> {
+    async fn partition_tasks(&self, partition: String) -> Result<Vec<(String, Item)>, StoreError> {
         let mut pages = self
             .client
             .query()
@@ -327,7 +327,7 @@ impl DynamoTaskStore {
             .send();
         let mut tasks = Vec::new();
         while let Some(item) = pages.next().await {
-            let item = item.map_err(|e| AwsError::from_sdk("Query(tasks)", e))?;
+            let item = item.map_err(|e| StoreError::from_sdk("Query(tasks)", e))?;
             let sort = string(&item, "sk").unwrap_or_default();
             let task = keys::task_of_sort(sort).unwrap_or(sort).to_owned();
             tasks.push((task, item));
@@ -343,7 +343,7 @@ impl DynamoTaskStore {
         &self,
         task: &TaskRef,
         counting: Option<Counting>,
-    ) -> Result<Requeue, AwsError> {
+    ) -> Result<Requeue, StoreError> {
         let now = now();
         if let Some(Counting::Shards(sharding)) = counting {
             return self.requeue_sharded(task, sharding, &now).await;
@@ -375,26 +375,30 @@ impl DynamoTaskStore {
 fn requeue_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
     task: &TaskRef,
-) -> Result<Requeue, AwsError> {
+) -> Result<Requeue, StoreError> {
     if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
         err.as_service_error()
     {
         let codes = cancellation_codes(cancelled.cancellation_reasons());
         if let Some(fault) = cancellation_fault(&codes) {
-            return Err(AwsError::aws("TransactWriteItems(requeue)", fault, err));
+            return Err(StoreError::failed(
+                "TransactWriteItems(requeue)",
+                fault,
+                err,
+            ));
         }
         match codes.as_slice() {
             ["ConditionalCheckFailed", ..] => return Ok(Requeue::NotFailed),
             [_, "ConditionalCheckFailed"] => {
                 let (job, run) = (&task.job_id, &task.run_id);
-                return Err(AwsError::Refused {
+                return Err(StoreError::NotAllowed {
                     detail: format!("run {job}/{run} was cancelled or lost its counters"),
                 });
             }
             _ => {}
         }
     }
-    Err(AwsError::from_sdk("TransactWriteItems(requeue)", err))
+    Err(StoreError::from_sdk("TransactWriteItems(requeue)", err))
 }
 
 /// How a run counts its tasks, as its item says: on the run item (v1), in counter shards

@@ -11,8 +11,8 @@ use aws_sdk_dynamodb::types::{
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
-use crate::domain::spend::{DeliverySpend, Lease, Reservation, Spend};
-use crate::ports::error::AwsError;
+use crate::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
+use crate::ports::error::StoreError;
 use crate::ports::spend::SpendStore;
 
 use crate::store::dynamo::attributes::{Item, n, number, s};
@@ -30,7 +30,7 @@ impl SpendStore for DynamoTaskStore {
         counting: Counting,
         spend: &Spend,
         delivery: &str,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         if spend.is_zero() {
             return Ok(());
         }
@@ -71,16 +71,16 @@ impl SpendStore for DynamoTaskStore {
                 _ => {}
             }
         }
-        Err(AwsError::from_sdk("TransactWriteItems(spend)", err))
+        Err(StoreError::from_sdk("TransactWriteItems(spend)", err))
     }
 
     #[tracing::instrument(skip_all, fields(chunk))]
     async fn reserve_paid(
         &self,
         (job, run): (&Id, &Id),
-        lease: &Lease,
+        lease: &PaidLease,
         chunk: u64,
-    ) -> Result<Reservation, AwsError> {
+    ) -> Result<Reservation, StoreError> {
         let mut tries = 0;
         loop {
             match self.try_reserve((job, run), lease, chunk).await {
@@ -99,7 +99,7 @@ impl SpendStore for DynamoTaskStore {
         (job, run): (&Id, &Id),
         holder: &str,
         bytes: u64,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let note = writes::note_paid(bytes);
         let request = note
             .apply_to(self.client.update_item())
@@ -109,10 +109,10 @@ impl SpendStore for DynamoTaskStore {
             Ok(_) => Ok(()),
             // The lease was taken back (this sandbox was frozen past it) or given back: the
             // holder counts the spend at its give-back.
-            Err(err) if is_condition_failure(&err) => Err(AwsError::Refused {
+            Err(err) if is_condition_failure(&err) => Err(StoreError::NotAllowed {
                 detail: "the paid-tier lease is gone".into(),
             }),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(note_paid)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(note_paid)", err)),
         }
     }
 
@@ -122,7 +122,7 @@ impl SpendStore for DynamoTaskStore {
         (job, run): (&Id, &Id),
         holder: &str,
         unnoted: u64,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let mut tries = 0;
         loop {
             let answer = match self.lease_item(job, run, holder).await? {
@@ -146,7 +146,7 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all)]
-    async fn reclaim_paid(&self, (job, run): (&Id, &Id), now_ms: u64) -> Result<usize, AwsError> {
+    async fn reclaim_paid(&self, (job, run): (&Id, &Id), now_ms: u64) -> Result<usize, StoreError> {
         let mut taken = 0;
         for lease in self.leases(job, run).await? {
             if number::<u64>(&lease, "expires_at_ms").is_some_and(|at| at < now_ms)
@@ -186,9 +186,9 @@ impl DynamoTaskStore {
     async fn try_reserve(
         &self,
         (job, run): (&Id, &Id),
-        lease: &Lease,
+        lease: &PaidLease,
         chunk: u64,
-    ) -> Result<Reservation, AwsError> {
+    ) -> Result<Reservation, StoreError> {
         let run_write =
             writes::reserve_paid(chunk).into_update(&self.table, keys::run_key(job, run));
         let extended = writes::lease(chunk, lease.expires_at_ms)
@@ -208,7 +208,7 @@ impl DynamoTaskStore {
     }
 
     /// The run's leases (a Query of their partition, paged).
-    async fn leases(&self, job: &Id, run: &Id) -> Result<Vec<Item>, AwsError> {
+    async fn leases(&self, job: &Id, run: &Id) -> Result<Vec<Item>, StoreError> {
         let mut pages = self
             .client
             .query()
@@ -221,13 +221,18 @@ impl DynamoTaskStore {
             .send();
         let mut leases = Vec::new();
         while let Some(item) = pages.next().await {
-            leases.push(item.map_err(|e| AwsError::from_sdk("Query(leases)", e))?);
+            leases.push(item.map_err(|e| StoreError::from_sdk("Query(leases)", e))?);
         }
         Ok(leases)
     }
 
     /// This holder's lease, read consistently, if it has one.
-    async fn lease_item(&self, job: &Id, run: &Id, holder: &str) -> Result<Option<Item>, AwsError> {
+    async fn lease_item(
+        &self,
+        job: &Id,
+        run: &Id,
+        holder: &str,
+    ) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -236,7 +241,7 @@ impl DynamoTaskStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetItem(lease)", e))?;
+            .map_err(|e| StoreError::from_sdk("GetItem(lease)", e))?;
         Ok(out.item)
     }
 
@@ -248,7 +253,7 @@ impl DynamoTaskStore {
         (job, run): (&Id, &Id),
         lease: &Item,
         unnoted: u64,
-    ) -> Result<bool, AwsError> {
+    ) -> Result<bool, StoreError> {
         let reserved: u64 = number(lease, "reserved").unwrap_or(0);
         let noted: u64 = number(lease, "spent").unwrap_or(0);
         let (Some(pk), Some(sk)) = (lease.get("pk"), lease.get("sk")) else {
@@ -275,7 +280,7 @@ impl DynamoTaskStore {
 
     /// Bytes spent under a lease that is gone (taken back before this sandbox gave it back,
     /// which counted them as unspent): reserved and spent both.
-    async fn count_unnoted(&self, (job, run): (&Id, &Id), unnoted: u64) -> Result<(), AwsError> {
+    async fn count_unnoted(&self, (job, run): (&Id, &Id), unnoted: u64) -> Result<(), StoreError> {
         let request = writes::return_paid(-signed(unnoted), unnoted)
             .apply_to(self.client.update_item())
             .table_name(&self.table)
@@ -289,7 +294,7 @@ impl DynamoTaskStore {
                 );
                 Ok(())
             }
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(count_unnoted)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(count_unnoted)", err)),
         }
     }
 
@@ -300,7 +305,7 @@ impl DynamoTaskStore {
         operation: &'static str,
         run: Update,
         lease: TransactWriteItem,
-    ) -> Result<Option<Vec<CancellationReason>>, AwsError> {
+    ) -> Result<Option<Vec<CancellationReason>>, StoreError> {
         let items = vec![TransactWriteItem::builder().update(run).build(), lease];
         let sent = self
             .client
@@ -320,15 +325,15 @@ impl DynamoTaskStore {
 fn refused_by_conditions(
     operation: &'static str,
     err: SdkError<TransactWriteItemsError, HttpResponse>,
-) -> Result<Vec<CancellationReason>, AwsError> {
+) -> Result<Vec<CancellationReason>, StoreError> {
     if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
         let reasons = e.cancellation_reasons();
         match cancellation_fault(&cancellation_codes(reasons)) {
             None => return Ok(reasons.to_vec()),
-            Some(fault) => return Err(AwsError::aws(operation, fault, err)),
+            Some(fault) => return Err(StoreError::failed(operation, fault, err)),
         }
     }
-    Err(AwsError::from_sdk(operation, err))
+    Err(StoreError::from_sdk(operation, err))
 }
 
 /// A lease's end: the item deleted only as it was read (`seen`: its reserved bytes, noted

@@ -14,7 +14,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page};
 use crate::metrics::Measures;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::Earlier;
@@ -24,10 +24,11 @@ use crate::ports::tasks::TaskStore;
 use crate::scraper::{FetchError, Fetcher, Retry};
 
 use super::Worker;
+use super::admit::Admitted;
 use super::fetch::Scraped;
-use super::fetch::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
 use super::parents::Wanted;
 use super::parse::Delivery;
+use crate::paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -61,6 +62,22 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
+    /// A redelivery's page that an earlier delivery already stored, converged instead of
+    /// fetched (a block page an earlier release stored is not adopted).
+    pub(super) async fn adopted(
+        &self,
+        delivery: &Delivery,
+        admitted: &Admitted,
+        invocation: &Invocation,
+    ) -> Option<Outcome> {
+        let (task, key) = (delivery.task(), self.result_key(delivery.task()));
+        let stores = self.stores(&admitted.wanted, admitted.final_attempt, invocation);
+        match stores.adopt_stored(task, &key).await {
+            Ok(adopted) => adopted.map(|converged| outcome_of(converged, true, false)),
+            Err(err) => Some(Outcome::Store(err)),
+        }
+    }
+
     /// The page stored (or an unchanged refresh carried forward), or the fetch's failure.
     async fn converge_page(
         &self,
@@ -68,7 +85,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         task: &TaskRef,
         page: Result<Page, FetchError>,
         this_try: Try<'_>,
-    ) -> Result<Outcome, AwsError> {
+    ) -> Result<Outcome, StoreError> {
         let key = &self.result_key(task);
         let (measures, redelivery) = (this_try.measures, this_try.redelivery);
         let err = match (page, this_try.earlier) {
@@ -102,7 +119,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         task: &TaskRef,
         err: FetchError,
         this_try: Try<'_>,
-    ) -> Result<Outcome, AwsError> {
+    ) -> Result<Outcome, StoreError> {
         if err.retry == Retry::Ours && err.reason == PAID_BUDGET_HELD {
             let delay = PAID_BUDGET_WAIT;
             return Ok(Outcome::PoliteHeld {

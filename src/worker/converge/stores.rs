@@ -12,7 +12,7 @@ use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::refresh::Validators;
 use crate::domain::spend::{DeliverySpend, Spend};
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
 use crate::pushback::retry::{FINISH_THROTTLED, Patience};
@@ -76,7 +76,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         task: &TaskRef,
         key: &ResultKey,
         page: &Page,
-    ) -> Result<Converged, AwsError> {
+    ) -> Result<Converged, StoreError> {
         let sha256 = hex::encode(Sha256::digest(&page.body));
         let stored = self
             .patience
@@ -115,7 +115,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         earlier: &Earlier,
         page: &Page,
-    ) -> Result<Converged, AwsError> {
+    ) -> Result<Converged, StoreError> {
         let validators = confirmed(&earlier.stored.validators, &page.validators);
         let carried = Carried {
             key,
@@ -140,13 +140,13 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             Copied::AlreadyThere => match self.results.describe(key).await? {
                 Some(stored) => (stored, true),
                 None => {
-                    return Err(AwsError::Conflict {
+                    return Err(StoreError::Changed {
                         detail: format!("{key} was there for the copy but gone for the read"),
                     });
                 }
             },
             Copied::EarlierChanged => {
-                return Err(AwsError::Conflict {
+                return Err(StoreError::Changed {
                     detail: format!("{} changed as it was copied", earlier.stored.key),
                 });
             }
@@ -166,7 +166,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         task: &TaskRef,
         key: &ResultKey,
         failure: Failure,
-    ) -> Result<Converged, AwsError> {
+    ) -> Result<Converged, StoreError> {
         match self.adopt_stored(task, key).await? {
             Some(adopted) => Ok(adopted),
             None => self.finish(task, Terminal::Failed(failure)).await,
@@ -179,7 +179,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         &self,
         task: &TaskRef,
         key: &ResultKey,
-    ) -> Result<Option<Converged>, AwsError> {
+    ) -> Result<Option<Converged>, StoreError> {
         let Some(stored) = self.results.describe(key).await? else {
             return Ok(None);
         };
@@ -200,7 +200,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         page: &Page,
         sha256: &str,
-    ) -> Result<(StoredResult, bool), AwsError> {
+    ) -> Result<(StoredResult, bool), StoreError> {
         let new = NewResult {
             key,
             page,
@@ -213,7 +213,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             // is tried again.
             Put::AlreadyThere => match self.results.describe(key).await? {
                 Some(stored) => self.adopt_or_replace(new, stored).await,
-                None => Err(AwsError::Conflict {
+                None => Err(StoreError::Changed {
                     detail: format!("{key} was there for the put but gone for the read"),
                 }),
             },
@@ -226,13 +226,13 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         &self,
         new: NewResult<'_>,
         stored: StoredResult,
-    ) -> Result<(StoredResult, bool), AwsError> {
+    ) -> Result<(StoredResult, bool), StoreError> {
         let Some(etag) = Box::pin(self.stored_block(new.key, &stored)).await? else {
             return Ok((stored, true));
         };
         match self.results.replace(new, &etag).await? {
             Put::Stored => Ok((described(new.key, new.page, new.sha256), false)),
-            Put::AlreadyThere => Err(AwsError::Conflict {
+            Put::AlreadyThere => Err(StoreError::Changed {
                 detail: format!("{} changed as its block page was replaced", new.key),
             }),
         }
@@ -244,7 +244,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         &self,
         key: &ResultKey,
         stored: &StoredResult,
-    ) -> Result<Option<String>, AwsError> {
+    ) -> Result<Option<String>, StoreError> {
         if self.detection.is_off() {
             return Ok(None);
         }
@@ -262,7 +262,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     /// The terminal write, tried again on conflicts; a record DynamoDB refuses as invalid
     /// (the producer's item near its 400 KB limit, say) is written again with only what
     /// describes the end state.
-    async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, AwsError> {
+    async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, StoreError> {
         let written = self.finish_once(task, &terminal).await;
         let (written, terminal) = match written {
             Err(err) if err.is_invalid() => {
@@ -286,7 +286,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         })
     }
 
-    async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, AwsError> {
+    async fn finish_once(&self, task: &TaskRef, terminal: &Terminal) -> Result<Finish, StoreError> {
         let finish = || {
             let spend = DeliverySpend {
                 spend: &self.spend,
@@ -303,7 +303,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 }
 
 /// The least record of an end state: the object's identity, or why it failed.
-fn minimal(terminal: &Terminal, refused: &AwsError) -> Terminal {
+fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
     match terminal {
         Terminal::Succeeded(stored) => Terminal::Succeeded(stored.minimal()),
         Terminal::Failed(failure) => Terminal::Failed(Failure {

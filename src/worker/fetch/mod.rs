@@ -4,8 +4,6 @@
 
 mod paid;
 
-pub(super) use paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
-
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -71,13 +69,17 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if admitted.claim.redelivery
             && let Some(adopted) = self.adopted(delivery, &admitted, invocation).await
         {
-            return Err(self.left(admitted.pass.permit(), adopted, invocation).await);
+            return Err(self
+                .without_permit(admitted.pass.permit(), adopted, invocation)
+                .await);
         }
         let admitted = self.at_start(delivery, admitted, invocation).await?;
         let Some(time) = self.fetch_time(invocation) else {
             let ended = self.unclaimed(delivery, &admitted.claim, Outcome::NoTimeLeft);
             let ended = ended.await;
-            return Err(self.left(admitted.pass.permit(), ended, invocation).await);
+            return Err(self
+                .without_permit(admitted.pass.permit(), ended, invocation)
+                .await);
         };
         let Admitted {
             claim,
@@ -89,7 +91,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         } = admitted;
         let (prior, earlier) = match self.earlier(prior).await {
             Ok(checked) => checked,
-            Err(err) => return Err(self.left(pass.permit(), err.into(), invocation).await),
+            Err(err) => {
+                return Err(self
+                    .without_permit(pass.permit(), err.into(), invocation)
+                    .await);
+            }
         };
         let task = delivery.task();
         let target = Target {
@@ -108,24 +114,6 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             spend: fetched.spend,
             earlier,
         })
-    }
-
-    /// A redelivery's page that an earlier delivery already stored, converged instead of
-    /// fetched (a block page an earlier release stored is not adopted).
-    async fn adopted(
-        &self,
-        delivery: &Delivery,
-        admitted: &Admitted,
-        invocation: &Invocation,
-    ) -> Option<Outcome> {
-        let (task, key) = (delivery.task(), self.result_key(delivery.task()));
-        let stores = self.stores(&admitted.wanted, admitted.final_attempt, invocation);
-        match stores.adopt_stored(task, &key).await {
-            Ok(adopted) => {
-                adopted.map(|converged| super::converge::outcome_of(converged, true, false))
-            }
-            Err(err) => Some(Outcome::Store(err)),
-        }
     }
 
     /// The delivery once its host's start has come. A cooldown set meanwhile (by any
@@ -167,7 +155,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn earlier(
         &self,
         prior: Option<Prior>,
-    ) -> Result<(Option<Prior>, Option<Earlier>), crate::ports::error::AwsError> {
+    ) -> Result<(Option<Prior>, Option<Earlier>), crate::ports::error::StoreError> {
         let Some(prior) = prior else {
             return Ok((None, None));
         };
@@ -209,7 +197,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             0 => health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short),
             _ => Some(Sign::PushedBack(None)),
         };
-        self.leave(Some(permit), sign, invocation).await;
+        self.return_permit(Some(permit), sign, invocation).await;
         fetched
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::batch::Invocation;
-use crate::paid::{PaidHold, PaidTurn};
+use crate::paid::{PAID_BUDGET_HELD, PaidAnswer, PaidHold};
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
@@ -17,16 +17,6 @@ use crate::scraper::{Ask, FetchError, Fetched, Fetcher};
 
 use super::super::Worker;
 use super::Target;
-
-/// Why a fetch that needed the paid tier did not use it: its run's budget is held by
-/// fetches in flight. The record waits for them to settle (a parked copy, its try given
-/// back).
-pub(in crate::worker) const PAID_BUDGET_HELD: &str =
-    "the paid tier's budget is held by fetches in flight";
-
-/// How long a record waits for its run's paid budget held elsewhere: about when this
-/// sandbox reads the run's budget again.
-pub(in crate::worker) const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -86,9 +76,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let cap = self.settings.paid_fetch_cap;
         let held = self.paid.hold(&self.tasks, target.task, run_budget, cap);
         let reason = match held.await {
-            Ok(PaidTurn::Go(hold)) => return Ok((hold, first)),
-            Ok(PaidTurn::Spent) => return Err(first),
-            Ok(PaidTurn::Held) => PAID_BUDGET_HELD.to_owned(),
+            Ok(PaidAnswer::Go(hold)) => return Ok((hold, first)),
+            Ok(PaidAnswer::Spent) => return Err(first),
+            Ok(PaidAnswer::Held) => PAID_BUDGET_HELD.to_owned(),
             Err(err) => format!("the paid tier's budget could not be read: {err}"),
         };
         let page = Err(FetchError::ours(reason));

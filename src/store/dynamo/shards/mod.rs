@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::{Sharding, TaskStatus, Terminal};
 use crate::domain::spend::DeliverySpend;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::expressions::Expression;
@@ -129,7 +129,7 @@ impl DynamoTaskStore {
         (terminal, spend): (&Terminal, DeliverySpend<'_>),
         now: &str,
         sharding: Sharding,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         let path = Path::of(task, sharding);
         let mut step = COUNT;
         // Each refusal says what the refusing counter is now: two tries per level suffice
@@ -147,7 +147,7 @@ impl DynamoTaskStore {
             };
             step = next;
         }
-        Err(AwsError::Conflict {
+        Err(StoreError::Changed {
             detail: "the task's counters kept changing under the terminal write".into(),
         })
     }
@@ -159,7 +159,7 @@ impl DynamoTaskStore {
         now: &str,
         path: &Path<'_>,
         step: Step,
-    ) -> Result<Counted, AwsError> {
+    ) -> Result<Counted, StoreError> {
         let over = match step {
             Step::Recount => Over::FailureWithoutResult,
             Step::Climb { .. } => Over::Open,
@@ -195,7 +195,7 @@ impl DynamoTaskStore {
         terminal: &Terminal,
         now: &str,
         step: Step,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         tracing::warn!(
             ?step,
             "the task's counter shard is gone or has nothing left to count"
@@ -263,7 +263,7 @@ fn finish_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
     path: &Path<'_>,
     step: Step,
-) -> Result<Counted, AwsError> {
+) -> Result<Counted, StoreError> {
     match condition_refused(err, "TransactWriteItems(finish)")? {
         (0, old) => Ok(Counted::TaskRefused {
             failed_without_result: old.as_ref().is_some_and(is_failure_without_result),
@@ -321,22 +321,22 @@ fn run_step(run: Option<&Item>, left: &str) -> Option<Top> {
 fn condition_refused(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
     operation: &'static str,
-) -> Result<(usize, Option<Item>), AwsError> {
+) -> Result<(usize, Option<Item>), StoreError> {
     let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
         err.as_service_error()
     else {
-        return Err(AwsError::from_sdk(operation, err));
+        return Err(StoreError::from_sdk(operation, err));
     };
     let reasons = cancelled.cancellation_reasons();
     let codes = cancellation_codes(reasons);
     if let Some(fault) = cancellation_fault(&codes) {
-        return Err(AwsError::aws(operation, fault, err));
+        return Err(StoreError::failed(operation, fault, err));
     }
     match codes
         .iter()
         .position(|code| *code == "ConditionalCheckFailed")
     {
         Some(at) => Ok((at, reasons[at].item().cloned())),
-        None => Err(AwsError::from_sdk(operation, err)),
+        None => Err(StoreError::from_sdk(operation, err)),
     }
 }

@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::Update;
 use super::{Node, Path, condition_refused, writes};
 use crate::domain::ids::TaskRef;
 use crate::domain::model::Sharding;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::store::dynamo::attributes::number;
 use crate::store::dynamo::runs::Requeue;
 use crate::store::dynamo::{DynamoTaskStore, keys, tasks};
@@ -21,7 +21,7 @@ impl DynamoTaskStore {
         task: &TaskRef,
         sharding: Sharding,
         now: &str,
-    ) -> Result<Requeue, AwsError> {
+    ) -> Result<Requeue, StoreError> {
         let path = Path::of(task, sharding);
         let mut top = 0;
         for _ in 0..2 * path.nodes.len() {
@@ -42,7 +42,7 @@ impl DynamoTaskStore {
                 (_, Some(_)) => level,
             };
         }
-        Err(AwsError::Conflict {
+        Err(StoreError::Changed {
             detail: format!("the counters of {} kept changing", task.task_id),
         })
     }
@@ -64,9 +64,9 @@ fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Up
     std::iter::once(task).chain(counters).collect()
 }
 
-fn counters_refused(task: &TaskRef) -> AwsError {
+fn counters_refused(task: &TaskRef) -> StoreError {
     let (job, run) = (&task.job_id, &task.run_id);
-    AwsError::Refused {
+    StoreError::NotAllowed {
         detail: format!("run {job}/{run} was cancelled or lost its counters"),
     }
 }

@@ -16,7 +16,7 @@ use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::spend::DeliverySpend;
 use crate::domain::time::rfc3339;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
 use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
@@ -25,7 +25,7 @@ use writes::Over;
 
 impl TaskStore for DynamoTaskStore {
     #[tracing::instrument(skip_all)]
-    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, AwsError> {
+    async fn load_task(&self, task: &TaskRef) -> Result<Option<Task>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -42,7 +42,7 @@ impl TaskStore for DynamoTaskStore {
             .expression_attribute_names("#url", "url")
             .send()
             .await
-            .map_err(|e| AwsError::from_sdk("GetItem", e))?;
+            .map_err(|e| StoreError::from_sdk("GetItem", e))?;
         let Some(item) = out.item else {
             return Ok(None);
         };
@@ -55,7 +55,7 @@ impl TaskStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all)]
-    async fn load_parents(&self, task: &TaskRef) -> Result<Parents, AwsError> {
+    async fn load_parents(&self, task: &TaskRef) -> Result<Parents, StoreError> {
         let run_sort = keys::run_sort(&task.run_id);
         let asked = KeysAndAttributes::builder()
             .keys(keys::job_key(&task.job_id))
@@ -100,7 +100,7 @@ impl TaskStore for DynamoTaskStore {
         now: SystemTime,
         lease: Option<Lease<'_>>,
         tries: TriesFrom,
-    ) -> Result<Claim, AwsError> {
+    ) -> Result<Claim, StoreError> {
         let result = self
             .update_task(task, writes::claim(now, lease, tries))
             .return_values(ReturnValue::AllOld)
@@ -131,7 +131,7 @@ impl TaskStore for DynamoTaskStore {
                 Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
                     claim_refused(e.item())
                 }
-                _ => Err(AwsError::from_sdk("UpdateItem(claim)", err)),
+                _ => Err(StoreError::from_sdk("UpdateItem(claim)", err)),
             },
         }
     }
@@ -142,7 +142,7 @@ impl TaskStore for DynamoTaskStore {
         task: &TaskRef,
         was: TaskStatus,
         owner: Option<&str>,
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let result = self
             .update_task(task, writes::unclaim(was, owner))
             .send()
@@ -150,11 +150,11 @@ impl TaskStore for DynamoTaskStore {
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(unclaim)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(unclaim)", err)),
         }
     }
 
-    async fn spend_tries(&self, task: &TaskRef, reason: &Reason) -> Result<(), AwsError> {
+    async fn spend_tries(&self, task: &TaskRef, reason: &Reason) -> Result<(), StoreError> {
         let result = self
             .update_task(task, writes::spend_tries(reason))
             .send()
@@ -162,16 +162,16 @@ impl TaskStore for DynamoTaskStore {
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(spend_tries)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(spend_tries)", err)),
         }
     }
 
-    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), AwsError> {
+    async fn release(&self, task: &TaskRef, owner: &str) -> Result<(), StoreError> {
         let result = self.update_task(task, writes::release(owner)).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(release)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(release)", err)),
         }
     }
 
@@ -188,7 +188,7 @@ impl TaskStore for DynamoTaskStore {
         terminal: &Terminal,
         (counting, spend): (Counting, DeliverySpend<'_>),
         now: SystemTime,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         let now = rfc3339(now);
         if let Counting::Shards(sharding) = counting {
             return self
@@ -214,7 +214,7 @@ fn tries_of(item: &Item) -> Tries {
 }
 
 /// A claim's refusal, by the item as it was: gone, terminal, or leased by another delivery.
-fn claim_refused(item: Option<&Item>) -> Result<Claim, AwsError> {
+fn claim_refused(item: Option<&Item>) -> Result<Claim, StoreError> {
     let Some(item) = item.filter(|item| !item.is_empty()) else {
         return Ok(Claim::Missing);
     };
@@ -235,7 +235,7 @@ impl DynamoTaskStore {
         terminal: &Terminal,
         now: &str,
         over: Over,
-    ) -> Result<Finish, AwsError> {
+    ) -> Result<Finish, StoreError> {
         let write = writes::task_terminal(terminal, now, over);
         let result = self.update_task(task, write).send().await;
         match result {
@@ -244,7 +244,7 @@ impl DynamoTaskStore {
                 spend_counted: false,
             }),
             Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
-            Err(err) => Err(AwsError::from_sdk("UpdateItem(finish)", err)),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
         }
     }
 }
@@ -265,10 +265,10 @@ pub(crate) fn is_failure_without_result(item: &Item) -> bool {
     string(item, "status") == Some(TaskStatus::Failed.as_str()) && !item.contains_key("result_key")
 }
 
-fn status_of(item: &Item) -> Result<TaskStatus, AwsError> {
+fn status_of(item: &Item) -> Result<TaskStatus, StoreError> {
     let raw = string(item, "status");
     raw.and_then(TaskStatus::parse)
-        .ok_or_else(|| AwsError::Corrupt {
+        .ok_or_else(|| StoreError::Corrupt {
             what: "task",
             detail: format!("status {raw:?} is not one of pending, processing, successful, failed"),
         })

@@ -5,14 +5,14 @@
 use crate::domain::health::{self, Sign, Trouble};
 use crate::domain::limits::{Ask, CONTENDED_RETRY_MS, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
-use crate::ports::error::AwsError;
+use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack};
 use std::collections::VecDeque;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    AGAIN_BUDGET, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
+    AGAIN_TIME, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
     MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
     missed_once_checked, now_ms,
 };
@@ -31,9 +31,9 @@ impl Gate {
         store: &S,
         host: &Host,
         limits: HostLimits,
-        budget: Duration,
+        fetch_time: Duration,
         far: Option<Millis>,
-    ) -> Result<Entry, AwsError> {
+    ) -> Result<Entry, StoreError> {
         if limits.is_none() {
             return Ok(Entry::Go(Permit::default()));
         }
@@ -46,7 +46,7 @@ impl Gate {
         let mut spare = turn.spare.lock().await;
         turn.waiting.fetch_sub(booking, ORDER);
         let seen = self.view(host);
-        let ask = self.ask(&seen, limits, budget);
+        let ask = self.ask(&seen, limits, fetch_time);
         let unslotted = Ask { slot: None, ..ask };
         // A start later than now (the schedule runs ahead) takes its slot only just before
         // it: a slot is held for the fetch, not for the sleep toward it.
@@ -61,23 +61,23 @@ impl Gate {
                 let together = (&mut *spare, turn.waiting.load(ORDER));
                 self.book(store, host, unslotted, far, together).await
             }
-            (grant, _) => Ok(granted((host, limits, budget), grant, slot, ask.now)),
+            (grant, _) => Ok(granted((host, limits, fetch_time), grant, slot, ask.now)),
         }
     }
 
     /// What this sandbox asks of a host for one fetch now, from its view: the interval
-    /// (slowed as the view says), the sleep's horizon, a slot until the fetch's budget ends.
+    /// (slowed as the view says), the sleep's horizon, a slot until the fetch's fetch_time ends.
     /// The horizon leaves the fetch the host's usual answer time: a start later than that
     /// is booked for another invocation rather than fetched and cut by this one's end.
-    pub(super) fn ask(&self, seen: &HostState, limits: HostLimits, budget: Duration) -> Ask {
+    pub(super) fn ask(&self, seen: &HostState, limits: HostLimits, fetch_time: Duration) -> Ask {
         let now = now_ms();
         let answer = seen.usual_answer().unwrap_or_default();
         let sleep = self
             .settings
             .max_sleep
-            .min(budget.saturating_sub(answer.max(crate::domain::time::MIN_FETCH)));
+            .min(fetch_time.saturating_sub(answer.max(crate::domain::time::MIN_FETCH)));
         let horizon = now + millis(sleep);
-        let until = horizon + millis(budget) + SLOT_MARGIN_MS;
+        let until = horizon + millis(fetch_time) + SLOT_MARGIN_MS;
         Ask {
             now,
             interval: limits::interval(limits.max_rps, seen.slowdown_at(now)),
@@ -102,7 +102,7 @@ impl Gate {
         mut permit: Permit,
         ends: Instant,
         measures: &Measures,
-    ) -> Result<Result<Permit, Later>, AwsError> {
+    ) -> Result<Result<Permit, Later>, StoreError> {
         let Some((host, max_rps)) = permit.host.clone() else {
             return Ok(Ok(permit));
         };
@@ -124,8 +124,8 @@ impl Gate {
         let pace = (max_rps, self.view(&host).slowdown_at(now));
         let missed = missed_once_checked(permit.start, pace, (asked + lead, now));
         if missed || health::voided(&self.view(&host), permit.given_at) {
-            let budget = AGAIN_BUDGET.min(ends.saturating_duration_since(Instant::now()));
-            let again = self.again(store, permit, (&host, max_rps), budget, measures);
+            let fetch_time = AGAIN_TIME.min(ends.saturating_duration_since(Instant::now()));
+            let again = self.again(store, permit, (&host, max_rps), fetch_time, measures);
             return again.await;
         }
         Ok(Ok(permit))
@@ -139,15 +139,15 @@ impl Gate {
         store: &S,
         permit: Permit,
         (host, max_rps): (&Host, Option<f64>),
-        budget: Duration,
+        fetch_time: Duration,
         measures: &Measures,
-    ) -> Result<Result<Permit, Later>, AwsError> {
+    ) -> Result<Result<Permit, Later>, StoreError> {
         let schedule = HostLimits {
             max_rps,
             max_inflight: None,
         };
         let far = Some(permit.far);
-        match self.take(store, host, schedule, budget, far).await? {
+        match self.take(store, host, schedule, fetch_time, far).await? {
             Entry::Go(again) => {
                 let permit = Permit {
                     start: again.start,
@@ -178,7 +178,7 @@ impl Gate {
         host: &Host,
         mut permit: Permit,
         measures: &Measures,
-    ) -> Result<Result<Permit, Later>, AwsError> {
+    ) -> Result<Result<Permit, Later>, StoreError> {
         if permit.start > permit.given_at + FRESH_GRANT_MS {
             sleep_until(permit.start.saturating_sub(self.check.lead()), measures).await;
             let checked = match self.at_start(store, host, &mut permit).await? {
@@ -205,9 +205,9 @@ impl Gate {
         store: &S,
         host: &Host,
         permit: &mut Permit,
-    ) -> Result<Result<(), Duration>, AwsError> {
+    ) -> Result<Result<(), Duration>, StoreError> {
         let now = now_ms();
-        if let Some((limits, budget)) = permit.at_start.take()
+        if let Some((limits, fetch_time)) = permit.at_start.take()
             && limits.max_inflight.is_some()
         {
             let slot_only = HostLimits {
@@ -215,7 +215,7 @@ impl Gate {
                 ..limits
             };
             return Ok(
-                match self.take(store, host, slot_only, budget, None).await? {
+                match self.take(store, host, slot_only, fetch_time, None).await? {
                     Entry::Go(taken) => {
                         permit.slot = taken.slot;
                         Ok(())
@@ -246,7 +246,7 @@ impl Gate {
         ask: Ask,
         far: Millis,
         (spare, waiting): (&mut VecDeque<(Millis, Millis)>, usize),
-    ) -> Result<Entry, AwsError> {
+    ) -> Result<Entry, StoreError> {
         let interval = ask.interval.unwrap_or(0);
         if let Some(start) = next_spare(spare, &self.view(host), ask.now) {
             return Ok(booked(start, ask.now));
@@ -323,7 +323,7 @@ impl Gate {
         host: &Host,
         max_rps: Option<f64>,
         (sign, started): (Sign, Millis),
-    ) -> Result<(), AwsError> {
+    ) -> Result<(), StoreError> {
         let now = now_ms();
         let mut state = store.host(host).await?;
         for _ in 0..PUSH_BACK_TRIES {
@@ -409,7 +409,7 @@ fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
 /// A grant that books nothing: a permit (its slot taken, or to be taken just before its
 /// start when it is later than now), or the wait.
 fn granted(
-    (host, limits, budget): (&Host, HostLimits, Duration),
+    (host, limits, fetch_time): (&Host, HostLimits, Duration),
     grant: Grant,
     slot: Option<(usize, Millis)>,
     now: Millis,
@@ -420,8 +420,8 @@ fn granted(
                 max_rps: None,
                 ..limits
             };
-            let at_start =
-                (slot.is_none() && limits.max_inflight.is_some()).then_some((slot_only, budget));
+            let at_start = (slot.is_none() && limits.max_inflight.is_some())
+                .then_some((slot_only, fetch_time));
             return Entry::Go(Permit {
                 host: Some((host.clone(), limits.max_rps)),
                 slot,
