@@ -4,8 +4,8 @@
 //!
 //! | | modules |
 //! |---|---|
-//! | the record's pipeline | [`domain::message`] (parse) -> [`guard`] (the one read, the claim) -> [`polite`] (the host's turn for the fleet, robots.txt) -> [`scraper`] (fetch) -> [`converge`] (store, the one terminal write) -> [`contract`] (the ack contract, one table) |
-//! | one record, a batch | [`worker`] runs one record to its [`Outcome`]; [`batch`] runs a batch within its deadline and builds the partial batch reply |
+//! | the record's pipeline | [`worker`]: a file per stage, in order: `parse` -> [`worker::guard`] (the one read) -> `admit` (the host's turn through [`polite`], the claim) -> `fetch` ([`scraper`], the paid tier held back through [`paid`]) -> [`worker::converge`] (store, the one terminal write) -> `park` (copies and holds) |
+//! | a batch | [`batch`] runs a batch within its deadline and builds the partial batch reply; [`batch::contract`] is the ack contract, one table |
 //! | around the records | [`pushback`]: [`pushback::retry`] (conflicts tried again), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (records at once under AWS push-back), [`metrics`] (EMF) |
 //! | the stores | [`ports`]: the traits the steps store through, in domain types; [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, each item kind's write expressions beside it, AWS errors classified |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
