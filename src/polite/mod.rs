@@ -9,6 +9,7 @@ mod admission;
 mod fleet_robots;
 pub mod robots;
 mod schedule;
+mod start;
 
 pub use admission::{
     Admission, DISALLOWED, MAX_POLITE_HOLD, ROBOTS_PROXY_FAILED, WAITED_TOO_LONG, Waited, admission,

@@ -1,20 +1,19 @@
-//! The host's turn for one fetch: the schedule and a slot asked of the host's item (a
-//! sandbox's records one at a time, booking together), the sleep toward the start and the
-//! check there, and the slot given back with what the fetch said of the host's health.
+//! The host's schedule for one fetch: a start and a slot asked of the host's item (a
+//! sandbox's records one at a time, booking together), and the slot given back with what
+//! the fetch said of the host's health. The sleep toward the start is in `start`.
 
 use crate::domain::health::{self, Sign, Trouble};
-use crate::domain::limits::{Ask, CONTENDED_RETRY_MS, Grant, Host, HostLimits, HostState, Millis};
+use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
 use crate::metrics::Measures;
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack};
 use std::collections::VecDeque;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{
-    AGAIN_TIME, BOOKING_LEAD_MS, Entry, FRESH_GRANT_MS, Gate, HoldReason, HostTurn, Later,
-    MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, jittered, limits, millis,
-    missed_once_checked, now_ms,
+    BOOKING_LEAD_MS, Entry, Gate, HoldReason, HostTurn, MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER,
+    Permit, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
 };
 
 /// How many times a push-back is written when other sandboxes' push-backs keep coming
@@ -87,151 +86,6 @@ impl Gate {
                 .map(|max| (pick_slot(seen, max, now), until)),
             slots: limits.max_inflight.unwrap_or(0),
         }
-    }
-
-    /// Sleeps until the permit's start, and there asks the host's item again (ahead of the
-    /// start by the check's usual time, so the fetch starts at it): a booked start takes its
-    /// slot (one write, which checks the cooldown too), any other reads the cooldown, unless
-    /// it was granted a moment ago. A host in trouble since (any sandbox's fetch), or a slot
-    /// still taken, gives the permit back and answers the wait; a start missed, or given
-    /// before the pace dropped, asks the schedule again, with what is left of the fetch's
-    /// time until `ends`.
-    pub async fn ready<S: HostStore>(
-        &self,
-        store: &S,
-        mut permit: Permit,
-        ends: Instant,
-        measures: &Measures,
-    ) -> Result<Result<Permit, Later>, StoreError> {
-        let Some((host, max_rps)) = permit.host.clone() else {
-            return Ok(Ok(permit));
-        };
-        let lead = self.check.lead();
-        sleep_until(permit.start.saturating_sub(lead), measures).await;
-        let asked = now_ms();
-        let fresh = asked.max(permit.start) <= permit.given_at + FRESH_GRANT_MS;
-        if fresh && permit.at_start.is_none() {
-            sleep_until(permit.start, measures).await;
-            return Ok(Ok(permit));
-        }
-        if let Err(wait) = self.at_start(store, &host, &mut permit).await? {
-            self.leave(store, permit, None, measures).await;
-            return Ok(Err(Later::after(wait)));
-        }
-        self.check.learn(now_ms().saturating_sub(asked));
-        sleep_until(permit.start, measures).await;
-        let now = now_ms();
-        let pace = (max_rps, self.view(&host).slowdown_at(now));
-        let missed = missed_once_checked(permit.start, pace, (asked + lead, now));
-        if missed || health::voided(&self.view(&host), permit.given_at) {
-            let fetch_time = AGAIN_TIME.min(ends.saturating_duration_since(Instant::now()));
-            let again = self.again(store, permit, (&host, max_rps), fetch_time, measures);
-            return again.await;
-        }
-        Ok(Ok(permit))
-    }
-
-    /// A start missed (the claim or the check took that long) would bunch with the next
-    /// ones, and one given before the pace dropped would go at the old pace: the schedule
-    /// is taken again, once (booked, if it is full past the sleep).
-    async fn again<S: HostStore>(
-        &self,
-        store: &S,
-        permit: Permit,
-        (host, max_rps): (&Host, Option<f64>),
-        fetch_time: Duration,
-        measures: &Measures,
-    ) -> Result<Result<Permit, Later>, StoreError> {
-        let schedule = HostLimits {
-            max_rps,
-            max_inflight: None,
-        };
-        let far = Some(permit.far);
-        match self.take(store, host, schedule, fetch_time, far).await? {
-            Entry::Go(again) => {
-                let permit = Permit {
-                    start: again.start,
-                    given_at: again.given_at,
-                    ..permit
-                };
-                self.checked_again(store, host, permit, measures).await
-            }
-            Entry::Hold(delay, _) => {
-                self.leave(store, permit, None, measures).await;
-                Ok(Err(Later::after(delay)))
-            }
-            Entry::Booked { start, delay } => {
-                self.leave(store, permit, None, measures).await;
-                let booked = Some(start);
-                Ok(Err(Later { delay, booked }))
-            }
-            Entry::Disallowed | Entry::ProxyFailed => Ok(Ok(permit)),
-        }
-    }
-
-    /// A start taken again is checked at it as any other: one given more than a moment
-    /// before it reads the host's item there, and trouble recorded since (a cooldown, or a
-    /// drop that voids it) sends it back to wait rather than to a third ask.
-    async fn checked_again<S: HostStore>(
-        &self,
-        store: &S,
-        host: &Host,
-        mut permit: Permit,
-        measures: &Measures,
-    ) -> Result<Result<Permit, Later>, StoreError> {
-        if permit.start > permit.given_at + FRESH_GRANT_MS {
-            sleep_until(permit.start.saturating_sub(self.check.lead()), measures).await;
-            let checked = match self.at_start(store, host, &mut permit).await? {
-                Err(wait) => Err(wait),
-                Ok(()) if health::voided(&self.view(host), permit.given_at) => {
-                    Err(jittered(CONTENDED_RETRY_MS))
-                }
-                Ok(()) => Ok(()),
-            };
-            if let Err(wait) = checked {
-                self.leave(store, permit, None, measures).await;
-                return Ok(Err(Later::after(wait)));
-            }
-        }
-        sleep_until(permit.start, measures).await;
-        Ok(Ok(permit))
-    }
-
-    /// At the start: a booked start's slot (with an in-flight limit; the take checks the
-    /// cooldown), else the host's item read (kept as this sandbox's view). `Err`: how long
-    /// to wait instead.
-    pub(super) async fn at_start<S: HostStore>(
-        &self,
-        store: &S,
-        host: &Host,
-        permit: &mut Permit,
-    ) -> Result<Result<(), Duration>, StoreError> {
-        let now = now_ms();
-        if let Some((limits, fetch_time)) = permit.at_start.take()
-            && limits.max_inflight.is_some()
-        {
-            let slot_only = HostLimits {
-                max_rps: None,
-                ..limits
-            };
-            return Ok(
-                match self.take(store, host, slot_only, fetch_time, None).await? {
-                    Entry::Go(taken) => {
-                        permit.slot = taken.slot;
-                        Ok(())
-                    }
-                    Entry::Hold(wait, _) | Entry::Booked { delay: wait, .. } => Err(wait),
-                    Entry::Disallowed | Entry::ProxyFailed => Ok(()),
-                },
-            );
-        }
-        let state = store.host(host).await?;
-        let cooldown = state.cooldown_until;
-        self.remember(host, state);
-        Ok(match cooldown.filter(|until| *until > now) {
-            Some(until) => Err(jittered(until - now)),
-            None => Ok(()),
-        })
     }
 
     /// The schedule is full past the sleep: book the next start (up to `far`), so the
@@ -382,13 +236,6 @@ impl Gate {
         }
         views.insert(host.clone(), state);
     }
-}
-
-/// Sleeps until `at` (ms since the epoch), counted as politeness's sleep.
-async fn sleep_until(at: Millis, measures: &Measures) {
-    let wait = at.saturating_sub(now_ms());
-    measures.polite.slept_ms.fetch_add(wait, ORDER);
-    tokio::time::sleep(Duration::from_millis(wait)).await;
 }
 
 /// The host's item after `trouble` was recorded on `state` at `now`.
