@@ -11,13 +11,12 @@ use tokio::time::Instant;
 use url::Url;
 
 use super::answers::{answered, maker, transport_failure};
-use super::error::refusal_block;
-use super::http::{header_text, refusal_of};
 use super::reuse::Answered;
 use super::route::Route;
 use super::wire::{self, Conn, Relay};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, classify,
+    header_text, refusal_block, refusal_of,
 };
 use crate::domain::blocks::Detection;
 use crate::domain::model::Page;

@@ -1,13 +1,13 @@
 //! The scraper: fetches a task's URL with bounded time, size and redirects, only from the
-//! public internet, and says whether a failure is worth another delivery. Here: what a
-//! fetch is asked and what it brings (`Fetcher`); the HTTP fetcher is in `http`.
+//! public internet, and says whether a failure is worth another delivery. Here: the HTTP
+//! fetcher; what a fetch is asked and brings is in `fetcher`.
 
 mod answers;
 mod body;
 mod classify;
 mod egress;
 mod error;
-mod http;
+mod fetcher;
 pub mod policy;
 mod reuse;
 mod route;
@@ -16,57 +16,24 @@ mod wire;
 pub use classify::{classify_status, retry_after};
 pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
 
-use std::future::Future;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+use reqwest::redirect;
 use url::Url;
 
-use crate::domain::blocks::{Detection, TABLE_ONLY};
-use crate::domain::model::Page;
+use crate::domain::blocks::{BLOCK_STATUSES, BODY_WINDOW, Detection, NO_DETECTION};
+use crate::domain::bounds::{ContentType, UrlText};
+use crate::domain::model::{NOT_MODIFIED, Page};
+use crate::domain::proxy::{ProxySecret, Tiers};
 use crate::domain::refresh::Validators;
-use crate::domain::spend::Spend;
 pub use body::CappedBody;
+use egress::Routes;
+use error::refusal_block;
 pub use error::{FetchError, Retry, health_sign};
-pub use http::{FetchSettings, HttpFetcher, MAX_URL_BYTES};
-
-/// What a fetch may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask<'a> {
-    /// The most time the fetch may take.
-    pub time: Duration,
-    /// The proxy tier to start from (1-based).
-    pub first_tier: usize,
-    /// Whether the last (paid) proxy tier may be used: held back while a run has a budget
-    /// for it, until the other tiers are blocked and the budget has room.
-    pub paid_tier: bool,
-    /// Keep the body's first this many bytes and stop reading (robots.txt), instead of
-    /// refusing a body over `MAX_BODY_BYTES`.
-    pub keep_first: Option<u64>,
-    /// Ask only if the page changed since the response these validators came from
-    /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
-    pub if_changed: Option<&'a Validators>,
-    /// How answers are checked for block and challenge pages (the job's choice).
-    pub detection: &'a Detection,
-    /// The most bytes on the wire the fetch may take through a proxy (a paid fetch's hold):
-    /// the proxy's relay cuts the connection there, and the fetch fails as a page too large.
-    pub wire_most: Option<u64>,
-}
-
-impl Ask<'_> {
-    /// Every tier, within `time`.
-    pub fn within(time: Duration) -> Self {
-        Self {
-            time,
-            first_tier: 1,
-            paid_tier: true,
-            keep_first: None,
-            if_changed: None,
-            wire_most: None,
-            detection: &TABLE_ONLY,
-        }
-    }
-}
+pub use fetcher::{Ask, Fetched, Fetcher};
 
 /// The most bytes on the wire one paid fetch may take, as its proxy bills them (the hold it
 /// takes of its run's budget, and where its relay cuts it): its page (`max_body_bytes`, as
@@ -80,43 +47,374 @@ pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
     bodies.saturating_add(framing)
 }
 
-/// A fetch's page or failure, and what it spent through proxies on the way.
-#[derive(Debug)]
-pub struct Fetched {
-    pub page: Result<Page, FetchError>,
-    pub spend: Spend,
-    /// The tiers asked were blocked (or there were none but the paid one) and the paid tier
-    /// was held back: it alone may still get the page.
-    pub wants_paid_tier: bool,
+/// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
+pub const MAX_URL_BYTES: usize = 8 * 1024;
+
+/// Fetch limits, made from the configuration by the wiring (`wiring/settings.rs`).
+#[derive(Debug, Clone)]
+pub struct FetchSettings {
+    pub connect_timeout: Duration,
+    pub max_redirects: usize,
+    pub max_body_bytes: u64,
+    pub user_agent: String,
+    pub allow_private_networks: bool,
+    pub allowed_ports: Option<Vec<u16>>,
+    /// Proxy tiers (none: fetches go direct) and how long a host keeps its proxy.
+    pub proxies: Tiers,
+    pub proxy_session: Duration,
+    /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`): a target
+    /// name that does not resolve here is left to them instead of not fetched (and retried).
+    pub proxy_refuses_private: bool,
+    /// Roots trusted besides Mozilla's (DER): none as deployed; a test's own CA.
+    pub extra_roots: Vec<Vec<u8>>,
 }
 
-impl Fetched {
-    /// A fetch that sent nothing through a proxy.
-    pub fn unspent(page: Result<Page, FetchError>) -> Self {
-        Self {
-            page,
-            spend: Spend::default(),
-            wants_paid_tier: false,
+/// [`Fetcher`] over pooled reqwest clients (rustls), built once per cold start: one direct,
+/// or one per proxy of `PROXY_URLS`.
+#[derive(Clone)]
+pub struct HttpFetcher {
+    /// The direct client, built at the first direct fetch: a cold start does not wait for
+    /// its TLS roots and configuration, and with proxies it is never built.
+    client: Arc<OnceLock<Result<reqwest::Client, String>>>,
+    build: Arc<dyn Fn() -> Result<reqwest::Client, reqwest::Error> + Send + Sync>,
+    routes: Option<Arc<Routes>>,
+    /// The connections that have answered, of every client: which ones a request was sent
+    /// again on.
+    answered: Arc<reuse::Answered>,
+    policy: Arc<AddressPolicy>,
+    lookup: Arc<dyn Lookup>,
+    max_body_bytes: u64,
+}
+
+impl std::fmt::Debug for HttpFetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpFetcher")
+            .field("proxied", &self.routes.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpFetcher {
+    /// The production fetcher: the settings' address policy, the system resolver, and the
+    /// proxies' credentials from `secret`.
+    pub fn new(settings: &FetchSettings, secret: &ProxySecret) -> Result<Self, reqwest::Error> {
+        let policy = AddressPolicy::new(
+            settings.allow_private_networks,
+            settings.allowed_ports.clone(),
+        );
+        Self::with_policy(settings, policy, Arc::new(SystemLookup))?.with_proxies(settings, secret)
+    }
+
+    /// A direct fetcher with its own policy and resolver (tests use a trusted address and a
+    /// table).
+    pub fn with_policy(
+        settings: &FetchSettings,
+        policy: AddressPolicy,
+        lookup: Arc<dyn Lookup>,
+    ) -> Result<Self, reqwest::Error> {
+        let policy = Arc::new(policy);
+        let resolver = Arc::new(GuardedResolver {
+            policy: policy.clone(),
+            lookup: lookup.clone(),
+        });
+        let (direct, hops) = (settings.clone(), policy.clone());
+        let build = move || {
+            client_builder(&direct)
+                .redirect(redirects(hops.clone(), direct.max_redirects))
+                .dns_resolver(resolver.clone())
+                .no_proxy()
+                .build()
+        };
+        Ok(Self {
+            client: Arc::new(OnceLock::new()),
+            build: Arc::new(build),
+            routes: None,
+            answered: Arc::default(),
+            policy,
+            lookup,
+            max_body_bytes: settings.max_body_bytes,
+        })
+    }
+
+    /// Sends every fetch through the settings' proxy tiers (none: stays direct).
+    pub fn with_proxies(
+        mut self,
+        settings: &FetchSettings,
+        secret: &ProxySecret,
+    ) -> Result<Self, reqwest::Error> {
+        if settings.proxies.is_empty() {
+            return Ok(self);
+        }
+        let routes = Routes::new(settings, secret, self.policy.clone(), self.lookup.clone())?;
+        self.routes = Some(Arc::new(routes));
+        Ok(self)
+    }
+
+    /// Reads the (decoded) body, refusing it as soon as it passes the cap: never more than
+    /// the cap is held for one record. With `keep_first`, the body's first bytes are kept
+    /// instead and the rest left unread.
+    async fn read_body(
+        &self,
+        mut response: reqwest::Response,
+        http_status: u16,
+        (received, keep_first): (&mut u64, Option<u64>),
+    ) -> Result<Bytes, FetchError> {
+        let too_big = || FetchError {
+            http_status: Some(http_status),
+            ..FetchError::permanent(format!(
+                "body exceeds MAX_BODY_BYTES ({} bytes)",
+                self.max_body_bytes
+            ))
+        };
+        let declared = response.content_length().unwrap_or(0);
+        if declared > self.max_body_bytes && keep_first.is_none() {
+            return Err(too_big());
+        }
+        // The declared length is only a hint (and absent when decoding); the cap is the limit.
+        let cap = keep_first.unwrap_or(self.max_body_bytes);
+        let mut body = CappedBody::new(declared, cap);
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| classify::classify_error(&e))?
+        {
+            *received += chunk.len() as u64;
+            if body.extend(&chunk).is_err() {
+                let Some(first) = keep_first else {
+                    return Err(too_big());
+                };
+                body.fill(&chunk, first);
+                break;
+            }
+        }
+        Ok(body.into_bytes())
+    }
+
+    /// The page a response holds, or why it holds none (its status, a block page); the
+    /// body bytes read are added to `received`.
+    async fn page_of(
+        &self,
+        response: reqwest::Response,
+        (requested, ask): (String, Ask<'_>),
+        received: &mut u64,
+    ) -> Result<Page, FetchError> {
+        let status = response.status().as_u16();
+        // robots.txt is read as robots.txt, whatever it looks like.
+        let detection = match ask.keep_first {
+            Some(_) => &NO_DETECTION,
+            None => ask.detection,
+        };
+        if let Some(refusal) = refusal_of(&response, ask.if_changed.is_some()) {
+            // Boxed: a refusal is the rare way, and its body read would grow every fetch's
+            // future by its size.
+            let refused = Box::pin(self.refused(response, refusal, detection, received));
+            return Err(refused.await);
+        }
+        if let Some(block) = detection.by_headers(|name| header_text(response.headers(), name)) {
+            return Err(FetchError::blocked_by(block, status));
+        }
+        let header = |name| header_text(response.headers(), name);
+        let typed = header("content-type");
+        let content_type = ContentType::new(typed.unwrap_or("application/octet-stream"));
+        let typed = typed.is_some();
+        let validators = Validators::parse(header("etag"), header("last-modified"));
+        let final_url = UrlText::new(response.url().as_str());
+        let body = match status {
+            NOT_MODIFIED => Bytes::new(),
+            _ => (self.read_body(response, status, (received, ask.keep_first))).await?,
+        };
+        let content_type_said = typed.then_some(content_type.as_str());
+        if let Some(block) = detection.by_body(content_type_said, &body) {
+            return Err(FetchError::blocked_by(block, status));
+        }
+        Ok(Page {
+            url: requested,
+            http_status: status,
+            final_url,
+            content_type,
+            body,
+            validators,
+        })
+    }
+
+    /// Why a direct answer holds no page: the block it shows, else its status. A status
+    /// bot managers answer with has the start of its body read for signatures.
+    async fn refused(
+        &self,
+        response: reqwest::Response,
+        refusal: FetchError,
+        detection: &Detection,
+        received: &mut u64,
+    ) -> FetchError {
+        let status = response.status().as_u16();
+        let by_headers = detection.by_headers(|name| header_text(response.headers(), name));
+        let content_type = header_text(response.headers(), "content-type").map(str::to_owned);
+        // A 404's body is not read, nor one whose headers already told.
+        let read = by_headers.is_none() && !detection.is_off() && BLOCK_STATUSES.contains(&status);
+        let start = match read {
+            true => (self.read_body(response, status, (received, Some(BODY_WINDOW as u64))))
+                .await
+                .unwrap_or_default(),
+            false => Bytes::new(),
+        };
+        let said = (status, content_type.as_deref());
+        match refusal_block(detection, said, by_headers, &start) {
+            Some(block) => FetchError::blocked_by(block, status),
+            None => refusal,
         }
     }
-}
 
-/// Fetches pages.
-pub trait Fetcher: Send + Sync {
-    /// Fetches `url` as `ask` allows.
-    fn fetch(&self, url: &str, ask: Ask<'_>) -> impl Future<Output = Fetched> + Send;
-
-    /// Why `url` is refused before anything is sent or resolved (its length, its syntax,
-    /// scheme, credentials, port, a literal address), if it is: checked before the host's
-    /// turn is taken.
-    fn refuses(&self, _url: &str) -> Option<FetchError> {
-        None
+    /// The direct client, built the first time a fetch needs it.
+    fn direct(&self) -> Result<&reqwest::Client, FetchError> {
+        let built = self
+            .client
+            .get_or_init(|| (self.build)().map_err(|e| e.to_string()));
+        built
+            .as_ref()
+            .map_err(|e| FetchError::ours(format!("no HTTP client: {e}")))
     }
 
-    /// The address `url`'s host resolves to, for politeness keyed by address: the lowest
-    /// of the name's addresses (the key does not move with a DNS rotation), if every one
-    /// may be reached; `None` if it cannot be told.
-    fn address_of(&self, _url: &Url) -> impl Future<Output = Option<IpAddr>> + Send {
-        async { None }
+    async fn fetch_direct(&self, parsed: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
+        let requested = parsed.to_string();
+        let client = (self.direct()?, &*self.answered);
+        let response = egress::send(client, (&parsed, ask.if_changed), ask.time, &mut 0)
+            .await
+            .map_err(|e| classify::classify_error(&e))?;
+        self.page_of(response, (requested, ask), &mut 0).await
+    }
+
+    /// One fetch through the proxies, or direct.
+    async fn fetch_once(&self, parsed: Url, ask: Ask<'_>) -> Fetched {
+        let Some(routes) = &self.routes else {
+            let mut fetched = Fetched::unspent(self.fetch_direct(parsed, ask).await);
+            let blocked = fetched.page.as_ref().is_err_and(|e| e.block.is_some());
+            fetched.spend.add_direct_blocks(u64::from(blocked));
+            return fetched;
+        };
+        routes.fetch(self, parsed, ask).await
+    }
+
+    /// The checks that need no network: length, syntax, then scheme, credentials, port and
+    /// a literal address by the address policy.
+    fn checked(&self, url: &str) -> Result<Url, FetchError> {
+        if url.len() > MAX_URL_BYTES {
+            let reason = format!("url is longer than {MAX_URL_BYTES} bytes");
+            return Err(FetchError::permanent(reason));
+        }
+        let parsed = Url::parse(url)
+            .map_err(|e| FetchError::permanent(format!("url does not parse: {e}")))?;
+        self.policy
+            .check_url(&parsed)
+            .map_err(|refused| FetchError::permanent(refused.to_string()))?;
+        Ok(parsed)
+    }
+}
+
+/// A header's value as text, if it is there and is text.
+fn header_text<'h>(headers: &'h reqwest::header::HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+/// Why a response holds no page (its status), if it holds none.
+fn refusal(response: &reqwest::Response) -> Option<FetchError> {
+    let status = response.status();
+    let retry = classify_status(status)?;
+    // A redirect still standing here is one not followed (not http(s), no Location).
+    let unfollowed = if status.is_redirection() {
+        " (redirect not followed)"
+    } else {
+        ""
+    };
+    Some(FetchError {
+        http_status: Some(status.as_u16()),
+        retry_after: retry_after(response.headers(), SystemTime::now()),
+        ..FetchError::new(retry, format!("HTTP {}{unfollowed}", status.as_u16()))
+    })
+}
+
+/// Why a response holds no page, unless it is a `304 Not Modified` to a conditional request:
+/// that one confirms the earlier result.
+fn refusal_of(response: &reqwest::Response, conditional: bool) -> Option<FetchError> {
+    let not_modified = conditional && response.status().as_u16() == NOT_MODIFIED;
+    refusal(response).filter(|_| !not_modified)
+}
+
+/// Redirects followed by reqwest, each hop checked by the address policy, at most `most`.
+fn redirects(hops: Arc<AddressPolicy>, most: usize) -> redirect::Policy {
+    redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > most {
+            attempt.error(Refused::TooManyRedirects(most))
+        } else if let Err(refused) = hops.check_url(attempt.url()) {
+            attempt.error(refused)
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// What every client shares: Mozilla's roots, compiled in (no reading and parsing of the
+/// system's certificate store at every cold start, 10+ ms, and the same trust on every
+/// host), the user agent, the connect timeout.
+fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
+    let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+        .iter()
+        .map(|der| der.as_ref())
+        .chain(settings.extra_roots.iter().map(Vec::as_slice))
+        .filter_map(|der| reqwest::Certificate::from_der(der).ok());
+    reqwest::Client::builder()
+        .tls_certs_only(roots)
+        .user_agent(settings.user_agent.clone())
+        .connect_timeout(settings.connect_timeout)
+}
+
+impl Fetcher for HttpFetcher {
+    #[tracing::instrument(skip_all, fields(%url))]
+    async fn fetch(&self, url: &str, ask: Ask<'_>) -> Fetched {
+        let parsed = match self.checked(url) {
+            Ok(parsed) => parsed,
+            Err(refused) => return Fetched::unspent(Err(refused)),
+        };
+        let started = tokio::time::Instant::now();
+        let first = self.fetch_once(parsed.clone(), ask).await;
+        let (Some(sent), Ok(page)) = (ask.if_changed, &first.page) else {
+            return first;
+        };
+        if !page.not_modified() || sent.confirmed_by(&page.validators) {
+            return first;
+        }
+        // A 304 for some other representation (RFC 9111 4.3.4): the page, in full.
+        let answered = &page.validators;
+        tracing::info!(
+            ?answered,
+            "a 304 that does not confirm what was sent: fetched in full"
+        );
+        let ask = Ask {
+            if_changed: None,
+            time: ask.time.saturating_sub(started.elapsed()),
+            wire_most: ask
+                .wire_most
+                .map(|most| most.saturating_sub(first.spend.billed())),
+            ..ask
+        };
+        let again = self.fetch_once(parsed, ask).await;
+        Fetched {
+            spend: first.spend.plus(&again.spend),
+            ..again
+        }
+    }
+
+    fn refuses(&self, url: &str) -> Option<FetchError> {
+        self.checked(url).err()
+    }
+
+    async fn address_of(&self, url: &Url) -> Option<IpAddr> {
+        let name = match url.host()? {
+            url::Host::Domain(name) => name.to_owned(),
+            url::Host::Ipv4(ip) => return Some(IpAddr::V4(ip)),
+            url::Host::Ipv6(ip) => return Some(IpAddr::V6(ip)),
+        };
+        let ips = self.lookup.lookup(name).await.ok()?;
+        let allowed = ips.iter().all(|ip| self.policy.check_ip(*ip).is_ok());
+        ips.into_iter().min().filter(|_| allowed)
     }
 }

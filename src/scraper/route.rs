@@ -8,9 +8,8 @@ use reqwest::dns::{Name, Resolve, Resolving};
 use reqwest::redirect;
 use url::Url;
 
-use super::http::client_builder;
 use super::wire::{self, Relay};
-use super::{FetchError, FetchSettings, Lookup, Refused};
+use super::{FetchError, FetchSettings, Lookup, Refused, client_builder};
 use crate::domain::proxy::{Credentials, ProxyAddr};
 
 /// A proxy and its client, built at its first use (a sandbox uses the proxies its hosts

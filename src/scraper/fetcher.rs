@@ -1,0 +1,94 @@
+//! What a fetch is asked (`Ask`) and what it brings (`Fetched`), and the `Fetcher` port the
+//! worker fetches through (`HttpFetcher` in production, a fake in tests).
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use url::Url;
+
+use crate::domain::blocks::{Detection, TABLE_ONLY};
+use crate::domain::model::Page;
+use crate::domain::refresh::Validators;
+use crate::domain::spend::Spend;
+
+use super::FetchError;
+
+/// What a fetch may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask<'a> {
+    /// The most time the fetch may take.
+    pub time: Duration,
+    /// The proxy tier to start from (1-based).
+    pub first_tier: usize,
+    /// Whether the last (paid) proxy tier may be used: held back while a run has a budget
+    /// for it, until the other tiers are blocked and the budget has room.
+    pub paid_tier: bool,
+    /// Keep the body's first this many bytes and stop reading (robots.txt), instead of
+    /// refusing a body over `MAX_BODY_BYTES`.
+    pub keep_first: Option<u64>,
+    /// Ask only if the page changed since the response these validators came from
+    /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
+    pub if_changed: Option<&'a Validators>,
+    /// How answers are checked for block and challenge pages (the job's choice).
+    pub detection: &'a Detection,
+    /// The most bytes on the wire the fetch may take through a proxy (a paid fetch's hold):
+    /// the proxy's relay cuts the connection there, and the fetch fails as a page too large.
+    pub wire_most: Option<u64>,
+}
+
+impl Ask<'_> {
+    /// Every tier, within `time`.
+    pub fn within(time: Duration) -> Self {
+        Self {
+            time,
+            first_tier: 1,
+            paid_tier: true,
+            keep_first: None,
+            if_changed: None,
+            wire_most: None,
+            detection: &TABLE_ONLY,
+        }
+    }
+}
+
+/// A fetch's page or failure, and what it spent through proxies on the way.
+#[derive(Debug)]
+pub struct Fetched {
+    pub page: Result<Page, FetchError>,
+    pub spend: Spend,
+    /// The tiers asked were blocked (or there were none but the paid one) and the paid tier
+    /// was held back: it alone may still get the page.
+    pub wants_paid_tier: bool,
+}
+
+impl Fetched {
+    /// A fetch that sent nothing through a proxy.
+    pub fn unspent(page: Result<Page, FetchError>) -> Self {
+        Self {
+            page,
+            spend: Spend::default(),
+            wants_paid_tier: false,
+        }
+    }
+}
+
+/// Fetches pages.
+pub trait Fetcher: Send + Sync {
+    /// Fetches `url` as `ask` allows.
+    fn fetch(&self, url: &str, ask: Ask<'_>) -> impl Future<Output = Fetched> + Send;
+
+    /// Why `url` is refused before anything is sent or resolved (its length, its syntax,
+    /// scheme, credentials, port, a literal address), if it is: checked before the host's
+    /// turn is taken.
+    fn refuses(&self, _url: &str) -> Option<FetchError> {
+        None
+    }
+
+    /// The address `url`'s host resolves to, for politeness keyed by address: the lowest
+    /// of the name's addresses (the key does not move with a DNS rotation), if every one
+    /// may be reached; `None` if it cannot be told.
+    fn address_of(&self, _url: &Url) -> impl Future<Output = Option<IpAddr>> + Send {
+        async { None }
+    }
+}
