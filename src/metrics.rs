@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use crate::batch::contract::{Outcome, Reply};
+use crate::contract::{Outcome, Reply};
 use crate::domain::spend::{MAX_TIERS, Spend};
 
 /// EMF caps the values of one metric in one document.
@@ -285,7 +285,7 @@ pub fn emit(out: &mut impl Write, documents: &[Value]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::contract::NotWanted;
+    use crate::contract::NotWanted;
     use crate::domain::message::Poison;
     use crate::domain::spend::TierSpend;
 

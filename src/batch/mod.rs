@@ -1,8 +1,6 @@
 //! The batch: records run concurrently within a limit and a deadline, each isolated from the
 //! others' panics, and the reply lists exactly the records to redeliver.
 
-pub mod contract;
-
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -14,7 +12,7 @@ use futures_util::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 use tracing::{Instrument, field};
 
-use crate::batch::contract::{Outcome, Reply};
+use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
 use crate::pushback::pressure::Pressure;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::batch::contract::Outcome;
+use crate::contract::Outcome;
 
 /// At most one halving per this long: a burst of throttled records from one moment halves
 /// the limit once, as AIMD halves once per round trip.

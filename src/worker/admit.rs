@@ -3,7 +3,7 @@
 //! robots.txt refuse is admitted too: it fails without a request.
 
 use crate::batch::Invocation;
-use crate::batch::contract::Outcome;
+use crate::contract::Outcome;
 use crate::domain::health::Sign;
 use crate::domain::refresh::Prior;
 use crate::polite::{self, Admission, Later, Permit, Visit, Waited};

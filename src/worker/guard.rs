@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use crate::batch::Invocation;
-use crate::batch::contract::{NotWanted, Outcome};
+use crate::contract::{NotWanted, Outcome};
 use crate::domain::ids::TaskRef;
 use crate::domain::message::REDRIVE_GAP_MS;
 use crate::domain::model::{TaskStatus, Tries};

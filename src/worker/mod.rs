@@ -30,8 +30,8 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::SqsMessage;
 use tokio::time::Instant;
 
-use crate::batch::contract::Outcome;
 use crate::batch::{Invocation, ProcessRecord};
+use crate::contract::Outcome;
 use crate::domain::model::DuplicatePolicy;
 use crate::paid::PaidAllowances;
 use crate::polite::{Gate, Politeness};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::contract::NotWanted;
+use crate::contract::NotWanted;
 use crate::domain::blocks::Detection;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;

@@ -2,7 +2,7 @@
 //! a last try, a hold back through its visibility, the quarantine of a poison body, a lease
 //! or a claim's attempt given back.
 
-use crate::batch::contract::{Outcome, Reply};
+use crate::contract::{Outcome, Reply};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;

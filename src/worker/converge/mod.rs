@@ -9,7 +9,7 @@ pub use stores::{Converged, Stores};
 use std::time::Duration;
 
 use crate::batch::Invocation;
-use crate::batch::contract::Outcome;
+use crate::contract::Outcome;
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page};

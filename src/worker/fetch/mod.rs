@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::batch::Invocation;
-use crate::batch::contract::Outcome;
+use crate::contract::Outcome;
 use crate::domain::health::Sign;
 use crate::domain::ids::TaskRef;
 use crate::domain::model::Page;
