@@ -423,24 +423,7 @@ fn now() -> String {
     rfc3339(std::time::SystemTime::now())
 }
 
-/// The writes of this item kind.
-pub(crate) mod writes {
-    use crate::store::dynamo::attributes::{n, s};
-    use crate::store::dynamo::expressions::Expression;
-
-    /// A put that only creates: nothing with this key yet.
-    pub(crate) const ABSENT: &str = "attribute_not_exists(pk)";
-
-    /// The producer's submit cursor moved on: tasks before `through` are written and sent.
-    pub(crate) fn advance_submitted(through: u64, now: &str) -> Expression {
-        Expression::new(
-            "SET submitted_through = :through, updated_at = :now".into(),
-            "attribute_not_exists(submitted_through) OR submitted_through < :through",
-        )
-        .value(":through", n(through))
-        .value(":now", s(now))
-    }
-}
+pub(crate) mod writes;
 
 /// A refresh task's earlier result, as the task item carries it for the worker.
 fn prior_fields(prior: &Prior) -> Item {

@@ -1,0 +1,71 @@
+//! The writes of a run's spend: a delivery's spend counted once, and the paid tier's budget reserved, noted and returned.
+
+use crate::domain::spend::Spend;
+use crate::store::dynamo::attributes::n;
+use crate::store::dynamo::expressions::Expression;
+
+/// The names of tier `tier`'s spend on a counter item: requests, body bytes received,
+/// and bytes on the wire.
+pub fn spend_names(tier: usize) -> [String; 3] {
+    [
+        format!("proxy_requests_t{tier}"),
+        format!("proxy_bytes_t{tier}"),
+        format!("proxy_wire_bytes_t{tier}"),
+    ]
+}
+
+/// The name of the blocks met through tier `tier` on a counter item; tier 0: direct.
+pub fn blocks_name(tier: usize) -> String {
+    match tier {
+        0 => "blocks_direct".to_owned(),
+        tier => format!("blocks_t{tier}"),
+    }
+}
+
+/// One delivery's spend added to an existing counter item (run or shard), alone.
+pub(crate) fn spend(spend: &Spend) -> Expression {
+    Expression::new(String::new(), "attribute_exists(pk)").with_spend(spend)
+}
+
+/// A chunk of the run's paid-tier budget reserved, while what is reserved is below it.
+pub(crate) fn reserve_paid(chunk: u64) -> Expression {
+    Expression::new(
+        "SET paid_tier_reserved_bytes = if_not_exists(paid_tier_reserved_bytes, :zero) + :chunk"
+            .into(),
+        "attribute_exists(paid_tier_budget_bytes) AND \
+     (attribute_not_exists(paid_tier_reserved_bytes) \
+     OR paid_tier_reserved_bytes < paid_tier_budget_bytes)",
+    )
+    .value(":zero", n(0))
+    .value(":chunk", n(chunk))
+}
+
+/// A holder's lease on `chunk` more bytes, extended to `expires_at_ms`.
+pub(crate) fn lease(chunk: u64, expires_at_ms: u64) -> Expression {
+    Expression::new(
+        "SET expires_at_ms = :expires, spent = if_not_exists(spent, :zero) ADD reserved :chunk"
+            .into(),
+        "",
+    )
+    .value(":expires", n(expires_at_ms))
+    .value(":zero", n(0))
+    .value(":chunk", n(chunk))
+}
+
+/// A paid fetch's spend noted on its holder's lease, while the lease is there.
+pub(crate) fn note_paid(bytes: u64) -> Expression {
+    Expression::new("ADD spent :bytes".into(), "attribute_exists(pk)").value(":bytes", n(bytes))
+}
+
+/// `unspent` bytes reserved given back (never below nothing reserved; below 0, spent
+/// past what was reserved), `spent` counted.
+pub(crate) fn return_paid(unspent: i64, spent: u64) -> Expression {
+    Expression::new(
+        "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :unspent \
+         ADD paid_tier_spent_bytes :spent"
+            .into(),
+        "paid_tier_reserved_bytes >= :unspent",
+    )
+    .value(":unspent", n(unspent))
+    .value(":spent", n(spent))
+}
