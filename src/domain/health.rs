@@ -97,12 +97,7 @@ pub fn trouble(
     (started, now): (Millis, Millis),
     max_rps: Option<f64>,
 ) -> Option<Trouble> {
-    let round = state
-        .answers
-        .map_or(0, |(mean, _)| (mean as Millis).min(MOST_ROUND_MS));
-    let counted = state
-        .slowdown
-        .is_some_and(|(_, at)| at.saturating_add(round) >= started);
+    let counted = counted_since(state, started);
     let drop = drop_for(state, sign, now, max_rps);
     let slowed = drop.slowdown.unwrap_or(1.0);
     match sign {
@@ -142,6 +137,17 @@ pub fn trouble(
             })
         }
     }
+}
+
+/// Whether a drop of the pace recorded after `started`, or within a round of answers
+/// before it, already counted the trouble of a fetch that started then.
+fn counted_since(state: &HostState, started: Millis) -> bool {
+    let round = state
+        .answers
+        .map_or(0, |(mean, _)| (mean as Millis).min(MOST_ROUND_MS));
+    state
+        .slowdown
+        .is_some_and(|(_, at)| at.saturating_add(round) >= started)
 }
 
 /// The drop of the pace `sign` asks for at `now`, the schedule restarted one slowed

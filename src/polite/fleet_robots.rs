@@ -99,7 +99,7 @@ impl Gate {
         };
         let started = std::time::Instant::now();
         let fetched = robots_fetched(fetcher, url, fetch_time.min(timeout), measures).await;
-        // Cut short by this record's fetch_time, not by its own timeout: no answer of the site's.
+        // Cut short by this record's time, not by its own timeout: no answer of the site's.
         // A record with time comes back for it (the lease lapses meanwhile).
         let cut_short = fetch_time < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
         let sign = health_sign(&fetched, started.elapsed()).filter(|_| !cut_short);
@@ -107,18 +107,28 @@ impl Gate {
         if cut_short {
             return Ok(Err(RobotsSays::Wait(jittered(ROBOTS_SHORT_WAIT_MS))));
         }
-        let lasts = (
-            millis(self.settings.robots_ttl),
-            millis(self.settings.robots_retry),
-        );
-        let record = robots::record_of(&fetched, now_ms(), lasts);
+        self.keep_robots(store, host, &fetched).await.map(Ok)
+    }
+
+    /// The fetched robots.txt (or its failure) kept for the fleet: its rules until they
+    /// expire, or how long to wait before it is asked again.
+    async fn keep_robots<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        fetched: &Result<crate::domain::model::Page, scraper::FetchError>,
+    ) -> Result<RobotsRecord, StoreError> {
+        let ttl = millis(self.settings.robots_ttl);
+        let retry = millis(self.settings.robots_retry);
+        let record = robots::record_of(fetched, now_ms(), (ttl, retry));
         let record = store.put_robots(host, record).await?;
+        let rules = record.rules.kind();
         tracing::info!(
             host = host.as_str(),
-            rules = record.rules.kind(),
+            rules,
             "robots.txt fetched for the fleet"
         );
-        Ok(Ok(record))
+        Ok(record)
     }
 
     /// Another sandbox is fetching the host's robots.txt: its copy is read a few times within

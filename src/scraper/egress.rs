@@ -176,60 +176,62 @@ impl Routes {
         }
     }
 
-    /// One tier's try: the request and its redirects through `route`'s proxy.
+    /// One tier's try: the request and its redirects through `route`'s proxy, and what
+    /// they took of the wire.
     async fn via(
+        &self,
+        fetcher: &HttpFetcher,
+        route: &Route,
+        url: Url,
+        (time, ask): (Duration, Ask<'_>),
+    ) -> (Result<Page, FetchError>, Meter) {
+        let mut meter = Meter::default();
+        let page = self
+            .hops(fetcher, route, url, (time, ask), &mut meter)
+            .await;
+        (page, meter)
+    }
+
+    /// The request and its redirects, each hop metered into `meter`.
+    async fn hops(
         &self,
         fetcher: &HttpFetcher,
         route: &Route,
         mut url: Url,
         (time, ask): (Duration, Ask<'_>),
-    ) -> (Result<Page, FetchError>, Meter) {
+        meter: &mut Meter,
+    ) -> Result<Page, FetchError> {
         let (requested, started) = (url.to_string(), Instant::now());
         let conditional = ask.if_changed.is_some();
-        let mut meter = Meter::default();
-        let (client, relay) = match route.client(&self.settings, &self.lookup) {
-            Ok(built) => built,
-            Err(err) => return (Err(err), meter),
-        };
+        let (client, relay) = route.client(&self.settings, &self.lookup)?;
         for _ in 0..=self.settings.max_redirects {
             if let Some(most) = ask.wire_most.filter(|most| meter.wire_bytes >= *most) {
-                return (Err(over_wire_most(most, None)), meter);
+                return Err(over_wire_most(most, None));
             }
             // Who answered is this hop's question: through a tunnel (https) only the site
             // speaks once it is open; over plain http the proxy answers for the site.
             let tunnelled = url.scheme() == "https";
             let left = time.saturating_sub(started.elapsed());
-            let sent = send(
-                (client, &fetcher.answered),
-                (&url, ask.if_changed),
-                left,
-                &mut meter.requests,
-            );
-            let response = match sent.await {
-                Ok(response) => response,
-                Err(err) => return (Err(transport_failure(&err, &route.addr, tunnelled)), meter),
-            };
+            let answered = (client, &*fetcher.answered);
+            let sent = send(answered, (&url, ask.if_changed), left, &mut meter.requests);
+            let response = sent
+                .await
+                .map_err(|err| transport_failure(&err, &route.addr, tunnelled))?;
             let most_left = ask
                 .wire_most
                 .map(|most| most.saturating_sub(meter.wire_bytes));
-            let wire = match metered(relay, &response, (&route.addr, most_left)) {
-                Ok(wire) => wire,
-                Err(err) => return (Err(err), meter),
-            };
+            let wire = metered(relay, &response, (&route.addr, most_left))?;
             let hop = (tunnelled, conditional, ask.detection);
-            let response = match self.hop(response, hop, wire.clone(), &mut meter).await {
-                Hop::Page(response) => response,
-                Hop::Redirect(next) => {
-                    url = next;
-                    continue;
+            match self.hop(response, hop, wire.clone(), meter).await {
+                Hop::Page(response) => {
+                    return read_page(fetcher, response, (requested, ask), wire, meter).await;
                 }
-                Hop::Failed(err) => return (Err(err), meter),
-            };
-            let page = read_page(fetcher, response, (requested, ask), wire, &mut meter);
-            return (page.await, meter);
+                Hop::Redirect(next) => url = next,
+                Hop::Failed(err) => return Err(err),
+            }
         }
         let refused = Refused::TooManyRedirects(self.settings.max_redirects);
-        (Err(FetchError::permanent(refused.to_string())), meter)
+        Err(FetchError::permanent(refused.to_string()))
     }
 
     /// One hop's answer read: a redirect (its target checked as the first URL was), a

@@ -106,9 +106,7 @@ impl Config {
             results_bucket: env.required("RESULTS_BUCKET")?,
             // Set but empty is a choice here: result keys without a prefix.
             results_prefix: (get)("RESULTS_PREFIX").unwrap_or_else(|| "results/".into()),
-            quarantine_prefix: env
-                .get("QUARANTINE_PREFIX")
-                .unwrap_or_else(|| "quarantine/".into()),
+            quarantine_prefix: env.text("QUARANTINE_PREFIX", "quarantine/"),
             max_concurrency: env.positive("MAX_CONCURRENCY", 16)?,
             max_attempts: env.positive("MAX_ATTEMPTS", 5)?,
             scrape_timeout: env.millis("SCRAPE_TIMEOUT_MS", 30_000)?,
@@ -116,9 +114,10 @@ impl Config {
             connect_timeout: env.millis("CONNECT_TIMEOUT_MS", 5_000)?,
             max_redirects: env.parsed("MAX_REDIRECTS", 10, "a whole number")?,
             max_body_bytes: env.positive("MAX_BODY_BYTES", 10 * 1024 * 1024)?,
-            user_agent: env
-                .get("USER_AGENT")
-                .unwrap_or_else(|| concat!("conveyor-worker/", env!("CARGO_PKG_VERSION")).into()),
+            user_agent: env.text(
+                "USER_AGENT",
+                concat!("conveyor-worker/", env!("CARGO_PKG_VERSION")),
+            ),
             allow_private_networks: env.parsed("ALLOW_PRIVATE_NETWORKS", false, "true or false")?,
             allowed_ports: env.ports("ALLOWED_PORTS")?,
             deadline_margin: env.millis("DEADLINE_MARGIN_MS", 2_000)?,
@@ -129,12 +128,8 @@ impl Config {
                 DuplicatePolicy::Converge,
                 "converge or lease",
             )?,
-            metrics_namespace: env
-                .get("METRICS_NAMESPACE")
-                .unwrap_or_else(|| "conveyor".into()),
-            metrics_service: env
-                .get("METRICS_SERVICE")
-                .unwrap_or_else(|| "conveyor-worker".into()),
+            metrics_namespace: env.text("METRICS_NAMESPACE", "conveyor"),
+            metrics_service: env.text("METRICS_SERVICE", "conveyor-worker"),
             parents_ttl: Duration::from_millis(env.parsed(
                 "PARENTS_TTL_MS",
                 5_000,
@@ -167,6 +162,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
     /// A set but empty variable counts as unset, as it does for most AWS tooling.
     fn get(&self, name: &str) -> Option<String> {
         (self.0)(name).filter(|v| !v.is_empty())
+    }
+
+    /// A text setting, or `default` when unset or empty.
+    fn text(&self, name: &str, default: &str) -> String {
+        self.get(name).unwrap_or_else(|| default.to_owned())
     }
 
     fn required(&self, name: &'static str) -> Result<String, ConfigError> {

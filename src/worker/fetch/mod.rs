@@ -69,18 +69,33 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if admitted.claim.redelivery
             && let Some(adopted) = self.adopted(delivery, &admitted, invocation).await
         {
-            return Err(self
-                .without_permit(admitted.pass.permit(), adopted, invocation)
-                .await);
+            let permit = admitted.pass.permit();
+            return Err(self.without_permit(permit, adopted, invocation).await);
         }
         let admitted = self.at_start(delivery, admitted, invocation).await?;
-        let Some(time) = self.fetch_time(invocation) else {
-            let ended = self.unclaimed(delivery, &admitted.claim, Outcome::NoTimeLeft);
-            let ended = ended.await;
-            return Err(self
-                .without_permit(admitted.pass.permit(), ended, invocation)
-                .await);
-        };
+        match self.fetch_time(invocation) {
+            Some(time) => {
+                self.fetch_admitted(delivery, admitted, time, invocation)
+                    .await
+            }
+            None => {
+                let ended = self.unclaimed(delivery, &admitted.claim, Outcome::NoTimeLeft);
+                let ended = ended.await;
+                Err(self
+                    .without_permit(admitted.pass.permit(), ended, invocation)
+                    .await)
+            }
+        }
+    }
+
+    /// Fetches, within `time`, what the delivery was admitted for.
+    async fn fetch_admitted(
+        &self,
+        delivery: &Delivery,
+        admitted: Admitted,
+        time: Duration,
+        invocation: &Invocation,
+    ) -> Step<Scraped> {
         let Admitted {
             claim,
             url,
@@ -97,21 +112,21 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                     .await);
             }
         };
-        let task = delivery.task();
         let target = Target {
-            task,
+            task: delivery.task(),
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),
         };
         let fetched = self.fetch_polite(target, pass, time, invocation).await;
+        let (page, spend) = (fetched.page, fetched.spend);
         Ok(Scraped {
             claim,
             wanted,
             final_attempt,
             time,
-            page: fetched.page,
-            spend: fetched.spend,
+            page,
+            spend,
             earlier,
         })
     }

@@ -146,6 +146,15 @@ pub(crate) fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expre
 
 /// What a success writes: the object's identity, and its content type and final URL when
 /// they are not empty; a failure's error goes.
+/// A success's text fields that may be empty: set when it has one, removed when not (an
+/// earlier result's are not left behind).
+const OPTIONAL_TEXTS: [(&str, &str, &str); 4] = [
+    ("content_type = :ctype", "content_type", ":ctype"),
+    ("final_url = :final", "final_url", ":final"),
+    ("etag = :etag", "etag", ":etag"),
+    ("last_modified = :modified", "last_modified", ":modified"),
+];
+
 fn success_fields(
     terminal: &Terminal,
     set: &mut Vec<&str>,
@@ -166,28 +175,13 @@ fn success_fields(
         remove.push("not_modified");
     }
     let (etag, date) = (&r.validators.etag, &r.validators.last_modified);
-    let optional = [
-        (
-            "content_type = :ctype",
-            "content_type",
-            ":ctype",
-            &*r.content_type,
-        ),
-        ("final_url = :final", "final_url", ":final", &*r.final_url),
-        (
-            "etag = :etag",
-            "etag",
-            ":etag",
-            etag.as_ref().map_or("", |e| e.as_str()),
-        ),
-        (
-            "last_modified = :modified",
-            "last_modified",
-            ":modified",
-            date.as_ref().map_or("", |d| d.as_str()),
-        ),
+    let texts = [
+        &*r.content_type,
+        &*r.final_url,
+        etag.as_ref().map_or("", |e| e.as_str()),
+        date.as_ref().map_or("", |d| d.as_str()),
     ];
-    for (assignment, name, placeholder, value) in optional {
+    for ((assignment, name, placeholder), value) in OPTIONAL_TEXTS.into_iter().zip(texts) {
         if value.is_empty() {
             remove.push(name);
         } else {
