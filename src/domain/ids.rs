@@ -62,6 +62,19 @@ pub struct TaskRef {
     pub spread: Option<u32>,
 }
 
+/// A run, named by its job's id and its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RunRef<'a> {
+    pub job_id: &'a Id,
+    pub run_id: &'a Id,
+}
+
+impl<'a> RunRef<'a> {
+    pub fn new(job_id: &'a Id, run_id: &'a Id) -> Self {
+        Self { job_id, run_id }
+    }
+}
+
 /// The most counter shards (and so task partition keys) a v3 run may spread over.
 pub const MAX_SPREAD: u32 = 65_536;
 
@@ -69,6 +82,11 @@ pub const MAX_SPREAD: u32 = 65_536;
 pub const RESULT_SPREAD: u32 = 256;
 
 impl TaskRef {
+    /// The task's run.
+    pub fn run(&self) -> RunRef<'_> {
+        RunRef::new(&self.job_id, &self.run_id)
+    }
+
     /// A task of a run that keeps one partition key and one result prefix (v1, v2).
     pub fn new(job_id: Id, run_id: Id, task_id: Id) -> Self {
         Self {

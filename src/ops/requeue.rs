@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
 use crate::ports::error::StoreError;
@@ -55,19 +56,20 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
 pub async fn requeue_failed(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
     resend_open: bool,
     stop: &AtomicBool,
 ) -> Result<Requeued, StoreError> {
-    let (counting, spread) = requeueable(tasks, (job, run)).await?;
+    let (job, run_id) = (run.job_id, run.run_id);
+    let (counting, spread) = requeueable(tasks, run).await?;
     let mut requeued = Requeued::default();
     let mut to_send = Vec::new();
-    for (task, item) in tasks.run_tasks(job, run).await? {
+    for (task, item) in tasks.run_tasks(job, run_id).await? {
         if stop.load(Ordering::Relaxed) {
             requeued.stopped = Some("interrupted".into());
             break;
         }
-        let task_ref = match task_ref(job, run, &task) {
+        let task_ref = match task_ref(job, run_id, &task) {
             Ok(task_ref) => task_ref.spread_over(spread),
             Err(err) => {
                 requeued.stopped = Some(err.to_string());
@@ -102,17 +104,18 @@ pub async fn requeue_failed(
 /// cancelled.
 async fn requeueable(
     tasks: &DynamoTaskStore,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
 ) -> Result<(Option<Counting>, Option<u32>), StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
     let item = tasks
-        .run_item(job, run)
+        .run_item(job, run_id)
         .await?
         .ok_or_else(|| StoreError::NotAllowed {
-            detail: format!("run {job}/{run} does not exist"),
+            detail: format!("run {job}/{run_id} does not exist"),
         })?;
     if string(&item, "status") == Some("cancelled") {
         return Err(StoreError::NotAllowed {
-            detail: format!("run {job}/{run} is cancelled"),
+            detail: format!("run {job}/{run_id} is cancelled"),
         });
     }
     Ok((counting_of(&item), spread_of(&item)))

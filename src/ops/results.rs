@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
-use crate::domain::ids::{Id, ResultKey};
+use crate::domain::ids::ResultKey;
+use crate::domain::ids::RunRef;
 use crate::ports::error::StoreError;
 use crate::ports::results::ResultStore;
 use crate::store::dynamo::DynamoTaskStore;
@@ -75,11 +76,12 @@ pub enum ResultsError {
 pub async fn results(
     tasks: &DynamoTaskStore,
     objects: &S3ResultStore,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
     options: &Options,
 ) -> Result<Vec<TaskResult>, ResultsError> {
+    let (job, run_id) = (run.job_id, run.run_id);
     objects.check_bucket().await?;
-    let mut items = tasks.run_tasks(job, run).await?;
+    let mut items = tasks.run_tasks(job, run_id).await?;
     items.sort_by(|a, b| a.0.cmp(&b.0));
     let wanted = items
         .into_iter()

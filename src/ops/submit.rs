@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt, stream};
 
+use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::refresh::Prior;
@@ -110,11 +111,12 @@ type EarlierRun<'a> = (&'a Id, Option<u32>);
 pub async fn submit(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
     urls: &[(usize, String)],
     layout: Layout<'_>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Submitted, StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
     if let Created::Existing(item) = tasks.create_job(job).await?
         && string(&item, "status") == Some("cancelled")
     {
@@ -124,7 +126,7 @@ pub async fn submit(
         Some(earlier) => Some(earlier_run(tasks, job, earlier).await?),
         None => None,
     };
-    let (resumed_from, spread) = create_run(tasks, (job, run), urls, layout).await?;
+    let (resumed_from, spread) = create_run(tasks, run, urls, layout).await?;
     let mut submitted = Submitted {
         total: urls.len() as u64,
         resumed_from,
@@ -133,7 +135,7 @@ pub async fn submit(
     progress(resumed_from);
     let start = resumed_from as usize;
     for (index, chunk) in urls[start.min(urls.len())..].chunks(CHUNK).enumerate() {
-        let run_of = (job, run, spread);
+        let run_of = (job, run_id, spread);
         let priors = match earlier {
             Some(earlier) => earlier_results(tasks, (job, earlier), chunk).await?,
             None => HashMap::new(),
@@ -142,7 +144,7 @@ pub async fn submit(
         send_all(queue, &refs).await?;
         submitted.sent += refs.len() as u64;
         let through = (start + index * CHUNK + chunk.len()) as u64;
-        tasks.advance_submitted(job, run, through).await?;
+        tasks.advance_submitted(job, run_id, through).await?;
         progress(through);
     }
     Ok(submitted)
@@ -152,10 +154,11 @@ pub async fn submit(
 /// and over how many shards the run's tasks spread (v3), if they do.
 async fn create_run(
     tasks: &DynamoTaskStore,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
     urls: &[(usize, String)],
     layout: Layout<'_>,
 ) -> Result<(u64, Option<u32>), StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
     let total = urls.len() as u64;
     let ids: Vec<Id> = urls.iter().map(|(line, _)| task_id(*line)).collect();
     let mut sizes = layout
@@ -166,7 +169,7 @@ async fn create_run(
         .filter(|_| layout.spread)
         .map(|s| s.sharding.shards);
     let how = (sizes.as_ref(), spread.is_some(), layout.refreshes);
-    let created = tasks.create_run((job, run), total, how);
+    let created = tasks.create_run(run, total, how);
     let resumed_from = match created.await? {
         Created::Written => 0,
         Created::Existing(item) => {
@@ -178,14 +181,14 @@ async fn create_run(
             spread = spread_of(&item);
             let from: u64 = number(&item, "submitted_through").unwrap_or(0);
             let submitted = &urls[..(from as usize).min(urls.len())];
-            same_list(tasks, (job, run, spread), submitted).await?;
-            same_length(&item, (job, run), urls)?;
+            same_list(tasks, (job, run_id, spread), submitted).await?;
+            same_length(&item, run, urls)?;
             from
         }
     };
     // Before any task: a task is only ever sent once its counters exist.
     if let Some(sizes) = &sizes {
-        tasks.create_counters(job, run, sizes).await?;
+        tasks.create_counters(job, run_id, sizes).await?;
     }
     Ok((resumed_from, spread))
 }
@@ -208,26 +211,27 @@ pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<
 /// past the shorter of the two.
 fn same_length(
     item: &crate::store::dynamo::attributes::Item,
-    (job, run): (&Id, &Id),
+    run: RunRef<'_>,
     urls: &[(usize, String)],
 ) -> Result<(), StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
     let stored: Option<u64> = number(item, "tasks_total");
     let total = urls.len() as u64;
     let Some(stored) = stored.filter(|&stored| stored != total) else {
         return match stored {
             Some(_) => Ok(()),
             None => Err(refused(format!(
-                "run {job}/{run} exists without a count of its tasks: not a submitted list"
+                "run {job}/{run_id} exists without a count of its tasks: not a submitted list"
             ))),
         };
     };
     let why = match urls.get(stored as usize) {
         Some((line, _)) => format!(
-            "line {line}: this list has {total} URLs, run {job}/{run} was submitted with \
+            "line {line}: this list has {total} URLs, run {job}/{run_id} was submitted with \
              {stored}: lines were added since"
         ),
         None => format!(
-            "line {}: this list ends with {total} URLs, run {job}/{run} was submitted with \
+            "line {}: this list ends with {total} URLs, run {job}/{run_id} was submitted with \
              {stored}: lines were removed since",
             urls.last().map_or(0, |(line, _)| *line)
         ),

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::spend::{PaidLease, Reservation};
 use crate::ports::error::StoreError;
@@ -182,7 +183,7 @@ impl PaidAllowances {
             }
             let asked = Instant::now();
             let lease = self.lease_from_now();
-            let keys = (&run.0, &run.1);
+            let keys = RunRef::new(&run.0, &run.1);
             self.asks(&run);
             let mut answer = store.reserve_paid(keys, &lease, chunk).await?;
             if answer == Reservation::Held
@@ -283,7 +284,9 @@ impl PaidAllowances {
     pub async fn settle<S: SpendStore>(&self, store: &S, mut hold: PaidHold, bytes: u64) {
         hold.settled = true;
         let (job, run) = &hold.run;
-        let noted = store.note_paid((job, run), &self.holder, bytes).await;
+        let noted = store
+            .note_paid(RunRef::new(job, run), &self.holder, bytes)
+            .await;
         if let Err(err) = &noted {
             tracing::warn!(error = %err, bytes, "paid-tier spend not noted on the lease yet");
         }
@@ -317,7 +320,7 @@ impl PaidAllowances {
             })
             .collect();
         while let Some(next) = owed.first_mut() {
-            let (keys, unnoted) = ((&next.run.0, &next.run.1), next.unnoted);
+            let (keys, unnoted) = (RunRef::new(&next.run.0, &next.run.1), next.unnoted);
             let answer = store.return_paid(keys, &self.holder, unnoted).await;
             match answer {
                 Ok(()) => next.settled = true,
@@ -446,7 +449,7 @@ mod tests {
 
         async fn reserve_paid(
             &self,
-            _: (&Id, &Id),
+            _: RunRef<'_>,
             lease: &PaidLease,
             chunk: u64,
         ) -> Result<Reservation, StoreError> {
@@ -471,7 +474,7 @@ mod tests {
 
         async fn note_paid(
             &self,
-            _: (&Id, &Id),
+            _: RunRef<'_>,
             holder: &str,
             bytes: u64,
         ) -> Result<(), StoreError> {
@@ -488,7 +491,7 @@ mod tests {
 
         async fn return_paid(
             &self,
-            _: (&Id, &Id),
+            _: RunRef<'_>,
             holder: &str,
             unnoted: u64,
         ) -> Result<(), StoreError> {
@@ -503,7 +506,7 @@ mod tests {
             Ok(())
         }
 
-        async fn reclaim_paid(&self, _: (&Id, &Id), now_ms: u64) -> Result<usize, StoreError> {
+        async fn reclaim_paid(&self, _: RunRef<'_>, now_ms: u64) -> Result<usize, StoreError> {
             let mut leases = self.leases();
             let expired: Vec<String> = leases
                 .iter()
@@ -735,7 +738,8 @@ mod tests {
         sleeper.give_back(&account).await;
         refuse(false);
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
-        let run = (&task().job_id, &task().run_id);
+        let run_task = task();
+        let run = run_task.run();
         assert_eq!(account.reclaim_paid(run, epoch_ms()).await.unwrap(), 1);
 
         // Act: the sleeper wakes and fetches until it must reserve a second chunk.

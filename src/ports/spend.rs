@@ -4,7 +4,8 @@
 
 use std::future::Future;
 
-use crate::domain::ids::{Id, TaskRef};
+use crate::domain::ids::RunRef;
+use crate::domain::ids::TaskRef;
 use crate::domain::model::Counting;
 use crate::domain::spend::{PaidLease, Reservation, Spend};
 use crate::ports::error::StoreError;
@@ -26,7 +27,7 @@ pub trait SpendStore: Send + Sync {
     /// (then spent, or held elsewhere), or if the run has none.
     fn reserve_paid(
         &self,
-        run: (&Id, &Id),
+        run: RunRef<'_>,
         lease: &PaidLease,
         chunk: u64,
     ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
@@ -35,7 +36,7 @@ pub trait SpendStore: Send + Sync {
     /// taken back after its holder died counts them as spent, not as unspent.
     fn note_paid(
         &self,
-        run: (&Id, &Id),
+        run: RunRef<'_>,
         holder: &str,
         bytes: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -46,7 +47,7 @@ pub trait SpendStore: Send + Sync {
     /// no lease (never granted, or taken back), `unnoted` alone is counted as spent.
     fn return_paid(
         &self,
-        run: (&Id, &Id),
+        run: RunRef<'_>,
         holder: &str,
         unnoted: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -55,7 +56,7 @@ pub trait SpendStore: Send + Sync {
     /// `now_ms`: what each noted as spent is spent, the rest is unspent. How many it took.
     fn reclaim_paid(
         &self,
-        run: (&Id, &Id),
+        run: RunRef<'_>,
         now_ms: u64,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }

@@ -41,7 +41,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 use conveyor_worker::Worker;
 use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
-use conveyor_worker::domain::ids::{Id, TaskRef};
+use conveyor_worker::domain::ids::{Id, RunRef, TaskRef};
 use conveyor_worker::domain::model::{ShardSizes, Sharding};
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
@@ -461,7 +461,11 @@ impl Stack {
         let store = DynamoTaskStore::new(self.dynamodb.clone(), &self.table);
         let (job, run) = (id(job), id(run));
         store
-            .create_run((&job, &run), ids.len() as u64, (Some(&sizes), spread, None))
+            .create_run(
+                RunRef::new(&job, &run),
+                ids.len() as u64,
+                (Some(&sizes), spread, None),
+            )
             .await
             .expect("create the run");
         store

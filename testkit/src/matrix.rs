@@ -455,9 +455,15 @@ async fn operator_step(draw: &Draw, prepared: &mut Prepared, acked: &mut HashSet
             let completed = stack.run_item(JOB, RUN).await.status() == Some("completed");
             let tasks = DynamoTaskStore::new(stack.dynamodb.clone(), &stack.table);
             let stop = AtomicBool::new(false);
-            let done = requeue::requeue_failed(&tasks, &queue, (&id(JOB), &id(RUN)), false, &stop)
-                .await
-                .expect("re-queue the failed tasks");
+            let done = requeue::requeue_failed(
+                &tasks,
+                &queue,
+                conveyor_worker::domain::ids::RunRef::new(&id(JOB), &id(RUN)),
+                false,
+                &stop,
+            )
+            .await
+            .expect("re-queue the failed tasks");
             assert!(done.unsent.is_empty() && done.stopped.is_none(), "{done:?}");
             assert!(done.conflicted.is_empty(), "{done:?}");
             if completed && !done.reset.is_empty() {

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use conveyor_worker::domain::bounds::Reason;
 use conveyor_worker::domain::health::Trouble;
-use conveyor_worker::domain::ids::Id;
+use conveyor_worker::domain::ids::RunRef;
 use conveyor_worker::domain::ids::{QuarantineKey, ResultKey, TaskRef};
 use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal, Tries,
@@ -366,7 +366,7 @@ impl SpendStore for MemoryTasks {
 
     async fn reserve_paid(
         &self,
-        _run: (&Id, &Id),
+        _run: RunRef<'_>,
         _lease: &PaidLease,
         _chunk: u64,
     ) -> Result<Reservation, StoreError> {
@@ -376,7 +376,7 @@ impl SpendStore for MemoryTasks {
 
     async fn note_paid(
         &self,
-        _run: (&Id, &Id),
+        _run: RunRef<'_>,
         _holder: &str,
         _bytes: u64,
     ) -> Result<(), StoreError> {
@@ -386,7 +386,7 @@ impl SpendStore for MemoryTasks {
 
     async fn return_paid(
         &self,
-        _run: (&Id, &Id),
+        _run: RunRef<'_>,
         _holder: &str,
         _unnoted: u64,
     ) -> Result<(), StoreError> {
@@ -394,7 +394,7 @@ impl SpendStore for MemoryTasks {
         Ok(())
     }
 
-    async fn reclaim_paid(&self, _run: (&Id, &Id), _now_ms: u64) -> Result<usize, StoreError> {
+    async fn reclaim_paid(&self, _run: RunRef<'_>, _now_ms: u64) -> Result<usize, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(0)
     }

@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, KeysAndAttribu
 use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
-use conveyor_worker::domain::ids::{Id, ResultKey, TaskRef};
+use conveyor_worker::domain::ids::{Id, ResultKey, RunRef, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
 use conveyor_worker::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
 use conveyor_worker::ports::error::{StoreError, StoreFault};
@@ -238,7 +238,9 @@ async fn a_paid_tier_reservation_meeting_a_transaction_conflict_is_asked_again_i
     let (job, run) = (Id::parse("j").unwrap(), Id::parse("r").unwrap());
 
     // Act
-    let answer = store.reserve_paid((&job, &run), &lease, 1024).await;
+    let answer = store
+        .reserve_paid(RunRef::new(&job, &run), &lease, 1024)
+        .await;
 
     // Assert
     assert_eq!(answer.expect("granted"), Reservation::Granted);

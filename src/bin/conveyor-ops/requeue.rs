@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
+use conveyor_worker::domain::ids::RunRef;
 use conveyor_worker::ops::requeue;
 
 use crate::{Outcome, RunArgs, queue, sdk, tasks};
@@ -36,7 +37,7 @@ pub async fn run(args: RequeueArgs) -> Outcome {
             interrupt.store(true, Ordering::Relaxed);
         }
     });
-    let run_ids = (&job, &run);
+    let run_ids = RunRef::new(&job, &run);
     let requeued =
         requeue::requeue_failed(&tasks, &queue, run_ids, args.resend_open, &stop).await?;
     say!(

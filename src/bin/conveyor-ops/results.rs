@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use conveyor_worker::domain::blocks::is_block_reason;
+use conveyor_worker::domain::ids::RunRef;
 use conveyor_worker::ops::results::{self, Check, Options, TaskResult};
 
 use crate::exit::{Exit, stop};
@@ -48,7 +49,7 @@ pub async fn run(args: ResultsArgs) -> Outcome {
         failed_only: args.failed,
         out: args.out.clone(),
     };
-    let runs = (&args.run.job, &args.run.run);
+    let runs = RunRef::new(&args.run.job, &args.run.run);
     let found = results::results(&tasks, &objects, runs, &options).await?;
     for task in found.iter().filter(|_| !args.quiet) {
         if args.json {

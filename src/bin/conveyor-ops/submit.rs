@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use conveyor_worker::domain::ids::Id;
+use conveyor_worker::domain::ids::RunRef;
 use conveyor_worker::ops::submit;
 use conveyor_worker::ports::error::StoreError;
 
@@ -83,7 +84,7 @@ pub async fn run(args: SubmitArgs) -> Outcome {
             reporter.set(done);
         }
     };
-    let runs = (&args.job, &args.run);
+    let runs = RunRef::new(&args.job, &args.run);
     let layout = submit::Layout {
         sharding: submit::sharding(total, args.counter_shards, args.counter_groups),
         spread: !args.no_spread,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{CancellationReason, KeysAndAttributes};
 
-use crate::domain::ids::{Id, TaskRef};
+use crate::domain::ids::RunRef;
+use crate::domain::ids::TaskRef;
 use crate::ports::error::{StoreError, StoreFault};
 use crate::store::lazy::Lazy;
 use attributes::Item;
@@ -43,13 +44,14 @@ impl DynamoTaskStore {
     /// An `UpdateItem` of the run item under this expression.
     pub(crate) fn update_run(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         expression: Expression,
     ) -> UpdateItemFluentBuilder {
+        let (job, run_id) = (run.job_id, run.run_id);
         expression
             .apply_to(self.client.update_item())
             .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run)))
+            .set_key(Some(keys::run_key(job, run_id)))
     }
 
     /// An `UpdateItem` of the task under this expression.

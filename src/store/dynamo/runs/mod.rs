@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::{
 };
 use futures_util::{StreamExt, TryStreamExt, stream};
 
+use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 use crate::domain::model::{Counting, ShardSizes, Sharding};
 use crate::domain::refresh::{Prior, Validators};
@@ -57,11 +58,12 @@ impl DynamoTaskStore {
     /// its tasks and results spread over its shards if `spread` (v3: `task_shards`).
     pub async fn create_run(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         total: u64,
         (sizes, spread, refreshes): (Option<&ShardSizes>, bool, Option<&Id>),
     ) -> Result<Created, StoreError> {
-        let mut item = keys::run_key(job, run);
+        let (job, run_id) = (run.job_id, run.run_id);
+        let mut item = keys::run_key(job, run_id);
         item.extend(strings(&[("status", "running"), ("created_at", &now())]));
         if let Some(earlier) = refreshes {
             item.insert("refreshes".into(), s(earlier.as_str()));
@@ -187,7 +189,7 @@ impl DynamoTaskStore {
         through: u64,
     ) -> Result<(), StoreError> {
         let advance = writes::advance_submitted(through, &now());
-        let result = self.update_run((job, run), advance).send().await;
+        let result = self.update_run(RunRef::new(job, run), advance).send().await;
         match result {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => Ok(()),

@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::{
     CancellationReason, ConditionCheck, Delete, TransactWriteItem, Update,
 };
 
+use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::Counting;
 use crate::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
@@ -77,13 +78,13 @@ impl SpendStore for DynamoTaskStore {
     #[tracing::instrument(skip_all, fields(chunk))]
     async fn reserve_paid(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         lease: &PaidLease,
         chunk: u64,
     ) -> Result<Reservation, StoreError> {
         let mut tries = 0;
         loop {
-            match self.try_reserve((job, run), lease, chunk).await {
+            match self.try_reserve(run, lease, chunk).await {
                 Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => tries += 1,
                 answer => return answer,
             }
@@ -94,17 +95,13 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all, fields(bytes))]
-    async fn note_paid(
-        &self,
-        (job, run): (&Id, &Id),
-        holder: &str,
-        bytes: u64,
-    ) -> Result<(), StoreError> {
+    async fn note_paid(&self, run: RunRef<'_>, holder: &str, bytes: u64) -> Result<(), StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let note = writes::note_paid(bytes);
         let request = note
             .apply_to(self.client.update_item())
             .table_name(&self.table)
-            .set_key(Some(keys::lease_key(job, run, holder)));
+            .set_key(Some(keys::lease_key(job, run_id, holder)));
         match request.send().await {
             Ok(_) => Ok(()),
             // The lease was taken back (this sandbox was frozen past it) or given back: the
@@ -119,16 +116,17 @@ impl SpendStore for DynamoTaskStore {
     #[tracing::instrument(skip_all, fields(unnoted))]
     async fn return_paid(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         holder: &str,
         unnoted: u64,
     ) -> Result<(), StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let mut tries = 0;
         loop {
-            let answer = match self.lease_item(job, run, holder).await? {
-                Some(lease) => self.settle_lease((job, run), &lease, unnoted).await,
+            let answer = match self.lease_item(job, run_id, holder).await? {
+                Some(lease) => self.settle_lease(run, &lease, unnoted).await,
                 None if unnoted == 0 => return Ok(()),
-                None => return self.count_unnoted((job, run), unnoted).await,
+                None => return self.count_unnoted(run, unnoted).await,
             };
             match answer {
                 Ok(true) => return Ok(()),
@@ -146,11 +144,12 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all)]
-    async fn reclaim_paid(&self, (job, run): (&Id, &Id), now_ms: u64) -> Result<usize, StoreError> {
+    async fn reclaim_paid(&self, run: RunRef<'_>, now_ms: u64) -> Result<usize, StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let mut taken = 0;
-        for lease in self.leases(job, run).await? {
+        for lease in self.leases(job, run_id).await? {
             if number::<u64>(&lease, "expires_at_ms").is_some_and(|at| at < now_ms)
-                && self.settle_lease((job, run), &lease, 0).await?
+                && self.settle_lease(run, &lease, 0).await?
             {
                 taken += 1;
             }
@@ -185,14 +184,15 @@ impl DynamoTaskStore {
     /// A chunk reserved and the holder's lease extended, in one transaction.
     async fn try_reserve(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         lease: &PaidLease,
         chunk: u64,
     ) -> Result<Reservation, StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let run_write =
-            writes::reserve_paid(chunk).into_update(&self.table, keys::run_key(job, run));
+            writes::reserve_paid(chunk).into_update(&self.table, keys::run_key(job, run_id));
         let extended = writes::lease(chunk, lease.expires_at_ms)
-            .into_update(&self.table, keys::lease_key(job, run, &lease.holder));
+            .into_update(&self.table, keys::lease_key(job, run_id, &lease.holder));
         let lease = TransactWriteItem::builder().update(extended).build();
         let operation = "TransactWriteItems(reserve_paid)";
         let Some(reasons) = self.with_lease(operation, run_write, lease).await? else {
@@ -202,7 +202,7 @@ impl DynamoTaskStore {
         // carry it.
         let run = match reasons.first().and_then(|r| r.item()) {
             Some(item) => Some(item.clone()),
-            None => self.run_item(job, run).await?,
+            None => self.run_item(job, run_id).await?,
         };
         Ok(refusal(&run.unwrap_or_default()))
     }
@@ -250,10 +250,11 @@ impl DynamoTaskStore {
     /// the difference), the rest goes back. Refused (`false`) if it changed meanwhile.
     async fn settle_lease(
         &self,
-        (job, run): (&Id, &Id),
+        run: RunRef<'_>,
         lease: &Item,
         unnoted: u64,
     ) -> Result<bool, StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let reserved: u64 = number(lease, "reserved").unwrap_or(0);
         let noted: u64 = number(lease, "spent").unwrap_or(0);
         let (Some(pk), Some(sk)) = (lease.get("pk"), lease.get("sk")) else {
@@ -263,7 +264,7 @@ impl DynamoTaskStore {
         let spent = noted.saturating_add(unnoted);
         let seen = (reserved, noted, number(lease, "expires_at_ms").unwrap_or(0));
         let run_write = writes::return_paid(signed(reserved) - signed(spent), spent)
-            .into_update(&self.table, keys::run_key(job, run));
+            .into_update(&self.table, keys::run_key(job, run_id));
         let ended = TransactWriteItem::builder()
             .delete(lease_ended(&self.table, key, seen))
             .build();
@@ -280,11 +281,12 @@ impl DynamoTaskStore {
 
     /// Bytes spent under a lease that is gone (taken back before this sandbox gave it back,
     /// which counted them as unspent): reserved and spent both.
-    async fn count_unnoted(&self, (job, run): (&Id, &Id), unnoted: u64) -> Result<(), StoreError> {
+    async fn count_unnoted(&self, run: RunRef<'_>, unnoted: u64) -> Result<(), StoreError> {
+        let (job, run_id) = (run.job_id, run.run_id);
         let request = writes::return_paid(-signed(unnoted), unnoted)
             .apply_to(self.client.update_item())
             .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run)));
+            .set_key(Some(keys::run_key(job, run_id)));
         match request.send().await {
             Ok(_) => Ok(()),
             Err(err) if is_condition_failure(&err) => {
