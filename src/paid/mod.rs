@@ -1,10 +1,11 @@
-//! The paid proxy tier's budget as one sandbox sees it: chunks of a run's budget reserved
-//! from its run item under this sandbox's lease (one write per chunk, not per fetch); each
-//! paid fetch holds its most on the wire (a body, its hops, their heads and TLS) of them
-//! while it runs, so concurrency cannot spend past what was reserved; what is left unspent
-//! goes back to the run at the end of each invocation, and a sandbox that died before it did
-//! strands it only until its lease expires: another sandbox that finds the budget held then
-//! takes it back for the run.
+//! The paid proxy tier's budget, as one sandbox sees it. The sandbox reserves chunks of a
+//! run's budget from the run's item, under its own lease. That is one write per chunk, not
+//! one per fetch. While a paid fetch runs, it holds the most bytes it may use on the wire
+//! (its body, its redirect hops, their headers and TLS) from those chunks. So concurrent
+//! fetches cannot spend more than was reserved. What is left unspent goes back to the run at
+//! the end of each invocation. If a sandbox dies before that, the bytes are stuck only until
+//! its lease expires. Then another sandbox that finds the budget held takes them back for
+//! the run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,30 +19,31 @@ use crate::domain::spend::{PaidLease, Reservation};
 use crate::ports::error::StoreError;
 use crate::ports::spend::SpendStore;
 
-/// How long a sandbox's lease on its reservations lasts past its latest one. The sandbox
-/// uses them for half of it at most, and a fetch or invocation lasts 15 minutes at most, so
-/// a lease expires only once its holder is done with it or dead.
+/// How long a sandbox's lease on its reservations lasts after its latest reservation. The
+/// sandbox uses them for at most half of this, and a fetch or invocation lasts at most 15
+/// minutes. So a lease expires only once its holder is done with it or dead.
 pub const LEASE: Duration = Duration::from_secs(30 * 60);
 
-/// How long a sandbox takes a refused reservation as the run's answer before asking again
-/// (an operator may raise the budget, another sandbox give some back), at most: never
-/// longer than a tenth of the lease.
+/// The longest time a sandbox treats a refused reservation as the run's answer before
+/// asking again. Meanwhile an operator may raise the budget, or another sandbox may give
+/// some back. It is never longer than a tenth of the lease.
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// A sandbox looks for a run's expired leases (a Query of them) at most once every
-/// `1 / RECLAIM_EVERY` of a lease: every 3 minutes at the default.
+/// A sandbox looks for a run's expired leases (with a Query) at most once per
+/// `1 / RECLAIM_EVERY` of a lease: every 3 minutes with the default lease.
 const RECLAIM_EVERY: u32 = 10;
 
-/// The most runs a sandbox keeps allowances for; past it, the spent ones are let go.
+/// The most runs a sandbox keeps allowances for. Past this, the spent ones are dropped.
 const MOST_RUNS: usize = 1024;
 
-/// Reservations a paid fetch may make for its hold before it gives up (others in this
-/// sandbox took what each one brought).
+/// How many reservations a paid fetch may make for its hold before it gives up, when other
+/// fetches in this sandbox keep taking what each reservation brought.
 const MOST_RESERVATIONS: usize = 3;
 
-/// The bytes one reservation takes: a 64th of the budget, between 64 KiB and 1 MiB, never
-/// more than the budget, but at least one fetch's `cap`. The reserved total passes the
-/// budget by one reservation at most (the last one granted): spend never passes it by more.
+/// The bytes one reservation takes: a 64th of the budget, between 64 KiB and 1 MiB, and
+/// never more than the budget, but at least one fetch's `cap`. The reserved total exceeds the
+/// budget by at most one reservation (the last one granted), so spend never exceeds it by
+/// more.
 pub fn chunk_of(budget: u64, cap: u64) -> u64 {
     (budget / 64)
         .clamp(64 * 1024, 1024 * 1024)
@@ -53,7 +55,7 @@ pub fn chunk_of(budget: u64, cap: u64) -> u64 {
 /// This sandbox's share of each run's paid-tier budget.
 #[derive(Debug)]
 pub struct PaidAllowances {
-    /// This sandbox in its leases.
+    /// This sandbox's name in its leases.
     holder: String,
     lease: Duration,
     runs: Runs,
@@ -61,16 +63,19 @@ pub struct PaidAllowances {
     asking: tokio::sync::Mutex<()>,
 }
 
-/// Each run's allowance, shared with the holds on it (a hold dropped unsettled ends itself).
+/// Each run's allowance, shared with the holds on it, so a hold dropped unsettled can end
+/// itself.
 type Runs = Arc<Mutex<HashMap<(Id, Id), Allowance>>>;
 
-/// What this sandbox knows of its reservations of one run. The lease item is the account's
-/// record of them: a give-back settles what the lease says (its reserved bytes and the spend
-/// noted on it) and what this sandbox spent but could not note, never what it remembers
-/// having reserved, so a reservation whose answer was lost is given back all the same.
+/// What this sandbox knows of its reservations for one run. The lease item is the account's
+/// record of them. A give-back settles what the lease says (its reserved bytes and the spend
+/// noted on it), plus what this sandbox spent but could not note. It never uses what the
+/// sandbox remembers having reserved. So a reservation whose answer was lost is still given
+/// back.
 #[derive(Debug, Default)]
 struct Allowance {
-    /// Bytes reserved, neither held by a fetch nor spent (below 0: spent past its holds).
+    /// Bytes reserved that are neither held by a fetch nor spent. Below 0: fetches spent
+    /// more than their holds.
     left: i64,
     /// Until when `left` may be held by new fetches: half the lease after its latest
     /// reservation, so that no fetch outlives the lease.
@@ -82,19 +87,20 @@ struct Allowance {
     unnoted: u64,
     /// Paid fetches holding some of it now.
     holding: usize,
-    /// The run refused a reservation (spent, or held elsewhere), until then at least.
+    /// The run refused a reservation (budget spent, or held elsewhere). It counts as
+    /// refused until this time at least.
     refused: Option<(Instant, Reservation)>,
     /// When this sandbox last looked for the run's expired leases.
     reclaimed: Option<Instant>,
 }
 
 /// Why a fetch that needed the paid tier did not use it: its run's budget is held by
-/// fetches in flight. The record waits for them to settle (a parked copy, its try given
-/// back).
+/// fetches in flight. The record waits for them to settle, as a parked copy, with its try
+/// given back.
 pub const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
 
-/// How long a record waits for its run's paid budget held elsewhere: about when this
-/// sandbox reads the run's budget again.
+/// How long a record waits when its run's paid budget is held elsewhere: about the time
+/// until this sandbox reads the run's budget again.
 pub const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
 
 /// What a paid fetch may do.
@@ -104,14 +110,14 @@ pub enum PaidAnswer {
     Go(PaidHold),
     /// The run's budget is spent: the task fails for it.
     Spent,
-    /// Reserved to the end by fetches in flight (here or elsewhere) or by sandboxes that
-    /// have not given back yet: the task tries again later.
+    /// The whole budget is reserved by fetches in flight (here or elsewhere) or by sandboxes
+    /// that have not given back yet. The task tries again later.
     Held,
 }
 
-/// A paid fetch's hold on `cap` bytes of its run's allowance; [`PaidAllowances::settle`]
-/// ends it with what the fetch spent. Dropped unsettled (its record cut off at the
-/// invocation's end), it counts as having spent all of it: the fetch may have.
+/// A paid fetch's hold on `cap` bytes of its run's allowance. [`PaidAllowances::settle`]
+/// ends it with what the fetch spent. If it is dropped unsettled (its record cut off at the
+/// invocation's end), it counts as fully spent, since the fetch may have spent it all.
 #[derive(Debug)]
 #[must_use = "a hold is settled with what the fetch spent"]
 pub struct PaidHold {
@@ -133,8 +139,8 @@ impl Drop for PaidHold {
     }
 }
 
-/// Ends a hold of `cap` of which `spent` was spent, in memory; `unnoted` when the lease will
-/// not hear of the spend.
+/// Ends a hold of `cap` bytes, of which `spent` were spent, in memory. `unnoted`: the lease
+/// will not be told of the spend.
 fn release(runs: &Runs, run: &(Id, Id), (cap, spent): (u64, u64), unnoted: bool) {
     let mut runs = lock(runs);
     let kept = runs.entry(run.clone()).or_default();
@@ -152,7 +158,8 @@ impl Default for PaidAllowances {
 }
 
 impl PaidAllowances {
-    /// A sandbox's allowances, its reservations leased for `lease` (a random holder name).
+    /// A sandbox's allowances, with its reservations leased for `lease` under a random
+    /// holder name.
     pub fn new(lease: Duration) -> Self {
         Self {
             holder: format!("{:032x}", fastrand::u128(..)),
@@ -162,8 +169,9 @@ impl PaidAllowances {
         }
     }
 
-    /// A hold on `cap` bytes for a paid fetch of `task`, from what this sandbox has reserved
-    /// of the run's `budget` or can reserve now; else what the run's account says.
+    /// A hold on `cap` bytes for a paid fetch of `task`, taken from what this sandbox has
+    /// reserved of the run's `budget`, or can reserve now. Otherwise, the run account's
+    /// answer.
     pub async fn hold<S: SpendStore>(
         &self,
         store: &S,
@@ -197,8 +205,8 @@ impl PaidAllowances {
         Ok(PaidAnswer::Held)
     }
 
-    /// Takes `cap` from the run's allowance if it has that much, says no if the run refused
-    /// lately, else `None`: a reservation is needed.
+    /// Takes `cap` from the run's allowance if it has that much. Says no if the run refused
+    /// recently. Otherwise `None`: a reservation is needed.
     fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidAnswer> {
         let mut runs = lock(&self.runs);
         let kept = runs.get_mut(run)?;
@@ -228,7 +236,8 @@ impl PaidAllowances {
     }
 
     /// Notes, before the reservation is sent, that this sandbox may hold a lease on the run
-    /// from now on (its answer may be lost, or its record cut off, once it went through).
+    /// from now on. Once the reservation went through, its answer may still be lost, or its
+    /// record cut off.
     fn asks(&self, run: &(Id, Id)) {
         let mut runs = lock(&self.runs);
         if runs.len() >= MOST_RUNS {
@@ -259,8 +268,9 @@ impl PaidAllowances {
         let mut runs = lock(&self.runs);
         let kept = runs.entry(run.clone()).or_default();
         if answer == Reservation::Granted {
-            // What was left past its usable time is not used again: its lease may have been
-            // taken back meanwhile (the give-back settles it from the lease either way).
+            // What was left after its usable time is not used again, since its lease may
+            // have been taken back meanwhile. The give-back settles it from the lease either
+            // way.
             if !kept.usable() {
                 kept.left = kept.left.min(0);
             }
@@ -278,9 +288,9 @@ impl PaidAllowances {
         }
     }
 
-    /// Ends `hold`: the fetch spent `bytes` through the paid tier; the rest of its hold is
-    /// this sandbox's again. The spend is noted on this sandbox's lease; a note that fails
-    /// is kept here for the give-back.
+    /// Ends `hold`: the fetch spent `bytes` through the paid tier, and the rest of the hold
+    /// returns to this sandbox. The spend is noted on this sandbox's lease. If the note
+    /// fails, the spend is kept here for the give-back.
     pub async fn settle<S: SpendStore>(&self, store: &S, mut hold: PaidHold, bytes: u64) {
         hold.settled = true;
         let (job, run) = &hold.run;
@@ -293,10 +303,11 @@ impl PaidAllowances {
         release(&self.runs, &hold.run, (hold.cap, bytes), noted.is_err());
     }
 
-    /// Settles and ends this sandbox's lease on each run no fetch here holds any of now (at
-    /// the end of an invocation: a sandbox is frozen or recycled only between them): the
-    /// run gets back what the lease reserved and was not spent. A give-back that fails, or
-    /// is cut short by the deadline, is asked again at the next, with the spend it carried.
+    /// Settles and ends this sandbox's lease on each run that no fetch here holds any of
+    /// now. It runs at the end of an invocation, because a sandbox is frozen or recycled
+    /// only between invocations. The run gets back what the lease reserved and was not
+    /// spent. A give-back that fails, or is cut short by the deadline, is tried again at the
+    /// next one, with the spend it carried.
     pub async fn give_back<S: SpendStore>(&self, store: &S) {
         let due: Vec<((Id, Id), u64)> = {
             let mut runs = lock(&self.runs);
@@ -308,8 +319,8 @@ impl PaidAllowances {
                 })
                 .collect()
         };
-        // Each run's give-back is owed until its answer says it was settled: one not yet
-        // asked when the deadline cuts this short is owed too.
+        // Each run's give-back stays owed until its answer says it was settled. One not yet
+        // sent when the deadline cuts this short stays owed too.
         let mut owed: Vec<Owed> = due
             .into_iter()
             .map(|(run, unnoted)| Owed {
@@ -333,8 +344,8 @@ impl PaidAllowances {
     }
 }
 
-/// A run's give-back not answered yet: dropped (refused, or cut short), the run is owed one
-/// again, with the spend it was to carry.
+/// A run's give-back that has not been answered yet. If it is dropped (refused, or cut
+/// short), the run is owed a give-back again, with the spend it was to carry.
 struct Owed {
     runs: Runs,
     run: (Id, Id),

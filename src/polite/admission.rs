@@ -1,6 +1,7 @@
-//! What the gate's answer makes of a record: fetch, fail without a request, or wait for the
-//! host (a parked copy, or a hold through the visibility timeout), and how long a wait may
-//! last. The politeness rules the worker follows live here, beside the gate.
+//! What happens to a record once the gate answers: it is fetched, it fails without a
+//! request, or it waits for its host. A wait is either a parked copy or a hold through the
+//! visibility timeout. This file also sets how long a wait may last. The politeness rules
+//! the worker follows live here, next to the gate.
 
 use std::time::Duration;
 
@@ -9,29 +10,30 @@ use crate::scraper::FetchError;
 
 use super::{Entry, HoldReason, Later, Permit};
 
-/// The reason a task robots.txt forbids fails with.
+/// The failure reason of a task whose URL robots.txt forbids.
 pub const DISALLOWED: &str = "disallowed by robots.txt";
 
-/// The reason of ours a task's try ends with while our proxy cannot fetch its host's
-/// robots.txt.
+/// The reason a task's try ends with when our proxy cannot fetch its host's robots.txt. It
+/// counts as our failure, not the task's.
 pub const ROBOTS_PROXY_FAILED: &str =
     "the host's robots.txt could not be fetched through the proxy";
 
 /// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` for its host.
 pub const WAITED_TOO_LONG: &str = "waited too long for its host";
 
-/// The longest a wait is held through the visibility timeout: SQS's 12 hours from the
-/// receive, less what the invocation may have taken of them.
+/// The longest wait held through the visibility timeout. SQS allows 12 hours from the
+/// receive; this keeps back an hour for the time the invocation may already have used.
 pub const MAX_POLITE_HOLD: Duration = SQS_MAX_VISIBILITY.saturating_sub(Duration::from_secs(3_600));
 
 /// What a record has waited for its host so far.
 #[derive(Debug, Clone, Copy)]
 pub struct Waited {
-    /// The waits earlier copies of its message had.
+    /// How many waits earlier copies of its message had.
     pub waits: u32,
     /// How much longer it may wait (`POLITE_MAX_WAIT_MS` from its first wait).
     pub wait_left: Duration,
-    /// Its task's tries are spent on failures of ours: it no longer waits for its host.
+    /// The task's tries were used up by failures on our side, so it no longer waits for its
+    /// host.
     pub spent: bool,
 }
 
@@ -45,12 +47,12 @@ pub enum Admission {
     Refused(FetchError),
     /// Come back later, at the start booked for it if one was.
     Wait(Later),
-    /// Its task's tries are spent: held back rather than parked, so its receives take it
-    /// to the dead-letter queue.
+    /// The task's tries are used up. The record is held back instead of parked, so its
+    /// receives move it to the dead-letter queue.
     HeldBack,
 }
 
-/// What the gate's `entry` makes of a record that `waited` so far.
+/// What happens to a record, given the gate's `entry` and how long it has `waited` so far.
 pub fn admission(entry: Entry, waited: Waited) -> Admission {
     let (delay, booked) = match entry {
         Entry::Go(permit) => return Admission::Go(permit),
@@ -80,10 +82,10 @@ pub fn admission(entry: Entry, waited: Waited) -> Admission {
     Admission::Wait(Later { delay, booked })
 }
 
-/// A wait for robots.txt (being fetched elsewhere, or not to be had) grows with the copy's
-/// waits past the first few, so a host whose robots.txt never answers costs a copy per task
-/// every 15 minutes, not every minute. A wait for the host's schedule, slots or cooldown is
-/// what the host says.
+/// A wait for robots.txt (being fetched by another sandbox, or unavailable) grows with the
+/// copy's waits after the first few. So a host whose robots.txt never answers costs one copy
+/// per task every 15 minutes, not every minute. A wait for the host's schedule, slots or
+/// cooldown is used as the host gives it.
 fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
     match why {
         HoldReason::Robots => {

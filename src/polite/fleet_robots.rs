@@ -1,5 +1,6 @@
-//! robots.txt for the fleet: kept by each sandbox, else the fleet's copy, else fetched once
-//! (its own timeout, its first 500 KiB) while the host's other records wait.
+//! robots.txt for the whole fleet. Each sandbox keeps its own copy. Without one, it reads
+//! the fleet's stored copy. Without that, one sandbox fetches it (with its own timeout, first
+//! 500 KiB only) while the host's other records wait.
 
 use crate::domain::limits::{Host, HostLimits, Millis};
 use crate::metrics::Measures;
@@ -27,9 +28,9 @@ pub(super) enum RobotsSays {
 }
 
 impl Gate {
-    /// The host's robots.txt: kept by this sandbox, else the fleet's copy, else fetched once
-    /// for the fleet (outside the host's schedule and slots, its cooldown obeyed) while
-    /// others wait.
+    /// The host's robots.txt: this sandbox's copy, else the fleet's stored copy, else fetched
+    /// once for the fleet while other records wait. That fetch skips the host's schedule and
+    /// slots, but obeys its cooldown.
     pub(super) async fn robots<S: HostStore, F: Fetcher>(
         &self,
         (store, fetcher): (&S, &F),
@@ -53,7 +54,7 @@ impl Gate {
                 match fetched.await? {
                     Ok(record) => record,
                     Err(RobotsSays::Wait(wait)) => {
-                        // This sandbox's other records of the host wait as long, at once.
+                        // This sandbox's other records of the host get the same wait at once.
                         *kept = Some((Parsed::Unavailable, now_ms() + millis(wait)));
                         return Ok(RobotsSays::Wait(wait));
                     }
@@ -66,8 +67,8 @@ impl Gate {
         Ok(says(&parsed, url).or_until(record.expires_at, now_ms()))
     }
 
-    /// The fleet's one fetch of a host's robots.txt, stored for every sandbox; or what to
-    /// do while another sandbox has it.
+    /// The fleet's single fetch of a host's robots.txt, stored for every sandbox. If another
+    /// sandbox is already fetching it, what to do meanwhile.
     pub(super) async fn fetch_robots<S: HostStore, F: Fetcher>(
         &self,
         (store, fetcher): (&S, &F),
@@ -78,8 +79,8 @@ impl Gate {
         measures: &Measures,
     ) -> Result<Result<RobotsRecord, RobotsSays>, StoreError> {
         let timeout = self.settings.robots_timeout;
-        // The cooldown is read before the fleet's lease is taken, so a host cooling down
-        // holds no lease for the others to wait out.
+        // The cooldown is read before the fleet's lease is taken. So a host in cooldown
+        // holds no lease that other records must wait out.
         let now = now_ms();
         if let Some(until) = store.host(host).await?.cooldown_until.filter(|u| *u > now) {
             return Ok(Err(RobotsSays::Wait(jittered(until - now))));
@@ -90,17 +91,18 @@ impl Gate {
         {
             return self.await_robots(store, host, fetch_time).await;
         }
-        // Outside the schedule and the slots: one request a day for the whole fleet, which
-        // must not queue behind the starts the host's records have booked. Its push-back
-        // still cools the host.
+        // This fetch skips the schedule and the slots. It is one request a day for the whole
+        // fleet, and must not queue behind the starts the host's records have booked. A
+        // push-back on it still puts the host in cooldown.
         let permit = Permit {
             host: Some((host.clone(), limits.max_rps)),
             ..Permit::default()
         };
         let started = std::time::Instant::now();
         let fetched = robots_fetched(fetcher, url, fetch_time.min(timeout), measures).await;
-        // Cut short by this record's time, not by its own timeout: no answer of the site's.
-        // A record with time comes back for it (the lease lapses meanwhile).
+        // A fetch cut short by this record's time, not by the robots.txt timeout, says
+        // nothing about the site. A record with enough time comes back for it; the lease
+        // expires meanwhile.
         let cut_short = fetch_time < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
         let sign = health_sign(&fetched, started.elapsed()).filter(|_| !cut_short);
         self.leave(store, permit, sign, measures).await;
@@ -110,8 +112,8 @@ impl Gate {
         self.keep_robots(store, host, &fetched).await.map(Ok)
     }
 
-    /// The fetched robots.txt (or its failure) kept for the fleet: its rules until they
-    /// expire, or how long to wait before it is asked again.
+    /// Stores the fetched robots.txt, or its failure, for the fleet: its rules until they
+    /// expire, or how long to wait before it is fetched again.
     async fn keep_robots<S: HostStore>(
         &self,
         store: &S,
@@ -131,9 +133,9 @@ impl Gate {
         Ok(record)
     }
 
-    /// Another sandbox is fetching the host's robots.txt: its copy is read a few times within
-    /// [`ROBOTS_WAIT`] (the fetch takes moments), so the host's first records need not be sent
-    /// away to wait; then they wait as copies.
+    /// Another sandbox is fetching the host's robots.txt. The fleet's copy is read a few
+    /// times within [`ROBOTS_WAIT`], since the fetch is quick. So the host's first records
+    /// need not be sent away to wait. After that, they wait as parked copies.
     pub(super) async fn await_robots<S: HostStore>(
         &self,
         store: &S,
@@ -164,8 +166,8 @@ impl Gate {
     }
 }
 
-/// The robots.txt of `url`'s host, its first 500 KiB, within `fetch_time`: metered for the fleet,
-/// not charged to a run (one robots.txt serves them all).
+/// Fetches the robots.txt of `url`'s host (first 500 KiB only) within `fetch_time`. It is
+/// metered for the fleet, not charged to a run, since one robots.txt serves all runs.
 async fn robots_fetched<F: Fetcher>(
     fetcher: &F,
     url: &url::Url,
@@ -187,7 +189,7 @@ fn says(parsed: &Parsed, url: &url::Url) -> RobotsSays {
     match parsed.verdict(url.as_str()) {
         Verdict::Allowed { crawl_delay } => RobotsSays::Fetch { crawl_delay },
         Verdict::Disallowed => RobotsSays::Disallowed,
-        // How long: `or_until`, from the copy's expiry.
+        // `or_until` sets how long, from the copy's expiry.
         Verdict::Unavailable => RobotsSays::Wait(Duration::ZERO),
         Verdict::ProxyFailed => RobotsSays::ProxyFailed,
     }

@@ -1,9 +1,10 @@
-//! Politeness shared by the whole fleet: each host's rate, in-flight fetches and cooldown
-//! (`domain::limits`, kept in DynamoDB by `store::dynamo::hosts`), and its robots.txt (`robots`),
-//! fetched once per host for every sandbox. The gate (here: what a record brings, what it is
-//! told) stands between the guard's reads and the claim: a record whose host has no room is
-//! not fetched, and waits without using up an attempt. The host's schedule and slots are in `schedule`, the
-//! fleet's robots.txt in `fleet_robots`.
+//! Per-host politeness shared by the whole fleet. Each host has a rate limit, an in-flight
+//! limit and a cooldown (`domain::limits`, stored in DynamoDB by `store::dynamo::hosts`). Each
+//! host also has a robots.txt (`robots`), fetched once per host for all sandboxes.
+//! The gate runs after the guard's reads and before the claim. A record whose host has no
+//! room is not fetched. It waits instead, and the wait does not use up an attempt. This file
+//! holds what a record brings to the gate and what the gate answers. The host's schedule and
+//! slots are in `schedule`; the fleet's robots.txt is in `fleet_robots`.
 
 mod admission;
 mod fleet_robots;
@@ -16,7 +17,8 @@ pub use admission::{
 };
 use fleet_robots::RobotsSays;
 
-/// The host's limits and their rule live in the domain; re-exported where the gate uses them.
+/// The host limits and their rules live in the domain. They are re-exported here, where the
+/// gate uses them.
 pub use crate::domain::limits::{self, JobPoliteness};
 
 use std::collections::{HashMap, VecDeque};
@@ -36,18 +38,19 @@ use crate::scraper::Fetcher;
 /// The fleet's politeness settings (`HOST_MAX_RPS`, `HOST_MAX_INFLIGHT`, `OBEY_ROBOTS`, ...).
 #[derive(Debug, Clone)]
 pub struct Politeness {
-    /// For a host no job says otherwise about.
+    /// The limits for a host when the job does not set its own.
     pub limits: HostLimits,
     pub obey_robots: bool,
     pub robots_ttl: Duration,
-    /// How long a robots.txt that could not be had (5xx, unreachable) holds its host.
+    /// How long a host is held when its robots.txt could not be fetched (5xx, unreachable).
     pub robots_retry: Duration,
     /// The robots.txt fetch's own timeout (`ROBOTS_TIMEOUT_MS`).
     pub robots_timeout: Duration,
-    /// The longest wait for a host slept inside the invocation; a longer one is a hold.
+    /// The longest wait for a host that is slept inside the invocation. A longer wait is a
+    /// hold.
     pub max_sleep: Duration,
-    /// The longest a task waits for its host in all (`POLITE_MAX_WAIT_MS`), from its first
-    /// wait; past it, the task fails ("waited too long for its host").
+    /// The longest total time a task may wait for its host (`POLITE_MAX_WAIT_MS`), counted
+    /// from its first wait. After that, the task fails ("waited too long for its host").
     pub max_wait: Duration,
     /// The product token robots.txt groups are matched against.
     pub agent: String,
@@ -74,14 +77,14 @@ impl Politeness {
 pub enum Entry {
     /// Fetch now; give the permit back with [`Gate::leave`].
     Go(Permit),
-    /// Not now: come back after this long (why, for logs and metrics).
+    /// Not now: come back after this long. The reason is for logs and metrics.
     Hold(Duration, HoldReason),
-    /// The host's schedule is full past what may be slept: this record's start is booked
-    /// at `start`; come back after `delay` (a little before it) with the booking.
+    /// The host's schedule is full for longer than may be slept. This record's start is
+    /// booked at `start`. Come back with the booking after `delay`, a little before the start.
     Booked { start: Millis, delay: Duration },
     /// robots.txt forbids the URL.
     Disallowed,
-    /// Our proxy could not fetch the host's robots.txt: a failure of ours, not a wait.
+    /// Our proxy could not fetch the host's robots.txt. This is our failure, not a wait.
     ProxyFailed,
 }
 
@@ -89,29 +92,30 @@ pub enum Entry {
 pub enum HoldReason {
     /// The host's rate, slots or cooldown.
     Host,
-    /// The host's robots.txt is being fetched by another sandbox, or could not be had.
+    /// The host's robots.txt is being fetched by another sandbox, or could not be fetched.
     Robots,
 }
 
-/// A fetch let through: its host and slot, and the start it may not go before (slept in
-/// [`Gate::ready`], after the claim, so the claim's time is not added to the start).
+/// A fetch the gate let through: its host, its slot, and the earliest time it may start. The
+/// sleep until the start happens in [`Gate::ready`], after the claim, so the claim's time is
+/// not added to the start.
 #[derive(Debug, Default)]
 pub struct Permit {
     host: Option<(Host, Option<f64>)>,
     slot: Option<(usize, Millis)>,
     start: Millis,
-    /// A booked start: its slot (and the cooldown) is asked of the host's item at the start,
-    /// in one write, not when the record arrives (the limits and the fetch's
-    /// fetch_time to ask with).
+    /// For a booked start: the limits and the fetch's fetch_time to ask with. The slot is
+    /// asked of the host's item at the start, not when the record arrives. The same write
+    /// checks the cooldown.
     at_start: Option<(HostLimits, Duration)>,
     /// The latest start the record may be booked for, if its start is missed.
     far: Millis,
-    /// When its start was given (booked), for the slowdowns recorded since.
+    /// When its start was given (booked). Used to check for slowdowns recorded since then.
     given_at: Millis,
 }
 
-/// A permit given back before its fetch: come back after `delay`, with the start booked
-/// meanwhile, if one was.
+/// A permit given back before its fetch. Come back after `delay`, with the start booked
+/// meanwhile, if there is one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Later {
     pub delay: Duration,
@@ -127,32 +131,35 @@ impl Later {
     }
 }
 
-/// What a record brings to the gate: its URL, the start a copy carries (booked on an
+/// What a record brings to the gate: its URL, the start a parked copy carries (booked on an
 /// earlier delivery), and how much longer it may wait for its host.
 #[derive(Debug, Clone, Copy)]
 pub struct Visit<'a> {
     pub url: &'a str,
     pub booked: Option<Millis>,
-    /// When the start it carries was booked (the copy's sending).
+    /// When the start it carries was booked (when the copy was sent).
     pub booked_at: Option<Millis>,
     pub wait_left: Duration,
 }
 
-/// The gate and what this sandbox knows of hosts between invocations (a view is refreshed
-/// by every answer of the host's item; a robots.txt kept until the fleet's copy expires).
+/// The gate, and what this sandbox remembers about hosts between invocations. A host's view
+/// is refreshed by every answer from the host's item. A robots.txt is kept until the fleet's
+/// copy expires.
 #[derive(Debug)]
 pub struct Gate {
     settings: Politeness,
     views: Mutex<HashMap<Host, HostState>>,
     turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
-    /// How long the check at a start takes here: it is made that much ahead of the start.
+    /// How long the check at a start takes in this sandbox. The check is made that much
+    /// ahead of the start.
     check: CheckTime,
 }
 
-/// How long the check at a start takes in this sandbox, on average (ms, each answer
-/// weighing a quarter): it is made that much ahead of the start, so the fetch starts about
-/// at it. Not more: a check that takes a slot holds it from then, and a host's slots are few.
+/// The average time, in ms, that the check at a start takes in this sandbox. Each new answer
+/// weighs a quarter. The check is made that much ahead of the start, so the fetch starts
+/// about on time. It is not made earlier: a check that takes a slot holds it from then on,
+/// and a host has few slots.
 #[derive(Debug)]
 struct CheckTime(AtomicU64);
 
@@ -174,9 +181,9 @@ impl CheckTime {
     }
 }
 
-/// A host's turn in this sandbox: one ask of the host's item at a time, the starts booked
-/// together for records of the host that were waiting their turn (in order), and how many
-/// such records wait for it now.
+/// A host's turn in this sandbox. Only one request to the host's item runs at a time. It
+/// holds the starts booked together, in order, for records of the host that were waiting
+/// their turn, and how many such records are waiting now.
 #[derive(Debug, Default)]
 struct HostTurn {
     /// Starts booked together and not yet given to a record: (the start, when booked).
@@ -184,46 +191,50 @@ struct HostTurn {
     waiting: AtomicUsize,
 }
 
-/// Starts booked in one write at most: a batch's records of one host, which arrive together
-/// (a one-host run's backlog books a write per ten tasks, not per task).
+/// The most starts booked in one write. A batch's records of one host arrive together, so a
+/// backlog for a run with one host books one write per ten tasks, not one per task.
 const MOST_BOOKED_TOGETHER: usize = 10;
 
 /// A host's robots.txt as this sandbox keeps it, until the fleet's copy expires. The lock is
-/// held while it is read or fetched, so a sandbox's records of one host wait for one answer.
+/// held while it is read or fetched, so all of a sandbox's records of one host wait for a
+/// single answer.
 type KeptRobots = tokio::sync::Mutex<Option<(Parsed, Millis)>>;
 
-/// Hosts a sandbox keeps views of; past it, it forgets them all.
+/// The most hosts a sandbox keeps views of. Past this, it forgets them all.
 const MOST_HOSTS: usize = 4_096;
-/// A fleet-wide robots.txt fetch is its taker's for this long.
+/// How long the lease on a fleet-wide robots.txt fetch lasts.
 const ROBOTS_LEASE_MS: Millis = 30_000;
 /// How long a record waits for another sandbox's robots.txt fetch, reading the fleet's copy
 /// this often meanwhile.
 const ROBOTS_WAIT: Duration = Duration::from_secs(2);
 const ROBOTS_POLL: Duration = Duration::from_millis(250);
-/// How long a record that has too little time to fetch robots.txt waits for a fresh
-/// invocation.
+/// How long a record waits for a new invocation when it has too little time left to fetch
+/// robots.txt.
 const ROBOTS_SHORT_WAIT_MS: Millis = 1_000;
-/// A slot is held this much past its fetch's fetch_time, for the time to give it back.
+/// A slot is held this long past its fetch's fetch_time, to leave time to give it back.
 const SLOT_MARGIN_MS: Millis = 5_000;
-/// A grant this fresh is the host's item's word at the fetch's start; an older one (the
-/// claim took longer) is asked again, so no fetch starts past a push-back recorded since.
+/// A grant this recent still counts as the host item's answer at the fetch's start. An older
+/// grant (the claim took longer) is checked again, so no fetch starts after a push-back
+/// recorded since.
 const FRESH_GRANT_MS: Millis = 50;
-/// The check at a start is made at most this far ahead of it, however slow the host's item
-/// answers (trouble recorded meanwhile is missed).
+/// The check at a start is made at most this far ahead of it, however slowly the host's item
+/// answers. Trouble recorded between the check and the start is missed.
 const MOST_CHECK_LEAD_MS: Millis = 100;
-/// A start this late, or half an interval late if that is longer, is missed.
+/// A start is missed once it is this late, or half an interval late if that is longer.
 const LEAST_LATENESS_MS: Millis = 100;
-/// A start this many milliseconds from the next (5 a second or slower), or one of a host
-/// the fleet has slowed, is judged late once checked, a check slower than usual included.
-/// At faster rates a slow store would make most checks late, and those sent back to ask
-/// again would add to its load: a start is judged as if its check took its usual time. A
-/// slowed host is asked less than its ceiling, and its site has shown it cannot take
-/// bursts: a start that waited behind the sandbox's other asks goes on top of the next one.
+/// At intervals of this many ms or more (5 requests a second or slower), or on a host the
+/// fleet has slowed, a start is judged late by when its check ended, even a check slower
+/// than usual. At faster rates a slow store would make most checks late, and sending those
+/// back to ask again would add to the store's load. So there a start is judged as if its
+/// check took its usual time. A slowed host gets fewer requests than its ceiling, and its
+/// site has shown it cannot take bursts. A start that waited behind the sandbox's other
+/// requests would land on top of the next one.
 const JUDGED_AFTER_CHECK_MS: Millis = 200;
-/// The most fetch_time a missed start is taken again with (it sleeps at most `POLITE_SLEEP_MAX_MS`).
+/// The most fetch_time used when a missed start is scheduled again. It sleeps at most
+/// `POLITE_SLEEP_MAX_MS`.
 const AGAIN_TIME: Duration = Duration::from_secs(3);
-/// A booked record comes back this much before its start (SQS delays whole seconds and
-/// delivers a moment late), and sleeps the rest.
+/// A booked record comes back this long before its start and sleeps the rest. SQS delays
+/// are whole seconds, and SQS delivers a little late.
 const BOOKING_LEAD_MS: Millis = 1_500;
 
 impl Gate {
@@ -237,7 +248,7 @@ impl Gate {
         }
     }
 
-    /// A job's limits over the fleet's (0: none).
+    /// The job's limits, falling back to the fleet's. A job limit of 0 means no limit.
     fn limits(&self, job: &JobPoliteness) -> HostLimits {
         let defaults = self.settings.limits;
         HostLimits {
@@ -250,8 +261,8 @@ impl Gate {
         }
     }
 
-    /// Whether the visit's URL may be fetched now (a short wait for the host's schedule is
-    /// slept in [`Gate::ready`]), else when to come back.
+    /// Whether the visit's URL may be fetched now, or else when to come back. A short wait
+    /// for the host's schedule is slept later, in [`Gate::ready`].
     pub async fn enter<S: HostStore, F: Fetcher>(
         &self,
         (store, fetcher): (&S, &F),
@@ -262,7 +273,7 @@ impl Gate {
     ) -> Result<Entry, StoreError> {
         let parsed = url::Url::parse(visit.url).ok();
         let Some((parsed, host)) = parsed.and_then(|u| Host::of(&u).map(|h| (u, h))) else {
-            // The fetcher refuses what is no http(s) URL with a host.
+            // The fetcher refuses anything that is not an http(s) URL with a host.
             return Ok(Entry::Go(Permit::default()));
         };
         let mut limits = self.limits(job);
@@ -303,9 +314,10 @@ impl Gate {
         })
     }
 
-    /// The key the job keeps the URL's politeness under: its host, its registrable domain
-    /// or the address it resolves to (the host where it has none, or the name does not
-    /// resolve: its fetch then fails on its own). robots.txt is always the host's own.
+    /// The key the job keeps the URL's politeness limits under: its host, its registrable
+    /// domain, or the address it resolves to. It falls back to the host when there is no
+    /// registrable domain or the name does not resolve (the fetch then fails on its own).
+    /// robots.txt is always per host.
     async fn key_of<F: Fetcher>(
         &self,
         fetcher: &F,
@@ -320,23 +332,23 @@ impl Gate {
         }
     }
 
-    /// Whether a copy booked for `start` missed it (its booking is void: it would bunch
-    /// with the next starts).
+    /// Whether a copy booked for `start` missed it. A missed booking is void: the fetch
+    /// would bunch up with the next starts.
     pub fn missed(&self, start: Millis, job: &JobPoliteness) -> bool {
         missed_at(start, self.limits(job).max_rps, now_ms())
     }
 
-    /// How long a copy booked for `start` that came early waits on (none: it is due), at
-    /// no request.
+    /// How much longer a copy booked for `start` that came early must wait, without any
+    /// request. `None`: it is due.
     pub fn parked(&self, start: Millis) -> Option<Duration> {
         let now = now_ms();
         (start > now + BOOKING_LEAD_MS + millis(self.settings.max_sleep))
             .then(|| Duration::from_millis(start - now - BOOKING_LEAD_MS))
     }
 
-    /// A booked start, without a request: come back nearer to it, or go at it (its slot is
-    /// asked for at it, in [`Gate::ready`]). `None`: the booking was missed and is void
-    /// (the record asks again like any other).
+    /// A booked start, checked without a request: come back nearer to it, or go at it. The
+    /// slot is asked for at the start, in [`Gate::ready`]. `None`: the booking was missed and
+    /// is void, so the record asks again like any other.
     fn booked(
         &self,
         host: &Host,
@@ -351,7 +363,7 @@ impl Gate {
         if let Some(delay) = self.parked(start) {
             return Some(Entry::Booked { start, delay });
         }
-        // A cooldown this sandbox already knows of holds the record at no request.
+        // A cooldown this sandbox already knows of holds the record without a request.
         if let Some(until) = self.view(host).cooldown_until.filter(|u| *u > now) {
             return Some(Entry::Hold(jittered(until - now), HoldReason::Host));
         }
@@ -366,17 +378,19 @@ impl Gate {
     }
 }
 
-/// Whether a start is missed at `now`: later than half an interval of the ceiling
-/// `max_rps` (it would start too near the next one), or than [`LEAST_LATENESS_MS`] at rates
-/// where half an interval is shorter than the host item's answer time under load can be.
+/// Whether a start is missed at `now`. It is missed when it is later than half an interval
+/// at the ceiling `max_rps`, since it would start too close to the next one. At high rates,
+/// half an interval can be shorter than the host item's answer time under load, so the
+/// bound is never below [`LEAST_LATENESS_MS`].
 fn missed_at(start: Millis, max_rps: Option<f64>, now: Millis) -> bool {
     let interval = limits::interval(max_rps, 1.0).unwrap_or(0);
     now > start.saturating_add((interval / 2).max(LEAST_LATENESS_MS))
 }
 
-/// Whether a checked start is missed at the ceiling `max_rps` slowed by `slowdown`: judged
-/// at `now` at 5 a second or slower or on a slowed host, else at `usual` (when the check
-/// would have ended had it taken its usual time); late by half an interval of the pace.
+/// Whether a checked start is missed, at the ceiling `max_rps` slowed by `slowdown`. At 5
+/// requests a second or slower, or on a slowed host, it is judged at `now`. Otherwise it is
+/// judged at `usual`: when the check would have ended had it taken its usual time. It is
+/// missed when late by half an interval at the slowed rate (as in `missed_at`).
 fn missed_once_checked(
     start: Millis,
     (max_rps, slowdown): (Option<f64>, f64),
@@ -390,7 +404,8 @@ fn missed_once_checked(
     missed_at(start, max_rps.map(|rps| rps / slowdown), judged)
 }
 
-/// A wait with up to a quarter more, so the records a host held do not all come back at once.
+/// A wait plus up to a quarter more (jitter), so the records a host held do not all come
+/// back at once.
 fn jittered(wait: Millis) -> Duration {
     Duration::from_millis(wait.saturating_add(fastrand::u64(0..=wait / 4)))
 }
@@ -399,7 +414,7 @@ fn now_ms() -> Millis {
     epoch_millis(SystemTime::now()) as Millis
 }
 
-/// A duration in milliseconds, [`Millis::MAX`] past what they hold.
+/// A duration in milliseconds, saturating at [`Millis::MAX`].
 fn millis(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }

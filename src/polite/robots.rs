@@ -38,9 +38,9 @@ pub enum Verdict {
         crawl_delay: Option<f64>,
     },
     Disallowed,
-    /// The host could not say: nothing is fetched from it for now.
+    /// The host's robots.txt could not be fetched: nothing is fetched from the host for now.
     Unavailable,
-    /// Our proxy could not fetch it: nothing is fetched for now, a failure of ours.
+    /// Our proxy could not fetch it: nothing is fetched for now. This is our failure.
     ProxyFailed,
 }
 
@@ -72,11 +72,11 @@ impl Parsed {
     }
 }
 
-/// The record of a robots.txt fetch: a file is obeyed for `ttl`; a 4xx (but 429), or a fetch
-/// our own rules refuse, means no rules, for `ttl`; a 429, 5xx or no answer means nothing
-/// allowed, until `retry`. A proxy's own answer (a 407, a gateway error, a refused CONNECT)
-/// is no answer of the site's: nothing is known, until `retry`, and the records that meet it
-/// fail for a reason of ours.
+/// The record of a robots.txt fetch. A file is obeyed for `ttl`. A 4xx other than 429, or a
+/// fetch our own rules refuse, means no rules, for `ttl`. A 429, a 5xx or no answer means
+/// nothing is allowed, until `retry`. An answer made by the proxy itself (a 407, a gateway
+/// error, a refused CONNECT) is not the site's answer. Then nothing is known until `retry`,
+/// and the records that meet it fail for a reason on our side.
 pub fn record_of(
     fetched: &Result<Page, FetchError>,
     now: Millis,
@@ -89,8 +89,8 @@ pub fn record_of(
             Some(status) if (400..500).contains(&status) && status != 429 => {
                 (Robots::AllowAll, ttl)
             }
-            // Refused before any answer, for good (an address that is not public, a file
-            // over the cap): the tasks' own fetches meet the same rule and fail by it.
+            // Refused for good before any answer (an address that is not public, a file
+            // over the cap). The tasks' own fetches hit the same rule and fail by it.
             None if err.retry == Retry::Permanent => (Robots::AllowAll, ttl),
             _ => (Robots::Unavailable, retry),
         },

@@ -1,6 +1,7 @@
-//! The host's schedule for one fetch: a start and a slot asked of the host's item (a
-//! sandbox's records one at a time, booking together), and the slot given back with what
-//! the fetch said of the host's health. The sleep toward the start is in `start`.
+//! The host's schedule for one fetch. A start time and a slot are asked of the host's item.
+//! A sandbox's records ask one at a time and book starts together. After the fetch, the slot
+//! is given back along with what the fetch showed about the host's health. The sleep until
+//! the start is in `start`.
 
 use crate::domain::health::{self, Sign, Trouble};
 use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
@@ -16,15 +17,16 @@ use super::{
     Permit, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
 };
 
-/// How many times a push-back is written when other sandboxes' push-backs keep coming
-/// between its read and its write (each try starts from the item as the refusal gave it).
+/// How many times a push-back write is tried when other sandboxes' push-backs keep landing
+/// between its read and its write. Each try starts from the item as the refusal returned it.
 const PUSH_BACK_TRIES: usize = 4;
 
 impl Gate {
-    /// The host's schedule and a slot for one fetch: asked of the host's item unless this
-    /// sandbox's view already shows a cooldown or a schedule full past the horizon (those
-    /// only move later), then slept until the start. A schedule full past the sleep books
-    /// the next start if it is before `far` (none: never books).
+    /// The host's schedule and a slot for one fetch. They are asked of the host's item,
+    /// unless this sandbox's view already shows a cooldown or a schedule full past the
+    /// horizon (those only move later). The record then sleeps until the start. If the
+    /// schedule is full past the sleep, the next start is booked if it is before `far`.
+    /// With no `far`, nothing is booked.
     pub(super) async fn take<S: HostStore>(
         &self,
         store: &S,
@@ -36,9 +38,9 @@ impl Gate {
         if limits.is_none() {
             return Ok(Entry::Go(Permit::default()));
         }
-        // One ask of this sandbox's at a time per host, each from the last answer: its
-        // records do not race each other for the host's item. Those that may book are
-        // counted while they wait, so the one asking can book for them too.
+        // This sandbox sends one request per host at a time, each based on the last answer,
+        // so its records do not race each other for the host's item. Records that may book
+        // are counted while they wait, so the one asking can book for them too.
         let turn = self.turn(host);
         let booking = usize::from(far.is_some());
         turn.waiting.fetch_add(booking, ORDER);
@@ -48,7 +50,7 @@ impl Gate {
         let ask = self.ask(&seen, limits, fetch_time);
         let unslotted = Ask { slot: None, ..ask };
         // A start later than now (the schedule runs ahead) takes its slot only just before
-        // it: a slot is held for the fetch, not for the sleep toward it.
+        // the start. A slot is held for the fetch, not for the sleep before it.
         let (grant, state, slot) = match limits::decide(&seen, &unslotted).0 {
             Grant::StartAt(at) if at > ask.now => store.take_host(host, &unslotted, &seen).await?,
             Grant::StartAt(_) => store.take_host(host, &ask, &seen).await?,
@@ -64,10 +66,11 @@ impl Gate {
         }
     }
 
-    /// What this sandbox asks of a host for one fetch now, from its view: the interval
-    /// (slowed as the view says), the sleep's horizon, a slot until the fetch's fetch_time ends.
-    /// The horizon leaves the fetch the host's usual answer time: a start later than that
-    /// is booked for another invocation rather than fetched and cut by this one's end.
+    /// What this sandbox asks of a host for one fetch now, based on its view: the interval
+    /// (slowed as the view says), the horizon for sleeping, and a slot until the fetch's
+    /// fetch_time ends. The horizon leaves the fetch the host's usual answer time. A start
+    /// later than that is booked for another invocation, rather than fetched and cut off by
+    /// this invocation's end.
     pub(super) fn ask(&self, seen: &HostState, limits: HostLimits, fetch_time: Duration) -> Ask {
         let now = now_ms();
         let answer = seen.usual_answer().unwrap_or_default();
@@ -88,11 +91,11 @@ impl Gate {
         }
     }
 
-    /// The schedule is full past the sleep: book the next start (up to `far`), so the
-    /// record comes back once, at its turn, rather than asking again and again. A start
-    /// this sandbox booked together with an earlier record's is taken first, without a
-    /// write; else this record books for itself and for the records `waiting` their turn
-    /// behind it, consecutive starts in one write.
+    /// The schedule is full past the sleep, so book the next start (up to `far`). The record
+    /// then comes back once, at its turn, instead of asking again and again. A start this
+    /// sandbox already booked along with an earlier record's is used first, without a write.
+    /// Otherwise this record books consecutive starts in one write, for itself and for the
+    /// records `waiting` their turn behind it.
     pub(super) async fn book<S: HostStore>(
         &self,
         store: &S,
@@ -123,10 +126,11 @@ impl Gate {
         })
     }
 
-    /// The fetch is over: its sign of the host's health is learned (`domain::health`). Its
-    /// trouble (a push-back, a failure, an answer time that says the site queues) is
-    /// recorded for every sandbox; then its slot is given back, with the host's answer
-    /// times in the same write. A failure here is logged: a slot lapses.
+    /// Called when the fetch is over. The sandbox learns from the fetch's sign of the host's
+    /// health (`domain::health`). Trouble (a push-back, a failure, or an answer time that
+    /// shows the site is queueing) is recorded for every sandbox. Then the slot is given
+    /// back, with the host's answer times in the same write. A failure here is only logged:
+    /// the slot then expires on its own.
     pub async fn leave<S: HostStore>(
         &self,
         store: &S,
@@ -166,11 +170,11 @@ impl Gate {
         }
     }
 
-    /// The host's trouble, computed from the host's item as it is (read first, not this
-    /// sandbox's view): the slowdown raised (once a round of fetches), the cooldown
-    /// recorded unless a longer one stands. Trouble another sandbox recorded between the
-    /// read and the write is computed from in turn, never overwritten. This sandbox's view
-    /// then shows what is in force.
+    /// Records the host's trouble. It is computed from the host's item as stored (read
+    /// first), not from this sandbox's view. The slowdown is raised (once per round of
+    /// fetches), and the cooldown is recorded unless a longer one is already set. If another
+    /// sandbox records trouble between the read and the write, the next try builds on it
+    /// and never overwrites it. This sandbox's view then shows what is in force.
     pub(super) async fn push_back<S: HostStore>(
         &self,
         store: &S,
@@ -215,7 +219,7 @@ impl Gate {
         Ok(())
     }
 
-    /// The host's turn lock of this sandbox.
+    /// This sandbox's turn lock for the host.
     pub(super) fn turn(&self, host: &Host) -> Arc<HostTurn> {
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
         if turns.len() >= MOST_HOSTS && !turns.contains_key(host) {
@@ -253,8 +257,8 @@ fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
     after
 }
 
-/// A grant that books nothing: a permit (its slot taken, or to be taken just before its
-/// start when it is later than now), or the wait.
+/// A grant that books nothing becomes a permit or a wait. A permit's slot is already taken,
+/// or, when its start is later than now, is taken just before the start.
 fn granted(
     (host, limits, fetch_time): (&Host, HostLimits, Duration),
     grant: Grant,
@@ -284,9 +288,10 @@ fn granted(
     Entry::Hold(jittered(wait), HoldReason::Host)
 }
 
-/// The first start booked together that a copy can still come back in time for (one too
-/// near is a start missed) and that no drop of the pace has voided since it was booked (the
-/// drop restarted the schedule from its time); those before it are dropped.
+/// The first start booked together that a copy can still come back in time for, and that
+/// no drop in pace has voided since it was booked. A start too near would be missed. A drop
+/// in pace restarts the schedule from its time, which voids earlier bookings. The starts
+/// skipped are removed.
 fn next_spare(
     spare: &mut VecDeque<(Millis, Millis)>,
     view: &HostState,
@@ -308,9 +313,9 @@ fn booked(start: Millis, now: Millis) -> Entry {
     }
 }
 
-/// The slot to ask for: any free in this sandbox's view (at random, so its records do not
-/// all ask for the same one), else the one whose lease ends first (the view may be stale:
-/// the host's item decides).
+/// The slot to ask for: a random free slot in this sandbox's view, so its records do not
+/// all ask for the same one. If none is free, the one whose lease ends first. The view may
+/// be out of date; the host's item decides.
 fn pick_slot(seen: &HostState, max: u32, now: Millis) -> usize {
     let free: Vec<usize> = (0..max as usize)
         .filter(|&i| !seen.slot_taken(i, now))

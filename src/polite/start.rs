@@ -1,5 +1,6 @@
-//! The sleep toward a fetch's start and the check there: trouble any sandbox recorded
-//! meanwhile sends the record back to wait, and a start missed is asked again.
+//! The sleep until a fetch's start, and the check made there. If any sandbox recorded
+//! trouble for the host meanwhile, the record goes back to wait. A missed start is
+//! scheduled again.
 
 use std::time::{Duration, Instant};
 
@@ -15,13 +16,13 @@ use super::{
 };
 
 impl Gate {
-    /// Sleeps until the permit's start, and there asks the host's item again (ahead of the
-    /// start by the check's usual time, so the fetch starts at it): a booked start takes its
-    /// slot (one write, which checks the cooldown too), any other reads the cooldown, unless
-    /// it was granted a moment ago. A host in trouble since (any sandbox's fetch), or a slot
-    /// still taken, gives the permit back and answers the wait; a start missed, or given
-    /// before the pace dropped, asks the schedule again, with what is left of the fetch's
-    /// time until `ends`.
+    /// Sleeps until the permit's start, then checks the host's item again. The check is made
+    /// ahead of the start by its usual time, so the fetch starts on time. A booked start
+    /// takes its slot in one write, which also checks the cooldown. Any other start reads the
+    /// cooldown, unless it was granted a moment ago. If the host got into trouble since (from
+    /// any sandbox's fetch), or the slot is still taken, the permit is given back and the
+    /// wait is returned. If the start was missed, or was given before the pace dropped, the
+    /// schedule is asked again, with the fetch time left until `ends`.
     pub async fn ready<S: HostStore>(
         &self,
         store: &S,
@@ -57,9 +58,9 @@ impl Gate {
         Ok(Ok(permit))
     }
 
-    /// A start missed (the claim or the check took that long) would bunch with the next
-    /// ones, and one given before the pace dropped would go at the old pace: the schedule
-    /// is taken again, once (booked, if it is full past the sleep).
+    /// A missed start (the claim or the check took too long) would bunch up with the next
+    /// ones. A start given before the pace dropped would go at the old pace. So the schedule
+    /// is asked again, once. A start is booked if the schedule is full past the sleep.
     async fn again<S: HostStore>(
         &self,
         store: &S,
@@ -95,9 +96,10 @@ impl Gate {
         }
     }
 
-    /// A start taken again is checked at it as any other: one given more than a moment
-    /// before it reads the host's item there, and trouble recorded since (a cooldown, or a
-    /// drop that voids it) sends it back to wait rather than to a third ask.
+    /// A start taken again is checked like any other. If it was given more than a moment
+    /// before the start, the host's item is read at the start. Trouble recorded since (a
+    /// cooldown, or a drop in pace that voids the start) sends the record back to wait, not
+    /// to ask a third time.
     async fn checked_again<S: HostStore>(
         &self,
         store: &S,
@@ -123,9 +125,9 @@ impl Gate {
         Ok(Ok(permit))
     }
 
-    /// At the start: a booked start's slot (with an in-flight limit; the take checks the
-    /// cooldown), else the host's item read (kept as this sandbox's view). `Err`: how long
-    /// to wait instead.
+    /// The check at the start. A booked start with an in-flight limit takes its slot; that
+    /// write also checks the cooldown. Otherwise the host's item is read and kept as this
+    /// sandbox's view. `Err`: how long to wait instead.
     pub(super) async fn at_start<S: HostStore>(
         &self,
         store: &S,
@@ -161,7 +163,8 @@ impl Gate {
     }
 }
 
-/// Sleeps until `at` (ms since the epoch), counted as politeness's sleep.
+/// Sleeps until `at` (ms since the epoch). The time counts as politeness sleep in the
+/// metrics.
 async fn sleep_until(at: Millis, measures: &Measures) {
     let wait = at.saturating_sub(now_ms());
     measures.polite.slept_ms.fetch_add(wait, ORDER);

@@ -1,5 +1,5 @@
-//! Retry timing: how long a message to retry is held back in SQS before its redelivery: as
-//! long as the site asked (`Retry-After`), or an exponential, fully jittered backoff.
+//! Retry timing: how long a message is held back in SQS before it is redelivered. It is as
+//! long as the site asked (`Retry-After`), or else an exponential backoff with full jitter.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use crate::ports::queue::SQS_MAX_VISIBILITY;
 /// How long to hold a message back before its next delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
-    /// The ceiling of the first retry; it doubles with every receive.
+    /// The upper bound of the first retry's delay. It doubles with every receive.
     pub base: Duration,
     /// No hold is longer, whatever the site asks (and never longer than 12 hours).
     pub max: Duration,
@@ -26,11 +26,12 @@ impl Backoff {
         }
     }
 
-    /// A hold for a resource that pushed back (AWS throttled, failed or timed out): the same
-    /// doubling ceiling, but at most `strain` times the base (how far the sandbox's pressure
-    /// has cut its records: a record is held long only while the load is still being cut,
-    /// not once it has eased), jittered in its upper half, so the held records come back
-    /// spread out and none at once ("equal jitter": no hold is shorter than half its ceiling).
+    /// A hold for when an AWS resource pushed back (throttled, failed or timed out). It uses
+    /// the same doubling ceiling, capped at `strain` times the base. `strain` is how far the
+    /// sandbox's pressure has cut its concurrency, so a record is held long only while the
+    /// load is still being cut, not once it has eased. The hold is jittered in the upper half
+    /// of its ceiling ("equal jitter"), so held records come back spread out and none at
+    /// once. No hold is shorter than half its ceiling.
     pub fn pressed(&self, receive_count: u32, strain: f64) -> Duration {
         let strained = self.base.mul_f64(strain.clamp(1.0, 1e6));
         self.ceiling(receive_count)

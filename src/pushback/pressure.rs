@@ -1,8 +1,9 @@
-//! The sandbox's record concurrency under AWS push-back: additive increase, multiplicative
-//! decrease (AIMD), so a throttled fleet offers the hot table or prefix less work instead of
-//! pressing on (every retried record claims again, and claims eat the write units that the
-//! terminal writes need). Below one record at once, the sandbox pauses between records: a
-//! fleet of more sandboxes than the resource has room for still eases off.
+//! How many records the sandbox works on at once while AWS pushes back. It uses additive
+//! increase, multiplicative decrease (AIMD), so a throttled fleet sends less work to the hot
+//! table or prefix instead of pressing on. Pressing on makes it worse: every retried record
+//! claims again, and claims use up the write units that the terminal writes need. Below one
+//! record at a time, the sandbox pauses between records. So even a fleet with more sandboxes
+//! than the resource can serve still backs off.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -12,11 +13,11 @@ use tokio::time::Instant;
 
 use crate::contract::Outcome;
 
-/// At most one halving per this long: a burst of throttled records from one moment halves
+/// At most one halving per this period. A burst of throttled records at one moment halves
 /// the limit once, as AIMD halves once per round trip.
 const CUT_EVERY: Duration = Duration::from_secs(1);
-/// The least share of one record's time the sandbox works (1/16: it pauses fifteen times as
-/// long as its last record took); below one record, a success adds this much.
+/// The lowest limit: the sandbox works 1/16 of the time, pausing fifteen times as long as
+/// its last record took. Below one record at a time, each success adds this much.
 pub const LEAST: f64 = 1.0 / 16.0;
 
 /// How many records of this sandbox may work at once, shared by its invocations.
@@ -28,19 +29,20 @@ pub struct Pressure {
 
 #[derive(Debug, Default)]
 struct State {
-    /// `None` until AWS pushes back (and again once the limit has grown back past
-    /// `ceiling`): only the batch's own concurrency bounds the records.
+    /// `None` until AWS pushes back, and again once the limit grows back past `ceiling`.
+    /// While it is `None`, only the batch's own concurrency limits the records.
     limit: Option<f64>,
     /// The records at work when the limit was first cut.
     ceiling: f64,
     in_flight: usize,
     last_cut: Option<Instant>,
-    /// Under one record at once: no record starts before this.
+    /// When the limit is under one record: no record starts before this.
     resting_until: Option<Instant>,
 }
 
 impl State {
-    /// Whether one more record may start `now`; if not because the sandbox pauses, until when.
+    /// Whether one more record may start `now`. If not because the sandbox pauses, until
+    /// when.
     fn room(&self, now: Instant) -> Result<(), Option<Instant>> {
         match self.limit {
             None => Ok(()),
@@ -104,10 +106,11 @@ impl Pressure {
         }
     }
 
-    /// What a record's end says of AWS: pushed back (throttled, failed, timed out) halves the
-    /// limit (at most once a second, to at least [`LEAST`]); a record that got its writes
-    /// through adds one record's worth over the limit (`1 / limit`; below one, `LEAST`);
-    /// anything else says nothing.
+    /// Updates the limit from how a record ended. A push-back from AWS (throttled, failed,
+    /// timed out) halves the limit, at most once a second and never below [`LEAST`]. A
+    /// record that got its writes through adds `1 / limit`, so a full round of successes
+    /// adds about one record (below one record, it adds `LEAST`). Any other outcome changes
+    /// nothing.
     pub fn learn(&self, outcome: &Outcome) {
         self.learn_at(outcome, Instant::now());
     }
@@ -120,14 +123,14 @@ impl Pressure {
         }
     }
 
-    /// The records that may work at once now (`None`: no limit of its own; 0: fewer than one,
-    /// resting between them).
+    /// How many records may work at once now. `None`: no limit of its own. 0: fewer than
+    /// one, so the sandbox pauses between records.
     pub fn limit(&self) -> Option<usize> {
         self.state().limit.map(|l| l.floor() as usize)
     }
 
-    /// How far the limit is below the records it was cut from (1: not cut; at most 16 times
-    /// the batch's concurrency): a pushed-back record's hold grows with it.
+    /// How far the limit is below the concurrency it was cut from (1: not cut; at most 16
+    /// times the batch's concurrency). A pushed-back record's hold grows with it.
     pub fn strain(&self) -> f64 {
         let state = self.state();
         state.limit.map_or(1.0, |l| (state.ceiling / l).max(1.0))

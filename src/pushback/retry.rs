@@ -1,6 +1,7 @@
-//! Conflicts: a write that met a concurrent change of the same item is tried again inside the
-//! invocation, a bounded number of times with jittered pauses, never past the cutoff; and the
-//! terminal write, throttled past the SDK's own attempts, the same way.
+//! Retrying writes inside the invocation. A write that met a concurrent change to the same
+//! item is tried again a bounded number of times, with jittered pauses, and never past the
+//! cutoff. The terminal write is retried the same way when it is still throttled after the
+//! SDK's own attempts.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,14 +16,14 @@ use crate::ports::error::{StoreError, StoreFault};
 pub struct RetryPolicy {
     /// Tries in all, the first one included.
     pub attempts: u32,
-    /// The ceiling of the first pause; it doubles with every conflict, up to `max_pause`.
+    /// The upper bound of the first pause. It doubles with every conflict, up to `max_pause`.
     pub base: Duration,
     pub max_pause: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// Six tries over about a second and a half at most: DynamoDB transactions take tens of
-    /// milliseconds, so a conflict that outlasts this is contention, not bad luck.
+    /// Six tries, over about a second and a half at most. DynamoDB transactions take tens of
+    /// milliseconds, so a conflict that lasts longer than this is contention, not bad luck.
     fn default() -> Self {
         Self {
             attempts: 6,
@@ -32,17 +33,19 @@ impl Default for RetryPolicy {
     }
 }
 
-/// The terminal write, throttled past the SDK's own three attempts, is tried again in the
-/// record, four rounds in all with pauses of up to 4, 8 and 8 s: the record has done its work
-/// (claimed, fetched, stored), and held back it would claim again, spending the write units
-/// the terminal writes lack. It waits holding the sandbox's turn, which eases the table too.
+/// When the terminal write is still throttled after the SDK's own three attempts, the record
+/// tries it again itself: four rounds in all, with pauses of up to 4, 8 and 8 s. The record
+/// has already done its work (claimed, fetched, stored). Held back instead, it would claim
+/// again and spend the write units the terminal writes are short of. It waits while keeping
+/// its place in the sandbox's concurrency limit, which also eases the load on the table.
 pub const FINISH_THROTTLED: RetryPolicy = RetryPolicy {
     attempts: 4,
     base: Duration::from_secs(4),
     max_pause: Duration::from_secs(8),
 };
 
-/// A write's patience with conflicts, within one invocation (or one operator routine).
+/// How long a write keeps retrying conflicts, within one invocation (or one operator
+/// routine).
 #[derive(Debug, Clone, Copy)]
 pub struct Patience<'a> {
     /// No try starts after this instant (the batch's cutoff).
@@ -61,8 +64,8 @@ impl<'a> Patience<'a> {
         }
     }
 
-    /// Runs `write` until it ends without a conflict, the tries are spent or the next pause
-    /// would end past `until`. The last conflict is returned when patience runs out.
+    /// Runs `write` until it ends without a conflict, the tries are used up, or the next
+    /// pause would end past `until`. If it gives up, the last conflict is returned.
     pub async fn retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
@@ -71,8 +74,9 @@ impl<'a> Patience<'a> {
         self.retry_while(write, None).await
     }
 
-    /// As [`Patience::retry`], and tried again while it is throttled too (`throttled`: its
-    /// tries are rounds of the SDK's own attempts, with pauses between them).
+    /// Like [`Patience::retry`], but also retries while the write is throttled. `throttled`
+    /// sets those retries: each try is a round of the SDK's own attempts, with pauses between
+    /// rounds.
     pub async fn retry_throttled<T, F, Fut>(
         &self,
         write: F,

@@ -1,6 +1,7 @@
-//! What an answer through a proxy means, by who made it: the site's own answer, a block the
-//! next tier may pass, or the proxy's own failure (ours, never the page's); and a request
-//! the proxy did not answer, told apart by the text hyper-util gives its tunnel errors.
+//! What a response through a proxy means, based on who made it. It may be the site's own
+//! response, a block the next tier may get past, or the proxy's own failure (our failure,
+//! never the page's). This file also sorts out requests the proxy did not answer, using the
+//! text hyper-util gives its tunnel errors.
 
 use super::{FetchError, Retry, classify};
 use crate::domain::proxy::ProxyAddr;
@@ -8,12 +9,12 @@ use crate::domain::proxy::ProxyAddr;
 /// Who made an answer that came back through a proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Maker {
-    /// The site: inside a CONNECT tunnel, or forwarded by the proxy, which marks what it
+    /// The site: inside a CONNECT tunnel, or forwarded by the proxy. A proxy marks what it
     /// forwards with `Via` (RFC 9110 7.6.3) or a `Proxy-Status` with `received-status`.
     Site,
-    /// The proxy, by its `Proxy-Status` (RFC 9209): an `error` of its own.
+    /// The proxy itself, shown by a `Proxy-Status` (RFC 9209) with an `error` of its own.
     Proxy,
-    /// Unmarked: the proxy's own, or the site's through a proxy that hides itself.
+    /// Unmarked: made by the proxy, or by the site through a proxy that hides itself.
     Unmarked,
 }
 
@@ -46,11 +47,11 @@ pub(super) fn maker(headers: &reqwest::header::HeaderMap, tunnelled: bool) -> Ma
     }
 }
 
-/// An answer that came through the proxy, by who made it. The site's is the site's. A 407
-/// (or a 401: tinyproxy's answer to wrong credentials), and a 502, 503 or 504 without
-/// `Retry-After`, that the site did not make are the proxy's own: failures of ours, never
-/// the page's. A 403, or a 429 without `Retry-After`, is a
-/// block the next tier may pass.
+/// Classifies a response that came through the proxy, by who made it. A 407, or a 401
+/// (tinyproxy's answer to wrong credentials), that the site did not make is the proxy's own
+/// failure. So is a 502, 503 or 504 without `Retry-After` that the site did not make. These
+/// are our failures, never the page's. A 403, or a 429 without `Retry-After`, is a block the
+/// next tier may get past.
 pub(super) fn answered(err: FetchError, maker: Maker) -> FetchError {
     let status = err.http_status.unwrap_or_default();
     let paced = err.retry_after.is_some();
@@ -78,10 +79,10 @@ pub(super) fn answered(err: FetchError, maker: Maker) -> FetchError {
 }
 
 /// A request through the proxy that got no answer. hyper-util does not export its tunnel
-/// error, so its three refusals are told apart by the text it gives them (pinned by
-/// tests/it/proxies.rs against a real proxy): a CONNECT answered 407, a CONNECT refused
-/// otherwise (the proxy could not or would not connect: a block), no connection to the proxy
-/// at all (the next tier may be up).
+/// error type, so its three refusals are told apart by their error text. tests/it/proxies.rs
+/// pins that text against a real proxy. The three cases are: a CONNECT answered with 407; a
+/// CONNECT refused otherwise (the proxy could not or would not connect, treated as a block);
+/// and no connection to the proxy at all (the next tier may be up).
 pub(super) fn transport_failure(
     err: &reqwest::Error,
     proxy: &ProxyAddr,

@@ -2,9 +2,9 @@
 
 use bytes::Bytes;
 
-/// A body being read: never more than the cap, and never a buffer much larger than the
-/// bytes read. (A `BytesMut` left to grow doubles its capacity: a page just over half the
-/// cap would hold a buffer of twice the cap while its last chunk is copied in.)
+/// A body being read. It never holds more than the cap, and its buffer is never much larger
+/// than the bytes read. A `BytesMut` left to grow doubles its capacity, so a page just over
+/// half the cap would hold a buffer of twice the cap while its last chunk is copied in.
 #[derive(Debug)]
 pub struct CappedBody {
     bytes: Vec<u8>,

@@ -10,8 +10,9 @@ use super::policy::Refused;
 use super::{FetchError, Retry};
 use crate::domain::limits::MAX_RETRY_AFTER_MS;
 
-/// How a response status is treated: Scrapy's retry list (408, 429, 500, 502, 503, 504, 522,
-/// 524: every 5xx here), plus 425 Too Early. Everything else that is not 2xx is permanent.
+/// How a response status is treated. Transient: Scrapy's retry list (408, 429, 500, 502,
+/// 503, 504, 522, 524), widened here to every 5xx, plus 425 Too Early. Everything else that
+/// is not 2xx is permanent.
 pub fn classify_status(status: StatusCode) -> Option<Retry> {
     match status.as_u16() {
         200..=299 => None,
@@ -49,8 +50,8 @@ pub fn classify_error(err: &reqwest::Error) -> FetchError {
     }
 }
 
-/// `Retry-After` as a delay from `now`: delta-seconds or an HTTP date (RFC 9110 10.2.3), at
-/// most [`MAX_RETRY_AFTER_MS`] (more digits than a u64 holds are that too).
+/// `Retry-After` as a delay from `now`: delta-seconds or an HTTP date (RFC 9110 10.2.3). It
+/// is capped at [`MAX_RETRY_AFTER_MS`], and a number too large for a u64 counts as the cap.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     let longest = Duration::from_millis(MAX_RETRY_AFTER_MS);

@@ -1,8 +1,8 @@
-//! Fetching through proxy tiers: the target checked here before anything is sent, the
-//! host's sticky proxy in each tier, redirects followed hop by hop (each hop checked
-//! again), blocks escalated to the next tier, the proxy's own failures kept apart from the
-//! site's, and every request, body byte and wire byte (through each proxy's relay, `wire`)
-//! metered.
+//! Fetching through proxy tiers. The target is checked here before anything is sent. Each
+//! host sticks to one proxy in each tier. Redirects are followed hop by hop, and each hop is
+//! checked again. A block moves the fetch up to the next tier. The proxy's own failures are
+//! kept apart from the site's. Every request, body byte and wire byte is metered (wire
+//! bytes through each proxy's relay, `wire`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -35,7 +35,7 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) const DRAIN_BYTES: usize = 64 * 1024;
 
 /// What a paid fetch's hold allows each hop on the wire besides its body: the request and
-/// response heads, `CONNECT` and a TLS handshake.
+/// response headers, `CONNECT` and a TLS handshake.
 pub(super) const HOP_OVERHEAD: u64 = 16 * 1024;
 
 /// One client per proxy, by tier.
@@ -72,7 +72,8 @@ impl Routes {
         })
     }
 
-    /// Tries the tiers in order while the answer looks like a block, within its time.
+    /// Tries the tiers in order while the response looks like a block, within the fetch's
+    /// time.
     pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask<'_>) -> Fetched {
         if let Err(refused) = self.check_target(&url).await {
             return Fetched::unspent(Err(refused.failure()));
@@ -111,7 +112,7 @@ impl Routes {
             }
             tier += 1;
         }
-        // No tier could be asked: the one tier there is, is the paid one.
+        // No tier could be asked, because the only tier there is, is the paid one.
         let page = Err(FetchError::permanent(PAID_TIER_SPENT));
         Fetched {
             page,
@@ -120,7 +121,7 @@ impl Routes {
         }
     }
 
-    /// The proxy of `tier` (1-based) `host` sticks to now.
+    /// The proxy in `tier` (1-based) that `host` currently sticks to.
     fn route(&self, tier: usize, host: &str) -> Option<&Route> {
         let routes = self.tiers.get(tier.checked_sub(1)?)?;
         let addrs: Vec<&ProxyAddr> = routes.iter().map(|r| &r.addr).collect();
@@ -132,14 +133,15 @@ impl Routes {
         ))
     }
 
-    /// Checked here, before anything is sent, since the proxy resolves the name: the URL's
-    /// scheme, port and literal address as for a direct fetch; not a proxy's own address;
-    /// and a name that resolves here to any address that is not public is refused. One that
-    /// does not resolve here in time is not fetched either (an attacker's DNS may answer this
-    /// resolver slowly and the proxy's with a private address), unless the proxies are
-    /// trusted to refuse private networks (`PROXY_REFUSES_PRIVATE`) or private networks are
-    /// allowed anyway; that is a DNS failure, transient as on a direct fetch, not the site's
-    /// verdict.
+    /// Checks the target here, before anything is sent, because the proxy resolves the
+    /// name. The URL's scheme, port and literal address are checked as for a direct fetch. A
+    /// proxy's own address is refused. A name that resolves here to any address that is not
+    /// public is refused. A name that does not resolve here in time is not fetched either,
+    /// because an attacker's DNS could answer this resolver slowly and the proxy's resolver
+    /// with a private address. The exceptions: the proxies are trusted to refuse private
+    /// networks (`PROXY_REFUSES_PRIVATE`), or private networks are allowed anyway. A name
+    /// that does not resolve is a DNS failure, transient as on a direct fetch, not the
+    /// site's verdict.
     async fn check_target(&self, url: &Url) -> Result<(), Refused> {
         self.policy.check_url(url)?;
         let host = url.host_str().unwrap_or_default();
@@ -157,7 +159,7 @@ impl Routes {
         };
         let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
         let ips = match resolved.await {
-            // An empty answer checks nothing: not fetched either.
+            // An empty answer checks nothing, so it is treated like no answer.
             Ok(Ok(ips)) if !ips.is_empty() => ips,
             _ if self.settings.proxy_refuses_private || self.policy.allows_private() => {
                 return Ok(());
@@ -176,8 +178,8 @@ impl Routes {
         }
     }
 
-    /// One tier's try: the request and its redirects through `route`'s proxy, and what
-    /// they took of the wire.
+    /// One tier's try: the request and its redirects through `route`'s proxy, and the wire
+    /// bytes they used.
     async fn via(
         &self,
         fetcher: &HttpFetcher,
@@ -208,8 +210,8 @@ impl Routes {
             if let Some(most) = ask.wire_most.filter(|most| meter.wire_bytes >= *most) {
                 return Err(over_wire_most(most, None));
             }
-            // Who answered is this hop's question: through a tunnel (https) only the site
-            // speaks once it is open; over plain http the proxy answers for the site.
+            // Who answered depends on this hop. Through a tunnel (https), only the site
+            // speaks once the tunnel is open. Over plain http, the proxy answers for the site.
             let tunnelled = url.scheme() == "https";
             let left = time.saturating_sub(started.elapsed());
             let answered = (client, &*fetcher.answered);
@@ -234,9 +236,10 @@ impl Routes {
         Err(FetchError::permanent(refused.to_string()))
     }
 
-    /// One hop's answer read: a redirect (its target checked as the first URL was), a
-    /// refusal (a block page, else blamed on whoever answered: `tunnelled`), or the page. A
-    /// response that is not the page is read to its end, its bytes counted.
+    /// Reads one hop's response: a redirect (its target checked as the first URL was), a
+    /// refusal, or the page. A refusal is a block page, or else it is blamed on whoever
+    /// answered (see `tunnelled`). A response that is not the page is read to its end, and
+    /// its bytes are counted.
     async fn hop(
         &self,
         response: reqwest::Response,
@@ -253,7 +256,7 @@ impl Routes {
         }
         if let Some(refused) = refusal_of(&response, conditional) {
             let refused = (refused, tunnelled, detection);
-            // Boxed, as a direct refusal's read (`HttpFetcher::refused`).
+            // Boxed, like a direct refusal's read (`HttpFetcher::refused`).
             return Hop::Failed(Box::pin(refusal(response, refused, wire, meter)).await);
         }
         Hop::Page(response)
@@ -267,9 +270,9 @@ enum Hop {
     Failed(FetchError),
 }
 
-/// The relay's count of `response`'s connection, which it cuts once the fetch took
-/// `most_left` more on the wire, if there is a most; the relay's own answer that it could
-/// not reach the proxy is a failure.
+/// The relay's byte count for `response`'s connection. If there is a limit, the relay cuts
+/// the connection once the fetch uses `most_left` more bytes on the wire. The relay's own
+/// response saying it could not reach the proxy is a failure.
 fn metered(
     relay: Option<&Relay>,
     response: &reqwest::Response,
@@ -285,8 +288,8 @@ fn metered(
     Ok(wire)
 }
 
-/// The page of the last hop's `response`, its body and wire bytes metered; cut by the relay
-/// at the fetch's most on the wire before its body ended, a page too large.
+/// The page of the last hop's `response`, with its body and wire bytes metered. If the
+/// relay cut it off at the fetch's wire limit before the body ended, the page is too large.
 async fn read_page(
     fetcher: &HttpFetcher,
     response: reqwest::Response,
@@ -306,8 +309,8 @@ async fn read_page(
     }
 }
 
-/// The fetch reached the most it may take on the wire (a paid fetch's hold) and its relay
-/// cut it: as a body over `MAX_BODY_BYTES`, the page's failure for good.
+/// The fetch reached its wire limit (a paid fetch's hold) and its relay cut it off. Like a
+/// body over `MAX_BODY_BYTES`, this fails the page for good.
 fn over_wire_most(most: u64, http_status: Option<u16>) -> FetchError {
     let reason =
         format!("the page takes more than the paid tier's hold ({most} bytes on the wire)");
@@ -317,7 +320,8 @@ fn over_wire_most(most: u64, http_status: Option<u16>) -> FetchError {
     }
 }
 
-/// The relay could not reach the proxy: a tier that is down, as a block the next may pass.
+/// The relay could not reach the proxy. The tier is down, which is treated as a block the
+/// next tier may get past.
 fn unreachable(proxy: &ProxyAddr) -> FetchError {
     let label = proxy.label();
     FetchError {
@@ -326,17 +330,18 @@ fn unreachable(proxy: &ProxyAddr) -> FetchError {
     }
 }
 
-/// How soon a closed, unanswered request must fail to be the idle connection race: a pooled
-/// connection the peer closed while idle fails within a round trip; one that waited longer
-/// reached a peer that chose not to answer.
+/// How soon a request closed without an answer must fail to count as the idle-connection
+/// race. A pooled connection that the peer closed while idle fails within a round trip. A
+/// request that waited longer reached a peer that chose not to answer.
 const IDLE_RACE: Duration = Duration::from_secs(1);
 
-/// One request, sent once more at once if the peer (a proxy, a site) closed a reused
-/// connection under it (the idle connection race: a GET, safe to repeat), with what is left
-/// of `left`. Only a prompt close ([`IDLE_RACE`]) of a connection that had answered before
-/// is that race; a peer that holds the request and then closes unanswered, or closes a
-/// fresh connection, is not asked again. It adds one to `requests` either way: a request
-/// closed in that race was never read, so only the one sent again can have gone further.
+/// Sends one request. If the peer (a proxy or a site) closed a reused connection under it,
+/// the request is sent once more right away, with what is left of `left`. This is the
+/// idle-connection race, and a GET is safe to repeat. Only a quick close ([`IDLE_RACE`]) of
+/// a connection that had answered before counts as that race. A peer that holds the request
+/// and then closes without answering, or that closes a fresh connection, is not asked
+/// again. It adds one to `requests` either way: a request closed in that race was never
+/// read, so only the resent one can have gone further.
 pub(super) async fn send(
     (client, answered): (&reqwest::Client, &Answered),
     (url, if_changed): (&Url, Option<&Validators>),
@@ -363,8 +368,8 @@ pub(super) async fn send(
     sent
 }
 
-/// The request asking only for a changed page, when there are validators to ask with:
-/// checked values (`domain::refresh`), safe as header values.
+/// The request, made conditional (only a changed page) when there are validators to send.
+/// The validators are checked values (`domain::refresh`), safe to use as header values.
 fn conditional(
     request: reqwest::RequestBuilder,
     if_changed: Option<&Validators>,
@@ -382,7 +387,8 @@ fn conditional(
     request
 }
 
-/// The connection closed before the answer was complete, by hyper's own kind.
+/// Whether the connection closed before the response was complete, by hyper's own error
+/// kind.
 fn closed_unanswered(err: &reqwest::Error) -> bool {
     classify::find_cause::<hyper::Error>(err).is_some_and(hyper::Error::is_incomplete_message)
 }
@@ -399,9 +405,9 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
     matches!(next.scheme(), "http" | "https").then_some(next)
 }
 
-/// A refused answer read to its end: the block page it is (by its headers, or its body's
-/// start for a status bot managers answer with), else the refusal, blamed on whoever made
-/// it.
+/// Reads a refused response to its end. It is a block page if its headers say so, or, for a
+/// status bot managers answer with, if the start of its body does. Otherwise it is the
+/// refusal, blamed on whoever made it.
 async fn refusal(
     response: reqwest::Response,
     (refused, tunnelled, detection): (FetchError, bool, &Detection),
@@ -420,8 +426,8 @@ async fn refusal(
     }
 }
 
-/// Reads what is left of an answer the fetch does not keep (a redirect's, a refusal's),
-/// counting its body and its connection's wire bytes; its body's start, kept.
+/// Reads what is left of a response the fetch does not keep (a redirect, a refusal), and
+/// counts its body and its connection's wire bytes. Returns the start of its body.
 async fn discard(
     response: reqwest::Response,
     wire: Option<Arc<Conn>>,
@@ -433,8 +439,8 @@ async fn discard(
     start
 }
 
-/// Reads up to [`DRAIN_BYTES`] of a body no page is made of, for the meter, and keeps them
-/// (a refusal's start is checked for block pages).
+/// Reads up to [`DRAIN_BYTES`] of a body that is not the page, for the meter, and keeps
+/// those bytes. The start of a refusal is checked for block pages.
 async fn drain(mut response: reqwest::Response) -> Vec<u8> {
     let mut read = Vec::new();
     while read.len() < DRAIN_BYTES {

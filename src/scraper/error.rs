@@ -1,6 +1,7 @@
-//! A fetch that produced no page: whether it is worth another delivery, why (short, for the
-//! task's `error`), what the site said (status, `Retry-After`), whether the next proxy tier
-//! may pass where this one was blocked, and what it says of the site's health.
+//! A fetch that produced no page. It records whether the fetch is worth another delivery,
+//! a short reason (for the task's `error`), what the site said (status, `Retry-After`),
+//! whether the next proxy tier may get past where this one was blocked, and what the failure
+//! says about the site's health.
 
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ pub enum Retry {
     Transient,
     /// The page can never be had: the task fails.
     Permanent,
-    /// A failure of ours (a proxy's credentials, gateway or tunnel), not the page's: retried,
-    /// and never the task's failure, whatever the attempt.
+    /// Our failure (a proxy's credentials, gateway or tunnel), not the page's. It is retried,
+    /// and never fails the task, even on the final attempt.
     Ours,
 }
 
@@ -32,15 +33,15 @@ pub struct FetchError {
     /// The fetch ran out of time (connect or total).
     pub timed_out: bool,
     /// Through a proxy: the tier's addresses look blocked (a 403, a 429 without
-    /// `Retry-After`, a connection the proxy could not make, a block page); the next tier
+    /// `Retry-After`, a connection the proxy could not make, a block page). The next tier
     /// may get through.
     pub blocked: bool,
     /// The answer was a bot manager's block or challenge page (`domain::blocks`).
     pub block: Option<Block>,
 }
 
-/// What a fetch's result, after `took`, says of the site's health (`None`: nothing: a
-/// failure of ours, or our own refusal before any request).
+/// What a fetch's result, after `took`, says about the site's health. `None`: nothing,
+/// because it was our failure or our own refusal before any request.
 pub fn health_sign<T>(result: &Result<T, FetchError>, took: Duration) -> Option<Sign> {
     let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
     let Err(error) = result else {
@@ -86,8 +87,8 @@ impl FetchError {
         }
     }
 
-    /// An answer that was `block`'s page: never a result. It fails for good where no
-    /// other tier can be asked, and climbs to the next tier where one can.
+    /// A response that was `block`'s block page. It is never a result. It fails for good
+    /// when no other tier can be asked, and moves on to the next tier when one can.
     pub fn blocked_by(block: Block, http_status: u16) -> Self {
         let reason = block.reason();
         Self {
@@ -99,7 +100,7 @@ impl FetchError {
     }
 }
 
-/// The block a refused answer shows, by its headers, or for a status bot managers answer
+/// The block a refused response shows, by its headers, or, for a status bot managers answer
 /// with, by the start of its body (`start`, read up to [`BODY_WINDOW`]).
 pub(super) fn refusal_block(
     detection: &Detection,

@@ -1,5 +1,5 @@
-//! What a fetch is asked (`Ask`) and what it brings (`Fetched`), and the `Fetcher` port the
-//! worker fetches through (`HttpFetcher` in production, a fake in tests).
+//! What a fetch is asked for (`Ask`), what it returns (`Fetched`), and the `Fetcher` port
+//! the worker fetches through (`HttpFetcher` in production, a fake in tests).
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -27,13 +27,13 @@ pub struct Ask<'a> {
     /// Keep the body's first this many bytes and stop reading (robots.txt), instead of
     /// refusing a body over `MAX_BODY_BYTES`.
     pub keep_first: Option<u64>,
-    /// Ask only if the page changed since the response these validators came from
-    /// (`If-None-Match`, `If-Modified-Since`): a `304 Not Modified` is then a page.
+    /// Ask only for a page changed since the response these validators came from
+    /// (`If-None-Match`, `If-Modified-Since`). A `304 Not Modified` then counts as a page.
     pub if_changed: Option<&'a Validators>,
     /// How answers are checked for block and challenge pages (the job's choice).
     pub detection: &'a Detection,
-    /// The most bytes on the wire the fetch may take through a proxy (a paid fetch's hold):
-    /// the proxy's relay cuts the connection there, and the fetch fails as a page too large.
+    /// The most bytes on the wire the fetch may use through a proxy (a paid fetch's hold).
+    /// The proxy's relay cuts the connection there, and the fetch fails as a page too large.
     pub wire_most: Option<u64>,
 }
 
@@ -57,8 +57,8 @@ impl Ask<'_> {
 pub struct Fetched {
     pub page: Result<Page, FetchError>,
     pub spend: Spend,
-    /// The tiers asked were blocked (or there were none but the paid one) and the paid tier
-    /// was held back: it alone may still get the page.
+    /// The tiers asked were blocked (or the paid tier is the only one), and the paid tier
+    /// was held back. Only the paid tier may still get the page.
     pub wants_paid_tier: bool,
 }
 
@@ -78,16 +78,16 @@ pub trait Fetcher: Send + Sync {
     /// Fetches `url` as `ask` allows.
     fn fetch(&self, url: &str, ask: Ask<'_>) -> impl Future<Output = Fetched> + Send;
 
-    /// Why `url` is refused before anything is sent or resolved (its length, its syntax,
-    /// scheme, credentials, port, a literal address), if it is: checked before the host's
-    /// turn is taken.
+    /// Why `url` is refused before anything is sent or resolved (its length, syntax,
+    /// scheme, credentials, port, or a literal address), if it is. This is checked before
+    /// the host's turn is taken.
     fn refuses(&self, _url: &str) -> Option<FetchError> {
         None
     }
 
-    /// The address `url`'s host resolves to, for politeness keyed by address: the lowest
-    /// of the name's addresses (the key does not move with a DNS rotation), if every one
-    /// may be reached; `None` if it cannot be told.
+    /// The address `url`'s host resolves to, for politeness keyed by address. It is the
+    /// lowest of the name's addresses, so the key does not change when DNS rotates them. It
+    /// is given only if every one of them may be reached; `None` if it cannot be told.
     fn address_of(&self, _url: &Url) -> impl Future<Output = Option<IpAddr>> + Send {
         async { None }
     }

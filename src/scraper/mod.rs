@@ -1,6 +1,7 @@
-//! The scraper: fetches a task's URL with bounded time, size and redirects, only from the
-//! public internet, and says whether a failure is worth another delivery. Here: the HTTP
-//! fetcher; what a fetch is asked and brings is in `fetcher`.
+//! The scraper. It fetches a task's URL with limits on time, size and redirects, and only
+//! from the public internet. It also says whether a failure is worth another delivery. This
+//! file holds the HTTP fetcher. What a fetch is asked for and what it returns are in
+//! `fetcher`.
 
 mod answers;
 mod body;
@@ -35,11 +36,12 @@ use error::refusal_block;
 pub use error::{FetchError, Retry, health_sign};
 pub use fetcher::{Ask, Fetched, Fetcher};
 
-/// The most bytes on the wire one paid fetch may take, as its proxy bills them (the hold it
-/// takes of its run's budget, and where its relay cuts it): its page (`max_body_bytes`, as
-/// sent uncompressed), the bodies of its redirect hops and of a refusal, each read up to a
-/// limit before the connection is let go, a 64th more for framing (TLS records, chunks),
-/// and each hop's heads, `CONNECT` and TLS handshake.
+/// The most bytes on the wire one paid fetch may use, as its proxy bills them. This is the
+/// hold it takes from its run's budget, and where its relay cuts it off. It covers the page
+/// (`max_body_bytes`, as sent uncompressed), and the bodies of its redirect hops and of a
+/// refusal, each read up to a limit before the connection is dropped. On top of that come
+/// a 64th for framing (TLS records, chunks) and each hop's headers, `CONNECT` and TLS
+/// handshake.
 pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
     let hops = max_redirects as u64 + 1;
     let bodies = max_body_bytes.saturating_add(egress::DRAIN_BYTES as u64 * hops);
@@ -62,10 +64,12 @@ pub struct FetchSettings {
     /// Proxy tiers (none: fetches go direct) and how long a host keeps its proxy.
     pub proxies: Tiers,
     pub proxy_session: Duration,
-    /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`): a target
-    /// name that does not resolve here is left to them instead of not fetched (and retried).
+    /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`). A target
+    /// name that does not resolve here is then left to them, instead of not being fetched
+    /// (and retried).
     pub proxy_refuses_private: bool,
-    /// Roots trusted besides Mozilla's (DER): none as deployed; a test's own CA.
+    /// Root certificates (DER) trusted in addition to Mozilla's. None when deployed; tests
+    /// add their own CA.
     pub extra_roots: Vec<Vec<u8>>,
 }
 
@@ -78,8 +82,8 @@ pub struct HttpFetcher {
     client: Arc<OnceLock<Result<reqwest::Client, String>>>,
     build: Arc<dyn Fn() -> Result<reqwest::Client, reqwest::Error> + Send + Sync>,
     routes: Option<Arc<Routes>>,
-    /// The connections that have answered, of every client: which ones a request was sent
-    /// again on.
+    /// The connections that have answered a request, across all clients. A request closed
+    /// unanswered on one of them may be sent again.
     answered: Arc<reuse::Answered>,
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
@@ -150,9 +154,9 @@ impl HttpFetcher {
         Ok(self)
     }
 
-    /// Reads the (decoded) body, refusing it as soon as it passes the cap: never more than
-    /// the cap is held for one record. With `keep_first`, the body's first bytes are kept
-    /// instead and the rest left unread.
+    /// Reads the decoded body and refuses it as soon as it passes the cap, so no record ever
+    /// holds more than the cap. With `keep_first`, only the body's first bytes are kept and
+    /// the rest is left unread.
     async fn read_body(
         &self,
         mut response: reqwest::Response,
@@ -170,7 +174,8 @@ impl HttpFetcher {
         if declared > self.max_body_bytes && keep_first.is_none() {
             return Err(too_big());
         }
-        // The declared length is only a hint (and absent when decoding); the cap is the limit.
+        // The declared length is only a hint, and is absent when decoding. The cap is the
+        // real limit.
         let cap = keep_first.unwrap_or(self.max_body_bytes);
         let mut body = CappedBody::new(declared, cap);
         while let Some(chunk) = response
@@ -190,8 +195,8 @@ impl HttpFetcher {
         Ok(body.into_bytes())
     }
 
-    /// The page a response holds, or why it holds none (its status, a block page); the
-    /// body bytes read are added to `received`.
+    /// The page in a response, or why there is none (its status, a block page). The body
+    /// bytes read are added to `received`.
     async fn page_of(
         &self,
         response: reqwest::Response,
@@ -205,8 +210,8 @@ impl HttpFetcher {
             None => ask.detection,
         };
         if let Some(refusal) = refusal_of(&response, ask.if_changed.is_some()) {
-            // Boxed: a refusal is the rare way, and its body read would grow every fetch's
-            // future by its size.
+            // Boxed: refusals are rare, and reading their body inline would make every
+            // fetch's future larger.
             let refused = Box::pin(self.refused(response, refusal, detection, received));
             return Err(refused.await);
         }
@@ -237,8 +242,9 @@ impl HttpFetcher {
         })
     }
 
-    /// Why a direct answer holds no page: the block it shows, else its status. A status
-    /// bot managers answer with has the start of its body read for signatures.
+    /// Why a direct response has no page: the block it shows, or else its status. For a
+    /// status that bot managers answer with, the start of the body is read to look for
+    /// their signatures.
     async fn refused(
         &self,
         response: reqwest::Response,
@@ -249,7 +255,7 @@ impl HttpFetcher {
         let status = response.status().as_u16();
         let by_headers = detection.by_headers(|name| header_text(response.headers(), name));
         let content_type = header_text(response.headers(), "content-type").map(str::to_owned);
-        // A 404's body is not read, nor one whose headers already told.
+        // The body is not read for a 404, nor when the headers already showed a block.
         let read = by_headers.is_none() && !detection.is_off() && BLOCK_STATUSES.contains(&status);
         let start = match read {
             true => (self.read_body(response, status, (received, Some(BODY_WINDOW as u64))))
@@ -294,8 +300,8 @@ impl HttpFetcher {
         routes.fetch(self, parsed, ask).await
     }
 
-    /// The checks that need no network: length, syntax, then scheme, credentials, port and
-    /// a literal address by the address policy.
+    /// The checks that need no network: length and syntax, then the address policy's checks
+    /// of scheme, credentials, port and a literal address.
     fn checked(&self, url: &str) -> Result<Url, FetchError> {
         if url.len() > MAX_URL_BYTES {
             let reason = format!("url is longer than {MAX_URL_BYTES} bytes");
@@ -315,11 +321,11 @@ fn header_text<'h>(headers: &'h reqwest::header::HeaderMap, name: &str) -> Optio
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
-/// Why a response holds no page (its status), if it holds none.
+/// Why a response has no page (its status), if it has none.
 fn refusal(response: &reqwest::Response) -> Option<FetchError> {
     let status = response.status();
     let retry = classify_status(status)?;
-    // A redirect still standing here is one not followed (not http(s), no Location).
+    // A redirect that gets here was not followed (not http(s), or no Location).
     let unfollowed = if status.is_redirection() {
         " (redirect not followed)"
     } else {
@@ -332,8 +338,8 @@ fn refusal(response: &reqwest::Response) -> Option<FetchError> {
     })
 }
 
-/// Why a response holds no page, unless it is a `304 Not Modified` to a conditional request:
-/// that one confirms the earlier result.
+/// Why a response has no page, unless it is a `304 Not Modified` to a conditional request,
+/// which confirms the earlier result.
 fn refusal_of(response: &reqwest::Response, conditional: bool) -> Option<FetchError> {
     let not_modified = conditional && response.status().as_u16() == NOT_MODIFIED;
     refusal(response).filter(|_| !not_modified)
@@ -352,9 +358,9 @@ fn redirects(hops: Arc<AddressPolicy>, most: usize) -> redirect::Policy {
     })
 }
 
-/// What every client shares: Mozilla's roots, compiled in (no reading and parsing of the
-/// system's certificate store at every cold start, 10+ ms, and the same trust on every
-/// host), the user agent, the connect timeout.
+/// What every client shares: the user agent, the connect timeout, and Mozilla's root
+/// certificates, compiled in. With compiled-in roots, the system's certificate store is not
+/// read and parsed at every cold start, and every host gets the same trust.
 fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
     let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
         .iter()
@@ -382,7 +388,7 @@ impl Fetcher for HttpFetcher {
         if !page.not_modified() || sent.confirmed_by(&page.validators) {
             return first;
         }
-        // A 304 for some other representation (RFC 9111 4.3.4): the page, in full.
+        // A 304 for some other representation (RFC 9111 4.3.4): fetch the page in full.
         let answered = &page.validators;
         tracing::info!(
             ?answered,

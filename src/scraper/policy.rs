@@ -13,8 +13,8 @@ use url::{Host, Url};
 
 use super::FetchError;
 
-/// Why a request is refused before any byte is sent: for good ([`Refused::failure`]), but for
-/// a name that could not be checked here.
+/// Why a request is refused before any byte is sent. The refusal is for good
+/// ([`Refused::failure`]), except for a name that could not be checked here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     #[error("scheme {0:?} is not http or https")]
@@ -43,9 +43,9 @@ pub enum Refused {
 }
 
 impl Refused {
-    /// The fetch's failure: permanent, but for a name that could not be checked here (it did
-    /// not resolve here, or not in time), which is this side's DNS failure and no verdict of
-    /// the site's: transient, as a DNS failure is on a direct fetch.
+    /// The fetch's failure: permanent, except for a name that could not be checked here (it
+    /// did not resolve here, or not in time). That is a DNS failure on our side, not the
+    /// site's verdict, so it is transient, as a DNS failure is on a direct fetch.
     pub fn failure(&self) -> FetchError {
         match self {
             Refused::Unchecked(_) => FetchError::transient(self.to_string()),
@@ -122,9 +122,9 @@ impl AddressPolicy {
     }
 }
 
-/// Globally routable, by the IANA special-purpose registries (http-acl's check, which also
-/// refuses IPv6 forms that embed IPv4: mapped, compatible, NAT64, 6to4, Teredo), and not
-/// multicast.
+/// Whether an address is globally routable by the IANA special-purpose registries, and not
+/// multicast. The check is http-acl's, which also refuses IPv6 forms that embed IPv4
+/// (mapped, compatible, NAT64, 6to4, Teredo).
 fn is_public(acl: &HttpAcl, ip: IpAddr) -> bool {
     acl.is_ip_allowed(&ip).is_allowed() && !ip.is_multicast()
 }

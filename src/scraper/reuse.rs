@@ -1,6 +1,7 @@
-//! Which connections have answered a request: a request closed unanswered on one of them
-//! met the idle-connection race (the peer closed it as the pool reused it), and may be sent
-//! again; on a fresh connection the peer read it and chose not to answer.
+//! Which connections have answered a request. A request closed without an answer on one of
+//! them met the idle-connection race: the peer closed the connection just as the pool
+//! reused it. Such a request may be sent again. On a fresh connection, the peer read the
+//! request and chose not to answer.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

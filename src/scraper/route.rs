@@ -1,6 +1,7 @@
-//! One proxy of a tier and its client, built at its first use: the client's proxy is the
-//! proxy's relay (`wire`), which counts the bytes on the wire; the proxy's name resolves to
-//! the relay, and no other name resolves at all (the target's goes to the proxy).
+//! One proxy of a tier and its client, built at first use. The client reaches the proxy
+//! through the proxy's relay (`wire`), which counts the bytes on the wire. The proxy's name
+//! resolves to the relay. No other name resolves at all; the target's name goes to the
+//! proxy.
 
 use std::sync::{Arc, OnceLock};
 
@@ -12,8 +13,8 @@ use super::wire::{self, Relay};
 use super::{FetchError, FetchSettings, Lookup, Refused, client_builder};
 use crate::domain::proxy::{Credentials, ProxyAddr};
 
-/// A proxy and its client, built at its first use (a sandbox uses the proxies its hosts
-/// stick to, not all of them; each client costs a TLS configuration and a relay).
+/// A proxy and its client, built at first use. A sandbox uses only the proxies its hosts
+/// stick to, not all of them, and each client costs a TLS configuration and a relay.
 pub(super) struct Route {
     pub(super) addr: ProxyAddr,
     credentials: Option<Credentials>,
@@ -50,10 +51,10 @@ impl Route {
             .map_err(|e| FetchError::ours(format!("proxy {label}: no client: {e}")))
     }
 
-    /// A client whose proxy is this one's relay: the proxy's name (kept for TLS to an https
-    /// proxy) resolves to the relay on loopback, at the relay's port; an address is the
-    /// relay's. An https proxy named by its address is asked directly (TLS checks that
-    /// address): its wire bytes are not counted.
+    /// A client that reaches this proxy through its relay. The proxy's name (kept for TLS to
+    /// an https proxy) resolves to the relay on loopback, at the relay's port. A proxy given
+    /// by address gets the relay's address instead. An https proxy given by its address is
+    /// reached directly, since TLS checks that address, so its wire bytes are not counted.
     fn build(
         &self,
         settings: &FetchSettings,
@@ -106,7 +107,7 @@ impl Route {
             lookup: lookup.clone(),
         };
         client_builder(settings)
-            // Followed here, hop by hop, each hop checked as the first was.
+            // Redirects are followed here, hop by hop, each hop checked like the first.
             .redirect(redirect::Policy::none())
             .dns_resolver(Arc::new(resolver))
             .proxy(proxy)
@@ -114,8 +115,8 @@ impl Route {
     }
 }
 
-/// A proxy's client resolves the proxy's own name (to its relay) and nothing else: the
-/// target's name goes to the proxy (checked before, [`Routes::check_target`]).
+/// A proxy's client resolves only the proxy's own name (to its relay). The target's name
+/// goes to the proxy, after [`Routes::check_target`] has checked it.
 struct ProxyResolver {
     name: Option<String>,
     lookup: Arc<dyn Lookup>,

@@ -1,9 +1,10 @@
-//! Wire bytes as a proxy provider bills them: a relay on loopback in front of each proxy
-//! counts every byte each way on each connection the client opens to it (request and
-//! response heads, bodies as sent, compressed or not, CONNECT and TLS), and a fetch claims
-//! its connection's count after each hop; a fetch may set the most a connection carries
-//! for it, and the relay cuts the connection there. reqwest does not let a layer wrap its
-//! connections, so the count sits between it and the proxy instead, on the socket.
+//! Counting wire bytes the way a proxy provider bills them. A relay on loopback sits in
+//! front of each proxy. It counts every byte in each direction on each connection the client
+//! opens to it: request and response headers, bodies as sent (compressed or not), CONNECT
+//! and TLS. A fetch claims its connection's count after each hop. A fetch may also set a
+//! limit on what a connection carries for it, and the relay cuts the connection there.
+//! reqwest does not let a layer wrap its connections, so the counting happens between
+//! reqwest and the proxy, on the socket.
 
 use std::collections::HashMap;
 use std::io;
@@ -18,9 +19,10 @@ use tokio::sync::Notify;
 
 use super::Lookup;
 
-/// The header of the relay's answer to a client whose proxy it could not reach (an HTTP
-/// request or a CONNECT both read it): a 502 whose header holds the relay's own token, so
-/// that neither the proxy's own 502 nor anything a site sends can pass for it.
+/// The header of the relay's response when it could not reach the client's proxy. Both an
+/// HTTP request and a CONNECT can read it. The response is a 502 whose header holds the
+/// relay's own token, so neither the proxy's own 502 nor anything a site sends can pass for
+/// it.
 const UNREACHABLE: &str = "x-conveyor-relay";
 
 /// How long the relay tries to reach its proxy.
@@ -31,15 +33,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) struct Relay {
     addr: SocketAddr,
     open: Open,
-    /// What this relay's answer of an unreachable proxy carries: random, never sent on.
+    /// The random token in this relay's response for an unreachable proxy. It is never
+    /// forwarded.
     token: String,
 }
 
 /// The relay's connections, by the client's port.
 type Open = Arc<Mutex<HashMap<u16, Arc<Conn>>>>;
 
-/// One connection through the relay: its bytes since they were last claimed, and the most
-/// it may carry until then, past which the relay cuts it.
+/// One connection through the relay: its bytes since they were last claimed, and the limit
+/// on what it may carry until the next claim. Past the limit, the relay cuts it.
 #[derive(Debug)]
 pub(super) struct Conn {
     count: AtomicU64,
@@ -58,7 +61,7 @@ impl Conn {
         }
     }
 
-    /// Counts `bytes`; false once the connection reached its most (it is cut).
+    /// Counts `bytes`. Returns false once the connection reached its limit (it is cut).
     fn carries(&self, bytes: u64) -> bool {
         let count = self.count.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if count < self.most.load(Ordering::Relaxed) {
@@ -99,8 +102,9 @@ impl Relay {
         Ok(Self { addr, open, token })
     }
 
-    /// Whether `response` is this relay's own answer that it could not reach its proxy: only
-    /// the relay knows its token (a site's or a proxy's header of that name is theirs).
+    /// Whether `response` is this relay's own response saying it could not reach its proxy.
+    /// Only the relay knows its token, so a header of that name from a site or a proxy does
+    /// not match.
     pub(super) fn unreachable(&self, response: &reqwest::Response) -> bool {
         response
             .headers()
@@ -113,8 +117,8 @@ impl Relay {
         self.addr.port()
     }
 
-    /// The count of `response`'s connection: [`claim`] it once the hop's body is read
-    /// (before the connection can serve another request); it outlives the connection.
+    /// The byte count of `response`'s connection. [`claim`] it once the hop's body is read,
+    /// before the connection can serve another request. The count outlives the connection.
     pub(super) fn count_of(&self, response: &reqwest::Response) -> Option<Arc<Conn>> {
         let info = response
             .extensions()
@@ -124,9 +128,9 @@ impl Relay {
     }
 }
 
-/// The bytes on a connection since they were last claimed: a hop's request and answer, and
-/// the connection's set-up (CONNECT, TLS) if the hop was its first. Its most is lifted: its
-/// next request may be another fetch's.
+/// The bytes on a connection since they were last claimed: a hop's request and response,
+/// plus the connection's setup (CONNECT, TLS) if the hop was its first. The limit is lifted,
+/// since the next request on the connection may belong to another fetch.
 pub(super) fn claim(conn: Option<Arc<Conn>>) -> u64 {
     conn.map_or(0, |conn| {
         conn.most.store(u64::MAX, Ordering::Relaxed);
@@ -134,8 +138,8 @@ pub(super) fn claim(conn: Option<Arc<Conn>>) -> u64 {
     })
 }
 
-/// Cuts the connection once it carried `most` bytes since its last claim (at once if it
-/// has): what a fetch may still spend on it.
+/// Cuts the connection once it has carried `most` bytes since its last claim (at once, if
+/// it already has). `most` is what a fetch may still spend on it.
 pub(super) fn limit(conn: Option<&Arc<Conn>>, most: u64) {
     if let Some(conn) = conn {
         conn.most.store(most, Ordering::Relaxed);
@@ -145,7 +149,7 @@ pub(super) fn limit(conn: Option<&Arc<Conn>>, most: u64) {
     }
 }
 
-/// Whether the relay cut the connection at its most.
+/// Whether the relay cut the connection at its limit.
 pub(super) fn was_cut(conn: Option<&Arc<Conn>>) -> bool {
     conn.is_some_and(|conn| conn.cut.load(Ordering::Relaxed))
 }
@@ -180,10 +184,11 @@ async fn accept(listener: TcpListener, upstream: Upstream, open: Open, unreachab
     }
 }
 
-/// One connection: relayed to the proxy both ways, every byte counted, until either side
-/// closes or it carried its most (then both sides are closed at once); a proxy out of
-/// reach is answered `unreachable`, once the client's request is in (an answer before it
-/// is no answer to the client's HTTP, but a connection that spoke out of turn).
+/// Relays one connection to the proxy in both directions, counting every byte. It runs
+/// until either side closes, or until the connection reaches its limit; then both sides are
+/// closed at once. If the proxy is out of reach, the client gets `unreachable`, but only
+/// once its request is in. A response sent before the request is not an answer to the
+/// client's HTTP, but a connection that spoke out of turn.
 async fn relay(mut client: TcpStream, upstream: &Upstream, conn: &Conn, unreachable: &[u8]) {
     let proxy = match tokio::time::timeout(CONNECT_TIMEOUT, connect(upstream)).await {
         Ok(Ok(proxy)) => proxy,
@@ -212,7 +217,8 @@ async fn relay(mut client: TcpStream, upstream: &Upstream, conn: &Conn, unreacha
     }
 }
 
-/// Reads the client's request head (to its blank line, at most 64 KiB), then drops it.
+/// Reads the client's request headers (up to the blank line, at most 64 KiB), then drops
+/// them.
 async fn request_head(client: &mut TcpStream) {
     let (mut head, mut chunk) = (Vec::new(), [0u8; 4096]);
     while head.len() < 64 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -235,9 +241,9 @@ async fn connect(upstream: &Upstream) -> io::Result<TcpStream> {
     TcpStream::connect(addrs.as_slice()).await
 }
 
-/// Copies one way, counting, until the reader ends, either side fails or the connection
-/// reaches its most (what crossed it then is counted, not passed on); then ends the
-/// writer's side so the other end sees the close.
+/// Copies bytes one way and counts them, until the reader ends, either side fails, or the
+/// connection reaches its limit. The read that crosses the limit is counted but not passed
+/// on. Then it shuts down the writer's side so the other end sees the close.
 async fn pump<R, W>(from: &mut R, to: &mut W, conn: &Conn)
 where
     R: AsyncRead + Unpin,

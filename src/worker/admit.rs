@@ -1,6 +1,6 @@
-//! Stage 3, admit: the host's turn for the fetch (its limits are shared by the fleet, and
-//! robots.txt), then the claim that makes the try this delivery's. A URL our own rules or
-//! robots.txt refuse is admitted too: it fails without a request.
+//! Stage 3, admit: the fetch gets its host's turn (the host's limits are shared by the
+//! fleet, and robots.txt applies). Then the claim makes this try the delivery's own. A URL
+//! that our own rules or robots.txt refuse is admitted too, and fails without a request.
 
 use crate::batch::Invocation;
 use crate::contract::Outcome;
@@ -20,7 +20,7 @@ use super::parents::Wanted;
 use super::parse::Delivery;
 use super::{Step, Worker};
 
-/// Why a task whose tries are spent is held back rather than parked for its host.
+/// Why a task whose tries are used up is held back instead of parked for its host.
 pub const TRIES_SPENT: &str =
     "its tries are spent on failures of ours: held back, toward the dead-letter queue";
 
@@ -33,8 +33,8 @@ pub(super) struct Admitted {
     pub prior: Option<Prior>,
     pub wanted: Wanted,
     pub pass: Pass,
-    /// A transient failure of this try is final: the message's receives or the task's
-    /// claims reached `MAX_ATTEMPTS`.
+    /// A transient failure of this try is final, because the message's receives or the
+    /// task's claims reached `MAX_ATTEMPTS`.
     pub final_attempt: bool,
 }
 
@@ -61,9 +61,9 @@ impl Pass {
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// The host's turn, then the claim (a booked copy made its claim as its guard, and gives
-    /// its attempt back if the turn is not given). The permit is given back at once if the
-    /// claim lets nothing through.
+    /// Takes the host's turn, then claims the task. A booked copy already made its claim as
+    /// its guard, and gives its attempt back if it does not get the turn. If the claim does
+    /// not go through, the permit is given back at once.
     pub(super) async fn admit(
         &self,
         delivery: &Delivery,
@@ -88,8 +88,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 }
             },
         };
-        // Every fetch follows a claim: the task's claims count its attempts across copies and
-        // waits; this message's own receives bound it too, before the dead-letter queue.
+        // Every fetch follows a claim. The task's claims count its attempts across copies
+        // and waits. This message's own receives also limit it, before the dead-letter queue.
         let max_attempts = self.settings.max_attempts;
         let final_attempt =
             delivery.counted_receives >= max_attempts || claim.attempts >= max_attempts;
@@ -104,7 +104,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// The host's turn for this delivery, or the outcome of waiting for it. The checks that
-    /// need no network come first: a URL our rules refuse touches neither the host's item
+    /// need no network come first, so a URL our rules refuse touches neither the host's item
     /// nor robots.txt.
     async fn enter_host(
         &self,
@@ -146,7 +146,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// `ended`, once the permit of a delivery that did not fetch is given back.
+    /// Gives back the permit of a delivery that did not fetch, then returns `ended`.
     pub(super) async fn without_permit(
         &self,
         permit: Option<Permit>,

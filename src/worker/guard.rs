@@ -34,8 +34,8 @@ pub(super) struct Guarded {
     /// The set of tries the claim counts in (a fresh one for a message back from the
     /// dead-letter queue).
     pub tries: TriesFrom,
-    /// The task's final attempt failed for a reason of ours, not the site's: the task is
-    /// no longer parked for its host but held back, so its receives take it to the
+    /// The task's final attempt failed for a reason on our side, not the site's. So the
+    /// task is no longer parked for its host but held back, and its receives move it to the
     /// dead-letter queue.
     pub spent: bool,
     /// The claim of a booked copy, made as its guard.
@@ -50,7 +50,8 @@ pub struct Claimed {
     /// The task's claims so far, this one included: every fetch follows one, whatever
     /// copies and waits came between.
     pub attempts: u32,
-    /// The task's final attempt had failed for a reason of ours (`TaskStore::spend_tries`).
+    /// The task's final attempt had failed for a reason on our side
+    /// (`TaskStore::spend_tries`).
     pub spent: bool,
     /// The task's URL and earlier result, as the claim found them.
     pub url: Option<String>,
@@ -62,8 +63,8 @@ pub struct Claimed {
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// Lets the delivery through, or ends it: no time left, a copy come early for its
-    /// booked start, the task gone, terminal or not wanted.
+    /// Lets the delivery through, or ends it: no time left, a parked copy that arrived
+    /// before its booked start, or the task gone, terminal or not wanted.
     pub(super) async fn guard(
         &self,
         delivery: &Delivery,
@@ -104,10 +105,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         })
     }
 
-    /// A booked copy: one come early (a wait past SQS's longest delay goes in hops) waits
-    /// on, at no request; one come at its start is claimed as its guard (a terminal or
-    /// missing task refuses the claim, and the claim answers the task's URL); one that
-    /// missed its start asks its host again like a fresh delivery.
+    /// A booked copy. One that arrived early keeps waiting, without a request; a wait
+    /// longer than SQS's maximum delay is split into several hops. One that arrived at its
+    /// start is claimed as its guard: a terminal or missing task refuses the claim, and the
+    /// claim returns the task's URL. One that missed its start asks its host again like a
+    /// fresh delivery.
     async fn guard_booked(
         &self,
         delivery: &Delivery,
@@ -162,8 +164,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 }
 
-/// The delivery in the task's set of tries: a fresh set for a message sent long after the
-/// set began (back from the dead-letter queue, a re-queue).
+/// Places the delivery in the task's set of tries. A message sent long after the set began
+/// (back from the dead-letter queue, or re-queued) starts a fresh set.
 fn in_tries(message: TriesFrom, task: Tries) -> TriesFrom {
     let fresh = task.fresh_for(message.since, REDRIVE_GAP_MS);
     if fresh {
@@ -180,10 +182,10 @@ pub struct ClaimAsk<'a> {
     pub tries: TriesFrom,
 }
 
-/// Claims the task (tried again while a transaction on the task is in flight). A claim that
-/// finds the task's tries begun before this delivery's line (by more than
-/// [`REDRIVE_GAP_MS`]: a copy of a redriven message, which waited before its first claim)
-/// is made again as the first of a fresh set.
+/// Claims the task, retrying while another transaction on the task is in flight. The claim
+/// may find that the task's tries began more than [`REDRIVE_GAP_MS`] before the tries of
+/// this delivery's chain of copies. That is a copy of a redriven message, which waited
+/// before its first claim. The claim is then made again, as the first of a fresh set.
 #[tracing::instrument(name = "claim", skip_all)]
 pub async fn claim_task<S: TaskStore>(
     store: &S,

@@ -1,16 +1,18 @@
 //! One record, start to end, in six stages, a file each, run in this order by
 //! [`Worker::process`]:
 //!
-//! 1. `parse`: the SQS record becomes a delivery of one task (a poison body goes to the
-//!    quarantine);
-//! 2. `guard`: one read says whether the task still wants work (`parents` keeps its job's
-//!    and run's yes);
-//! 3. `admit`: the host's turn for the fetch, then the claim;
-//! 4. `fetch`: a stored page adopted, or the host's start slept and the page fetched
-//!    (`fetch/paid`: the paid proxy tier);
-//! 5. `converge`: the page stored, then the one terminal write (`converge/stores`);
-//! 6. `park`: a record not done here is sent again as a copy or held back, and its outcome
-//!    goes to the batch's reply.
+//! 1. `parse`: the SQS record becomes a delivery of one task. A poison body goes to
+//!    quarantine.
+//! 2. `guard`: one read says whether the task still wants work (`parents` caches the
+//!    job's and run's "yes").
+//! 3. `admit`: the politeness gate gives the fetch its host's turn, then the task is
+//!    claimed.
+//! 4. `fetch`: a page already stored is adopted, or the record sleeps until the host's
+//!    start and fetches the page (`fetch/paid`: the paid proxy tier).
+//! 5. `converge`: the page is stored, then the single terminal write is made
+//!    (`converge/stores`).
+//! 6. `park`: a record not finished here is sent again as a copy or held back, and its
+//!    outcome goes into the batch's reply.
 //!
 //! Each stage hands the next a value of its own type (`Delivery`, `Guarded`, `Admitted`,
 //! `Scraped`), or ends the delivery with its [`Outcome`].
@@ -57,7 +59,7 @@ pub struct RecordSettings {
     pub quarantine_prefix: String,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
-    /// Kept free before the cutoff for storing a fetched page.
+    /// Time kept free before the cutoff for storing a fetched page.
     pub store_reserve: Duration,
     /// How a write that meets a concurrent one is tried again.
     pub conflict_retries: RetryPolicy,
@@ -69,8 +71,9 @@ pub struct RecordSettings {
     pub politeness: Politeness,
     /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
     pub proxy_tiers: usize,
-    /// The most bytes on the wire one paid fetch may take ([`crate::scraper::most_spent`]):
-    /// what it holds of its run's budget while it runs, and where its relay cuts it.
+    /// The most bytes on the wire one paid fetch may use ([`crate::scraper::most_spent`]).
+    /// It is what the fetch holds of its run's budget while it runs, and where its relay
+    /// cuts it off.
     pub paid_fetch_cap: u64,
     /// How long this sandbox's lease on its paid-tier reservations lasts
     /// ([`crate::paid::LEASE`]).
@@ -90,7 +93,7 @@ pub struct Worker<T, R, F, V> {
     pub gate: Gate,
     /// This sandbox's shares of runs' paid-tier budgets.
     pub paid: PaidAllowances,
-    /// This sandbox's records at once under AWS push-back (AIMD).
+    /// How many records this sandbox runs at once while AWS pushes back (AIMD).
     pub pressure: Pressure,
 }
 
@@ -134,9 +137,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         Ok(self.converge(delivery, scraped, invocation).await)
     }
 
-    /// How conflicting writes are tried again. On the final attempt a conflict that
-    /// persists would send the message to the dead-letter queue with the task unfinished: it
-    /// is tried again until the cutoff.
+    /// How conflicting writes are retried. On the final attempt, a conflict that persists
+    /// would send the message to the dead-letter queue with the task unfinished. So on the
+    /// final attempt the write is retried until the cutoff.
     fn patience<'i>(&self, final_attempt: bool, invocation: &'i Invocation) -> Patience<'i> {
         let mut policy = self.settings.conflict_retries;
         if final_attempt {
@@ -146,7 +149,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// Time for a fetch: the smaller of `SCRAPE_TIMEOUT_MS` and what is left before the
-    /// cutoff once `STORE_RESERVE_MS` is kept for storing the page; `None` when that is
+    /// cutoff after keeping `STORE_RESERVE_MS` for storing the page. `None` when that is
     /// under [`MIN_FETCH`] (the page would be fetched again on redelivery).
     fn fetch_time(&self, invocation: &Invocation) -> Option<Duration> {
         let left = invocation.cutoff.saturating_duration_since(Instant::now());
@@ -155,8 +158,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 }
 
-/// What a stage gives: the delivery at its next stage, or the outcome it ended with (a
-/// store error ends it as [`Outcome::Store`]).
+/// What a stage returns: the delivery for its next stage, or the outcome it ended with. A
+/// store error ends it as [`Outcome::Store`].
 type Step<T> = Result<T, Outcome>;
 
 /// The worker as the batch runs it: each record to its outcome, the sandbox's pressure, and

@@ -1,5 +1,6 @@
-//! Whether a task's job and run still want work, read once per run per few seconds by each
-//! sandbox: the job active, the run running, and what they say of the run's tasks.
+//! Whether a task's job and run still want work: the job is active and the run is running.
+//! Each sandbox reads this once per run every few seconds, along with what the job and run
+//! say about the run's tasks.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,26 +27,28 @@ pub struct Wanted {
     pub paid_budget: Option<u64>,
 }
 
-/// The yes of the parents read (job active, run running, how it counts), kept for a short
-/// time per sandbox: at fleet speed every task of a run would read the job's one partition
-/// (about 3,000 consistent reads a second at most). Only yes is kept: a run read as missing
-/// or not wanted is read again, so a new run is never read as missing; a cancelled run is
-/// seen at most `ttl` late (its tasks of those seconds are still counted, not completed).
+/// A "yes" from the parents read (job active, run running, how the run counts), cached for
+/// a short time in each sandbox. Without it, at fleet speed every task of a run would read
+/// the job's single partition, which serves about 3,000 consistent reads a second at most.
+/// Only a "yes" is cached. A run read as missing or not wanted is read again next time, so
+/// a new run is never seen as missing. A cancelled run is seen at most `ttl` late; its
+/// tasks in those seconds are still counted, not completed.
 #[derive(Debug)]
 pub struct ParentsCache {
     ttl: Duration,
     runs: Mutex<HashMap<(Id, Id), Arc<Kept>>>,
 }
 
-/// A run's kept yes: when it was read, and how the run counts. The lock is held across the
-/// read, so the tasks of a run that arrive together make one read, not one each.
+/// A run's cached "yes": when it was read, and how the run counts. The lock is held across
+/// the read, so the tasks of a run that arrive together make one read, not one each.
 type Kept = tokio::sync::Mutex<Option<(Instant, Wanted)>>;
 
-/// Runs kept at once; past it, the expired go (and all, if none has).
+/// The most runs cached at once. Past this, expired entries are dropped, or all entries if
+/// none has expired.
 const MOST_RUNS: usize = 1024;
 
 impl ParentsCache {
-    /// A cache keeping a yes for `ttl` (zero: no cache).
+    /// A cache that keeps a "yes" for `ttl`. Zero means no cache.
     pub fn new(ttl: Duration) -> Self {
         Self {
             ttl,
@@ -53,8 +56,8 @@ impl ParentsCache {
         }
     }
 
-    /// Whether the task's job and run want work, and how the run counts it; at most one read
-    /// per run per `ttl` (the tasks arriving meanwhile wait for it).
+    /// Whether the task's job and run want work, and how the run counts it. At most one read
+    /// per run per `ttl`; tasks that arrive during the read wait for it.
     pub async fn wanted<S: TaskStore>(
         &self,
         store: &S,

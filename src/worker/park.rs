@@ -1,6 +1,7 @@
-//! Where a record goes when it is not done here: a fresh copy for its host's turn or for
-//! a last try, a hold back through its visibility, the quarantine of a poison body, a lease
-//! or a claim's attempt given back.
+//! Where a record goes when it is not finished here. It may be sent again as a fresh copy,
+//! to wait for its host's turn or for a last try. It may be held back through its
+//! visibility timeout. A poison body goes to quarantine. A lease, or a claim's attempt, may
+//! be given back.
 
 use crate::contract::{Outcome, Reply};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
@@ -23,13 +24,13 @@ use super::Worker;
 use super::guard::Claimed;
 use super::parse::{Delivery, name_span, on_fifo, receive_count, sent_at};
 
-/// Copies a message may have after final attempts that ended for reasons of ours; past them,
-/// it meets the queue's redrive policy like any other.
+/// How many copies a message may get after final attempts that ended for reasons on our
+/// side. After that, it meets the queue's redrive policy like any other message.
 pub const MAX_COPIES: u32 = 10;
 
-/// How long copies are sent for a record AWS keeps pushing back on, from its first such
-/// copy: longer than a new table takes to double its rate (30 minutes) a few times, or a
-/// hot key to split.
+/// How long copies are sent for a record that AWS keeps pushing back on, counted from its
+/// first such copy. It is long enough for a new table to double its rate a few times (30
+/// minutes each), or for a hot key to split.
 pub const PRESSED_COPIES_FOR: Duration = Duration::from_secs(2 * 3_600);
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
@@ -37,7 +38,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 {
     /// Where the record goes after its outcome: a parked copy for its host's turn, the
     /// lease given up, a copy for a last try, the back of its FIFO group, or a hold through
-    /// its visibility timeout. The outcome, changed by what was done, goes to the reply.
+    /// its visibility timeout. The outcome, updated with what was done, goes into the reply.
     pub(super) async fn park(
         &self,
         record: &SqsMessage,
@@ -59,14 +60,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         outcome
     }
 
-    /// A record its host has no room for is sent again as a fresh copy, due after its wait
-    /// (at most SQS's 15 minutes), so waiting uses up no receive toward the dead-letter queue.
-    /// A longer wait is held through the visibility timeout instead (up to
-    /// [`MAX_POLITE_HOLD`]) on the first receive of a copy that carries its booking, so a
-    /// day-long wait costs a copy or two; later receives send a fresh copy again. Not on a
-    /// FIFO queue (a copy would lose its place), but on its receive before the last (the
-    /// copy then goes to the back of its group, due at once); nor if the copy cannot be
-    /// sent (then held back instead).
+    /// A record whose host has no room is sent again as a fresh copy, due after its wait (at
+    /// most SQS's 15 minutes). So waiting uses up no receive toward the dead-letter queue. A
+    /// longer wait is held through the visibility timeout instead (up to
+    /// [`MAX_POLITE_HOLD`]), on the first receive of a copy that carries its booking. So a
+    /// day-long wait costs only a copy or two. Later receives send a fresh copy again. No
+    /// copy is sent on a FIFO queue, where it would lose its place, except on the receive
+    /// before the last; that copy goes to the back of its group, due at once. If the copy
+    /// cannot be sent, the record is held back instead.
     async fn requeue_politely(
         &self,
         record: &SqsMessage,
@@ -99,11 +100,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// A record held behind an earlier record of its FIFO group: on the receive before its
-    /// last (the next would move it to the dead-letter queue untried), it is sent again as a
-    /// fresh copy to the back of its group instead, carrying what it carried. Else it is
-    /// visible again at once: SQS gives out none of the group while the earlier record is
-    /// held, so the group waits for that record's hold alone, not for the queue's timeout.
+    /// A record held behind an earlier record of its FIFO group. On the receive before its
+    /// last (the next would move it to the dead-letter queue untried), it is instead sent
+    /// again as a fresh copy to the back of its group, carrying what it carried. Otherwise
+    /// it becomes visible again at once. SQS delivers nothing from the group while the
+    /// earlier record is held, so the group waits only for that record's hold, not for the
+    /// queue's timeout.
     pub async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
         let now = epoch_millis(SystemTime::now()) as u64;
         let outcome = match Message::parse(record.body.as_deref(), sent_at(record)) {
@@ -120,12 +122,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         outcome
     }
 
-    /// A FIFO record to retry on the receive before its last is sent again to the back of
-    /// its group, due at once, one copy more: its message's receives (which its waits
-    /// used up) do not dead-letter a task with tries left, whose claims count them. At most
-    /// [`MAX_FIFO_MOVES`] such copies: a task whose tries go to failures of ours then
-    /// reaches the dead-letter queue within a few rounds of receives, its group not held
-    /// behind it for long.
+    /// A FIFO record to retry on the receive before its last is sent again as one more copy
+    /// to the back of its group, due at once. Then its message's receives, which its waits
+    /// used up, do not dead-letter a task that still has tries left; the task's claims count
+    /// its tries. At most [`MAX_FIFO_MOVES`] such copies are sent. So a task whose tries go
+    /// to failures on our side still reaches the dead-letter queue within a few rounds of
+    /// receives, and its group is not held behind it for long.
     async fn to_back_of_group(
         &self,
         record: &SqsMessage,
@@ -142,9 +144,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .await
     }
 
-    /// Sends `body` to the back of the record's FIFO group on the receive before its last
-    /// (the next would move it to the dead-letter queue); else, or if it cannot be sent,
-    /// `outcome` stands.
+    /// On the receive before its last (the next would move it to the dead-letter queue),
+    /// sends `body` to the back of the record's FIFO group. Otherwise, or if it cannot be
+    /// sent, `outcome` stays as it is.
     async fn move_to_back(&self, record: &SqsMessage, body: String, outcome: Outcome) -> Outcome {
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
         let (Some(queue), true) = (QueueRef::from_arn(arn), self.at_last_receive(record)) else {
@@ -171,11 +173,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         receive_count(record) + 1 >= self.settings.max_attempts
     }
 
-    /// A record the batch's cutoff stopped before it ended (or before it started: a batch
-    /// larger than its concurrency, or records the sandbox's pressure held back): on its
-    /// final receive it is sent again as a fresh copy, since it did not get its try; else
-    /// it goes back to the queue. While the sandbox is strained, its copy is one for AWS's
-    /// push-back: bounded by time and due after the pressed hold, not at once.
+    /// A record that the batch's cutoff stopped before it ended, or before it started (a
+    /// batch larger than its concurrency, or records the sandbox's pressure held back). On
+    /// its final receive it is sent again as a fresh copy, since it did not get its try.
+    /// Otherwise it goes back to the queue. While the sandbox is strained, its copy counts
+    /// as a push-back copy: limited by time, and due after the pressed hold, not at once.
     pub async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
         let Ok(message) = Message::parse(record.body.as_deref(), sent_at(record)) else {
             return Outcome::OutOfTime;
@@ -185,13 +187,14 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .await
     }
 
-    /// A final attempt that ended for a reason of ours, not the page's (too little time
-    /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy
-    /// carrying the receives spent before it: the task still gets its last try instead of
-    /// the dead-letter queue. Bounded ([`MAX_COPIES`]; for AWS's push-back, and for records
-    /// the strained sandbox did not start, by time instead: [`PRESSED_COPIES_FOR`] from its
-    /// first such copy), and not on a FIFO queue; if the copy cannot be sent, the outcome
-    /// stands (the message comes back and meets the redrive policy).
+    /// A final attempt that ended for a reason on our side, not the page's (too little time
+    /// left to fetch, a store error, the batch's cutoff), is sent again as a fresh copy. The
+    /// copy carries the receives used before it, so the task still gets its last try instead
+    /// of going to the dead-letter queue. Copies are limited to [`MAX_COPIES`]. For AWS
+    /// push-back, and for records the strained sandbox did not start, the limit is time
+    /// instead: [`PRESSED_COPIES_FOR`] from the first such copy. No copy is sent on a FIFO
+    /// queue. If the copy cannot be sent, the outcome stays as it is, and the message comes
+    /// back and meets the redrive policy.
     async fn send_again(
         &self,
         record: &SqsMessage,
@@ -238,7 +241,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// Whether `outcome` came of AWS's push-back: a store error of it, or a record the
+    /// Whether `outcome` was caused by AWS push-back: a store error from it, or a record the
     /// cutoff stopped while the sandbox's pressure was strained (held back, not tried).
     fn pressed(&self, outcome: &Outcome) -> bool {
         match outcome {
@@ -297,9 +300,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// Gives back the attempt of a claim that was not followed by a fetch (and the status it
-    /// found, so the next delivery is not taken for a redelivery). A failure is logged: the
-    /// task then counts one attempt more than it was fetched.
+    /// Gives back the attempt of a claim that no fetch followed. It also restores the status
+    /// the claim found, so the next delivery is not mistaken for a redelivery. A failure is
+    /// only logged: the task then counts one more attempt than it was fetched.
     async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
         let was = if claim.redelivery {
             TaskStatus::Processing
@@ -312,8 +315,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// `ended`, once the attempt of the delivery's claim, which no fetch followed, is given
-    /// back.
+    /// Gives back the attempt of the delivery's claim, which no fetch followed, then returns
+    /// `ended`.
     pub(super) async fn unclaimed(
         &self,
         delivery: &Delivery,
@@ -324,22 +327,22 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         ended
     }
 
-    /// The hold of a record AWS pushed back on: it grows with the receives and copies while
+    /// The hold for a record AWS pushed back on. It grows with the receives and copies while
     /// the sandbox's pressure is strained.
     fn pressed_hold(&self, receives: u32, copies: u32) -> Duration {
         let strain = self.pressure.strain();
         self.settings.backoff.pressed(receives + copies, strain)
     }
 
-    /// How long a message to retry stays invisible before it comes back, if not the
-    /// queue's own visibility timeout. `copies`: the fresh copies of it sent before.
+    /// How long a message to retry stays invisible before it comes back. `None`: the
+    /// queue's own visibility timeout. `copies`: how many fresh copies of it were sent before.
     fn hold_for(&self, outcome: &Outcome, receives: u32, copies: u32) -> Option<Duration> {
         match outcome {
             Outcome::ScrapeTransient { retry_after, .. } => {
                 Some(self.settings.backoff.delay(*retry_after, receives))
             }
-            // Back exactly when the lease ends (not capped by the backoff's maximum: coming
-            // back earlier would only find the lease again and use up a receive).
+            // Back when the lease ends. This is not capped by the backoff's maximum: coming
+            // back earlier would only find the lease again and use up a receive.
             Outcome::LeaseHeld { until } => {
                 let left = until.duration_since(SystemTime::now()).unwrap_or_default();
                 Some(left + Duration::from_secs(1))
@@ -348,11 +351,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Outcome::Store(err) if err.is_conflict() => {
                 Some(self.settings.backoff.delay(None, receives))
             }
-            // AWS pushed back (throttled, failed, timed out, unreachable): a hold that grows
-            // with the receives and copies while the sandbox's pressure is strained (short
-            // once it has eased), jittered so held records do not all return at once. The
-            // copies are bounded by time (PRESSED_COPIES_FOR), so they outlast a table's
-            // warm-up. A refusal (access, a missing table) waits out the queue's timeout.
+            // AWS pushed back (throttled, failed, timed out, unreachable). The hold grows
+            // with the receives and copies while the sandbox's pressure is strained, and is
+            // short once it has eased. It is jittered so held records do not all return at
+            // once. The copies are limited by time (PRESSED_COPIES_FOR), so they outlast a
+            // table's warm-up. A refusal (access denied, a missing table) waits out the
+            // queue's timeout.
             outcome if pushed_back(outcome) => Some(self.pressed_hold(receives, copies)),
             Outcome::NoTimeLeft => Some(Duration::ZERO),
             Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
@@ -361,14 +365,15 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 }
 
-/// How many times a FIFO record to retry is moved to the back of its group: two rounds of
-/// receives more than its message had, enough for the tries its waits used up receives of.
+/// How many times a FIFO record to retry is moved to the back of its group. This gives it
+/// two more rounds of receives than its message had: enough for the tries whose receives
+/// its waits used up.
 const MAX_FIFO_MOVES: u32 = 2;
 
-/// Whether a final attempt may be sent again once more: while AWS pushes back, within
-/// [`PRESSED_COPIES_FOR`] of its first copy for that (a pushed-back record's holds are as
-/// short as the sandbox's strain allows, so their count says little of the time); else
-/// while it has had fewer than [`MAX_COPIES`].
+/// Whether a final attempt may be sent again once more. While AWS pushes back: within
+/// [`PRESSED_COPIES_FOR`] of its first copy for that reason. A pushed-back record's holds
+/// are as short as the sandbox's strain allows, so their count says little about the time.
+/// Otherwise: while it has had fewer than [`MAX_COPIES`] copies.
 fn may_copy(carried: &Carried, pressed: bool, now: u64) -> bool {
     match (pressed, carried.pressed_since) {
         (true, Some(since)) => {
@@ -379,9 +384,10 @@ fn may_copy(carried: &Carried, pressed: bool, now: u64) -> bool {
     }
 }
 
-/// A fresh copy of `record` with `body`, due after `delay`: the producer's message group
-/// and message attributes go with it (a fair queue's tenant); on a FIFO queue, which delays
-/// no message of its own, it is due at once, named for deduplication by this receive.
+/// A fresh copy of `record` with `body`, due after `delay`. The producer's message group
+/// and message attributes go with it (the tenant, on a fair queue). A FIFO queue has no
+/// per-message delay, so there the copy is due at once, with a deduplication id taken from
+/// this receive.
 fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
     let fifo = on_fifo(record);
     MessageCopy {
@@ -393,8 +399,8 @@ fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
     }
 }
 
-/// A FIFO copy's deduplication id: the same for the same receive of a message (a retried
-/// send is one copy), another for any other.
+/// A FIFO copy's deduplication id. It is the same for the same receive of a message, so a
+/// retried send makes one copy, and different for any other receive.
 fn copy_name(record: &SqsMessage) -> String {
     let message = record.message_id.as_deref().unwrap_or_default();
     let receipt = record.receipt_handle.as_deref().unwrap_or_default();

@@ -20,7 +20,7 @@ use super::Worker;
 pub(super) struct Delivery {
     /// The task, and what earlier copies of the message carried in its body.
     pub message: Message,
-    /// The message's receives, earlier copies' included.
+    /// How many times the message was received, counting earlier copies.
     pub receives: u32,
     /// The receives that count toward the task's tries. On a FIFO queue a wait is a hold
     /// that takes a receive, so there only the task's claims count (this is 1).
@@ -28,7 +28,7 @@ pub(super) struct Delivery {
     /// How much longer the task may wait for its host (`POLITE_MAX_WAIT_MS` from its first
     /// wait).
     pub wait_left: Duration,
-    /// Names this delivery, so its spend is recorded once: at most 36 characters.
+    /// A name for this delivery (at most 36 characters), so its spend is recorded only once.
     pub id: String,
     /// Under `DUPLICATE_POLICY=lease`, the owner of the lease this delivery takes.
     pub owner: Option<String>,
@@ -71,8 +71,9 @@ impl<T, R, F, V> Worker<T, R, F, V> {
         })
     }
 
-    /// Under `DUPLICATE_POLICY=lease`, this delivery: the invocation's request id and the
-    /// message id, so two copies of a task in one batch do not share a lease either.
+    /// Under `DUPLICATE_POLICY=lease`, the lease owner for this delivery: the invocation's
+    /// request id plus the message id. So two copies of a task in one batch do not share a
+    /// lease either.
     fn lease_owner(&self, invocation: &Invocation, record: &SqsMessage) -> Option<String> {
         match self.settings.duplicate_policy {
             DuplicatePolicy::Converge => None,
@@ -102,9 +103,9 @@ pub(super) fn name_span(task: &TaskRef) {
     span.record("task_id", task.task_id.as_str());
 }
 
-/// A name for this delivery, at most 36 characters (a DynamoDB idempotency token): the same
-/// for the same receive of a message (its receipt handle is new at every receive),
-/// different for any other.
+/// A name for this delivery, at most 36 characters (a DynamoDB idempotency token). It is the
+/// same for the same receive of a message, and different for any other, since the receipt
+/// handle is new at every receive.
 fn delivery_id(record: &SqsMessage, receives: u32) -> String {
     let message = record.message_id.as_deref().unwrap_or_default();
     let receipt = record.receipt_handle.as_deref().unwrap_or_default();

@@ -1,6 +1,7 @@
-//! Stage 5, converge: the page stored under the task's key, then the one terminal write that
-//! can win (`stores`); a failure worth a retry ends without a terminal write. What the fetch
-//! spent through proxies is counted in that write, or recorded alone.
+//! Stage 5, converge: the page is stored under the task's key, then the single terminal
+//! write that can win is made (`stores`). A failure worth a retry ends without a terminal
+//! write. What the fetch spent through proxies is counted in that write, or recorded on its
+//! own.
 
 mod stores;
 
@@ -33,8 +34,8 @@ use crate::paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// Stores the page, or records a failure that is final. A wait for the run's paid
-    /// budget gives the claim's attempt back: it was not a try of the task's.
+    /// Stores the page, or records a final failure. A wait for the run's paid budget gives
+    /// the claim's attempt back, since it was not a try of the task.
     pub(super) async fn converge(
         &self,
         delivery: &Delivery,
@@ -62,8 +63,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// A redelivery's page that an earlier delivery already stored, converged instead of
-    /// fetched (a block page an earlier release stored is not adopted).
+    /// For a redelivery: the page an earlier delivery already stored, converged instead of
+    /// fetched again. A block page stored by an earlier release is not adopted.
     pub(super) async fn adopted(
         &self,
         delivery: &Delivery,
@@ -78,7 +79,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// The page stored (or an unchanged refresh carried forward), or the fetch's failure.
+    /// Stores the page (or carries an unchanged refresh forward), or handles the fetch's
+    /// failure.
     async fn converge_page(
         &self,
         stores: &Stores<'_, T, R>,
@@ -111,8 +113,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         self.failed(stores, task, err, this_try).await
     }
 
-    /// A fetch that brought no page: a wait (the paid budget held elsewhere), no time left,
-    /// a retry (ours, or the site's before the final attempt), or the task's failure.
+    /// A fetch that brought no page ends as a wait (the paid budget is held elsewhere), no
+    /// time left, a retry (our failure, or the site's before the final attempt), or the
+    /// task's failure.
     async fn failed(
         &self,
         stores: &Stores<'_, T, R>,
@@ -127,12 +130,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 booked: None,
             });
         }
-        // Our own deadline ended the fetch, not the site's slowness: not the page's failure.
+        // Our own deadline ended the fetch, not the site's slowness, so it is not the page's
+        // failure.
         if err.timed_out && this_try.time < self.settings.scrape_timeout {
             return Ok(Outcome::NoTimeLeft);
         }
-        // A failure of ours is never the page's, whatever the attempt; on the final attempt
-        // it spends the task's tries (its messages then go to the dead-letter queue).
+        // Our failure is never the page's, on any attempt. On the final attempt it marks the
+        // task's tries as used up, and its messages then go to the dead-letter queue.
         let final_attempt = this_try.final_attempt;
         if err.retry == Retry::Ours && final_attempt {
             self.spend_tries(task, &err.reason).await;
@@ -152,8 +156,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         Ok(outcome_of(converged, this_try.redelivery, gave_up))
     }
 
-    /// The stores as this try writes to them: conflicts tried again with the try's
-    /// patience, the run counted as it counts, a stored block page never adopted.
+    /// The stores as this try writes to them: conflicts retried with the try's patience,
+    /// the run's counters updated the way the run counts, and a stored block page never
+    /// adopted.
     pub(super) fn stores<'a>(
         &'a self,
         wanted: &Wanted,
@@ -171,18 +176,19 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         ResultKey::for_task(&self.settings.results_prefix, task)
     }
 
-    /// Marks the task's tries spent; a failure is logged (the task is then tried again as
-    /// before, its messages parked while its host says wait).
+    /// Marks the task's tries as used up. A failure is only logged; the task is then
+    /// retried as before, with its messages parked while its host says to wait.
     async fn spend_tries(&self, task: &TaskRef, reason: &str) {
         if let Err(err) = self.tasks.spend_tries(task, &Reason::new(reason)).await {
             tracing::warn!(error = %err, "could not mark the task's tries spent");
         }
     }
 
-    /// Records what a fetch spent through proxies into its run's counters, once for this
-    /// delivery, when no terminal write of its counted it (a retry, a lost race, a run
-    /// without counters; or its answer was lost: the store counts it once for the
-    /// delivery). A record that fails after the SDK's retries is logged with it.
+    /// Records what a fetch spent through proxies in its run's counters, once for this
+    /// delivery. This happens when no terminal write counted it: a retry, a lost race, a run
+    /// without counters, or a write whose answer was lost (the store counts it once per
+    /// delivery). If recording fails after the SDK's retries, the spend is logged with the
+    /// error.
     async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
         let spend = &stores.spend;
         if spend.is_zero() {
@@ -197,7 +203,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 }
 
-/// This try, as converging what its fetch brought needs it.
+/// What converging this try's fetch result needs to know about the try.
 #[derive(Clone, Copy)]
 struct Try<'a> {
     /// An earlier delivery had claimed the task.

@@ -28,9 +28,9 @@ pub enum Converged {
     LostRace,
 }
 
-/// The stores a task converges in, how long a conflicting write may be tried again, how
-/// the task's run counts it, and what the delivery's fetch spent (added to that count in the
-/// terminal write, when it is made).
+/// The stores a task converges in, how long a conflicting write may be retried, how the
+/// task's run counts it, and what the delivery's fetch spent. The spend is added to the
+/// run's count in the terminal write, when that write is made.
 pub struct Stores<'a, T, R> {
     pub tasks: &'a T,
     pub results: &'a R,
@@ -39,8 +39,8 @@ pub struct Stores<'a, T, R> {
     pub spend: Spend,
     /// The delivery that spent `spend` (its idempotency token).
     pub delivery: String,
-    /// How the job's pages are checked for block pages: an object another delivery (or an
-    /// earlier release) stored is adopted only if it is none.
+    /// How the job's pages are checked for block pages. An object stored by another
+    /// delivery (or an earlier release) is adopted only if it is not a block page.
     pub detection: Detection,
     /// The terminal write counted `spend`.
     spend_counted: AtomicBool,
@@ -67,9 +67,9 @@ impl<'a, T, R> Stores<'a, T, R> {
 }
 
 impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
-    /// Stores the page (the first stored object wins; a later writer adopts it) and finishes
-    /// the task as successful, describing the object that is stored. A page S3 refuses as
-    /// invalid fails the task instead of coming back for ever.
+    /// Stores the page and finishes the task as successful, describing the object that is
+    /// stored. The first stored object wins, and a later writer adopts it. A page that S3
+    /// refuses as invalid fails the task, instead of coming back forever.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn succeed(
         &self,
@@ -102,12 +102,13 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             })
     }
 
-    /// Carries a refresh task's earlier result forward on a `304 Not Modified`: copied to the
-    /// task's key (the first object stored there wins, as for a page; a later writer adopts
-    /// it) and the task finished as successful with it. A conflict when the earlier object
-    /// changed since it was checked (nothing was copied), as for any object changed between
-    /// two requests: the record comes back, finds it changed, and fetches in full; on its
-    /// final attempt it is sent again for that, as for any error of ours.
+    /// Carries a refresh task's earlier result forward on a `304 Not Modified`. The result
+    /// is copied to the task's key, and the task is finished as successful with it. As for a
+    /// page, the first object stored there wins and a later writer adopts it. If the earlier
+    /// object changed since it was checked, nothing is copied and this is a conflict, as for
+    /// any object changed between two requests. The record then comes back, finds it
+    /// changed, and fetches in full. On its final attempt it is sent again for that, as for
+    /// any error on our side.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn carry_forward(
         &self,
@@ -158,8 +159,8 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         })
     }
 
-    /// Finishes the task as failed, unless an earlier delivery already stored its page: a
-    /// stored result always wins over a failure (a stored block page does not).
+    /// Finishes the task as failed, unless an earlier delivery already stored its page. A
+    /// stored result always wins over a failure, but a stored block page does not.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn fail(
         &self,
@@ -183,7 +184,8 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         let Some(stored) = self.results.describe(key).await? else {
             return Ok(None);
         };
-        // Boxed: the adopt paths are rare, and the read would grow every delivery's future.
+        // Boxed: the adopt paths are rare, and reading inline would make every delivery's
+        // future larger.
         if Box::pin(self.stored_block(key, &stored)).await?.is_some() {
             return Ok(None);
         }
@@ -220,8 +222,9 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         }
     }
 
-    /// The stored object, adopted; or where it is a block page, replaced by the page (on
-    /// its version: changed meanwhile, a conflict, and the put is tried again).
+    /// Adopts the stored object, or replaces it with the page if it is a block page. The
+    /// replace is conditional on the object's version: if it changed meanwhile, that is a
+    /// conflict, and the put is tried again.
     async fn adopt_or_replace(
         &self,
         new: NewResult<'_>,
@@ -238,8 +241,9 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         }
     }
 
-    /// The version of the object under `key` when it is a block page (stored by an earlier
-    /// release, or before the table knew its signature): never a result.
+    /// The version of the object under `key` if it is a block page (stored by an earlier
+    /// release, or before the detection table knew its signature). A block page is never a
+    /// result.
     async fn stored_block(
         &self,
         key: &ResultKey,
@@ -259,9 +263,9 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         Ok(Some(opening.etag))
     }
 
-    /// The terminal write, tried again on conflicts; a record DynamoDB refuses as invalid
-    /// (the producer's item near its 400 KB limit, say) is written again with only what
-    /// describes the end state.
+    /// The terminal write, retried on conflicts. If DynamoDB refuses the record as invalid
+    /// (for example, the producer's item is near its 400 KB limit), it is written again with
+    /// only what describes the end state.
     async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, StoreError> {
         let written = self.finish_once(task, &terminal).await;
         let (written, terminal) = match written {
@@ -302,7 +306,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     }
 }
 
-/// The least record of an end state: the object's identity, or why it failed.
+/// The smallest record of an end state: the object's identity, or why it failed.
 fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
     match terminal {
         Terminal::Succeeded(stored) => Terminal::Succeeded(stored.minimal()),

@@ -1,6 +1,7 @@
-//! Stage 4, fetch: a redelivery whose page is already stored adopts it instead; else the
-//! delivery sleeps until its host's start (after the claim, so the claim's time is not
-//! added to it) and fetches, the paid proxy tier held back while its run has a budget.
+//! Stage 4, fetch: a redelivery whose page is already stored adopts it instead of fetching.
+//! Otherwise the delivery sleeps until its host's start and fetches. The sleep comes after
+//! the claim, so the claim's time is not added to it. The paid proxy tier is held back
+//! while the run has a budget for it.
 
 mod paid;
 
@@ -35,8 +36,8 @@ pub(super) struct Scraped {
     pub claim: Claimed,
     pub wanted: Wanted,
     pub final_attempt: bool,
-    /// The time the fetch was given: shorter than `SCRAPE_TIMEOUT_MS` when the invocation's
-    /// end was near (a fetch that ran out of it is not the page's failure).
+    /// The time the fetch was given. It is shorter than `SCRAPE_TIMEOUT_MS` when the
+    /// invocation's end was near; a fetch that ran out of it is not the page's failure.
     pub time: Duration,
     pub page: Result<Page, FetchError>,
     /// What the fetch sent through proxies.
@@ -164,8 +165,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// A refresh task's earlier result, if it can be carried forward (its object is there,
-    /// with the bytes the task names); otherwise the prior is forgotten and the page fetched
+    /// A refresh task's earlier result, if it can be carried forward: its object is there,
+    /// with the bytes the task names. Otherwise the prior is dropped and the page is fetched
     /// in full.
     async fn earlier(
         &self,
@@ -187,8 +188,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// Fetches with the host's permit, given back after with what the answer said of the
-    /// host's health; a refused delivery fails for good without a request.
+    /// Fetches with the host's permit. Afterwards the permit is given back, with what the
+    /// response said about the host's health. A refused delivery fails for good without a
+    /// request.
     async fn fetch_polite(
         &self,
         target: Target<'_>,
@@ -202,12 +204,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let started = Instant::now();
         let fetched = self.fetch_paid_held_back(target, time, invocation).await;
-        // A proxy's own failure says nothing of the site's health, nor does a fetch our own
-        // deadline cut short (the invocation's end, not the site's slowness).
+        // A proxy's own failure says nothing about the site's health. Neither does a fetch
+        // that our own deadline cut short (the invocation's end, not the site's slowness).
         let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
             && time < self.settings.scrape_timeout;
-        // A block page met on any tier is the site refusing us: the fleet slows down, as for
-        // a 429, even when a later tier got the page.
+        // A block page on any tier means the site is refusing us. The fleet slows down, as
+        // for a 429, even when a later tier got the page.
         let sign = match fetched.spend.blocks() {
             0 => health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short),
             _ => Some(Sign::PushedBack(None)),

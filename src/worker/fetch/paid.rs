@@ -1,6 +1,7 @@
-//! The paid proxy tier, held back while a run has a budget for it: asked only once the other
-//! tiers are blocked, and only with a hold on its most bytes from this sandbox's share of
-//! the run's budget (`crate::paid`), settled with what it spent.
+//! The paid proxy tier, held back while a run has a budget for it. It is used only once the
+//! other tiers are blocked. Its fetch first takes a hold on the most bytes it may use, from
+//! this sandbox's share of the run's budget (`crate::paid`). The hold is then settled with
+//! what the fetch spent.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use super::Target;
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// The fetch, the paid tier asked last and only with a hold on the run's budget.
+    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget.
     pub(super) async fn fetch_paid_held_back(
         &self,
         target: Target<'_>,
@@ -64,9 +65,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// A hold on the paid tier's most bytes from the run's budget, with the first fetch; or
-    /// what that fetch ends as without one: the budget spent, held by fetches in flight, or
-    /// not readable (what the other tiers spent is spent all the same).
+    /// A hold on the paid tier's most bytes from the run's budget, returned with the first
+    /// fetch. Without a hold, returns what that first fetch ends as: the budget is spent,
+    /// held by fetches in flight, or could not be read. What the other tiers spent stays
+    /// spent either way.
     async fn paid_hold(
         &self,
         target: Target<'_>,
