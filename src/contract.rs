@@ -8,13 +8,13 @@ use crate::ports::error::StoreError;
 /// What SQS is told about one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
-    /// Delete it: the task reached its end state, or never will by retrying.
+    /// Delete the message. The task reached its end state, or retrying would never get it there.
     Ack,
-    /// Redeliver it after the visibility timeout: listed in `batchItemFailures`.
+    /// Redeliver it after the visibility timeout. It is listed in `batchItemFailures`.
     Retry,
 }
 
-/// Why work on a task is not wanted (any more).
+/// Why work on a task is not wanted, or no longer wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotWanted {
     TaskMissing,
@@ -27,58 +27,59 @@ pub enum NotWanted {
 /// How one delivery ended. Expected situations are values here, not errors.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Claimed, scraped, stored and finished as successful. `adopted` when another delivery
-    /// had stored the object first and this one wrote the task to describe that object.
+    /// Claimed, scraped, stored and marked successful. `adopted` is true when another delivery
+    /// stored the object first and this one wrote the task to describe that object.
     Succeeded { redelivery: bool, adopted: bool },
-    /// The page can never be had (4xx, bad URL, too big, too many redirects): task failed.
+    /// The page can never be fetched (4xx, bad URL, too big, too many redirects). Task failed.
     FailedPermanently { reason: String },
-    /// A transient failure on the last allowed attempt: task failed with that reason.
+    /// A transient failure on the last allowed attempt. Task failed with that reason.
     GaveUp { reason: String },
-    /// The guard found the task successful or failed already: no work done.
+    /// The guard found the task already succeeded or failed. No work was done.
     AlreadyTerminal,
     /// Another delivery made the terminal write first.
     LostRace,
-    /// The body can never name a task.
+    /// The message body can never name a task.
     Poison(Poison),
     /// The task, its job or its run is gone, or no longer wants work.
     NotWanted(NotWanted),
-    /// The page failed in a way worth another try (408, 425, 429, 5xx, timeout, reset); the
-    /// message is held back until the retry is due (`Retry-After` or backoff).
+    /// The fetch failed in a way worth another try (408, 425, 429, 5xx, timeout, reset). The
+    /// message is held back until the retry is due, from `Retry-After` or backoff.
     ScrapeTransient {
         reason: String,
         retry_after: Option<Duration>,
     },
     /// DynamoDB or S3 failed, or held data we cannot read.
     Store(StoreError),
-    /// `DUPLICATE_POLICY=lease`: another invocation holds the task's lease until `until`;
-    /// retried after it, without scraping.
+    /// With `DUPLICATE_POLICY=lease`, another invocation holds the task's lease until `until`.
+    /// This delivery does not scrape. The message is retried after that time.
     LeaseHeld { until: std::time::SystemTime },
-    /// An earlier record of its FIFO message group is to be retried; this one was not
+    /// An earlier record in its FIFO message group will be retried. This one was not
     /// processed and waits its turn.
     GroupHeld,
-    /// Processing panicked; the panic was contained to this record.
+    /// Processing panicked. The panic was contained to this record.
     Panicked,
     /// The invocation ran out of time before this record finished.
     OutOfTime,
-    /// The task's host had no room (its rate, slots or cooldown, shared by the fleet) or its
-    /// robots.txt is not known yet: not claimed, not fetched. A fresh copy of the message was
-    /// sent, due after `delay`, so the wait uses up no receive on the way to the dead-letter
-    /// queue; this delivery is done.
+    /// The task's host had no room, or its robots.txt is not known yet. Room means the host's
+    /// rate, slots and cooldown, which the whole fleet shares. The task was not claimed or
+    /// fetched. A fresh copy of the message was sent with a delay of `delay`, so the wait does
+    /// not use up a receive toward the dead-letter queue. This delivery is done.
     PoliteRequeued { delay: Duration },
-    /// As [`Outcome::PoliteRequeued`], but held back through its visibility instead (a FIFO
-    /// queue, whose order a copy would break, or the copy could not be sent). `booked`: the
-    /// start the host's schedule booked for it, carried by the copy.
+    /// As [`Outcome::PoliteRequeued`], but the message is held back through its visibility
+    /// timeout instead. This happens on a FIFO queue, where a copy would break the order, or
+    /// when the copy could not be sent. `booked` is the start time the host's schedule booked
+    /// for it, carried by the copy.
     PoliteHeld {
         delay: Duration,
         booked: Option<u64>,
     },
-    /// A final attempt that ended for a reason of ours (no time left, a store error) was
-    /// sent again as a fresh copy, due after `delay`, carrying the receives spent: the task
-    /// still gets its last try; this delivery is done.
+    /// A final attempt ended for a reason on our side (no time left, a store error). It was
+    /// sent again as a fresh copy, delayed by `delay`, that carries the receive count so far.
+    /// The task still gets its last try. This delivery is done.
     SentAgain { delay: Duration },
-    /// Too little time was left before the cutoff to fetch the page and still store it:
-    /// not fetched (or the fetch stopped at its deadline), and made visible again at once for
-    /// an invocation with time to spare.
+    /// Too little time was left before the cutoff to fetch the page and still store it. The
+    /// page was not fetched, or the fetch stopped at its deadline. The message is made visible
+    /// again at once, for an invocation with time to spare.
     NoTimeLeft,
 }
 

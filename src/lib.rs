@@ -4,12 +4,12 @@
 //!
 //! | | modules |
 //! |---|---|
-//! | the record's pipeline | [`worker`]: a file per stage, in order: `parse` -> [`worker::guard`] (the one read) -> `admit` (the host's turn through [`polite`], the claim) -> `fetch` ([`scraper`], the paid tier held back through [`paid`]) -> [`worker::converge`] (store, the one terminal write) -> `park` (copies and holds) |
-//! | a batch | [`batch`] runs a batch within its deadline and builds the partial batch reply; [`contract`] is the ack contract, one table |
-//! | around the records | [`pushback`]: [`pushback::retry`] (conflicts tried again), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (records at once under AWS push-back), [`metrics`] (EMF) |
-//! | the stores | [`ports`]: the traits the steps store through, in domain types; [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, each item kind's write expressions beside it, AWS errors classified |
+//! | one record, start to end | [`worker`]: one file per stage, in this order: `parse` -> [`worker::guard`] (the one read) -> `admit` (wait for the host's turn through [`polite`], then claim the task) -> `fetch` ([`scraper`]; [`paid`] keeps the paid proxy tier within budget) -> [`worker::converge`] (store the page, then the one terminal write) -> `park` (send a fresh copy or hold the message back) |
+//! | a batch | [`batch`] runs a batch within its deadline and builds the partial batch response. [`contract`] is the ack contract, as one table |
+//! | around the records | [`pushback`]: [`pushback::retry`] (retry conflicting writes), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (how many records run at once while AWS throttles). [`metrics`]: CloudWatch EMF |
+//! | the stores | [`ports`]: the storage traits the stages call, in domain types. [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, with each item type's write expressions next to it and AWS errors sorted into kinds |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
-//! | wiring | [`wiring`]: [`wiring::config`] (the environment), [`wiring::settings`] (each step's settings from it, read once), [`wiring::aws`] (SDK config and clients, the production worker, the Lambda handler) |
+//! | wiring | [`wiring`]: [`wiring::config`] (the environment variables), [`wiring::settings`] (each stage's settings, read from them once), [`wiring::aws`] (SDK config and clients, the production worker, the Lambda handler) |
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
 pub mod batch;

@@ -1,4 +1,5 @@
-//! The Lambda entry point: logs, configuration and clients once per cold start, then the loop.
+//! The Lambda entry point. It sets up logging, configuration and clients once per cold start,
+//! then runs the event loop.
 
 use conveyor_worker::Config;
 use conveyor_worker::batch::BatchLimits;

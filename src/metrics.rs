@@ -41,8 +41,8 @@ pub struct Measures {
 pub struct PoliteMeasures {
     /// Time slept waiting for a host's schedule inside the invocation.
     pub slept_ms: AtomicU64,
-    /// Fetches whose answer was trouble for the fleet to record: a push-back, a failure, an
-    /// answer time that says the site queues (`domain::health`).
+    /// Fetches whose answer was trouble for the fleet to record: a push-back, a failure, or
+    /// an answer time that says the site is queueing our requests (`domain::health`).
     pub cooldowns: AtomicU64,
     /// robots.txt fetched for the fleet.
     pub robots_fetches: AtomicU64,
@@ -117,15 +117,15 @@ pub struct Tally {
     pub retried: u64,
     pub fetch_ms: Vec<f64>,
     pub bytes_stored: u64,
-    /// Pages a site said were not modified (`304`), their earlier results carried forward,
-    /// and those results' bytes: what was not fetched again.
+    /// Pages a site said were not modified (`304`), whose earlier results were carried
+    /// forward, and those results' bytes. That is what was not fetched again.
     pub not_modified: u64,
     pub bytes_not_fetched: u64,
     /// Writes that met a concurrent change (a DynamoDB transaction in flight on the same
     /// item, S3's 409) and were tried again.
     pub conflicts: u64,
-    /// Records whose host had no room, held without an attempt (`Outcome::PoliteRequeued`,
-    /// `Outcome::PoliteHeld`).
+    /// Records whose host had no room, held back without using an attempt
+    /// (`Outcome::PoliteRequeued`, `Outcome::PoliteHeld`).
     pub polite_holds: u64,
     pub polite_slept_ms: u64,
     pub host_cooldowns: u64,
@@ -185,8 +185,8 @@ impl Tally {
         }
     }
 
-    /// The EMF documents: one, unless more fetches were timed than EMF takes in one metric;
-    /// the rest of the latencies then follow in documents of their own.
+    /// The EMF documents. There is one, unless more fetches were timed than EMF takes in one
+    /// metric. Then the rest of the latencies follow in documents of their own.
     pub fn documents(
         &self,
         settings: &MetricsSettings,
@@ -271,7 +271,8 @@ fn document(
     Value::Object(root)
 }
 
-/// Writes the documents, one line each, in one write so no log line lands inside one.
+/// Writes the documents, one line each, in a single write, so no other log line lands
+/// inside one.
 pub fn emit(out: &mut impl Write, documents: &[Value]) -> std::io::Result<()> {
     let mut lines = Vec::new();
     for document in documents {

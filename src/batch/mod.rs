@@ -1,5 +1,6 @@
-//! The batch: records run concurrently within a limit and a deadline, each isolated from the
-//! others' panics, and the reply lists exactly the records to redeliver.
+//! One batch. Records run concurrently, within a concurrency limit and a deadline, and a
+//! panic in one record does not affect the others. The partial batch response lists exactly
+//! the records to redeliver.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -16,7 +17,7 @@ use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
 use crate::pushback::pressure::Pressure;
 
-/// Processes one record into an outcome; implemented by the worker, and by fakes in tests.
+/// Processes one record into an outcome. The worker implements it, and so do fakes in tests.
 pub trait ProcessRecord: Sync {
     fn process(
         &self,
@@ -24,26 +25,26 @@ pub trait ProcessRecord: Sync {
         invocation: &Invocation,
     ) -> impl Future<Output = Outcome> + Send;
 
-    /// What becomes of a record the cutoff stopped (or never started), in the margin before
-    /// the deadline: by default it goes back to the queue.
+    /// What becomes of a record that the cutoff stopped, or that never started. This runs in
+    /// the margin before the deadline. By default the record goes back to the queue.
     fn out_of_time(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
         std::future::ready(Outcome::OutOfTime)
     }
 
-    /// What becomes of a record held behind an earlier record of its FIFO group that is to
-    /// be retried: by default it goes back to the queue with the group.
+    /// What becomes of a record held behind an earlier record of its FIFO group that will be
+    /// retried. By default it goes back to the queue with the group.
     fn held_in_group(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
         std::future::ready(Outcome::GroupHeld)
     }
 
-    /// The sandbox's concurrency under AWS push-back, if it keeps one: each record waits
-    /// for its turn, and each outcome tells it how AWS is coping.
+    /// The sandbox's concurrency limit under AWS push-back, if it keeps one. Each record
+    /// waits for its turn, and each outcome tells the limit how AWS is coping.
     fn pressure(&self) -> Option<&Pressure> {
         None
     }
 
-    /// After the batch's records, before its reply: what a sandbox settles between
-    /// invocations (it may be frozen or recycled after).
+    /// Runs after the batch's records and before its response. It settles what a sandbox
+    /// must settle between invocations, since the sandbox may be frozen or recycled after.
     fn after_batch(&self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
@@ -93,8 +94,9 @@ pub struct BatchLimits {
     pub deadline_margin: Duration,
 }
 
-/// How far off the deadline is set when Lambda's had already passed as the invocation started: real
-/// Lambda never does that, `cargo lambda watch` always does. Lambda's longest timeout.
+/// How far off the deadline is set when Lambda's deadline had already passed as the
+/// invocation started. Real Lambda never does that, but `cargo lambda watch` always does.
+/// This is Lambda's longest timeout.
 pub const FALLBACK_DEADLINE: Duration = Duration::from_secs(15 * 60);
 
 /// Runs every record and builds the partial batch response.
@@ -110,16 +112,16 @@ pub async fn process_batch<P: ProcessRecord>(
         .response
 }
 
-/// A batch's reply, and its tally for the metrics.
+/// A batch's response, and its tally for the metrics.
 #[derive(Debug)]
 pub struct BatchRun {
     pub response: SqsBatchResponse,
     pub tally: Tally,
 }
 
-/// Runs every record; returns the partial batch response and what the batch did.
+/// Runs every record. Returns the partial batch response and what the batch did.
 ///
-/// Records of a FIFO message group (`MessageGroupId`) run one after another in order; once
+/// Records of a FIFO message group (`MessageGroupId`) run one after another, in order. Once
 /// one of them is to be retried, the rest of its group is retried without being processed,
 /// so the group keeps its order. Groups, and records without a group, run concurrently, at
 /// most `max_concurrency` at once.
@@ -156,7 +158,7 @@ pub async fn run_batch<P: ProcessRecord>(
     BatchRun { response, tally }
 }
 
-/// Every record's outcome, in record order; `OutOfTime` for those the cutoff stopped.
+/// Every record's outcome, in record order. `OutOfTime` for those the cutoff stopped.
 async fn run_records<P: ProcessRecord>(
     processor: &P,
     records: &[SqsMessage],
@@ -203,8 +205,8 @@ async fn run_records<P: ProcessRecord>(
         .await
 }
 
-/// One record, in its turn of the sandbox's pressure if it keeps one, which then learns
-/// from its outcome.
+/// One record. If the sandbox keeps a pressure limit, the record waits for its turn, and the
+/// limit then learns from its outcome.
 async fn run_in_turn<P: ProcessRecord>(
     processor: &P,
     record: &SqsMessage,
@@ -219,8 +221,8 @@ async fn run_in_turn<P: ProcessRecord>(
     outcome
 }
 
-/// A record the cutoff stopped: the processor's say, within the deadline, else back to the
-/// queue.
+/// A record the cutoff stopped. The processor decides its outcome within the deadline.
+/// Otherwise it goes back to the queue.
 async fn out_of_time<P: ProcessRecord>(
     processor: &P,
     record: &SqsMessage,
@@ -246,10 +248,11 @@ fn remaining(invocation: &Invocation) -> Duration {
         .unwrap_or_default()
 }
 
-/// What is kept of the deadline for the reply itself, after the records the cutoff stopped.
+/// The time kept before the deadline for the response itself, after the records the cutoff
+/// stopped.
 const LAST_WORDS: Duration = Duration::from_millis(250);
 
-/// Record indexes by FIFO message group, in order of first appearance; a record without a
+/// Record indexes by FIFO message group, in order of first appearance. A record without a
 /// group, or from a standard queue, is a group of its own.
 fn groups(records: &[SqsMessage]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -270,7 +273,7 @@ fn groups(records: &[SqsMessage]) -> Vec<Vec<usize>> {
 }
 
 /// The record's FIFO message group. Standard queues may carry a `MessageGroupId` too (SQS
-/// fair queues), which orders nothing: only a queue whose ARN ends in `.fifo` has groups.
+/// fair queues), but it sets no order. Only a queue whose ARN ends in `.fifo` has groups.
 fn fifo_group(record: &SqsMessage) -> Option<&String> {
     let fifo = record
         .event_source_arn
@@ -303,8 +306,8 @@ async fn run_one<P: ProcessRecord>(
     .await
 }
 
-/// A record held behind an earlier one of its FIFO group: the processor's say, logged in
-/// the record's span.
+/// A record held behind an earlier one of its FIFO group. The processor decides its
+/// outcome, which is logged in the record's span.
 async fn held_in_group<P: ProcessRecord>(processor: &P, record: &SqsMessage) -> Outcome {
     async {
         let outcome = processor.held_in_group(record).await;
@@ -315,7 +318,7 @@ async fn held_in_group<P: ProcessRecord>(processor: &P, record: &SqsMessage) -> 
     .await
 }
 
-/// The span of one record's lines; the worker fills in the task.
+/// The span of one record's log lines. The worker fills in the task.
 fn record_span(record: &SqsMessage) -> tracing::Span {
     tracing::info_span!(
         "record",
@@ -350,8 +353,8 @@ fn log(outcome: &Outcome, elapsed: Duration) {
     }
 }
 
-/// The partial batch response: every record without an ack, each message id once, never an
-/// empty id.
+/// The partial batch response: every record that is not acked, each message id once, and
+/// never an empty id.
 fn reply(records: &[SqsMessage], outcomes: &[Outcome]) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     let mut listed = HashSet::new();

@@ -1,13 +1,15 @@
-//! Block and challenge pages: the signatures of the common bot managers (one table, each
-//! row naming its source), a job's own, and the check of one response against them.
+//! Block and challenge pages. This module holds the signatures of the common bot managers,
+//! as one table where each row names its source. It also holds a job's own signatures, and
+//! the check of one response against both.
 //!
-//! A bot manager answers a scraper with a challenge or a block page instead of the page,
-//! often with `200`. Headers are checked first (one lookup each). Then the body's first
-//! [`BODY_WINDOW`] bytes, by the document's title: a row whose title it is needs its
-//! markers in the window too, so an article that mentions "Just a moment..." or "Access
-//! Denied" is no block. A page without a title of its own (DataDome's carries the site's
-//! name) is small: only bodies of at most [`SMALL_PAGE`] bytes are searched for its markers.
-//! The title is found with one `memchr` pass, so a page costs a fraction of its SHA-256.
+//! A bot manager answers a scraper with a challenge or block page instead of the real page,
+//! often with status `200`. Headers are checked first, with one lookup each. Then the body's
+//! first [`BODY_WINDOW`] bytes are checked, by the document's title. A row whose title
+//! matches must also find its markers in that window. So an article that mentions "Just a
+//! moment..." or "Access Denied" is not taken for a block. A block page without a title of
+//! its own (DataDome's shows the site's name) is small. So only bodies of at most
+//! [`SMALL_PAGE`] bytes are searched for its markers. The title is found in one `memchr`
+//! pass, so the check costs a fraction of the page's SHA-256.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,39 +19,40 @@ use memchr::memmem;
 
 use super::bounds::Bounded;
 
-/// How much of a body is read for signatures: every bot manager's page names itself well
-/// within it.
+/// How much of a body is searched for signatures. Every bot manager's page names itself
+/// well within it.
 pub const BODY_WINDOW: usize = 64 * 1024;
 
 /// The largest body searched for the markers of a block page without a title of its own.
 pub const SMALL_PAGE: usize = 8 * 1024;
 
-/// The longest title read (block pages' titles are short).
+/// The longest title read. Block pages have short titles.
 const MAX_TITLE_BYTES: usize = 256;
 
 /// The most signatures a job may add.
 pub const MAX_JOB_SIGNATURES: usize = 8;
 
-/// The longest pattern (a header's value, or bytes of a body) a job's signature may have;
-/// the shortest body pattern (shorter ones would match real pages).
+/// The longest pattern a job's signature may have (a header's value, or bytes of a body),
+/// and the shortest body pattern. Shorter body patterns would match real pages.
 pub const MAX_PATTERN_BYTES: usize = 256;
 pub const MIN_BODY_PATTERN_BYTES: usize = 8;
 
 /// Where a signature looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
-    /// The response has this header (lowercase name) and its value, trimmed, is this one
-    /// (ASCII case ignored).
+    /// The response has this header (lowercase name), and its trimmed value is this one,
+    /// ignoring ASCII case.
     Header(&'static str, &'static str),
-    /// The document's title is this one (trimmed, ASCII case ignored, a final `.` or `…`
-    /// dropped) and the body's window holds every one of these byte strings (case kept).
+    /// The document's title is this one, and the body's window holds every one of these
+    /// byte strings (case-sensitive). Titles are compared trimmed, ignoring ASCII case, with
+    /// a final `.` or `…` dropped.
     Titled(&'static str, &'static [&'static str]),
     /// A body of at most [`SMALL_PAGE`] bytes holds every one of these byte strings.
     Small(&'static [&'static str]),
 }
 
-/// One row of the table: the bot manager and what it shows, the signal, and where the
-/// signal is described (the vendor's documentation, or the page as it is served).
+/// One row of the table: the bot manager and what it shows, the signal, and the source.
+/// The source is the vendor's documentation, or the page as it is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Signature {
     pub name: &'static str,
@@ -147,7 +150,8 @@ fn same_title(title: &[u8], wanted: &str) -> bool {
     trimmed(title).eq_ignore_ascii_case(trimmed(wanted.as_bytes()))
 }
 
-/// One pass over a job's body patterns, leftmost first: the packed (SIMD) search.
+/// A search for all of a job's body patterns in one pass, leftmost match first. It uses
+/// the packed (SIMD) search.
 fn automaton<P: AsRef<[u8]>>(patterns: &[P]) -> AhoCorasick {
     AhoCorasickBuilder::new()
         .match_kind(MatchKind::LeftmostFirst)
@@ -159,8 +163,8 @@ fn automaton<P: AsRef<[u8]>>(patterns: &[P]) -> AhoCorasick {
 /// A job's name for one of its signatures, as reasons and logs show it.
 pub type SignatureName = Bounded<64>;
 
-/// A job's own signature, checked when it was read ([`JobSignature::header`],
-/// [`JobSignature::body`]).
+/// A job's own signature. It is validated when the job is read, by
+/// [`JobSignature::header`] or [`JobSignature::body`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobSignature {
     name: SignatureName,
@@ -171,13 +175,14 @@ pub struct JobSignature {
 enum JobSignal {
     /// A header (lowercase name) whose value contains this (lowercase).
     Header(String, String),
-    /// Bytes the body's window holds (case kept).
+    /// Bytes the body's window must hold (case-sensitive).
     Body(Vec<u8>),
 }
 
 impl JobSignature {
-    /// A header signature: `name` a header's name (an HTTP token), `contains` found in its
-    /// value, ASCII case ignored in both; `None` when either is empty, too long or not text.
+    /// A header signature: `header` is a header's name (an HTTP token), and `contains` must
+    /// be found in its value. ASCII case is ignored in both. `None` when either is empty,
+    /// too long or not text.
     pub fn header(name: &str, header: &str, contains: &str) -> Option<Self> {
         let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
         let valid = (1..=MAX_PATTERN_BYTES).contains(&header.len())
@@ -190,8 +195,8 @@ impl JobSignature {
         })
     }
 
-    /// A body signature: bytes the body's window holds, case kept; `None` when shorter
-    /// than [`MIN_BODY_PATTERN_BYTES`] or longer than [`MAX_PATTERN_BYTES`].
+    /// A body signature: bytes the body's window must hold, case-sensitive. `None` when the
+    /// pattern is shorter than [`MIN_BODY_PATTERN_BYTES`] or longer than [`MAX_PATTERN_BYTES`].
     pub fn body(name: &str, pattern: &str) -> Option<Self> {
         let valid = (MIN_BODY_PATTERN_BYTES..=MAX_PATTERN_BYTES).contains(&pattern.len());
         valid.then(|| Self {
@@ -201,7 +206,7 @@ impl JobSignature {
     }
 }
 
-/// A job signature's name; where the job gave none, what it looks at.
+/// A job signature's name. Where the job gave none, a name saying what it looks at.
 fn signature_name(name: &str, looks_at: &str) -> SignatureName {
     let name = name.trim();
     let printable = name.chars().all(|c| !c.is_control());
@@ -219,7 +224,7 @@ pub struct Detection {
     own: Option<Arc<Own>>,
 }
 
-/// A job's own signatures, their body patterns in one automaton.
+/// A job's own signatures, with their body patterns in one automaton.
 #[derive(Debug)]
 struct Own {
     signatures: Vec<JobSignature>,
@@ -243,7 +248,7 @@ impl Detection {
         }
     }
 
-    /// The table and `signatures` (at most [`MAX_JOB_SIGNATURES`]: the rest are dropped).
+    /// The table and `signatures`. Signatures past [`MAX_JOB_SIGNATURES`] are dropped.
     pub fn with(mut signatures: Vec<JobSignature>) -> Self {
         signatures.truncate(MAX_JOB_SIGNATURES);
         if signatures.is_empty() {
@@ -267,8 +272,8 @@ impl Detection {
         self.off
     }
 
-    /// The block `header` (a response's header by lowercase name) shows, if any: checked
-    /// before the body is read.
+    /// The block the response's headers show, if any. `header` looks up a header by its
+    /// lowercase name. This check runs before the body is read.
     pub fn by_headers<'h>(&self, header: impl Fn(&str) -> Option<&'h str>) -> Option<Block> {
         if self.off {
             return None;
@@ -292,9 +297,9 @@ impl Detection {
         })
     }
 
-    /// The block a body shows, if any: its first [`BODY_WINDOW`] bytes against the table
-    /// when it is HTML (or says nothing of its type), and against the job's own body
-    /// patterns whatever its type.
+    /// The block a body shows, if any. Its first [`BODY_WINDOW`] bytes are checked against
+    /// the table when it is HTML or has no type. They are checked against the job's own
+    /// body patterns whatever its type.
     pub fn by_body(&self, content_type: Option<&str>, body: &[u8]) -> Option<Block> {
         if self.off {
             return None;
@@ -324,7 +329,7 @@ fn is_html(content_type: Option<&str>) -> bool {
         || essence.eq_ignore_ascii_case("application/xhtml+xml")
 }
 
-/// How the reason of a task failed by a block page begins.
+/// The start of the failure reason of a task that hit a block page.
 pub const BLOCKED: &str = "blocked: ";
 
 /// Whether a task's failure `reason` is a block page's.
@@ -335,9 +340,9 @@ pub fn is_block_reason(reason: &str) -> bool {
 /// A block a response showed: which signature, and where it was seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Block {
-    /// The table's name (`cloudflare challenge`), or the job's for its own.
+    /// The table's name (`cloudflare challenge`), or the job's name for its own signature.
     pub name: SignatureName,
-    /// A header's name, `body`, or for a job's own: `job header` / `job body`.
+    /// A header's name or `body`. For a job's own signature: `job header` or `job body`.
     pub seen_in: &'static str,
 }
 
@@ -368,20 +373,20 @@ impl fmt::Display for Block {
     }
 }
 
-/// The table alone, for a fetch no job's choice reaches.
+/// The table alone, for a fetch that no job's settings apply to.
 pub static TABLE_ONLY: Detection = Detection {
     off: false,
     own: None,
 };
 
-/// No detection (robots.txt is read as robots.txt whatever it looks like).
+/// No detection. Used for robots.txt, which is read as robots.txt whatever it looks like.
 pub static NO_DETECTION: Detection = Detection {
     off: true,
     own: None,
 };
 
-/// The statuses bot managers answer their pages with, besides 2xx: only their bodies are
-/// read for signatures (a 404's body is not).
+/// The statuses bot managers send their pages with, besides 2xx. Only bodies with these
+/// statuses are read for signatures. A 404's body is not.
 pub const BLOCK_STATUSES: [u16; 4] = [403, 405, 429, 503];
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! Bounded text: every value that comes from a page, a header or a URL is cut to a fixed
-//! size before it is written to S3 or DynamoDB, so no write can fail for its size and the
-//! task item stays small (every guard read pays for the whole item).
+//! Bounded text. Every value that comes from a page, a header or a URL is cut to a fixed
+//! size before it is written to S3 or DynamoDB. So no write can fail for its size, and the
+//! task item stays small. That matters because every guard read pays for the whole item.
 
 use std::fmt;
 use std::ops::Deref;
@@ -9,19 +9,20 @@ use sha2::{Digest, Sha256};
 
 /// At most `MAX` bytes of UTF-8. A longer value keeps its start and ends with a marker that
 /// names its full length and the start of its SHA-256, e.g.
-/// `text/html; x=aaaa...[cut: 9000 bytes, sha256 3a7bd3e2360a3d29]`; the marker is ASCII,
+/// `text/html; x=aaaa...[cut: 9000 bytes, sha256 3a7bd3e2360a3d29]`. The marker is ASCII,
 /// so an ASCII value (a URL, a header) stays ASCII.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Bounded<const MAX: usize>(String);
 
-/// A response's `Content-Type`: S3 sends it back as a header (S3 refuses request headers
-/// over 8 KB in all), and real media types are far shorter.
+/// A response's `Content-Type`. S3 sends it back as a header, and S3 refuses request
+/// headers over 8 KB in total. Real media types are far shorter.
 pub type ContentType = Bounded<512>;
-/// A URL a page led to (after redirects). Browsers and CDNs stop at about 8 KB; 2 KB keeps
-/// the task item small.
+/// The URL a page ended at, after redirects. Browsers and CDNs stop at about 8 KB. 2 KB
+/// keeps the task item small.
 pub type UrlText = Bounded<2048>;
-/// A URL in S3 user metadata, which S3 caps at 2 KB for all its keys and values together
-/// (an object has two, beside its SHA-256, validators and where it was refreshed from).
+/// A URL in S3 user metadata. S3 caps user metadata at 2 KB for all keys and values
+/// together. An object has two such URLs, next to its SHA-256, its validators and where it
+/// was refreshed from.
 pub type MetadataUrl = Bounded<560>;
 /// Why a task failed, as written on the task.
 pub type Reason = Bounded<1024>;

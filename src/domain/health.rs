@@ -1,8 +1,10 @@
-//! A host's health as the fleet learns it from its fetches, as pure arithmetic: how fast the
-//! site answers (an average and the floor it has when not loaded), and what a push-back, a
-//! failure or a slow answer does to the fleet's pace under the host's ceiling (the slowdown,
-//! raised at most once a round of fetches and wearing off by half-lives) and to its cooldown.
-//! docs/fetching.md argues the numbers.
+//! A host's health, as the fleet learns it from its fetches. This is pure arithmetic.
+//!
+//! It tracks how fast the site answers: an average, and a floor for when the site is not
+//! loaded. It also decides what a push-back, a failure or a slow answer does to the host's
+//! cooldown and to the fleet's pace (its request rate) under the host's ceiling. The pace is
+//! lowered by a slowdown factor. The slowdown is raised at most once per round of fetches and
+//! wears off by half-lives. docs/fetching.md explains the numbers.
 
 use crate::domain::limits::{
     HostState, MAX_RETRY_AFTER_MS, MAX_SLOWDOWN, MIN_COOLDOWN_MS, Millis, interval,
@@ -11,7 +13,7 @@ use crate::domain::limits::{
 /// What one fetch says of its host.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sign {
-    /// An answer that is no trouble (whatever its status), after this long.
+    /// An answer that means no trouble, whatever its status, after this long.
     Answered(Millis),
     /// 429 or 503: the site asks for less, perhaps with `Retry-After`.
     PushedBack(Option<Millis>),
@@ -21,33 +23,33 @@ pub enum Sign {
 
 /// The average answer time gives each new answer this weight.
 const ANSWER_WEIGHT: f64 = 0.2;
-/// The floor follows a slower average up by this share of the gap an answer (and down to
-/// a faster one at once), so it tracks the site's unloaded answer time.
+/// On each answer, the floor rises toward a slower average by this share of the gap. It
+/// drops to a faster average at once. So it tracks the site's answer time when not loaded.
 const FLOOR_RISE: f64 = 0.02;
-/// An average this many times its floor, and this much over it, is slow: the site queues
-/// our requests (a knee of its capacity).
+/// An average this many times its floor, and this much over it, is slow. It means the site
+/// queues our requests: we are at a knee of its capacity.
 const SLOW_FACTOR: f64 = 2.0;
 const SLOW_MARGIN_MS: f64 = 100.0;
-/// A push-back (the site's own word that we ask too much) multiplies the slowdown by this:
-/// the pace goes to two thirds, near CUBIC's 70%. The first one, with no knee yet, halves it,
-/// as TCP's slow start ends: a fleet at many times a site's capacity comes under it in fewer
-/// rounds, each of which meets a full queue. A failure or answers growing slow, signs that
-/// may not be about our load, take the gentler one (80%); a failing site's cooldown does the
-/// rest.
+/// A push-back is the site's own word that we ask too much. It multiplies the slowdown by
+/// this, so the pace goes to two thirds, near CUBIC's 70%. The first push-back, with no knee
+/// yet, halves the pace, as TCP does when slow start ends. So a fleet at many times a site's
+/// capacity gets under it in fewer rounds, and each of those rounds meets a full queue. A
+/// failure, or answers growing slow, may not be caused by our load. They take the gentler
+/// decrease (80%). A failing site's cooldown does the rest.
 pub const DECREASE: f64 = 1.5;
 pub const FIRST_DECREASE: f64 = 2.0;
 pub const SLOW_DECREASE: f64 = 1.25;
 /// A push-back drops the pace by how much slower answers have grown, up to this.
 const MOST_QUEUED_DECREASE: f64 = 4.0;
-/// A push-back or slow answers set the knee this much slower than the pace they struck
-/// at: the fleet comes back fast to 90% of it, and probes past that slowly.
+/// A push-back or slow answers set the knee this much slower than the pace they hit at. The
+/// fleet comes back fast to 90% of that pace, then probes past it slowly.
 const KNEE_MARGIN: f64 = 1.1;
-/// A drop counts the trouble of fetches that start within a round of it (the site's
-/// average answer time: a queue built before the drop takes that long to drain), a round
-/// being at most this long.
+/// A drop of the pace covers the trouble of fetches that start within a round of it. A
+/// round is the site's average answer time, since a queue built before the drop takes that
+/// long to drain. A round is at most this long.
 const MOST_ROUND_MS: Millis = 2_000;
-/// A failing host's cooldown lasts this long at first, and doubles while failures follow
-/// each other (within twice its length), up to the most.
+/// A failing host's cooldown lasts this long at first. It doubles while each failure comes
+/// within twice its length of the last, up to `MOST_COOLDOWN_MS`.
 const FIRST_COOLDOWN_MS: Millis = MIN_COOLDOWN_MS;
 const MOST_COOLDOWN_MS: Millis = 30_000;
 
@@ -71,26 +73,30 @@ pub fn is_slow((mean, floor): (f64, f64)) -> bool {
     mean > floor * SLOW_FACTOR && mean > floor + SLOW_MARGIN_MS
 }
 
-/// What the host's item records of a fetch's trouble: the cooldown (none: the pace alone
-/// drops), the slowdown from now (none: the pace stays) with the schedule restarted from
-/// now, and the failing cooldown's length.
+/// What the host's item records about a fetch's trouble. `cooldown_until`: the cooldown, or
+/// none when only the pace drops. `slowdown`: the slowdown from now, or none when the pace
+/// stays. `next_start`: the schedule, restarted from now. `cooldown_ms`: the failing
+/// cooldown's length.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Trouble {
     pub cooldown_until: Option<Millis>,
     pub slowdown: Option<f64>,
-    /// The knee the slowdown wears off to fast (none: at the one pace, for a failing site).
+    /// The knee: the slowdown wears off fast down to it. None for a failing site, whose
+    /// slowdown wears off at one speed.
     pub knee: Option<f64>,
     pub next_start: Option<Millis>,
     pub cooldown_ms: Option<Millis>,
 }
 
-/// The trouble to record after a fetch that started at `started` gave `sign` at `now`
-/// (`answers`: the item's answer times with this fetch's); `None`: nothing to record.
+/// The trouble to record after a fetch that started at `started` gave `sign` at `now`.
+/// `answers` holds the item's answer times, this fetch's included. `None` means nothing to
+/// record.
 ///
 /// A fetch that started before the last drop of the pace was recorded, or within a round
-/// after it, met the load the drop was for, so its trouble was counted: it drops nothing
-/// more (a burst of answers to one round of fetches drops the pace once, as TCP halves its
-/// window once a round trip). Its `Retry-After` is still obeyed.
+/// after it, met the load that drop was for. So its trouble was already counted, and it
+/// drops the pace no further. A burst of answers to one round of fetches drops the pace
+/// once, as TCP halves its window once per round trip. The fetch's `Retry-After` is still
+/// obeyed.
 pub fn trouble(
     state: &HostState,
     (sign, answers): (Sign, Option<(f64, f64)>),
@@ -116,11 +122,11 @@ pub fn trouble(
             }
         }),
         Sign::PushedBack(None) | Sign::Failing if counted => None,
-        // The drop and the schedule's restart space the next start by a slowed interval, or
-        // by the wait the site's queue adds to its answers if that is longer: what it has
-        // queued drains before the next start meets it (a pace just under its capacity
-        // drains a queue slowly, and each request that meets it full is refused and drops
-        // the pace again).
+        // The drop and the schedule's restart put the next start one slowed interval away,
+        // or further if the site's queue adds a longer wait to its answers. So what the site
+        // has queued drains before the next start reaches it. A pace just under its capacity
+        // drains a queue slowly, and each request that meets a full queue is refused and
+        // drops the pace again.
         Sign::PushedBack(None) => Some(Trouble {
             cooldown_until: Some(now.saturating_add(
                 interval(max_rps.or(Some(1.0)), slowed).map_or(1, |i| i.max(queue_wait(state))),
@@ -150,11 +156,11 @@ fn counted_since(state: &HostState, started: Millis) -> bool {
         .is_some_and(|(_, at)| at.saturating_add(round) >= started)
 }
 
-/// The drop of the pace `sign` asks for at `now`, the schedule restarted one slowed
-/// interval after it (a fetch may have started just before: the ceiling holds across the
-/// drop). Trouble strikes at the site's limit, or above it: the knee is set under that pace
-/// each time (CUBIC's W_max). A fleet far above the limit meets trouble again a round
-/// after each drop, long before it is back at the knee, so its drops compound.
+/// The drop of the pace that `sign` asks for at `now`. The schedule restarts one slowed
+/// interval after it, because a fetch may have started just before and the ceiling holds
+/// across the drop. Trouble strikes at the site's limit or above it. So each time, the knee
+/// is set under that pace, like CUBIC's W_max. A fleet far above the limit meets trouble
+/// again a round after each drop, long before it is back at the knee. So its drops compound.
 fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) -> Trouble {
     let in_force = state.slowdown_at(now);
     let factor = match sign {
@@ -172,11 +178,12 @@ fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) ->
     }
 }
 
-/// How many times its floor the host's average answer takes, at most
-/// [`MOST_QUEUED_DECREASE`]: a site that queues our requests answers that much slower, so a
-/// push-back then drops the pace at least that much (the queue says how far over its
-/// capacity the fleet is, where a fixed drop would take several rounds). Answers less than
-/// [`SLOW_MARGIN_MS`] over the floor count as unloaded: a fast site's jitter is no queue.
+/// The host's average answer time as a multiple of its floor, at most
+/// [`MOST_QUEUED_DECREASE`]. A site that queues our requests answers that much slower. So a
+/// push-back then drops the pace at least that much. The queue tells how far over the site's
+/// capacity the fleet is, where a fixed drop would take several rounds. Answers less than
+/// [`SLOW_MARGIN_MS`] over the floor count as unloaded, since a fast site's jitter is no
+/// queue.
 fn queued(state: &HostState) -> f64 {
     match state.answers {
         Some((mean, floor)) if mean > floor + SLOW_MARGIN_MS => {
@@ -186,18 +193,18 @@ fn queued(state: &HostState) -> f64 {
     }
 }
 
-/// How much longer than its floor the host's average answer takes (ms, at most a round):
-/// the wait a request meets in the site's queue, so about how long that queue takes to
-/// drain once no more requests join it.
+/// How much longer than its floor the host's average answer takes, in ms, at most a round.
+/// This is the wait a request meets in the site's queue. So it is about how long that queue
+/// takes to drain once no more requests join it.
 fn queue_wait(state: &HostState) -> Millis {
     state.answers.map_or(0, |(mean, floor)| {
         ((mean - floor).max(0.0) as Millis).min(MOST_ROUND_MS)
     })
 }
 
-/// Whether a start given at `given_at` was given before the last drop of the pace: it
-/// was spaced at the old pace, so it is void and the schedule is asked again (the drop
-/// restarted the schedule from its time, at the new pace).
+/// Whether a start given at `given_at` was given before the last drop of the pace. Such a
+/// start was spaced at the old pace, so it is void and the schedule is asked again. The
+/// drop restarted the schedule from its own time, at the new pace.
 pub fn voided(state: &HostState, given_at: Millis) -> bool {
     state.slowdown.is_some_and(|(_, at)| at > given_at)
 }
@@ -208,9 +215,9 @@ fn slowed_interval(max_rps: Option<f64>, slowdown: f64) -> Millis {
     interval(max_rps.or(Some(1.0)), slowdown).map_or(MIN_COOLDOWN_MS, |i| i.max(MIN_COOLDOWN_MS))
 }
 
-/// A failing host's cooldown: the first, or twice the last while failures follow it
-/// closely (a site down for a while is asked less and less often, as a circuit breaker
-/// does).
+/// A failing host's cooldown: the first one, or twice the last while failures follow it
+/// closely. So a site that is down for a while is asked less and less often, as with a
+/// circuit breaker.
 fn failing_cooldown(state: &HostState, now: Millis) -> Millis {
     match (state.cooldown_until, state.cooldown_ms) {
         (Some(until), Some(last)) if now <= until.saturating_add(2 * last) => {

@@ -56,9 +56,9 @@ pub struct TaskRef {
     pub job_id: Id,
     pub run_id: Id,
     pub task_id: Id,
-    /// Data contract v3: the run's tasks are spread over its `counter_shards` (this many)
-    /// partition keys, one per shard, and its results over [`RESULT_SPREAD`] prefixes.
-    /// `None`: v1 and v2, one partition key and one prefix per run.
+    /// Data contract v3: the run's `counter_shards`. The run's tasks are spread over this
+    /// many partition keys, one per shard, and its results over [`RESULT_SPREAD`] prefixes.
+    /// `None` for v1 and v2, which use one partition key and one prefix per run.
     pub spread: Option<u32>,
 }
 
@@ -75,7 +75,7 @@ impl<'a> RunRef<'a> {
     }
 }
 
-/// The most counter shards (and so task partition keys) a v3 run may spread over.
+/// The most counter shards a v3 run may spread over. Each shard is one task partition key.
 pub const MAX_SPREAD: u32 = 65_536;
 
 /// The result prefixes a v3 run's objects spread over (two hex digits).
@@ -112,7 +112,7 @@ impl TaskRef {
 }
 
 /// A task's counter shard among `shards`: the first four bytes of the SHA-256 of its id,
-/// big-endian, modulo `shards` (producers compute the same).
+/// big-endian, modulo `shards`. Producers compute the same.
 pub fn shard_of(task: &Id, shards: u32) -> u32 {
     let digest = Sha256::digest(task.as_str().as_bytes());
     let first = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
@@ -134,7 +134,8 @@ impl ResultKey {
         }
     }
 
-    /// A key read back from storage; trusted because only [`ResultKey::for_task`] writes them.
+    /// A key read back from storage. It is trusted because only [`ResultKey::for_task`]
+    /// writes them.
     pub fn from_stored(key: String) -> Self {
         Self(key)
     }
@@ -144,9 +145,9 @@ impl ResultKey {
     }
 }
 
-/// A v3 result's first key segment: two hex digits, the first byte of the SHA-256 of
-/// `<job_id>/<run_id>/<task_id>`, so a run's objects spread over 256 prefixes that S3
-/// partitions apart.
+/// A v3 result's first key segment: the first byte of the SHA-256 of
+/// `<job_id>/<run_id>/<task_id>`, as two hex digits. So a run's objects spread over 256
+/// prefixes, which S3 partitions separately.
 fn spread_prefix(task: &TaskRef) -> String {
     let named = format!("{}/{}/{}", task.job_id, task.run_id, task.task_id);
     format!("{:02x}", Sha256::digest(named.as_bytes())[0])
@@ -158,9 +159,8 @@ impl fmt::Display for ResultKey {
     }
 }
 
-/// Where a poison message is kept: `<prefix><message id>.json`. A message id outside the id
-/// alphabet has the other characters replaced by `_`, so the key stays one plain path
-/// segment.
+/// Where a poison message is kept: `<prefix><message id>.json`. Characters of the message
+/// id outside the id alphabet are replaced by `_`, so the key stays one plain path segment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct QuarantineKey(String);
 
@@ -182,9 +182,9 @@ impl QuarantineKey {
         Self(format!("{prefix}{safe}.json"))
     }
 
-    /// The key a replayed message was quarantined under before (its
-    /// [`REPLAYED_FROM`] attribute), if it is one this prefix's keys could be: a poison body
-    /// replayed again lands on the same object, never beside it.
+    /// The key a replayed message was quarantined under before, from its [`REPLAYED_FROM`]
+    /// attribute. `None` unless it is a valid key under this prefix. So a replayed body that
+    /// is poison again is written to the same object, never to a new one beside it.
     pub fn replayed(prefix: &str, key: &str) -> Option<Self> {
         let id = key.strip_prefix(prefix)?.strip_suffix(".json")?;
         let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
@@ -197,8 +197,8 @@ impl QuarantineKey {
     }
 }
 
-/// The message attribute `conveyor-ops replay-quarantine` names a replayed body's
-/// quarantine object by.
+/// The message attribute in which `conveyor-ops replay-quarantine` names a replayed body's
+/// quarantine object.
 pub const REPLAYED_FROM: &str = "conveyor-quarantine-key";
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
-//! A host's shared limits as pure arithmetic: the rate as a schedule of start times (GCRA:
-//! each fetch reserves the next start, one interval after the last), in-flight slots with
-//! leases that lapse by themselves, and a cooldown after the host pushed back.
+//! A host's shared limits, as pure arithmetic. The rate limit is a schedule of start times
+//! (GCRA): each fetch reserves the next start, one interval after the last. In-flight slots
+//! are held with leases that expire by themselves. A cooldown follows when the host pushed
+//! back.
 
 /// Milliseconds since the Unix epoch: the one clock every sandbox shares.
 pub type Millis = u64;
 
-/// The key a host's politeness is kept under (its schedule, slots, cooldown and health):
-/// by default the host, its name and port, one key however the URL spells them
-/// (`example.com:443`): the name lower-case and IDNA-encoded (`url` does both), without the
-/// root's trailing dot, and the port always written (the scheme's default too). A job may
-/// key by the registrable domain (`domain:example.co.uk`) or the address the name resolves
-/// to (`address:192.0.2.1`), so the many sites of one shared host share one schedule. At
-/// most 260 bytes (a DNS name is at most 253), so it is safe in a key; the prefixes keep
-/// the kinds apart (a host key always ends in its port).
+/// The key a host's politeness state is kept under: its schedule, slots, cooldown and
+/// health. By default the key is the host's name and port (`example.com:443`), the same
+/// however the URL spells them. The name is lower-case and IDNA-encoded (`url` does both),
+/// without the root's trailing dot. The port is always written, even the scheme's default.
+/// A job may instead key by the registrable domain (`domain:example.co.uk`) or by the
+/// address the name resolves to (`address:192.0.2.1`). Then the many sites of one shared
+/// host share one schedule. The key is at most 260 bytes (a DNS name is at most 253), so
+/// it is safe inside an item's key. The prefixes keep the kinds apart, since a host key
+/// always ends in its port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Host(String);
 
@@ -25,12 +27,12 @@ pub enum PoliteKey {
     /// The registrable domain (the Public Suffix List's eTLD+1): `a.example.com` and
     /// `b.example.com` share one schedule.
     Domain,
-    /// The address the host's name resolves to: a shared host's many sites share one.
+    /// The address the host's name resolves to. All sites on one shared host share one.
     Address,
 }
 
 impl PoliteKey {
-    /// The job item's spelling; `None` for anything else.
+    /// The job item's spelling. `None` for anything else.
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "host" => Some(Self::Host),
@@ -42,7 +44,7 @@ impl PoliteKey {
 }
 
 impl Host {
-    /// The host of an absolute http(s) URL; `None` for anything else.
+    /// The host of an absolute http(s) URL. `None` for anything else.
     pub fn of(url: &url::Url) -> Option<Self> {
         let name = match url.host()? {
             // `example.com.` names `example.com` (the trailing dot is the DNS root's).
@@ -57,8 +59,8 @@ impl Host {
         (host.len() <= 260).then_some(Self(host))
     }
 
-    /// The registrable domain of a URL's host (the Public Suffix List's, whatever the port
-    /// and scheme); `None` for an address or a name with none (`localhost`, a bare suffix).
+    /// The registrable domain of a URL's host, by the Public Suffix List, whatever the port
+    /// and scheme. `None` for an address, or a name without one (`localhost`, a bare suffix).
     pub fn domain_of(url: &url::Url) -> Option<Self> {
         let url::Host::Domain(name) = url.host()? else {
             return None;
@@ -79,8 +81,8 @@ impl Host {
     }
 }
 
-/// A job's own politeness (its item's `host_max_rps`, `host_max_inflight`, `obey_robots`,
-/// `politeness_key`; data contract v2). A limit of 0 means none.
+/// A job's own politeness settings: its item's `host_max_rps`, `host_max_inflight`,
+/// `obey_robots` and `politeness_key` (data contract v2). A limit of 0 means no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct JobPoliteness {
     pub max_rps: Option<f64>,
@@ -90,9 +92,9 @@ pub struct JobPoliteness {
 }
 
 impl JobPoliteness {
-    /// A job's limits as stored, each kept only when it is in range (at most 10,000 a
-    /// second, at most [`MAX_SLOTS`] in flight); else the fleet's setting stands. The second
-    /// value says whether a limit was dropped.
+    /// A job's limits as stored. Each is kept only when it is in range: at most 10,000 a
+    /// second, and at most [`MAX_SLOTS`] in flight. Otherwise the fleet's setting applies.
+    /// The second value says whether a limit was dropped.
     pub fn in_range(
         max_rps: Option<f64>,
         max_inflight: Option<u32>,
@@ -109,11 +111,11 @@ impl JobPoliteness {
     }
 }
 
-/// The most in-flight slots a host item keeps (`HOST_MAX_INFLIGHT` at most this).
+/// The most in-flight slots a host item keeps. `HOST_MAX_INFLIGHT` is at most this.
 pub const MAX_SLOTS: u32 = 64;
 
-/// How much of a robots.txt is read and parsed: RFC 9309 (2.5) asks parsers to read at
-/// least 500 KiB; the rest of a longer file is not fetched.
+/// How much of a robots.txt is read and parsed. RFC 9309 (2.5) asks parsers to read at
+/// least 500 KiB. The rest of a longer file is not fetched.
 pub const MAX_ROBOTS_BYTES: usize = 500 * 1024;
 
 /// How hard the fleet may press one host. `None`: no limit of that kind.
@@ -135,7 +137,8 @@ impl HostLimits {
         self.max_rps.is_none() && self.max_inflight.is_none()
     }
 
-    /// With robots.txt's `Crawl-delay` (seconds): the host's rate if that is lower.
+    /// Applies robots.txt's `Crawl-delay` (in seconds). Its rate becomes the host's rate if
+    /// it is lower.
     pub fn with_crawl_delay(self, delay_s: Option<f64>) -> Self {
         let Some(delay) = delay_s.filter(|d| *d > 0.0) else {
             return self;
@@ -150,18 +153,19 @@ impl HostLimits {
 
 /// A `Crawl-delay` past this is taken as this (one fetch a minute).
 const MAX_CRAWL_DELAY_S: f64 = 60.0;
-/// The slowdown after trouble at most, and how fast it wears off (halves).
+/// The largest slowdown after trouble, and its half-life (how fast it wears off).
 pub const MAX_SLOWDOWN: f64 = 64.0;
 pub const SLOWDOWN_HALF_LIFE_MS: f64 = 60_000.0;
-/// With a knee (the pace a push-back or slow answers struck at), the slowdown wears off
-/// fast down to it, then slowly past it: the fleet comes back near the site's limit in
-/// seconds and probes beyond it over minutes (as TCP CUBIC grows its window).
+/// The knee is the pace at which a push-back or slow answers hit. With a knee, the slowdown
+/// wears off fast down to it, then slowly past it. So the fleet comes back near the site's
+/// limit in seconds, and probes beyond it over minutes, as TCP CUBIC grows its window.
 pub const TO_KNEE_HALF_LIFE_MS: f64 = 20_000.0;
 pub const PAST_KNEE_HALF_LIFE_MS: f64 = 240_000.0;
-/// A failing site's cooldown lasts at least this long (a push-back's without `Retry-After`
-/// is one slowed interval).
+/// A failing site's cooldown lasts at least this long. The cooldown after a push-back
+/// without `Retry-After` is one slowed interval.
 pub const MIN_COOLDOWN_MS: Millis = 1_000;
-/// A site's `Retry-After` past this (a day) is taken as this: its cooldown, and a task's hold.
+/// A site's `Retry-After` longer than this (a day) is cut to this, for the host's cooldown
+/// and for a task's hold.
 pub const MAX_RETRY_AFTER_MS: Millis = 24 * 3_600_000;
 
 /// A host's shared state, as stored.
@@ -169,25 +173,25 @@ pub const MAX_RETRY_AFTER_MS: Millis = 24 * 3_600_000;
 pub struct HostState {
     /// The earliest start of the next fetch (the theoretical arrival time).
     pub next_start: Option<Millis>,
-    /// In-flight slot `i` held until this time (a crashed holder's lapses by itself).
+    /// In-flight slot `i` is held until this time. A crashed holder's slot expires by itself.
     pub slots: Vec<Option<Millis>>,
     /// No fetch starts before this.
     pub cooldown_until: Option<Millis>,
     /// The slowdown factor set by the host's last trouble, and when (`domain::health`).
     pub slowdown: Option<(f64, Millis)>,
-    /// The slowdown the last push-back or slow answers struck at (the site's knee), if
-    /// they set the last one.
+    /// The site's knee: the slowdown at which the last push-back or slow answers hit, if
+    /// they set the last slowdown.
     pub knee: Option<f64>,
-    /// The fleet's average answer time of the host and its floor (ms), from every fetch that
-    /// gave its slot back.
+    /// The fleet's average answer time for the host, and its floor, in ms. Every fetch that
+    /// gave its slot back counts.
     pub answers: Option<(f64, f64)>,
     /// The length of the last cooldown set without `Retry-After`.
     pub cooldown_ms: Option<Millis>,
 }
 
 impl HostState {
-    /// The slowdown in force at `now`, never under 1: halving every half-life; with a knee,
-    /// fast down to it, then slowly past it.
+    /// The slowdown in force at `now`, never under 1. It halves every half-life. With a
+    /// knee, it wears off fast down to the knee, then slowly past it.
     pub fn slowdown_at(&self, now: Millis) -> f64 {
         let Some((factor, at)) = self.slowdown else {
             return 1.0;
@@ -208,7 +212,7 @@ impl HostState {
         slowdown.max(1.0)
     }
 
-    /// The fleet's average answer time of the host, if it has one.
+    /// The fleet's average answer time for the host, if it has one.
     pub fn usual_answer(&self) -> Option<std::time::Duration> {
         let (mean, _) = self.answers?;
         Some(std::time::Duration::from_millis(mean.max(0.0) as u64))
@@ -229,13 +233,13 @@ impl HostState {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ask {
     pub now: Millis,
-    /// Its interval: 1 / rate, times the slowdown in force (`None`: no rate limit).
+    /// Its interval: 1 / rate, times the slowdown in force. `None` means no rate limit.
     pub interval: Option<Millis>,
     /// The latest start it will wait for (it sleeps until its start).
     pub horizon: Millis,
-    /// The slot it takes, until when (`None`: no in-flight limit).
+    /// The slot it takes, and until when. `None` means no in-flight limit.
     pub slot: Option<(usize, Millis)>,
-    /// The host's slots for this fetch (its in-flight limit; 0: none).
+    /// The host's number of slots for this fetch: its in-flight limit, or 0 for none.
     pub slots: u32,
 }
 
@@ -262,9 +266,9 @@ impl Ask {
 pub enum Grant {
     /// Start at this time (now or within the horizon).
     StartAt(Millis),
-    /// The schedule's next start is this, past the horizon: nothing taken.
+    /// The schedule's next start is this, past the horizon. Nothing was taken.
     Later(Millis),
-    /// Not now: the host is cooling down, or the slot is taken; come back after about this
+    /// Not now: the host is cooling down, or the slot is taken. Ask again after about this
     /// long.
     Wait(Millis),
 }
@@ -274,7 +278,8 @@ pub fn interval(max_rps: Option<f64>, slowdown: f64) -> Option<Millis> {
     max_rps.map(|rps| ((1_000.0 / rps) * slowdown).ceil().max(1.0) as Millis)
 }
 
-/// The schedule's answer and the state after it: the rule the DynamoDB conditions encode.
+/// The schedule's answer, and the state after it. This is the rule that the DynamoDB
+/// conditions encode.
 pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
     let now = ask.now;
     if let Some(until) = state.cooldown_until.filter(|u| *u > now) {
@@ -285,8 +290,8 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
     {
         return (Grant::Wait(SLOT_RETRY_MS), state.clone());
     }
-    // Without a rate the schedule does not apply: a slot alone is asked for (a booked start
-    // takes only its slot, whatever is booked after it).
+    // Without a rate the schedule does not apply, and only a slot is asked for. A booked
+    // start, too, takes only its slot, whatever is booked after it.
     let start = match ask.interval {
         Some(_) => state.next_start.map_or(now, |next| next.max(now)),
         None => now,
@@ -317,7 +322,8 @@ impl Grant {
     }
 }
 
-/// How long a fetch that lost the host's schedule to others twice waits before it asks again.
+/// How long a fetch waits before it asks again, after others beat it to the host's schedule
+/// twice.
 pub const CONTENDED_RETRY_MS: Millis = 250;
 
 /// How long a fetch that found every slot taken waits before it asks again.

@@ -1,39 +1,40 @@
-//! An SQS message, parsed once: the task it names, what the worker's own copies carry, and
-//! the rule for every way a message is born.
+//! An SQS message, parsed once: the task it names, and what the worker's own copies carry.
+//! The table gives the rule for each way a message can come to be.
 //!
-//! | born as | how the worker tells | what it carries |
+//! | comes from | how the worker tells | what it carries |
 //! |---|---|---|
 //! | a producer's message | no `copied_at` | nothing: its tries begin when it was sent |
-//! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booking, one wait more, the first wait's start; the rest as it was |
-//! | a copy for AWS's push-back, or a final attempt's | as above | the receives spent, one copy more, the first push-back (kept); the rest as it was |
-//! | a copy moved to the back of its FIFO group (a wait, or held behind its group, on the receive before its last) | as a parked copy | what it carried |
+//! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booked start, the wait count plus one, when the first wait began; the rest unchanged |
+//! | a copy sent because AWS pushed back, or for a final attempt | as above | the receives used so far, the copy count plus one, when AWS first pushed back (kept from earlier copies); the rest unchanged |
+//! | a copy moved to the back of its FIFO group (to wait, or because it is held behind its group, on its second-to-last receive) | as a parked copy | what it carried |
 //! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
 //! | `conveyor-ops redrive --move` | [`Message::redriven`]: the task's fields alone | nothing |
-//! | SQS's own redrive (a move task) | `copied_at` older than when SQS took it by more than [`REDRIVE_GAP`] | what it carried is dropped: a fresh set of tries |
+//! | SQS's own redrive (a message move task) | `copied_at` more than [`REDRIVE_GAP`] before SQS took it | nothing: what it carried is dropped, so its tries start afresh |
 //!
 //! Every copy keeps the producer's own fields, its `MessageGroupId` and its message
-//! attributes (the worker's part: `worker/park.rs`). A field of the worker's that is not a
-//! whole number reads as absent; a body from the previous release reads the same, since the
+//! attributes. The worker's part is in `worker/park.rs`. A worker field that is not a whole
+//! number reads as absent. A body from the previous release reads the same way, since the
 //! field names did not change (`tests/fixtures/messages/`).
 
 use serde_json::{Map, Value};
 
 use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 
-/// A body that can never name a task; redelivering it would only use up receives.
+/// A body that can never name a task. Redelivering it would only use up receives.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Poison(pub String);
 
-/// A copy SQS took this much later than the worker wrote it was not sent by the worker: it is
-/// a redrive from the dead-letter queue (the worker's own copies are sent as they are written;
-/// a message reaches the dead-letter queue minutes after its last copy at the least).
+/// If SQS took a copy this much later than the worker wrote it, the worker did not send it.
+/// It is a redrive from the dead-letter queue. The worker sends its own copies as soon as it
+/// writes them, and a message reaches the dead-letter queue at least minutes after its last
+/// copy.
 pub const REDRIVE_GAP_MS: u64 = 60_000;
 
 /// [`REDRIVE_GAP_MS`], as the docs name it.
 pub const REDRIVE_GAP: std::time::Duration = std::time::Duration::from_millis(REDRIVE_GAP_MS);
 
-/// What the worker's own copies carry beside the task (all absent in a producer's body).
+/// What the worker's own copies carry besides the task. All absent in a producer's body.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Carried {
     /// The start its host's schedule booked for it (ms since the epoch).
@@ -43,18 +44,19 @@ pub struct Carried {
     pub polite_since: Option<u64>,
     /// The receives earlier copies spent on the task.
     pub receives_before: u32,
-    /// How many copies were sent for another try (a final attempt of ours, AWS's push-back).
+    /// How many copies were sent for another try: after a final attempt that ended for a
+    /// reason on our side, or after AWS pushed back.
     pub copies: u32,
     /// When AWS first pushed back on its copies (ms since the epoch).
     pub pressed_since: Option<u64>,
     /// When the worker sent this copy (ms since the epoch).
     pub copied_at: Option<u64>,
-    /// When the task's current set of tries began: when the first message of the line was
-    /// sent (ms since the epoch).
+    /// When the task's current set of tries began: when the first message in this chain of
+    /// copies was sent (ms since the epoch).
     pub tries_since: Option<u64>,
 }
 
-/// The body's field for each carried value. The names are the previous release's.
+/// The body field for each carried value. The names are the same as in the previous release.
 const BOOKING: &str = "polite_start";
 const WAITS: &str = "polite_waits";
 const SINCE: &str = "polite_since";
@@ -82,14 +84,14 @@ const SPREAD: &str = "task_shards";
 pub struct Message {
     pub task: TaskRef,
     pub carried: Carried,
-    /// SQS took it again long after the worker wrote it: what it carried was dropped.
+    /// SQS took it again long after the worker wrote it, so what it carried was dropped.
     pub redriven: bool,
     /// The body's fields as they came, the producer's own ones included.
     fields: Map<String, Value>,
 }
 
 impl Message {
-    /// Reads a body `sent_at` (SQS's `SentTimestamp`, ms since the epoch, if known).
+    /// Reads a body sent at `sent_at`: SQS's `SentTimestamp` in ms since the epoch, if known.
     pub fn parse(body: Option<&str>, sent_at: Option<u64>) -> Result<Self, Poison> {
         let fields = object(body)?;
         let task = task_of(&fields)?;
@@ -108,8 +110,8 @@ impl Message {
         })
     }
 
-    /// The body of a copy parked for its host's turn: carrying `booked` (or none), one wait
-    /// more and the first wait's start (`now` if this is the first).
+    /// The body of a copy parked for its host's turn. It carries `booked` (or none), one
+    /// more wait, and when the first wait began (`now` if this is the first).
     pub fn parked(&self, booked: Option<u64>, now: u64) -> String {
         let carried = Carried {
             booking: booked,
@@ -121,8 +123,9 @@ impl Message {
         self.with(carried)
     }
 
-    /// The body of a copy sent for another try: `spent` receives behind it, one copy more,
-    /// and `pressed_at` if AWS pushed back on this one (an earlier copy's start is kept).
+    /// The body of a copy sent for another try. It carries `spent` receives used so far and
+    /// one more copy. It carries `pressed_at` if AWS pushed back on this one, unless an
+    /// earlier copy already set that start, which is kept.
     pub fn another_try(&self, spent: u32, pressed_at: Option<u64>, now: u64) -> String {
         let carried = Carried {
             receives_before: spent,
@@ -177,7 +180,7 @@ impl Message {
 }
 
 impl Carried {
-    /// What a body carries, as written (absent for a body that is no JSON object).
+    /// What a body carries, as written. All absent for a body that is not a JSON object.
     pub fn read(body: Option<&str>) -> Self {
         object(body).map_or_else(|_| Self::default(), |fields| Self::of(&fields))
     }
@@ -212,7 +215,7 @@ pub fn body(task: &TaskRef) -> String {
 }
 
 /// The task a body names: `{"job_id": "...", "run_id": "...", "task_id": "..."}` and, in
-/// data contract v3, `"task_shards": N`; unknown fields are ignored.
+/// data contract v3, `"task_shards": N`. Unknown fields are ignored.
 pub fn parse_body(body: Option<&str>) -> Result<TaskRef, Poison> {
     task_of(&object(body)?)
 }

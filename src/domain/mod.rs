@@ -1,5 +1,6 @@
-//! The types every step shares, free of AWS: ids, the message body, tasks and their ends,
-//! a host's limits and their rule, its health, a refresh's earlier result, bounded text and time.
+//! The types every stage shares, with nothing from AWS in them: ids, the message body, tasks
+//! and their end states, a host's limits and the rule that applies them, the host's health, a
+//! refresh's earlier result, bounded text and time.
 
 pub mod blocks;
 pub mod bounds;

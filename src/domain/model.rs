@@ -45,7 +45,7 @@ impl TaskStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
     pub status: TaskStatus,
-    /// As the producer wrote it; checked by the scraper, not here.
+    /// As the producer wrote it. The scraper checks it, not this type.
     pub url: Option<String>,
     /// A refresh task's earlier result, when the producer gave a whole and valid one.
     pub prior: Option<Prior>,
@@ -53,10 +53,11 @@ pub struct Task {
     pub tries: Tries,
 }
 
-/// A task's set of tries: its claims (every fetch follows one), when the message that
-/// began the set was sent (ms since the epoch; `None` before the worker wrote it), and
-/// whether its final attempt failed for a reason of ours (`tries_spent`: its messages go
-/// to the dead-letter queue, the task left open).
+/// A task's current set of tries. `attempts` counts its claims, and every fetch follows a
+/// claim. `since` is when the message that began the set was sent, in ms since the epoch.
+/// It is `None` until the worker has written it. `spent` says whether the final attempt
+/// failed for a reason on our side (`tries_spent`). Then the task's messages go to the
+/// dead-letter queue and the task is left open.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tries {
     pub attempts: u32,
@@ -65,16 +66,17 @@ pub struct Tries {
 }
 
 impl Tries {
-    /// Whether a message of a line whose tries began `since` begins a fresh set: one sent
-    /// more than `gap_ms` after this set began (a message back from the dead-letter queue, a
-    /// re-queue). Items written before the set was kept count on.
+    /// Whether a message begins a fresh set of tries. `since` is when the tries of the
+    /// message's chain of copies began. The set is fresh when that is more than `gap_ms`
+    /// after this set began, as for a message back from the dead-letter queue or a re-queue.
+    /// Items written before the set's start was stored keep counting.
     pub fn fresh_for(&self, since: Option<u64>, gap_ms: u64) -> bool {
         matches!((self.since, since), (Some(current), Some(new)) if new > current.saturating_add(gap_ms))
     }
 }
 
-/// The statuses of a task's job and run (`None`: the item is gone), and how the run counts
-/// its tasks.
+/// The statuses of a task's job and run (`None` when the item is gone), and how the run
+/// counts its tasks.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Parents {
     pub job_status: Option<String>,
@@ -89,8 +91,9 @@ pub struct Parents {
     pub paid_budget: Option<u64>,
 }
 
-/// Where a task is counted when it ends: its run's own item (data contract v1), or one of
-/// the run's counter shards (v2: `counter_shards` on the run item), picked from the task id.
+/// Where a task is counted when it ends: on its run's own item (data contract v1), or on
+/// one of the run's counter shards, picked from the task id (v2: `counter_shards` on the
+/// run item).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Counting {
     #[default]
@@ -99,8 +102,8 @@ pub enum Counting {
 }
 
 impl Counting {
-    /// The run item's `counter_shards` and `counter_groups`, when it has them (0 counts as
-    /// none).
+    /// The run item's `counter_shards` and `counter_groups`, when it has them. 0 counts as
+    /// none.
     pub fn of(counter_shards: Option<u32>, counter_groups: Option<u32>) -> Self {
         match counter_shards {
             Some(shards) if shards > 0 => Self::Shards(Sharding {
@@ -112,9 +115,9 @@ impl Counting {
     }
 }
 
-/// A run's counter tree (data contract v2): `shards` count its tasks; with `groups` (0:
-/// none), each group counts its shards not yet done, and the run its groups; without, the
-/// run counts its shards.
+/// A run's counter tree (data contract v2). The `shards` count its tasks. With `groups`
+/// (0 means none), each group counts its shards not yet done, and the run counts its
+/// groups. Without groups, the run counts its shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharding {
     pub shards: u32,
@@ -123,7 +126,7 @@ pub struct Sharding {
 
 impl Sharding {
     /// The counter shard of a task: the first four bytes of the SHA-256 of its id,
-    /// big-endian, modulo `shards` (producers compute the same to size each shard).
+    /// big-endian, modulo `shards`. Producers compute the same to size each shard.
     pub fn shard_of(&self, task: &Id) -> u32 {
         crate::domain::ids::shard_of(task, self.shards)
     }
@@ -134,9 +137,9 @@ impl Sharding {
     }
 }
 
-/// A run's counter tree as its producer sizes it: the tasks of each shard, the shards with
-/// tasks of each group, and what the run counts (only counters with something to count are
-/// left to count: an empty shard is done from the start).
+/// A run's counter tree as its producer sizes it: the tasks in each shard, the shards with
+/// tasks in each group, and what the run counts. Only counters with something to count
+/// start as not done. An empty shard is done from the start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardSizes {
     pub sharding: Sharding,
@@ -155,7 +158,7 @@ impl ShardSizes {
         }
     }
 
-    /// Each group's shards with tasks (none without groups).
+    /// How many shards with tasks each group has (empty without groups).
     pub fn group_shards(&self) -> Vec<u64> {
         let mut groups = vec![0; self.sharding.groups as usize];
         for (shard, tasks) in self.shard_tasks.iter().enumerate() {
@@ -180,8 +183,8 @@ impl ShardSizes {
 }
 
 /// A page as fetched: the bytes exactly as served, with what the response said of them.
-/// A `304 Not Modified` to a conditional request is a page too, with no body: the earlier
-/// result is the page.
+/// A `304 Not Modified` answer to a conditional request is a page too, with no body. The
+/// earlier result is then the page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
     /// The URL as requested, normalised (ASCII).
@@ -215,7 +218,7 @@ pub struct StoredResult {
     pub final_url: UrlText,
     /// The validators of the response it was stored from (or confirmed by).
     pub validators: Validators,
-    /// Carried forward from an earlier result on a `304 Not Modified`: nothing was fetched.
+    /// Carried forward from an earlier result on a `304 Not Modified`. Nothing was fetched.
     pub not_modified: bool,
 }
 
@@ -227,7 +230,7 @@ pub struct Failure {
 }
 
 impl StoredResult {
-    /// The least that describes the object: what a record refused as invalid falls back to.
+    /// The least that describes the object. A record refused as invalid falls back to this.
     pub fn minimal(&self) -> Self {
         Self {
             content_type: ContentType::default(),
@@ -285,10 +288,10 @@ mod tests {
 /// What a delivery does when another one holds the same task at the same moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DuplicatePolicy {
-    /// Both scrape; the first stored object wins and the other converges on it.
+    /// Both scrape. The first stored object wins, and the other delivery converges on it.
     Converge,
-    /// The claim takes a lease until the invocation's deadline; a delivery that finds
-    /// another invocation's live lease is retried after it, without scraping.
+    /// The claim takes a lease until the invocation's deadline. A delivery that finds
+    /// another invocation's live lease does not scrape, and is retried after the lease.
     Lease,
 }
 

@@ -1,5 +1,5 @@
-//! Proxy egress: the tiers `PROXY_URLS` names, their credentials (from Secrets Manager,
-//! never logged), and the proxy of a tier a host sticks to for a session.
+//! Proxy egress: the proxy tiers that `PROXY_URLS` lists, their credentials (from Secrets
+//! Manager, never logged), and which proxy of a tier a host sticks to for a session.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -19,14 +19,14 @@ pub const MAX_PER_TIER: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyAddr {
     url: Url,
-    /// `host:port`, made once: every fetch compares and hashes it.
+    /// `host:port`, built once, because every fetch compares and hashes it.
     label: String,
 }
 
 impl ProxyAddr {
-    /// A proxy URL from `PROXY_URLS`; credentials are refused (they belong in the secret).
-    /// No error quotes the entry: whatever it holds (a credential, a token in a path or
-    /// query), it may be a secret written in the wrong place.
+    /// A proxy URL from `PROXY_URLS`. Credentials in it are refused: they belong in the
+    /// secret. No error quotes the entry. Whatever it holds, such as a credential or a token
+    /// in a path or query, may be a secret written in the wrong place.
     pub fn parse(raw: &str) -> Result<Self, String> {
         let url = Url::parse(raw.trim()).map_err(|e| format!("does not parse as a URL ({e})"))?;
         if !url.username().is_empty() || url.password().is_some() {
@@ -54,7 +54,7 @@ impl ProxyAddr {
         &self.label
     }
 
-    /// The host the proxy's client resolves (IPv6 without brackets); `None` for a literal.
+    /// The host the proxy's client resolves (IPv6 without brackets). `None` for a literal.
     pub fn name(&self) -> Option<&str> {
         match self.url.host()? {
             url::Host::Domain(name) => Some(name),
@@ -124,10 +124,10 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// The secret `PROXY_SECRET_ARN` names, a JSON object: `username` and `password` for every
-/// proxy, `tiers` (a list, in tier order, `null` to skip one) for a tier's, `proxies` (by
-/// `host:port`) for one proxy's; the most specific wins. A proxy none of them covers gets no
-/// credentials.
+/// The secret that `PROXY_SECRET_ARN` names, a JSON object. `username` and `password` apply
+/// to every proxy. `tiers` gives a tier's credentials: a list in tier order, with `null` to
+/// skip a tier. `proxies` gives one proxy's, keyed by `host:port`. The most specific wins. A
+/// proxy that none of them covers gets no credentials.
 #[derive(Clone, Default)]
 pub struct ProxySecret {
     all: Option<Credentials>,
@@ -190,9 +190,10 @@ impl ProxySecret {
     }
 }
 
-/// The proxy of a tier a host uses now: the same one from every sandbox for a whole session
-/// (rendezvous hashing of host, proxy and session), so a site sees one address per session
-/// and its cookies and rate limits line up; each host's sessions end at its own moment.
+/// The proxy of a tier that a host uses now. Every sandbox picks the same one for a whole
+/// session, by rendezvous hashing of host, proxy and session. So a site sees one address per
+/// session, and its cookies and rate limits line up. Each host's sessions end at a moment of
+/// its own.
 pub fn sticky<P: Borrow<ProxyAddr>>(
     host: &str,
     proxies: &[P],

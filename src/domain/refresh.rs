@@ -1,17 +1,19 @@
-//! A refresh: a task that knows its earlier result (the run it refreshes stored it), asks
-//! the site whether the page changed since (RFC 9110 conditional requests), and on "304 Not
-//! Modified" carries the earlier object forward instead of paying for the page again.
+//! A refresh is a task that knows its earlier result, stored by the run it refreshes. It
+//! asks the site whether the page changed since, with an RFC 9110 conditional request. On
+//! "304 Not Modified" it carries the earlier object forward instead of paying for the page
+//! again.
 
 use crate::domain::ids::ResultKey;
 
-/// The longest entity tag kept (and sent back): real ones are a hash or two.
+/// The longest entity tag kept and sent back. Real ones are a hash or two long.
 pub const MAX_ETAG: usize = 192;
 /// The longest `Last-Modified` kept: an HTTP-date is 29 characters.
 pub const MAX_LAST_MODIFIED: usize = 40;
 
-/// An entity tag as a site sent it in `ETag`, strong (`"xyz"`) or weak (`W/"xyz"`): the
-/// grammar of RFC 9110 (8.8.3) in visible ASCII, at most [`MAX_ETAG`] bytes, so it is safe to
-/// send back in `If-None-Match` and to keep in a task item and an object's metadata.
+/// An entity tag as a site sent it in `ETag`, strong (`"xyz"`) or weak (`W/"xyz"`). It
+/// follows the grammar of RFC 9110 (8.8.3) in visible ASCII, and is at most [`MAX_ETAG`]
+/// bytes. So it is safe to send back in `If-None-Match`, and to keep in a task item and in
+/// an object's metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ETag(String);
 
@@ -29,8 +31,8 @@ impl ETag {
         &self.0
     }
 
-    /// The tag without its weakness: what the weak comparison of RFC 9110 (8.8.3.2)
-    /// compares, the one `If-None-Match` uses.
+    /// The tag without its weak marker (`W/`). The weak comparison of RFC 9110 (8.8.3.2)
+    /// compares this, and `If-None-Match` uses that comparison.
     fn opaque(&self) -> &str {
         self.0.strip_prefix("W/").unwrap_or(&self.0)
     }
@@ -41,8 +43,9 @@ impl ETag {
     }
 }
 
-/// A `Last-Modified` value as a site sent it: an HTTP-date (RFC 9110 5.6.7), at most
-/// [`MAX_LAST_MODIFIED`] bytes, kept as sent (it goes back as `If-Modified-Since` exactly).
+/// A `Last-Modified` value as a site sent it: an HTTP-date (RFC 9110 5.6.7) of at most
+/// [`MAX_LAST_MODIFIED`] bytes. It is kept exactly as sent, because it goes back unchanged
+/// as `If-Modified-Since`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastModified(String);
 
@@ -81,10 +84,10 @@ impl Validators {
     }
 
     /// Whether a 304 that says `answered` confirms the representation these validators
-    /// (sent as `If-None-Match` and `If-Modified-Since`) name: a validator the 304 carries
-    /// must be the one sent (an entity tag weakly; RFC 9111 4.3.4 selects the stored
-    /// response by it); one it leaves out confirms nothing against it. A 304 that names an
-    /// entity tag when none was sent refers to some other representation.
+    /// name. They were sent as `If-None-Match` and `If-Modified-Since`. A validator the 304
+    /// carries must be the one sent. An entity tag is compared weakly, since RFC 9111 4.3.4
+    /// selects the stored response by it. A validator the 304 leaves out is not checked. A
+    /// 304 that names an entity tag when none was sent refers to some other representation.
     pub fn confirmed_by(&self, answered: &Self) -> bool {
         let etag = match (&self.etag, &answered.etag) {
             (Some(sent), Some(said)) => sent.weakly_matches(said),
@@ -136,8 +139,8 @@ impl Prior {
         })
     }
 
-    /// Whether its object is one of the results under `prefix` (no other object may be
-    /// carried forward).
+    /// Whether its object is one of the results under `prefix`. No other object may be
+    /// carried forward.
     pub fn is_under(&self, prefix: &str) -> bool {
         self.key.as_str().starts_with(prefix)
     }

@@ -1,5 +1,5 @@
-//! What fetching through proxies costs: requests, and bytes received and on the wire, per
-//! proxy tier; and the block pages met on the way, per tier and direct.
+//! What fetching through proxies costs, per proxy tier: requests, bytes received and bytes
+//! on the wire. Also the block pages met on the way, per tier and for direct fetches.
 
 /// The most proxy tiers `PROXY_URLS` may name.
 pub const MAX_TIERS: usize = 4;
@@ -8,17 +8,17 @@ pub const MAX_TIERS: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
     Granted,
-    /// What sandboxes gave back as spent has reached the budget (or the run has none).
+    /// What sandboxes reported as spent has reached the budget, or the run has no budget.
     Spent,
-    /// Reserved to the end, but not all spent: fetches in flight, or sandboxes that have not
-    /// given back yet, hold the rest. Worth asking again soon.
+    /// The whole budget is reserved, but not all of it is spent. Fetches in flight, or
+    /// sandboxes that have not given back yet, hold the rest. Worth asking again soon.
     Held,
 }
 
-/// A sandbox's lease on the paid-tier bytes it reserved of a run: whose they are, and until
-/// when (milliseconds since the epoch) they count as held. Past that, a sandbox that finds
-/// the budget held may take them back for the run: a sandbox that died holding them strands
-/// them no longer than that.
+/// A sandbox's lease on the paid-tier bytes it reserved from a run: whose they are, and
+/// until when (milliseconds since the epoch) they count as held. After that, a sandbox that
+/// finds the budget held may take them back for the run. So a sandbox that died holding
+/// them strands them no longer than the lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaidLease {
     /// The sandbox, as its allowances name it (random per cold start).
@@ -26,10 +26,10 @@ pub struct PaidLease {
     pub expires_at_ms: u64,
 }
 
-/// Requests sent and bytes through one tier: `bytes` of bodies received (decoded, as the
-/// pages are stored), `wire_bytes` as the proxy carried them both ways (request and answer
-/// heads, bodies as sent, CONNECT and TLS): what providers bill. `blocks`: the answers
-/// that were a bot manager's block or challenge page (`domain::blocks`).
+/// Requests sent and bytes through one tier. `bytes` counts the bodies received, decoded, as
+/// the pages are stored. `wire_bytes` counts what the proxy carried both ways: request and
+/// response headers, bodies as sent, CONNECT and TLS. That is what providers bill. `blocks`
+/// counts the responses that were a bot manager's block or challenge page (`domain::blocks`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierSpend {
     pub requests: u64,
@@ -43,8 +43,8 @@ impl TierSpend {
         *self == Self::default()
     }
 
-    /// What the paid tier's budget is charged: the wire bytes, or where none were counted
-    /// (no relay saw the connection), the body bytes.
+    /// What the paid tier's budget is charged: the wire bytes. Where none were counted (no
+    /// relay saw the connection), the body bytes.
     pub fn billed(&self) -> u64 {
         if self.wire_bytes > 0 {
             self.wire_bytes
@@ -54,9 +54,9 @@ impl TierSpend {
     }
 }
 
-/// The spend of one delivery's fetch (or of a run, summed), tier by tier; tier 1 is the
-/// first of `PROXY_URLS`. A direct fetch spends nothing here; the blocks it met are
-/// counted apart ([`Spend::direct_blocks`]).
+/// The spend of one delivery's fetch, or a run's summed spend, tier by tier. Tier 1 is the
+/// first in `PROXY_URLS`. A direct fetch spends nothing here. The blocks it met are counted
+/// separately ([`Spend::direct_blocks`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spend {
     tiers: [TierSpend; MAX_TIERS],
@@ -64,8 +64,8 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// Adds `spent` to `tier` (1-based); a tier past [`MAX_TIERS`] is ignored (config
-    /// refuses it).
+    /// Adds `spent` to `tier` (1-based). A tier past [`MAX_TIERS`] is ignored. The config
+    /// refuses such a tier anyway.
     pub fn add(&mut self, tier: usize, spent: TierSpend) {
         if let Some(spend) = tier.checked_sub(1).and_then(|i| self.tiers.get_mut(i)) {
             spend.requests += spent.requests;
@@ -109,7 +109,7 @@ impl Spend {
         self.spent().next().is_none() && self.direct_blocks == 0
     }
 
-    /// What every tier's spend is billed ([`TierSpend::billed`]), together.
+    /// The billed amount ([`TierSpend::billed`]) of every tier, summed.
     pub fn billed(&self) -> u64 {
         self.spent().map(|(_, spend)| spend.billed()).sum()
     }
@@ -124,10 +124,10 @@ impl Spend {
     }
 }
 
-/// One delivery's spend, and the delivery's name (at most 36 characters): a terminal write
-/// that counts the spend keeps the name on the task, so that the same delivery's spend
-/// recorded alone after it (its answer lost, the write sent again and refused) is not
-/// counted twice.
+/// One delivery's spend, and the delivery's name (at most 36 characters). A terminal write
+/// that counts the spend keeps the name on the task. The same delivery's spend may later be
+/// recorded on its own: the write's response was lost, and the write was sent again and
+/// refused. The name on the task keeps that spend from being counted twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeliverySpend<'a> {
     pub spend: &'a Spend,

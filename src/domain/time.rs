@@ -1,4 +1,4 @@
-//! Time as the records write it.
+//! Time, in the formats the worker writes it.
 
 use std::time::SystemTime;
 
@@ -14,5 +14,5 @@ pub fn epoch_millis(at: SystemTime) -> u128 {
         .as_millis()
 }
 
-/// A fetch given less time than this would mostly time out: not started.
+/// A fetch given less time than this would mostly time out, so it is not started.
 pub const MIN_FETCH: std::time::Duration = std::time::Duration::from_secs(1);

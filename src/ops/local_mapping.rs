@@ -1,7 +1,7 @@
 //! A local event source mapping: what Lambda's SQS integration does, against a queue in a
 //! local emulator. Pollers long-poll batches, run them through the handler, delete exactly
-//! the acknowledged messages and leave the rest to come back after their visibility timeout;
-//! the queue's own redrive policy moves repeat failures to its dead-letter queue.
+//! the acknowledged messages, and leave the rest to come back after their visibility
+//! timeout. The queue's own redrive policy moves repeat failures to its dead-letter queue.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -50,13 +50,13 @@ pub struct MappingStats {
     pub failing: Mutex<Option<(Instant, String)>>,
     /// Message ids deleted after an ack.
     pub acked: Mutex<HashSet<String>>,
-    /// Deliveries of a message another poller held at that moment (SQS delivers at least
-    /// once: under `DUPLICATE_POLICY=converge` both scrape), and the ids held now.
+    /// Deliveries of a message that another poller held at that moment, and the ids held
+    /// now. SQS delivers at least once, and under `DUPLICATE_POLICY=converge` both scrape.
     pub doubled: AtomicU64,
     held: Mutex<HashMap<String, usize>>,
-    /// What the records came to: tasks ended successful (by this mapping's deliveries),
-    /// failed, and acknowledged without work (already ended, not wanted, poison); bytes
-    /// stored.
+    /// What the records came to: tasks that ended successful (by this mapping's
+    /// deliveries), tasks that failed, and records acknowledged without work (already ended,
+    /// not wanted, poison). Also the bytes stored.
     pub successful: AtomicU64,
     pub failed: AtomicU64,
     pub without_work: AtomicU64,
@@ -64,8 +64,8 @@ pub struct MappingStats {
 }
 
 impl MappingStats {
-    /// The batch's messages are held by a poller until `release`; one another holds too is
-    /// counted as doubled.
+    /// The batch's messages are held by a poller until `release`. A message that another
+    /// poller holds too is counted as doubled.
     fn hold(&self, messages: &[Message]) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         for id in messages.iter().filter_map(|m| m.message_id()) {
@@ -145,8 +145,8 @@ impl MappingStats {
     }
 }
 
-/// Runs `pollers` poll loops until `done` says stop (checked between batches). A failed SQS
-/// call of the mapping is logged and counted and polling goes on, as with Lambda: a message
+/// Runs `pollers` poll loops until `done` says stop, checked between batches. A failed SQS
+/// call of the mapping is logged and counted, and polling goes on, as with Lambda. A message
 /// whose delete failed simply comes back.
 pub async fn run<P: ProcessRecord>(
     queue: &SqsQueue,
@@ -266,7 +266,7 @@ async fn watch(
     }
 }
 
-/// One poller: receive a batch, run it, delete what was acknowledged; until `done`.
+/// One poller: receive a batch, run it, delete what was acknowledged. Repeat until `done`.
 async fn poll<P: ProcessRecord>(
     queue: &SqsQueue,
     processor: &P,
@@ -310,8 +310,8 @@ async fn poll<P: ProcessRecord>(
     }
 }
 
-/// One invocation: the batch through the processor, then the acknowledged messages
-/// deleted; the ids deleted, and what the records came to.
+/// One invocation: run the batch through the processor, then delete the acknowledged
+/// messages. Returns the ids deleted, and what the records came to.
 async fn invoke<P: ProcessRecord>(
     queue: &SqsQueue,
     processor: &P,
@@ -343,9 +343,9 @@ async fn invoke<P: ProcessRecord>(
     Ok((ids, run.tally))
 }
 
-/// A failed SQS call of the mapping: counted, said at the first of a streak only, and a
-/// pause that grows with the streak (to 5 s), so an emulator gone is not asked 20 times a
-/// second.
+/// A failed SQS call of the mapping. It is counted, and logged as a warning only at the
+/// start of a streak. Then it pauses, longer as the streak grows (up to 5 s), so an emulator
+/// that is gone is not asked 20 times a second.
 async fn failed(stats: &MappingStats, err: &StoreError) {
     let calls = stats.sqs_errors.fetch_add(1, Ordering::Relaxed);
     let (first, streak) = {

@@ -1,5 +1,5 @@
-//! The operator's routines, one file each, each given only the stores it uses; what
-//! `conveyor-ops` (src/bin) runs.
+//! The operator's routines, one file each. Each routine gets only the stores it uses.
+//! `conveyor-ops` (src/bin) runs them.
 
 pub mod local_mapping;
 pub mod progress;

@@ -42,7 +42,8 @@ impl RunProgress {
             .sum()
     }
 
-    /// Where the run item's count of tasks left and its tasks disagree, why that can be.
+    /// Where the run item's count of tasks left and its tasks disagree, a note on why that
+    /// can happen.
     pub fn disagreement(&self) -> Option<String> {
         let remaining: u64 = self.run.get("tasks_remaining")?.parse().ok()?;
         let open = self.total() - self.finished();
@@ -61,9 +62,9 @@ impl RunProgress {
     }
 
     /// The run ended (completed, cancelled, failed), or, for a run without counters, has no
-    /// task left to end. A counted run is followed until its status says so: its tasks are
-    /// read after its item, and in v2 the count climbs to the run a transaction at a time, so
-    /// every task can be seen ended while the run is still, rightly, `running`.
+    /// task left to end. A counted run is followed until its status says it ended. Its tasks
+    /// are read after its item, and in v2 the count climbs to the run one transaction at a
+    /// time. So every task can be seen ended while the run is still, rightly, `running`.
     pub fn ended(&self) -> bool {
         let counted = self.run.contains_key("tasks_remaining");
         match self.run.get("status").map(String::as_str) {
@@ -119,8 +120,8 @@ pub async fn progress(
     Ok(progress)
 }
 
-/// The run item's progress attributes, as text (for a run counted in shards, the shards'
-/// counters added up); an error when the run does not exist.
+/// The run item's progress attributes, as text. For a run counted in shards, the shards'
+/// counters are added up. An error when the run does not exist.
 pub async fn run_fields(
     tasks: &DynamoTaskStore,
     job: &Id,

@@ -1,5 +1,5 @@
 //! `conveyor-ops redrive`: what the dead-letter queue holds, each message with its task and
-//! receives, and (when asked) every one moved back to the task queue.
+//! receive count. When asked, it moves every one back to the task queue.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -29,22 +29,22 @@ pub struct Redriven {
     pub moved: usize,
 }
 
-/// How long a message read by a redrive stays hidden: the listing makes every one visible
-/// again at its end, and one that comes back before then (a listing that took longer) is
-/// told by its id.
+/// How long a message read by a redrive stays hidden. The listing makes every one visible
+/// again at its end. A message that comes back before then, because the listing took
+/// longer, is recognised by its id.
 const HIDDEN_SECONDS: i32 = 300;
 
-/// Reads up to `most` messages of `dead`, each once; with `to`, sends each back to it and
-/// deletes it from `dead` (sent first: a crash in between leaves a duplicate, which the
-/// worker absorbs); without, makes them visible again, as they were. It stops when the
-/// queue has none left to read, or gives only messages it read already.
+/// Reads up to `most` messages of `dead`, each once. With `to`, it sends each one there and
+/// deletes it from `dead`. The send comes first, so a crash in between leaves a duplicate,
+/// which the worker absorbs. Without `to`, it makes them visible again, as they were. It
+/// stops when the queue has none left to read, or returns only messages it read already.
 pub async fn redrive(
     dead: &SqsQueue,
     to: Option<&SqsQueue>,
     most: usize,
 ) -> Result<Redriven, StoreError> {
     let mut redriven = Redriven::default();
-    // Each message read, by id, with its latest receipt (only that one releases it).
+    // Each message read, by id, with its latest receipt handle. Only that one releases it.
     let mut held: HashMap<String, Message> = HashMap::new();
     let mut read: HashSet<String> = HashSet::new();
     while redriven.seen.len() < most {
@@ -86,11 +86,11 @@ pub async fn redrive(
     Ok(redriven)
 }
 
-/// What goes back to the task queue for a dead letter: the producer's fields alone, so the
-/// task gets a fresh set of tries, with the message's group (a fair queue's tenant, a FIFO
-/// queue's order) and message attributes. On a FIFO queue the copy is named for
-/// deduplication by the dead letter: a redrive that stopped between its send and its delete
-/// and is run again within SQS's five minutes sends it once.
+/// What goes back to the task queue for a dead-lettered message. It carries the producer's
+/// fields alone, so the task gets a fresh set of tries. It keeps the message's group (a fair
+/// queue's tenant, a FIFO queue's order) and message attributes. On a FIFO queue, the copy's
+/// deduplication id comes from the dead-lettered message. So a redrive that stopped between
+/// its send and its delete, and is run again within SQS's five minutes, sends it once.
 fn moved(message: &Message, fifo: bool) -> MessageCopy {
     let record = to_record(message, "");
     let dedup = message.message_id().map(|id| format!("redrive#{id}"));
@@ -103,8 +103,8 @@ fn moved(message: &Message, fifo: bool) -> MessageCopy {
     }
 }
 
-/// The body sent back to the task queue: the producer's fields alone, so the task gets a fresh
-/// set of tries (a body that names no task goes back as it was).
+/// The body sent back to the task queue: the producer's fields alone, so the task gets a
+/// fresh set of tries. A body that names no task goes back as it was.
 fn fresh_body(body: Option<&str>) -> String {
     match message::Message::parse(body, None) {
         Ok(message) => message.redriven(),

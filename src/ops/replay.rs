@@ -1,6 +1,7 @@
-//! `conveyor-ops replay-quarantine`: each quarantined poison message's body sent back to the
-//! queue (once the producer or the worker is fixed), optionally deleting what was sent; a
-//! body still poison lands on its own object again, never beside it; and the list of them.
+//! `conveyor-ops replay-quarantine`: sends each quarantined poison message's body back to
+//! the queue, once the producer or the worker is fixed, and can delete what was sent. A body
+//! that is still poison lands on its own object again, never beside it. Also lists the
+//! quarantined messages.
 
 use crate::domain::ids::REPLAYED_FROM;
 use crate::ports::error::StoreError;
@@ -16,10 +17,11 @@ pub struct Replayed {
     pub skipped: Vec<(String, String)>,
 }
 
-/// Sends each quarantined message's body under `prefix` back to the queue; with `delete`
-/// (how long each message waits in the queue), removes each object once its body is sent:
-/// the wait, longer than the delete takes, has a body still poison quarantined again after
-/// the delete, never before it (which would delete the new record).
+/// Sends each quarantined message's body under `prefix` back to the queue. With `delete`,
+/// removes each object once its body is sent. `delete` is how long each message waits in
+/// the queue. The wait is longer than the delete takes, so a body that is still poison is
+/// quarantined again after the delete, never before it. Before it, the delete would remove
+/// the new record.
 pub async fn replay_quarantine(
     quarantine: &S3ResultStore,
     prefix: &str,
@@ -30,7 +32,7 @@ pub async fn replay_quarantine(
     for key in quarantine.keys_under(prefix).await? {
         match original_body(&quarantine.read(&key).await?) {
             Ok(body) => {
-                // Named by its object, so that a body still poison lands on it again.
+                // Tagged with its object's key, so that a body still poison lands on it again.
                 let delay = delete.unwrap_or_default();
                 queue
                     .send_with(&body, &[(REPLAYED_FROM, &key)], delay)

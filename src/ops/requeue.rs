@@ -1,5 +1,6 @@
-//! `conveyor-ops requeue-failed`: a run's failed tasks back to pending (with the run's
-//! counters, reopening a completed run) and one message each; never a cancelled run.
+//! `conveyor-ops requeue-failed`: sets a run's failed tasks back to pending, with the run's
+//! counters, and sends one message for each. This reopens a completed run. A cancelled run
+//! is never re-queued.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,22 +24,23 @@ pub struct Requeued {
     pub reset: Vec<String>,
     /// Task ids sent to the queue.
     pub sent: Vec<String>,
-    /// Task ids whose message could not be sent: re-run with `resend_open`.
+    /// Task ids whose message could not be sent. Re-run with `resend_open` to send them.
     pub unsent: Vec<String>,
-    /// Failed tasks left failed because concurrent writes kept conflicting with the reset:
-    /// re-run to re-queue them.
+    /// Failed tasks left failed because concurrent writes kept conflicting with the reset.
+    /// Re-run to re-queue them.
     pub conflicted: Vec<String>,
-    /// Why the re-queue stopped before the run's last task (an error, or the operator's
-    /// interrupt); every task reset before it was sent its message all the same.
+    /// Why the re-queue stopped before the run's last task: an error, or the operator's
+    /// interrupt. Every task reset before that was still sent its message.
     pub stopped: Option<String>,
 }
 
-/// Tasks reset before their messages are sent: a failure or an interrupt between the two
-/// leaves at most this many pending without a message (`--resend-open` sends them).
+/// How many tasks are reset before their messages are sent. A failure or an interrupt
+/// between the two leaves at most this many pending without a message (`--resend-open`
+/// sends them).
 const RESET_AHEAD: usize = 10;
 
 /// How long, and how often, one task's reset is tried again while it conflicts with
-/// concurrent writes: an operator can wait longer than an invocation.
+/// concurrent writes. An operator can wait longer than an invocation.
 const RESET_PATIENCE: Duration = Duration::from_secs(20);
 const RESET_RETRIES: RetryPolicy = RetryPolicy {
     attempts: 12,
@@ -46,13 +48,13 @@ const RESET_RETRIES: RetryPolicy = RetryPolicy {
     max_pause: Duration::from_secs(2),
 };
 
-/// Sets the run's failed tasks back to pending (each with its run's or counter shard's
-/// count, in one transaction, so a task is never counted twice) and sends one message per
-/// task, each ten right after its resets. With `resend_open`, tasks not ended (pending, or
-/// processing with their message gone) are sent again too (a duplicate is harmless: the
-/// worker converges). A
-/// cancelled run is left alone. An error, or `stop` turning true, ends it early (said in
-/// [`Requeued::stopped`]) once the resets made so far are sent.
+/// Sets the run's failed tasks back to pending, and sends one message per task, each ten
+/// right after their resets. Each reset updates its run's or counter shard's count in the
+/// same transaction, so a task is never counted twice. With `resend_open`, tasks not ended
+/// (pending, or processing with their message gone) are sent again too. A duplicate is
+/// harmless, because the worker converges. A cancelled run is left alone. An error, or
+/// `stop` turning true, ends it early ([`Requeued::stopped`] says why), once the resets
+/// made so far are sent.
 pub async fn requeue_failed(
     tasks: &DynamoTaskStore,
     queue: &SqsQueue,
@@ -134,7 +136,7 @@ async fn reset(
         .await
 }
 
-/// One message per task, ten to a request; what SQS did not take is listed as unsent.
+/// One message per task, ten to a request. What SQS did not take is listed as unsent.
 async fn send(queue: &SqsQueue, tasks: &[TaskRef], requeued: &mut Requeued) {
     for chunk in tasks.chunks(10) {
         let ids = |tasks: &[TaskRef]| {

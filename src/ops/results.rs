@@ -1,6 +1,6 @@
 //! `conveyor-ops results`: what a run's tasks ended as. Each successful task's stored object
-//! is checked against the task's record (its metadata, and when downloaded its bytes against
-//! the record's SHA-256); each failed task says why.
+//! is checked against the task's record: its metadata, and, when downloaded, its bytes
+//! against the record's SHA-256. Each failed task says why it failed.
 
 use std::path::{Path, PathBuf};
 
@@ -42,7 +42,7 @@ pub struct TaskResult {
 pub enum Check {
     /// The object is there and matches the record.
     Verified,
-    /// The object is missing, or differs from the record: how.
+    /// The object is missing, or differs from the record. Says how.
     Mismatch(String),
     /// Not a successful task: nothing to check.
     NotApplicable,
@@ -56,7 +56,7 @@ pub struct Options {
     pub out: Option<PathBuf>,
 }
 
-/// Objects checked (or downloaded) at once.
+/// How many objects are checked (or downloaded) at once.
 const AT_ONCE: usize = 16;
 
 /// Why the results could not be read or written.

@@ -1,8 +1,8 @@
-//! `conveyor-ops submit`: the producer's half. A list of URLs becomes a job, a run with its
-//! counters (on the run item, or in counter shards) and one pending task per URL (the data
+//! `conveyor-ops submit`: the producer's side. A list of URLs becomes a job, a run with its
+//! counters (on the run item, or in counter shards), one pending task per URL (the data
 //! contract), and one message per task.
-//! Safe to run again after a crash: creates never overwrite, and the run's submit cursor
-//! says which tasks were written and sent.
+//! It is safe to run again after a crash: creates never overwrite, and the run's submit
+//! cursor says which tasks were written and sent.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,14 +28,14 @@ pub struct Invalid {
     pub why: String,
 }
 
-/// The URLs to submit, each with its line (which names its task: [`task_id`]).
+/// The URLs to submit, each with its line number, which names its task ([`task_id`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UrlList {
     pub urls: Vec<(usize, String)>,
     pub invalid: Vec<Invalid>,
 }
 
-/// Reads a list: one URL a line; blank lines and lines starting with `#` are skipped.
+/// Reads a list: one URL per line. Blank lines and lines starting with `#` are skipped.
 pub fn read_list(text: &str) -> UrlList {
     let mut list = UrlList::default();
     for (index, raw) in text.lines().enumerate() {
@@ -51,8 +51,8 @@ pub fn read_list(text: &str) -> UrlList {
     list
 }
 
-/// A URL the worker could fetch: parses, http or https, no credentials, at most 8 KB. (Where
-/// it points is the fetcher's to judge, when it resolves the name.)
+/// A URL the worker could fetch: it parses, is http or https, has no credentials, and is at
+/// most 8 KB. Where it points is for the fetcher to judge, when it resolves the name.
 pub fn check_url(raw: &str) -> Result<String, String> {
     if raw.len() > MAX_URL_BYTES {
         return Err(format!("longer than {MAX_URL_BYTES} bytes"));
@@ -67,7 +67,8 @@ pub fn check_url(raw: &str) -> Result<String, String> {
     Ok(url.to_string())
 }
 
-/// The task of the URL on `line`: `t000042` (stable while the list is).
+/// The task id of the URL on `line`, such as `t000042`. It stays the same while the list
+/// does.
 pub fn task_id(line: usize) -> Id {
     // Digits after a letter are always a valid id.
     Id::parse(&format!("t{line:06}")).expect("t and digits is an id")
@@ -80,7 +81,7 @@ pub struct Submitted {
     pub total: u64,
     /// Tasks already written and sent by an earlier submit, skipped.
     pub resumed_from: u64,
-    /// Tasks this submit created (the rest of those it went through existed already).
+    /// Tasks this submit created. The rest of those it went through existed already.
     pub created: u64,
     /// Of those, tasks given their earlier result (a refresh run).
     pub with_earlier: u64,
@@ -89,7 +90,7 @@ pub struct Submitted {
 
 /// Tasks written and sent between two moves of the run's submit cursor.
 const CHUNK: usize = 100;
-/// Conditional puts in flight at once.
+/// How many conditional puts are in flight at once.
 const PUTS_AT_ONCE: usize = 16;
 
 /// How a submitted run keeps its tasks: its counter tree (none: the run item counts, v1),
@@ -106,7 +107,7 @@ pub struct Layout<'a> {
 type EarlierRun<'a> = (&'a Id, Option<u32>);
 
 /// Creates the job, the run and the tasks, and sends one message per task, a chunk at a
-/// time; `progress` is told how many tasks are done after each chunk. A run that exists
+/// time. `progress` is told how many tasks are done after each chunk. A run that exists
 /// keeps the layout it was created with.
 pub async fn submit(
     tasks: &DynamoTaskStore,
@@ -150,8 +151,8 @@ pub async fn submit(
     Ok(submitted)
 }
 
-/// The run with its counters, or the one an earlier submit created: where that one stopped,
-/// and over how many shards the run's tasks spread (v3), if they do.
+/// Creates the run with its counters, or takes the one an earlier submit created. Returns
+/// where that one stopped, and how many shards the run's tasks spread over (v3), if they do.
 async fn create_run(
     tasks: &DynamoTaskStore,
     run: RunRef<'_>,
@@ -186,17 +187,18 @@ async fn create_run(
             from
         }
     };
-    // Before any task: a task is only ever sent once its counters exist.
+    // Before any task, because a task is only ever sent once its counters exist.
     if let Some(sizes) = &sizes {
         tasks.create_counters(job, run_id, sizes).await?;
     }
     Ok((resumed_from, spread))
 }
 
-/// The counter tree of a run of `tasks` whose producer does not say (`shards` and `groups`
-/// given override it; 0 shards: the run item counts, contract v1): none under 100 tasks;
-/// else a shard per 16 tasks, at most 16,384; past 64 shards, a group per 64 shards.
-/// docs/performance.md has the model behind these numbers.
+/// The counter tree for a run of `tasks`, when the producer does not choose one. `shards`
+/// and `groups`, when given, override it. 0 shards means the run item counts (contract v1).
+/// By default there is no tree under 100 tasks. Otherwise there is a shard per 16 tasks, at
+/// most 16,384, and past 64 shards, a group per 64 shards. docs/performance.md has the model
+/// behind these numbers.
 pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<Sharding> {
     let shards = match shards {
         Some(shards) => shards,
@@ -207,8 +209,8 @@ pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<
     (shards > 0).then_some(Sharding { shards, groups })
 }
 
-/// The run was created for as many URLs as this list has; refused naming the first line
-/// past the shorter of the two.
+/// Checks that the run was created for as many URLs as this list has. If not, refuses,
+/// naming the first line past the shorter of the two.
 fn same_length(
     item: &crate::store::dynamo::attributes::Item,
     run: RunRef<'_>,
@@ -239,8 +241,8 @@ fn same_length(
     Err(refused(why))
 }
 
-/// The tasks an earlier submit wrote have the URLs of this list, read 100 at a time:
-/// refused at the first line whose URL differs.
+/// Checks that the tasks an earlier submit wrote have the URLs of this list, read 100 at a
+/// time. Refuses at the first line whose URL differs.
 async fn same_list(
     tasks: &DynamoTaskStore,
     (job, run, spread): (&Id, &Id, Option<u32>),
@@ -282,8 +284,9 @@ async fn earlier_run<'a>(
     }
 }
 
-/// The earlier results of a chunk's tasks that a refresh can carry forward: the earlier
-/// run's task of the same line, successful, with the same URL (read 100 at a time).
+/// The earlier results of a chunk's tasks that a refresh can carry forward. Each comes from
+/// the earlier run's task of the same line, if it succeeded with the same URL. Read 100 at a
+/// time.
 async fn earlier_results(
     tasks: &DynamoTaskStore,
     (job, (earlier, spread)): (&Id, EarlierRun<'_>),
@@ -306,8 +309,8 @@ async fn earlier_results(
         .collect())
 }
 
-/// Creates a chunk's tasks (a few at once), each with its earlier result if it has one; a
-/// task that exists must have the same URL.
+/// Creates a chunk's tasks (a few at once), each with its earlier result if it has one. A
+/// task that exists already must have the same URL.
 async fn create_tasks(
     tasks: &DynamoTaskStore,
     (job, run, spread): (&Id, &Id, Option<u32>),
@@ -341,7 +344,7 @@ async fn create_tasks(
     Ok(created.into_iter().map(|(task, _)| task).collect())
 }
 
-/// Sends one message per task, ten to a request; what SQS does not take is sent again, up
+/// Sends one message per task, ten to a request. What SQS does not take is sent again, up
 /// to five times.
 async fn send_all(queue: &SqsQueue, tasks: &[TaskRef]) -> Result<(), StoreError> {
     let sends = tasks.chunks(10).map(|batch| send_batch(queue, batch));

@@ -1,6 +1,6 @@
-//! The ports' error: what a store call that gave no usable answer says. It names what went
-//! wrong as far as a caller branches on it (throttled, a conflict, invalid, ...), or the
-//! stored data it could not read. The adapters classify the SDK's errors into it
+//! The ports' error type, for a store call that gave no usable answer. It names what went
+//! wrong in as much detail as a caller branches on (throttled, a conflict, invalid, ...), or
+//! the stored data it could not read. The adapters sort the SDK's errors into it
 //! (`store::error`), so no caller sees an SDK type.
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -17,20 +17,21 @@ pub enum StoreFault {
     TimedOut,
     /// The request never got there (DNS, connect, TLS, credentials).
     NotSent,
-    /// Another request was changing the same item or object at that moment (a DynamoDB
-    /// transaction in flight, S3's 409 to racing conditional writes): try again shortly.
+    /// Another request was changing the same item or object at that moment, such as a
+    /// DynamoDB transaction in flight, or S3's 409 to racing conditional writes. Try again
+    /// shortly.
     Conflict,
-    /// The service refused the request itself as invalid (too large, malformed): sending
+    /// The service refused the request itself as invalid (too large, malformed). Sending
     /// the same request again can never succeed.
     Invalid { code: String },
-    /// The service refused the request (access denied, missing table or bucket): a
-    /// configuration problem that a redelivery may outlast once it is fixed.
+    /// The service refused the request (access denied, missing table or bucket). This is a
+    /// configuration problem. A redelivery may succeed once it is fixed.
     Refused { code: String },
 }
 
 impl StoreFault {
-    /// AWS pushed back or did not answer (throttled, failed, timed out, not sent): worth
-    /// another try once the load has eased, not at once.
+    /// AWS pushed back or did not answer (throttled, failed, timed out, not sent). Worth
+    /// another try once the load has eased, but not at once.
     pub fn is_push_back(&self) -> bool {
         matches!(
             self,
@@ -55,9 +56,9 @@ impl std::fmt::Display for StoreFault {
 
 /// A store call that did not give an answer the worker can act on.
 ///
-/// Unless the worker can write something else in its place ([`StoreError::is_invalid`]),
-/// every variant asks for a redelivery: AWS faults and concurrent changes pass, and data we
-/// cannot read is a bug that must reach the dead-letter queue rather than be dropped.
+/// Every variant asks for a redelivery, unless the worker can write something else in its
+/// place ([`StoreError::is_invalid`]). AWS faults and concurrent changes pass. Data we cannot
+/// read is a bug, and must reach the dead-letter queue rather than be dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("{operation} {fault}")]
@@ -69,9 +70,10 @@ pub enum StoreError {
     },
     #[error("unreadable {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
-    /// What the worker read changed before its next request (an object gone between two
-    /// requests, counters that kept changing): trying again shortly may get past it. AWS's
-    /// own refusal of a request that met a concurrent one is [`StoreFault::Conflict`].
+    /// What the worker read changed before its next request: an object gone between two
+    /// requests, or counters that kept changing. Trying again shortly may get past it. When
+    /// AWS itself refuses a request that met a concurrent one, that is
+    /// [`StoreFault::Conflict`] instead.
     #[error("concurrent change: {detail}")]
     Changed { detail: String },
     /// The stored state forbids what was asked (an operator's re-queue of a cancelled run).
@@ -80,8 +82,8 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// A failed request whose fault the caller classified (a cancelled transaction, by its
-    /// reasons; keys a batch read left unprocessed).
+    /// A failed request whose fault the caller classified itself: a cancelled transaction,
+    /// by its cancellation reasons, or keys that a batch read left unprocessed.
     pub fn failed(operation: &'static str, fault: StoreFault, source: impl Into<BoxError>) -> Self {
         Self::Failed {
             operation,

@@ -1,5 +1,5 @@
-//! The hosts' port: a host's shared schedule, slots and cooldown, and the fleet's copy of its
-//! robots.txt, shared by every sandbox.
+//! The hosts port: a host's schedule, slots and cooldown, and the fleet's copy of its
+//! robots.txt. Every sandbox shares them.
 
 use std::future::Future;
 
@@ -18,13 +18,13 @@ pub struct RobotsRecord {
 pub enum Robots {
     /// A robots.txt to obey (its first [`MAX_ROBOTS_BYTES`](crate::domain::limits::MAX_ROBOTS_BYTES)).
     Rules(Vec<u8>),
-    /// None there (4xx): everything allowed.
+    /// No robots.txt there (4xx): everything is allowed.
     AllowAll,
-    /// The host could not say (5xx, unreachable): nothing allowed until it expires.
+    /// The host could not serve it (5xx, unreachable): nothing is allowed until it expires.
     Unavailable,
-    /// Our proxy could not fetch it (a 407, a gateway error, no connection): nothing allowed
-    /// until it expires, and a failure of ours for the records that meet it. Kept as
-    /// `unavailable` with `ours`, which the previous release reads as unavailable.
+    /// Our proxy could not fetch it (a 407, a gateway error, no connection). Nothing is
+    /// allowed until it expires, and the records that meet it count a failure on our side.
+    /// Stored as `unavailable` with `ours`, which the previous release reads as unavailable.
     ProxyFailed,
 }
 
@@ -38,8 +38,9 @@ impl Robots {
     }
 }
 
-/// A push-back's write: recorded, or refused, with the host's item as it is: a longer
-/// cooldown stood, or the slowdown moved since it was read.
+/// The result of writing a push-back: recorded, or refused with the host's item as it is
+/// now. It is refused when a longer cooldown was in force, or the slowdown changed since the
+/// item was read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PushedBack {
     Recorded,
@@ -52,9 +53,10 @@ pub type Taken = (Grant, HostState, Option<(usize, Millis)>);
 /// The port: a host's schedule and robots.txt, shared by every sandbox.
 pub trait HostStore: Send + Sync {
     /// Takes the host's schedule for one fetch, if `decide` grants it on the host as it is
-    /// now; answers the grant, the host's state after it (or as it was, if not granted) and
-    /// the slot taken (another than asked for, if that one was taken and another free).
-    /// `seen`: this sandbox's last view of the host, to guess which condition holds.
+    /// now. Returns the grant, the host's state after it (or as it was, if not granted), and
+    /// the slot taken. That slot differs from the one asked for if that one was taken and
+    /// another was free. `seen` is this sandbox's last view of the host, used to guess which
+    /// condition holds.
     fn take_host(
         &self,
         host: &Host,
@@ -65,8 +67,8 @@ pub trait HostStore: Send + Sync {
     /// The host as it is now (a consistent read).
     fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, StoreError>> + Send;
 
-    /// Gives a fetch's slot back (if it is still the fetch's), in the same write recording
-    /// the host's answer times with this fetch's, if it was answered.
+    /// Gives a fetch's slot back, if the fetch still holds it. If the fetch got an answer,
+    /// the same write records the host's answer times, this fetch's included.
     fn leave_host(
         &self,
         host: &Host,
@@ -74,11 +76,11 @@ pub trait HostStore: Send + Sync {
         answers: Option<(f64, f64)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Records the host's trouble computed from `seen` (the item as read): its cooldown
-    /// only if it lengthens the one in force (a later, weaker answer never shortens it), and
-    /// a drop of the pace (the schedule restarted from it) only while the item's slowdown is
-    /// still the one `seen` has (a drop recorded meanwhile is not overwritten: the caller
-    /// computes again from the item as refused).
+    /// Records the host's trouble, computed from `seen` (the item as read). The cooldown is
+    /// written only if it lengthens the one in force, so a later, weaker answer never
+    /// shortens it. A drop of the pace, with the schedule restarted from it, is written only
+    /// while the item's slowdown is still the one `seen` has. So a drop recorded meanwhile is
+    /// not overwritten. The caller computes again from the item returned with the refusal.
     fn push_back(
         &self,
         host: &Host,
@@ -92,8 +94,8 @@ pub trait HostStore: Send + Sync {
         host: &Host,
     ) -> impl Future<Output = Result<Option<RobotsRecord>, StoreError>> + Send;
 
-    /// Takes the fleet's one fetch of the host's robots.txt until `until`; false when a fresh
-    /// one is kept or another sandbox is fetching it.
+    /// Claims the fleet's single fetch of the host's robots.txt until `until`. False when a
+    /// fresh copy is stored, or another sandbox is fetching it.
     fn take_robots_fetch(
         &self,
         host: &Host,
@@ -101,8 +103,8 @@ pub trait HostStore: Send + Sync {
         until: Millis,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Stores the fleet's copy; answers it as kept (a file cut to what the item holds), so
-    /// the sandbox that fetched it parses the same bytes as every other.
+    /// Stores the fleet's copy, and returns it as stored (a file cut to what the item
+    /// holds). So the sandbox that fetched it parses the same bytes as every other sandbox.
     fn put_robots(
         &self,
         host: &Host,

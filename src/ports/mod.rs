@@ -1,6 +1,6 @@
-//! The ports: the traits the steps call to read and write what outlives an invocation
-//! (tasks, results, hosts, spend, the queue, secrets), each in domain types only. The
-//! adapters in `store` and the test kit's in-process stores implement them.
+//! The ports: the traits the stages call to read and write state that outlives an
+//! invocation. They cover tasks, results, hosts, spend, the queue and secrets, in domain
+//! types only. The adapters in `store` and the test kit's in-process stores implement them.
 
 pub mod error;
 pub mod hosts;

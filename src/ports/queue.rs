@@ -1,5 +1,5 @@
-//! The queue's port: a received message held back before its redelivery, or sent again as a
-//! fresh copy; the queue named by its ARN, and SQS's limits on both.
+//! The queue port: hold a received message back before its redelivery, or send it again as
+//! a fresh copy. Also the queue named by its ARN, and SQS's limits on both.
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,8 +45,8 @@ impl QueueRef {
         })
     }
 
-    /// The queue URL: under `endpoint` when one is configured (a local emulator), else
-    /// the partition's regional SQS endpoint.
+    /// The queue URL: under `endpoint` when one is configured (a local emulator). Otherwise
+    /// under the partition's regional SQS endpoint.
     pub fn url(&self, endpoint: Option<&str>) -> String {
         let Self {
             partition,
@@ -73,8 +73,8 @@ pub trait Visibility: Send + Sync {
         delay: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Sends a fresh copy of a message, due after its delay (at most SQS's 15 minutes): its
-    /// receive count starts again.
+    /// Sends a fresh copy of a message, delivered after its delay (at most SQS's 15
+    /// minutes). The copy's receive count starts again from zero.
     fn requeue(
         &self,
         queue: &QueueRef,
@@ -82,8 +82,8 @@ pub trait Visibility: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// A fresh copy of a received message: its body, when it is due, and what SQS keeps beside
-/// the body, as the producer sent it: the message group (a fair queue's tenant) and the
+/// A fresh copy of a received message: its body, its delay, and what SQS keeps besides the
+/// body, as the producer sent it. That is the message group (a fair queue's tenant) and the
 /// message attributes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageCopy {

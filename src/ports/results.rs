@@ -1,6 +1,6 @@
-//! The result store's port: the first object stored under a task's key wins (a page, or an
-//! earlier result carried forward on a `304 Not Modified`); poison messages are kept for a
-//! person.
+//! The result store port. The first object stored under a task's key wins: a page, or an
+//! earlier result carried forward on a `304 Not Modified`. Poison messages are also kept
+//! here, for a person.
 
 use std::future::Future;
 use std::time::SystemTime;
@@ -23,12 +23,12 @@ pub struct NewResult<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
     Stored,
-    /// An object was already under the key; it stays, and the caller adopts it.
+    /// An object was already under the key. It stays, and the caller adopts it.
     AlreadyThere,
 }
 
-/// An earlier result whose bytes are the ones its task names: its version now (what a copy
-/// of it is conditional on), and what it describes.
+/// An earlier result whose bytes are the ones its task names. `version` is its version now,
+/// which a copy of it is conditional on. `stored` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Earlier {
     pub version: String,
@@ -39,8 +39,8 @@ pub struct Earlier {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EarlierCheck {
     Usable(Earlier),
-    /// Gone, without a SHA-256 checksum or the metadata that describes it, or not the bytes
-    /// its task names: why.
+    /// Why it cannot be used: it is gone, it lacks a SHA-256 checksum or the metadata that
+    /// describes it, or it is not the bytes its task names.
     Unusable(String),
 }
 
@@ -59,13 +59,13 @@ pub struct Carried<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Copied {
     Stored,
-    /// An object was already under the key; it stays, and the caller adopts it.
+    /// An object was already under the key. It stays, and the caller adopts it.
     AlreadyThere,
     /// The earlier object changed since it was checked: nothing was copied.
     EarlierChanged,
 }
 
-/// The start of a stored object, and its version (S3's ETag) as a replacement names it.
+/// The start of a stored object, and its version (S3's ETag), which a replacement names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opening {
     pub bytes: Vec<u8>,
@@ -93,16 +93,16 @@ pub trait ResultStore: Send + Sync {
         most: usize,
     ) -> impl Future<Output = Result<Option<Opening>, StoreError>> + Send;
 
-    /// Stores the page in place of the object of version `etag` (a block page an earlier
-    /// release stored): `AlreadyThere` when the object is no longer that version.
+    /// Stores the page in place of the object of version `etag`, a block page an earlier
+    /// release stored. `AlreadyThere` when the object is no longer that version.
     fn replace(
         &self,
         new: NewResult<'_>,
         etag: &str,
     ) -> impl Future<Output = Result<Put, StoreError>> + Send;
 
-    /// The earlier result of a refresh task, checked by the SHA-256 the store computed of
-    /// its bytes against the one the task names.
+    /// The earlier result of a refresh task. The check compares the SHA-256 the store
+    /// computed of its bytes with the one the task names.
     fn check_earlier(
         &self,
         prior: &Prior,

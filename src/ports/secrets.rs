@@ -1,4 +1,4 @@
-//! The secrets' port: the proxies' credentials, read once per cold start, never logged.
+//! The secrets port: the proxies' credentials, read once per cold start and never logged.
 
 use std::future::Future;
 

@@ -1,6 +1,6 @@
-//! The spend port: what a delivery spent through proxies, counted once, and the paid tier's
-//! budget, reserved in chunks under a sandbox's lease and what was not spent of them given
-//! back, by the sandbox or, once its lease expired, by another.
+//! The spend port: what a delivery spent through proxies, counted once. Also the paid tier's
+//! budget. A sandbox reserves it in chunks under its lease. What it did not spend is given
+//! back, by the sandbox itself or, once its lease has expired, by another sandbox.
 
 use std::future::Future;
 
@@ -13,7 +13,7 @@ use crate::ports::error::StoreError;
 /// Where spend is counted and the paid tier's budget kept.
 pub trait SpendStore: Send + Sync {
     /// Adds one delivery's spend to the counter item of `task`'s run. `delivery` names the
-    /// delivery: the same one recorded twice (a retried request) counts once.
+    /// delivery, so the same delivery recorded twice (a retried request) counts once.
     fn record_spend(
         &self,
         task: &TaskRef,
@@ -22,9 +22,9 @@ pub trait SpendStore: Send + Sync {
         delivery: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Reserves `chunk` bytes of the run's paid-tier budget under `lease` (its holder's
-    /// lease is extended to its expiry), refused once the reserved bytes reach the budget
-    /// (then spent, or held elsewhere), or if the run has none.
+    /// Reserves `chunk` bytes of the run's paid-tier budget under `lease`, and extends the
+    /// holder's lease to its expiry. Refused once the reserved bytes reach the budget (spent
+    /// by then, or held elsewhere), or if the run has no budget.
     fn reserve_paid(
         &self,
         run: RunRef<'_>,
@@ -41,10 +41,10 @@ pub trait SpendStore: Send + Sync {
         bytes: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Settles `holder`'s lease on the run's paid-tier budget and ends it, as the lease
-    /// records it: the bytes it reserved go back to the run but for what was spent, its
-    /// noted spend and `unnoted` (spent here, never noted on it), which count as spent. With
-    /// no lease (never granted, or taken back), `unnoted` alone is counted as spent.
+    /// Settles `holder`'s lease on the run's paid-tier budget, as the lease records it, and
+    /// ends it. The bytes it reserved go back to the run, except what was spent. Spent means
+    /// its noted spend plus `unnoted`: bytes spent here but never noted on the lease. With no
+    /// lease (never granted, or taken back), only `unnoted` is counted as spent.
     fn return_paid(
         &self,
         run: RunRef<'_>,
@@ -53,7 +53,8 @@ pub trait SpendStore: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes back for the run every lease on its paid-tier budget that expired before
-    /// `now_ms`: what each noted as spent is spent, the rest is unspent. How many it took.
+    /// `now_ms`. What each lease noted as spent counts as spent. The rest goes back as
+    /// unspent. Returns how many leases it took back.
     fn reclaim_paid(
         &self,
         run: RunRef<'_>,

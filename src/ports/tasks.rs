@@ -1,5 +1,5 @@
-//! The task store's port: the guard's read, the claim and its lease, and the one terminal
-//! write with its run's count, in domain types only.
+//! The task store port: the guard's read, the claim and its lease, and the one terminal
+//! write with its run's count. It uses domain types only.
 
 use std::future::Future;
 use std::time::SystemTime;
@@ -16,9 +16,9 @@ pub use crate::domain::model::{Lease, Tries, TriesFrom};
 /// The result of trying to move a task to `processing`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// This delivery may work on the task; `attempts` counts the claims so far, this one
-    /// included; `url` is the task's, and `prior` its earlier result if it refreshes one;
-    /// `tries`: the task's set of tries as the claim found it.
+    /// This delivery may work on the task. `attempts` counts the claims so far, this one
+    /// included. `url` is the task's URL, and `prior` its earlier result if it refreshes
+    /// one. `tries` is the task's set of tries as the claim found it.
     Claimed {
         attempts: u32,
         was: TaskStatus,
@@ -37,13 +37,13 @@ pub enum Claim {
 /// The result of the terminal write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// The task is terminal and counted; `completed_run` when it was its run's last task;
-    /// `spend_counted` when the delivery's spend was added in the same write.
+    /// The task is terminal and counted. `completed_run` is true when it was its run's last
+    /// task. `spend_counted` is true when the delivery's spend was added in the same write.
     Written {
         completed_run: bool,
         spend_counted: bool,
     },
-    /// Another delivery made the terminal write first; the task is left as it made it.
+    /// Another delivery made the terminal write first. The task is left as that one wrote it.
     LostRace,
 }
 
@@ -61,9 +61,9 @@ pub trait TaskStore: Send + Sync {
         task: &TaskRef,
     ) -> impl Future<Output = Result<Parents, StoreError>> + Send;
 
-    /// Moves a pending or processing task to processing, counting the attempt in the set of
-    /// tries `tries` names (a fresh set starts at one); with a lease, only if no other
-    /// invocation holds a live one, and takes it.
+    /// Moves a pending or processing task to processing, and counts the attempt in the set
+    /// of tries that `tries` names. A fresh set starts at one. With a lease, it does so only
+    /// if no other invocation holds a live lease, and then takes the lease.
     fn claim(
         &self,
         task: &TaskRef,
@@ -72,16 +72,16 @@ pub trait TaskStore: Send + Sync {
         tries: TriesFrom,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Marks an open task's tries spent: its final attempt failed for a reason of ours
-    /// (`reason`), so its messages are no longer parked, but go to the dead-letter queue.
+    /// Marks an open task's tries as spent. Its final attempt failed for a reason on our side
+    /// (`reason`). So its messages are no longer parked, but go to the dead-letter queue.
     fn spend_tries(
         &self,
         task: &TaskRef,
         reason: &Reason,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Gives up this delivery's lease, if it still holds it (a delivery that ends without a
-    /// terminal write, so the next one need not wait for the lease to expire).
+    /// Gives up this delivery's lease, if it still holds it. This is for a delivery that ends
+    /// without a terminal write, so the next one need not wait for the lease to expire.
     fn release(
         &self,
         task: &TaskRef,
@@ -89,8 +89,9 @@ pub trait TaskStore: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Gives back the attempt a claim counted, and the status it found (`was`), when no
-    /// fetch followed it (the host pushed back meanwhile, no time was left): only while the
-    /// task is still processing. The lease of `owner`, if it holds one, goes with it.
+    /// fetch followed the claim: the host pushed back meanwhile, or no time was left. Only
+    /// while the task is still processing. The lease of `owner`, if it holds one, is given
+    /// up too.
     fn unclaim(
         &self,
         task: &TaskRef,
@@ -98,11 +99,11 @@ pub trait TaskStore: Send + Sync {
         owner: Option<&str>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The one terminal write: only a task still pending or processing can take it, except
-    /// that a stored result may replace a failure that has none (a success that raced a
-    /// failure and lost the write: a stored result always wins). The delivery's `spend` is
-    /// added to the counter the task counts in, in the same write, when there is one, and
-    /// the delivery named on the task with it.
+    /// The one terminal write. Only a task still pending or processing can take it, with
+    /// one exception: a stored result may replace a failure that has no result. That is a
+    /// success that raced a failure and lost the write, and a stored result always wins. In
+    /// the same write, the delivery's `spend`, when there is one, is added to the counter the
+    /// task counts in, and the delivery is named on the task.
     fn finish(
         &self,
         task: &TaskRef,

@@ -48,9 +48,9 @@ impl StoreError {
     }
 }
 
-/// The fault of a cancelled DynamoDB transaction, by its items' cancellation reasons (in
-/// item order; `None` for an item that was fine), when one of them says more than "a
-/// condition failed".
+/// The fault of a cancelled DynamoDB transaction, from its items' cancellation reason codes.
+/// The codes are in item order, with `None` for an item that was fine. A fault is returned
+/// only when one of them says more than "a condition failed".
 pub fn cancellation_fault(codes: &[&str]) -> Option<StoreFault> {
     let any = |code: &str| codes.contains(&code);
     if any("TransactionConflict") {

@@ -1,11 +1,12 @@
-//! An SDK client built at its first use: a cold start reaches its first `next` request
-//! without building clients (each parses its endpoint rules), and a sandbox builds each once.
+//! An SDK client built at its first use. So a cold start reaches its first `next` request
+//! to the Lambda runtime without building clients, each of which parses its endpoint rules.
+//! A sandbox still builds each client only once.
 
 use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
-/// A client, built the first time it is used and kept; clones share it.
+/// A client, built the first time it is used and then kept. Clones share it.
 pub struct Lazy<C> {
     built: Arc<OnceLock<C>>,
     make: Arc<dyn Fn() -> C + Send + Sync>,

@@ -1,7 +1,8 @@
-//! The result store's S3 adapter (`ports::results::ResultStore`): the first object stored
-//! under a task's key wins (`If-None-Match: *`); every object carries the SHA-256 of its
-//! bytes as S3's own checksum, which is what an earlier result is checked by before it is
-//! copied forward (server-side, conditional on its version and on the key being empty).
+//! The result store's S3 adapter (`ports::results::ResultStore`). The first object stored
+//! under a task's key wins (`If-None-Match: *`). Every object carries the SHA-256 of its
+//! bytes as S3's own checksum. An earlier result is checked by that checksum before it is
+//! copied forward. The copy is server-side, and conditional on the earlier object's version
+//! and on the key being empty.
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
@@ -64,8 +65,8 @@ impl ResultStore for S3ResultStore {
 
     #[tracing::instrument(skip_all, fields(key = %new.key))]
     async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, StoreError> {
-        // The SDK's futures boxed, here and in `opening`: they are large in a debug build,
-        // and these rare calls sit inside every delivery's converge.
+        // The SDK's futures are boxed, here and in `opening`. They are large in a debug
+        // build, and these rare calls sit inside every delivery's converge stage.
         let result = Box::pin(self.put(new).if_match(etag).send()).await;
         match result {
             Ok(_) => Ok(Put::Stored),
@@ -129,8 +130,8 @@ impl ResultStore for S3ResultStore {
                 "the earlier result has no SHA-256 checksum".into(),
             ));
         };
-        // Stored without the metadata the worker writes (by hand, by another tool): nothing to
-        // describe the copy by, so the page is fetched in full.
+        // Stored without the metadata the worker writes (by hand, or by another tool). Then
+        // there is nothing to describe the copy by, so the page is fetched in full.
         let stored = match described(&prior.key, &head) {
             Ok(stored) => stored,
             Err(err) => return Ok(EarlierCheck::Unusable(err.to_string())),
@@ -174,7 +175,7 @@ impl ResultStore for S3ResultStore {
         let result = with_validators(request, carried.validators).send().await;
         match result {
             Ok(_) => Ok(Copied::Stored),
-            // The key was taken, or the earlier object changed: which one, the key says.
+            // The key was taken, or the earlier object changed. A look at the key tells which.
             Err(err) if service_code(&err) == Some("PreconditionFailed") => {
                 match self.head(carried.key, false).await? {
                     Some(_) => Ok(Copied::AlreadyThere),
@@ -200,8 +201,8 @@ impl ResultStore for S3ResultStore {
     }
 }
 
-/// The earlier key, as its carried-forward copy's metadata names it (S3 caps user metadata
-/// at 2 KB for all of it: two URLs of 560, validators of 232, this, and the rest).
+/// The earlier key, as the carried-forward copy's metadata names it. S3 caps user metadata
+/// at 2 KB in total: two URLs of 560, validators of 232, this, and the rest.
 type Refreshed = Bounded<400>;
 
 impl S3ResultStore {
@@ -228,7 +229,7 @@ impl S3ResultStore {
 }
 
 impl S3ResultStore {
-    /// A result's `PutObject`, every header but its condition.
+    /// A result's `PutObject`, with every header except its condition.
     fn put(
         &self,
         new: NewResult<'_>,
@@ -240,7 +241,7 @@ impl S3ResultStore {
             .key(new.key.as_str())
             .body(ByteStream::from(new.page.body.clone()))
             .content_type(new.page.content_type.as_str())
-            // S3 checks the bytes against it and keeps it: a refresh's proof of them.
+            // S3 checks the bytes against it and keeps it, as a later refresh's proof of them.
             .checksum_algorithm(ChecksumAlgorithm::Sha256)
             .checksum_sha256(base64_of_hex(new.sha256))
             .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str())
@@ -376,7 +377,8 @@ impl S3ResultStore {
             })
     }
 
-    /// The bucket is there and may be read (HeadBucket): its absence said before any object.
+    /// Checks that the bucket exists and may be read (HeadBucket), so a missing bucket is
+    /// reported before any object.
     pub async fn check_bucket(&self) -> Result<(), StoreError> {
         self.client
             .head_bucket()

@@ -1,4 +1,4 @@
-//! The secrets' adapter: the proxies' credentials in Secrets Manager.
+//! The secrets adapter: the proxies' credentials in Secrets Manager.
 
 use crate::domain::proxy::ProxySecret;
 use crate::ports::error::StoreError;

@@ -1,6 +1,6 @@
-//! The queue's SQS adapter (`ports::queue::Visibility`: `ChangeMessageVisibility` and fresh
-//! copies), and what operators do with a queue (receive, delete and send batches, read its
-//! depth and ARN), as Lambda's event source mapping would.
+//! The queue's SQS adapter (`ports::queue::Visibility`): `ChangeMessageVisibility` and fresh
+//! copies. Also what operators do with a queue, as Lambda's event source mapping would:
+//! receive, delete and send batches, and read its depth and ARN.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -70,7 +70,7 @@ impl Visibility for SqsVisibility {
 
 /// Sends `copy` to the queue at `url`, with its group, deduplication id and attributes.
 async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(), StoreError> {
-    // A FIFO queue takes no delay of a message's own (SQS refuses even 0 as a parameter).
+    // A FIFO queue takes no per-message delay. SQS refuses even 0 as a parameter.
     let seconds = match copy.deduplication {
         Some(_) => None,
         None => Some(copy.delay.min(SQS_MAX_DELAY).as_secs_f64().ceil() as i32),
@@ -114,8 +114,8 @@ pub struct SqsQueue {
     url: String,
 }
 
-/// The approximate counts that make up a queue's depth: visible, in flight, and delayed (a
-/// record its host had no room for is sent again with a delay).
+/// The approximate counts that make up a queue's depth: visible, in flight, and delayed.
+/// Delayed counts because a record whose host had no room is sent again with a delay.
 const DEPTH: [QueueAttributeName; 3] = [
     QueueAttributeName::ApproximateNumberOfMessages,
     QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
@@ -207,8 +207,8 @@ impl SqsQueue {
         self.receive_hidden(max, wait_seconds, None).await
     }
 
-    /// As [`SqsQueue::receive`], each message hidden for `hidden_seconds` (else the queue's
-    /// visibility timeout).
+    /// As [`SqsQueue::receive`], with each message hidden for `hidden_seconds`, or else for
+    /// the queue's visibility timeout.
     pub async fn receive_hidden(
         &self,
         max: i32,
@@ -315,9 +315,9 @@ impl SqsQueue {
         send_copy(&self.client, &self.url, copy).await
     }
 
-    /// Sends one message per task (at most 10): the tasks whose message SQS did not take.
-    /// On a FIFO queue each task is a message group of its own (no task waits behind
-    /// another's retries) and each message a deduplication id of its own.
+    /// Sends one message per task (at most 10). Returns the tasks whose message SQS did not
+    /// take. On a FIFO queue, each task gets a message group of its own, so no task waits
+    /// behind another's retries. Each message also gets a deduplication id of its own.
     pub async fn send_tasks(&self, tasks: &[TaskRef]) -> Result<Vec<TaskRef>, StoreError> {
         let sent_at = crate::domain::time::epoch_millis(std::time::SystemTime::now());
         let entries = tasks.iter().enumerate().map(|(i, task)| {
@@ -349,8 +349,8 @@ impl SqsQueue {
     }
 }
 
-/// A task's message group on a FIFO queue (its key's digest: within SQS's 128 characters),
-/// and the deduplication id of its message sent at `sent_at`.
+/// A task's message group on a FIFO queue, and the deduplication id of its message sent at
+/// `sent_at`. The group is a digest of the task's key, so it fits SQS's 128 characters.
 fn fifo_names(task: &TaskRef, sent_at: u128) -> (String, String) {
     use sha2::{Digest, Sha256};
     let key = format!("{}/{}/{}", task.job_id, task.run_id, task.task_id);

@@ -35,15 +35,16 @@ pub type AwsWorker = Worker<DynamoTaskStore, S3ResultStore, HttpFetcher, SqsVisi
 /// Which root certificates the SDK's HTTPS client trusts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trust {
-    /// Mozilla's roots compiled in ([`https_client`]): the function, where cold starts count.
+    /// Mozilla's roots, compiled in ([`https_client`]). For the function, where cold starts
+    /// count.
     CompiledIn,
-    /// The system's store (the SDK's default client): the operator's tool, which may run
+    /// The system's store (the SDK's default client). For the operator's tool, which may run
     /// behind a proxy that re-signs TLS with a CA of its own.
     System,
 }
 
 /// Loads region, credentials and endpoint the standard way (`AWS_ENDPOINT_URL` included),
-/// with the standard retry mode: our own AWS errors are retried within the invocation
+/// with the standard retry mode. So our own AWS errors are retried within the invocation
 /// before the record is reported for redelivery.
 pub async fn sdk_config(trust: Trust) -> SdkConfig {
     let loader = aws_config::defaults(BehaviorVersion::latest())
@@ -53,8 +54,9 @@ pub async fn sdk_config(trust: Trust) -> SdkConfig {
         Trust::System => loader,
     };
     let loader = if keys_in_environment() {
-        // What the default chain would pick first, without building the rest of it at every
-        // cold start (an STS client for web identity, the ECS and IMDS providers).
+        // What the default credentials chain would pick first, without building the rest of
+        // the chain at every cold start: an STS client for web identity, and the ECS and IMDS
+        // providers.
         loader.credentials_provider(EnvironmentVariableCredentialsProvider::new())
     } else {
         loader
@@ -62,9 +64,9 @@ pub async fn sdk_config(trust: Trust) -> SdkConfig {
     loader.load().await
 }
 
-/// The SDK's settings, loaded once per sandbox when the first batch arrives (the handler
-/// waits for them in [`SharedSdk::ready`]), so a cold start asks Lambda for its first
-/// event without waiting for them. Why not earlier: docs/performance.md.
+/// The SDK's settings, loaded once per sandbox when the first batch arrives. The handler
+/// waits for them in [`SharedSdk::ready`]. So a cold start asks Lambda for its first event
+/// without waiting for them. docs/performance.md explains why they are not loaded earlier.
 #[derive(Debug, Clone)]
 pub struct SharedSdk {
     loaded: Arc<tokio::sync::OnceCell<SdkConfig>>,
@@ -96,7 +98,7 @@ impl SharedSdk {
     /// The settings, from a client built at its first use, within a record.
     fn get(&self) -> &SdkConfig {
         // The handler awaits `ready` before any record, and clients are built only in
-        // records: the cell is always set here.
+        // records, so the cell is always set here.
         self.loaded
             .get()
             .expect("the SDK settings are loaded before the first record")
@@ -122,11 +124,11 @@ fn keys_in_environment() -> bool {
     set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY")
 }
 
-/// The SDK's HTTPS client, shared by every AWS client built from one config: rustls
+/// The SDK's HTTPS client, shared by every AWS client built from one config. It is rustls,
 /// trusting Mozilla's roots compiled into the binary, as the fetcher does. The SDK's default
-/// client reads the system's certificate store at every cold start (a directory of ~300
-/// files on Debian: 7 ms of a 14 ms start here); AWS endpoints chain to Amazon Trust
-/// Services roots, which are in Mozilla's set.
+/// client reads the system's certificate store at every cold start: a directory of about
+/// 300 files on Debian. AWS endpoints chain to Amazon Trust Services roots, which are in
+/// Mozilla's set.
 pub fn https_client() -> SharedHttpClient {
     let roots = TrustStore::empty().with_pem_certificate(MOZILLA_ROOTS);
     // `build` cannot fail: it only moves the trust store into the context.
@@ -141,10 +143,11 @@ pub fn https_client() -> SharedHttpClient {
 /// `webpki_root_certs::TLS_SERVER_ROOT_CERTS` as PEM, written by build.rs.
 const MOZILLA_ROOTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mozilla-roots.pem"));
 
-/// The SDK's client, minus its eager check: at construction, each SDK client (STS inside the
-/// credentials chain, DynamoDB, S3, SQS) has it build a connector, TLS configuration and root
-/// store included, only to drop it. Here the first request builds it, once: the inner client
-/// caches connectors by their settings, and every client of the process shares it.
+/// The SDK's HTTP client, without its eager check. At construction, each SDK client (STS in
+/// the credentials chain, DynamoDB, S3, SQS) has it build a connector, with its TLS
+/// configuration and root store, only to drop it. Here the first request builds it, once.
+/// The inner client caches connectors by their settings, and every client of the process
+/// shares it.
 #[derive(Debug)]
 struct ConnectOnFirstUse(SharedHttpClient);
 
@@ -162,8 +165,8 @@ impl HttpClient for ConnectOnFirstUse {
     }
 }
 
-/// S3 settings from the shared config; path-style addressing when the endpoint is overridden
-/// (local emulators do not serve bucket subdomains).
+/// S3 settings from the shared config. Path-style addressing is used when the endpoint is
+/// overridden, since local emulators do not serve bucket subdomains.
 pub fn s3_config(sdk: &SdkConfig) -> aws_sdk_s3::config::Builder {
     aws_sdk_s3::config::Builder::from(sdk).force_path_style(sdk.endpoint_url().is_some())
 }
@@ -185,8 +188,8 @@ impl AwsWorker {
                 "ALLOW_PRIVATE_NETWORKS=true: pages on private and loopback addresses will be fetched"
             );
         }
-        // Each client is built at its first use: none of them on the way to the first
-        // `next` request, and SQS's only once a record is held back.
+        // Each client is built at its first use. So none is built before the first `next`
+        // request, and the SQS client only once a record is held back.
         let (d, s, q, e) = (sdk.clone(), sdk.clone(), sdk.clone(), sdk.clone());
         let dynamodb = Lazy::new(move || aws_sdk_dynamodb::Client::new(d.get()));
         let s3 = Lazy::new(move || aws_sdk_s3::Client::from_conf(s3_config(s.get()).build()));
@@ -221,10 +224,10 @@ pub async fn handle<P: ProcessRecord>(
     run.response
 }
 
-/// A cold start that cannot go on: logged, and reported to the Runtime API's init error
-/// endpoint (`Runtime.InitError` with the reason), so whoever invoked the function (Lambda's
-/// console and logs, `cargo lambda invoke`) sees why rather than a bare exit. The error to
-/// end `main` with.
+/// A cold start that cannot go on. It is logged, and reported to the Runtime API's init
+/// error endpoint (`Runtime.InitError` with the reason). So whoever invoked the function
+/// (Lambda's console and logs, `cargo lambda invoke`) sees why, rather than a bare exit.
+/// Returns the error to end `main` with.
 pub async fn fail_init<E>(kind: &'static str, err: E) -> lambda_runtime::Error
 where
     E: std::error::Error + Send + Sync + 'static,

@@ -19,7 +19,7 @@ pub enum ConfigError {
         value: String,
         expected: &'static str,
     },
-    /// Said without the value, which may hold a credential.
+    /// The message leaves out the value, which may hold a credential.
     #[error("PROXY_URLS is not valid: {0}")]
     Proxies(String),
 }
@@ -36,15 +36,15 @@ pub struct Config {
     pub max_concurrency: usize,
     pub max_attempts: u32,
     pub scrape_timeout: Duration,
-    /// Kept free before the batch's cutoff for storing a fetched page: no fetch starts, or
-    /// goes on, into it.
+    /// Time kept free before the batch's cutoff for storing a fetched page. No fetch starts
+    /// in it, or runs on into it.
     pub store_reserve: Duration,
     pub connect_timeout: Duration,
     pub max_redirects: usize,
     pub max_body_bytes: u64,
     pub user_agent: String,
     pub allow_private_networks: bool,
-    /// Destination ports a fetch may use; `None` for any.
+    /// Destination ports a fetch may use. `None` for any.
     pub allowed_ports: Option<Vec<u16>>,
     pub deadline_margin: Duration,
     pub retry_backoff_base: Duration,
@@ -60,23 +60,23 @@ pub struct Config {
     pub function_memory_mb: Option<u64>,
     /// Per-host limits shared by the fleet, and robots.txt.
     pub politeness: Politeness,
-    /// The proxy tiers every fetch goes through (none: direct).
+    /// The proxy tiers every fetch goes through. With none, fetches go direct.
     pub proxies: Tiers,
     /// The Secrets Manager secret holding the proxies' credentials, read once per cold start.
     pub proxy_secret_arn: Option<String>,
     /// How long a host keeps the proxy it was given in a tier.
     pub proxy_session: Duration,
-    /// The proxies refuse private networks themselves: a target name that does not resolve
-    /// here is theirs to resolve (`PROXY_REFUSES_PRIVATE`, default false: not fetched, and
-    /// retried as a DNS failure).
+    /// The proxies refuse private networks themselves (`PROXY_REFUSES_PRIVATE`). So a target
+    /// name that does not resolve here is left for the proxy to resolve. With the default,
+    /// false, such a name is not fetched, and is retried as a DNS failure.
     pub proxy_refuses_private: bool,
 }
 
-/// Memory the process needs besides the bodies in flight (runtime, TLS, SDK clients, logs):
-/// 4.4 MB measured with no batch (BENCHMARKS.md, figure 5), with room to spare.
+/// Memory the process needs besides the bodies in flight: runtime, TLS, SDK clients and
+/// logs. Set with room to spare over the measured need (docs/performance.md).
 pub const PROCESS_BYTES: u64 = 32 * 1024 * 1024;
-/// Memory a record needs besides its body (connection, decoder, request buffers): 0.4 MB
-/// measured (figure 5: 64 pages of 1 MB, 16 at once, 26 MB at the peak).
+/// Memory a record needs besides its body: connection, decoder and request buffers. Set
+/// above the measured need (docs/performance.md).
 pub const RECORD_OVERHEAD_BYTES: u64 = 512 * 1024;
 
 impl Config {
@@ -148,12 +148,13 @@ impl Config {
     }
 }
 
-/// A host nobody asked about gets one request a second and two at once: about what a
-/// person clicking through the site costs it, and a slow site is not piled on.
+/// A host with no limits set gets one request a second and two at once. That is about what
+/// a person clicking through the site costs it, and a slow site is not piled on.
 pub const HOST_MAX_RPS: f64 = 1.0;
 pub const HOST_MAX_INFLIGHT: u32 = 2;
-/// A task waits at most two days for its host: a one-host run of a day at the host's rate
-/// (86,400 tasks at 1 a second) completes, and a host that never has room fails its tasks.
+/// A task waits at most two days for its host. So a one-host run that takes a day at the
+/// host's rate (86,400 tasks at 1 a second) completes, and a host that never has room fails
+/// its tasks.
 pub const POLITE_MAX_WAIT_MS: u64 = 48 * 3_600_000;
 
 struct Env<'a, F>(&'a F);
@@ -254,7 +255,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         self.positive(name, default).map(Duration::from_millis)
     }
 
-    /// A comma-separated list of ports; unset means any port.
+    /// A comma-separated list of ports. Unset means any port.
     fn ports(&self, name: &'static str) -> Result<Option<Vec<u16>>, ConfigError> {
         let Some(value) = self.get(name) else {
             return Ok(None);

@@ -1,6 +1,7 @@
-//! The wiring, built once per cold start: the configuration read from the environment
-//! ([`config`]), each step's settings made from it ([`settings`]), and the AWS clients, the
-//! production worker and the Lambda handler ([`aws`]). Nothing below it reads `config`.
+//! The wiring, built once per cold start. [`config`] reads the configuration from the
+//! environment. [`settings`] builds each stage's settings from it. [`aws`] holds the AWS
+//! clients, the production worker and the Lambda handler. Nothing below the wiring reads
+//! `config`.
 
 pub mod aws;
 pub mod config;

@@ -1,5 +1,5 @@
-//! The wiring's one reading of the configuration: each step's settings made from [`Config`]
-//! here, so no module below the wiring imports `config`.
+//! The one place the wiring reads the configuration. Each stage's settings are built from
+//! [`Config`] here, so no module below the wiring imports `config`.
 
 use crate::batch::BatchLimits;
 use crate::metrics::MetricsSettings;

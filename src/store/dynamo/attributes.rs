@@ -1,5 +1,6 @@
-//! DynamoDB attribute values to and from plain Rust: the one place items are taken apart
-//! and put together (the adapter, the operator's routines and the tests all read items here).
+//! DynamoDB attribute values to and from plain Rust. This is the one place where items are
+//! taken apart and put together. The adapter, the operator's routines and the tests all read
+//! items through it.
 
 use std::collections::HashMap;
 use std::str::FromStr;

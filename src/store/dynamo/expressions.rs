@@ -1,6 +1,6 @@
 //! A DynamoDB write expression: an update, its condition, and exactly the names and values
-//! they use (DynamoDB refuses unused ones). Each item kind's writes are beside it, in its
-//! file's `writes`.
+//! they use. DynamoDB refuses unused ones. Each item type's writes are next to that type, in
+//! its own `writes` module.
 
 use std::collections::HashMap;
 
@@ -37,8 +37,8 @@ impl Expression {
         self
     }
 
-    /// With `adds` (an attribute and the placeholder of its value, `:name`) in the update's
-    /// `ADD` clause, which it gets if it has none.
+    /// With `adds` in the update's `ADD` clause, which is added if there is none. Each entry
+    /// is an attribute and the placeholder of its value (`:name`).
     pub(crate) fn with_adds(mut self, adds: &[(String, String)]) -> Self {
         if adds.is_empty() {
             return self;
@@ -66,8 +66,8 @@ impl Expression {
             .set_condition_expression((!self.condition.is_empty()).then_some(self.condition))
             .set_expression_attribute_names(non_empty(self.names))
             .set_expression_attribute_values(non_empty(self.values))
-            // What the item was when the condition failed: a success tells a failure it
-            // may replace from one it may not.
+            // Return the item as it was when the condition failed. A success needs it to tell
+            // a failure it may replace from one it may not.
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .expect("table, key and update expression, the required fields, are set")

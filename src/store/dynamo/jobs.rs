@@ -1,14 +1,14 @@
 //! The job item as the worker reads it: the job's own politeness (host limits, robots.txt,
-//! how hosts are keyed) and its block detection (on or off, its own signatures), each value
-//! checked, one out of range or not valid dropped with a warning.
+//! how hosts are keyed) and its block detection (on or off, its own signatures). Each value
+//! is checked. A value out of range or not valid is dropped with a warning.
 
 use crate::domain::blocks::{Detection, JobSignature, MAX_JOB_SIGNATURES};
 use crate::domain::bounds::Reason;
 use crate::domain::limits::{JobPoliteness, PoliteKey};
 use crate::store::dynamo::attributes::{Item, number, string};
 
-/// A job's own politeness, each attribute taken only when it is in range (else the
-/// fleet's setting stands, with a warning).
+/// A job's own politeness. Each attribute is taken only when it is in range. Otherwise the
+/// fleet's setting applies, with a warning.
 pub(super) fn politeness(job: &Item) -> JobPoliteness {
     let rps = number::<f64>(job, "host_max_rps");
     let inflight = number::<u32>(job, "host_max_inflight");
@@ -33,9 +33,10 @@ pub(super) fn politeness(job: &Item) -> JobPoliteness {
     politeness
 }
 
-/// How a job's pages are checked for block pages: off with `block_detection` false; else
-/// the table and the job's `block_signatures` (each a map: `name`, and `header` with
-/// `contains`, or `body`), a signature that is not valid dropped with a warning.
+/// How a job's pages are checked for block pages. Off when `block_detection` is false.
+/// Otherwise the table and the job's `block_signatures` apply. Each signature is a map:
+/// `name`, and either `header` with `contains`, or `body`. A signature that is not valid is
+/// dropped with a warning.
 pub(super) fn detection(job: &Item) -> Detection {
     if job.get("block_detection").and_then(|v| v.as_bool().ok()) == Some(&false) {
         return Detection::off();

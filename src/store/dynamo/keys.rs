@@ -1,9 +1,13 @@
-//! The table's key scheme, in one place: a run's tasks share a partition (`RUN#<job>#<run>`),
-//! or in data contract v3 spread over one per counter shard (`RUN#<job>#<run>#<shard>`);
-//! a job and its runs share the job's (`JOB#<job>`); each counter shard and counter group of
-//! a run has a partition of its own (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`), and so
-//! does each host the fleet fetches from (`HOST#<host:port>`) and the sandboxes' leases on a
-//! run's paid-tier budget (`LEASES#<job>#<run>`). Keys are strings `pk` and `sk`.
+//! The table's key scheme, in one place. Keys are the strings `pk` and `sk`.
+//!
+//! - A run's tasks share one partition (`RUN#<job>#<run>`). In data contract v3 they spread
+//!   over one partition per counter shard (`RUN#<job>#<run>#<shard>`).
+//! - A job and its runs share the job's partition (`JOB#<job>`).
+//! - Each counter shard and counter group of a run has a partition of its own
+//!   (`SHARD#<job>#<run>#<n>`, `GROUP#<job>#<run>#<n>`).
+//! - So does each host the fleet fetches from (`HOST#<host:port>`).
+//! - The sandboxes' leases on a run's paid-tier budget share one partition
+//!   (`LEASES#<job>#<run>`).
 
 use crate::domain::ids::{Id, TaskRef};
 use crate::store::dynamo::attributes::{Item, s};
@@ -11,7 +15,7 @@ use crate::store::dynamo::attributes::{Item, s};
 /// The job item's sort key, in its own partition.
 pub const JOB_SORT: &str = "JOB";
 
-/// The partition of a run's tasks: the run's one (v1, v2), or its shard's (v3).
+/// The partition of a run's tasks: the run's single partition (v1, v2), or the shard's (v3).
 pub fn tasks_partition(job: &Id, run: &Id, shard: Option<u32>) -> String {
     match shard {
         None => format!("RUN#{job}#{run}"),
@@ -71,8 +75,8 @@ pub fn run_key(job: &Id, run: &Id) -> Item {
     key(job_partition(job), run_sort(run))
 }
 
-/// A sandbox's lease on the run's paid-tier budget, in a partition of the run's leases
-/// (one Query finds them; the run item's own partition stays its job's).
+/// A sandbox's lease on the run's paid-tier budget, in a partition for the run's leases.
+/// One Query finds them all, and the run item stays in its job's partition.
 pub fn lease_key(job: &Id, run: &Id, holder: &str) -> Item {
     key(lease_partition(job, run), format!("LEASE#{holder}"))
 }
@@ -84,8 +88,8 @@ pub fn lease_partition(job: &Id, run: &Id) -> String {
 /// The sort key of a counter shard item.
 pub const SHARD_SORT: &str = "SHARD";
 
-/// Counter shard `shard` of the run, in a partition of its own (so shards do not share a
-/// partition's write capacity).
+/// Counter shard `shard` of the run, in a partition of its own, so shards do not share a
+/// partition's write capacity.
 pub fn shard_key(job: &Id, run: &Id, shard: u32) -> Item {
     key(format!("SHARD#{job}#{run}#{shard}"), SHARD_SORT.into())
 }

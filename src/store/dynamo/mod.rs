@@ -26,7 +26,8 @@ pub mod shards;
 pub mod spend;
 pub mod tasks;
 
-/// The task store (`ports::tasks::TaskStore`, and the hosts, spend and runs) on one DynamoDB table with string keys `pk` and `sk`.
+/// The task store (`ports::tasks::TaskStore`), and the hosts, spend and runs, on one
+/// DynamoDB table with string keys `pk` and `sk`.
 #[derive(Debug, Clone)]
 pub struct DynamoTaskStore {
     pub(crate) client: Lazy<Client>,
@@ -63,15 +64,15 @@ impl DynamoTaskStore {
     }
 }
 
-/// Rounds of a batch read asking again for keys DynamoDB left unprocessed (as it does when
-/// the table throttles) before that is an error.
+/// How many times a batch read asks again for keys DynamoDB left unprocessed, as it does
+/// when the table throttles, before that is an error.
 const UNPROCESSED_ROUNDS: u32 = 5;
 
 impl DynamoTaskStore {
-    /// Every item `asked` names that exists (one table, at most 100 keys). Keys DynamoDB
-    /// leaves unprocessed are asked for again after a growing, jittered pause (50 ms, then
-    /// doubling, never less than half of it); still unprocessed after
-    /// [`UNPROCESSED_ROUNDS`], the read is throttled.
+    /// Every item that `asked` names and that exists (one table, at most 100 keys). Keys
+    /// DynamoDB leaves unprocessed are asked for again after a growing, jittered pause: 50 ms,
+    /// then doubling, never less than half of that. If keys are still unprocessed after
+    /// [`UNPROCESSED_ROUNDS`], the read fails as throttled.
     pub(crate) async fn batch_get(
         &self,
         asked: KeysAndAttributes,

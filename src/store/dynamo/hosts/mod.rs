@@ -1,6 +1,7 @@
-//! The hosts' shared state, one DynamoDB item each in the tasks' table: the schedule, the
-//! in-flight slots and the cooldown every sandbox obeys (`HOST#<host>`, sk `HOST`), and the
-//! host's robots.txt as the fleet last fetched it (sk `ROBOTS`).
+//! The hosts' shared state, in the tasks' DynamoDB table. Each host has one item
+//! (`HOST#<host>`, sk `HOST`) for the schedule, in-flight slots and cooldown that every
+//! sandbox obeys. A second item (sk `ROBOTS`) holds the host's robots.txt as the fleet last
+//! fetched it.
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
@@ -16,8 +17,8 @@ use crate::store::dynamo::keys::host_key;
 use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
 
 pub use crate::domain::limits::MAX_SLOTS;
-/// A robots.txt is kept gzipped in its item up to this size (a DynamoDB item holds 400 KB);
-/// a file that does not compress to it is kept to its first bytes that do.
+/// A robots.txt is kept gzipped in its item, up to this size. A DynamoDB item holds 400 KB.
+/// Of a file that does not compress to this size, only the first bytes that do are kept.
 pub const MAX_KEPT_ROBOTS_BYTES: usize = 350 * 1024;
 
 /// A host item as the schedule reads it.
@@ -44,15 +45,15 @@ impl HostStore for DynamoTaskStore {
         ask: &Ask,
         seen: &HostState,
     ) -> Result<Taken, StoreError> {
-        // The view guesses the schedule; slots are only ever judged on the item itself
-        // (the view does not see other sandboxes give theirs back).
+        // The sandbox's view guesses the schedule. Slots are only ever judged on the item
+        // itself, because the view does not see other sandboxes give theirs back.
         let guess = HostState {
             slots: Vec::new(),
             ..seen.clone()
         };
         let (mut state, mut ask) = (guess, *ask);
-        // A wrong guess (busy or idle, a slot another took) is corrected by the host as it
-        // is, once.
+        // A wrong guess (busy or idle, or a slot another fetch took) is corrected once, from
+        // the host item as it is.
         for _ in 0..2 {
             ask = ask.repicked(&state);
             let (grant, _) = decide(&state, &ask);
@@ -218,9 +219,10 @@ impl HostStore for DynamoTaskStore {
 }
 
 impl DynamoTaskStore {
-    /// A robots item this release cannot read (no status it knows, a body missing or not
-    /// gzip) would hold its host's records until it expired: its expiry is removed, if the
-    /// item still has the one read, so the next sandbox takes the fetch and writes it anew.
+    /// A robots item this release cannot read (an unknown status, or a body missing or not
+    /// gzip) would hold its host's records until it expired. So its expiry is removed, if
+    /// the item still has the expiry that was read. Then the next sandbox takes the fetch
+    /// and writes the item anew.
     async fn expire_robots(&self, host: &Host, item: &Item) -> Result<(), StoreError> {
         let Some(seen) = item.get("expires_at") else {
             return Ok(());
@@ -256,8 +258,9 @@ fn refused_state<R>(err: &SdkError<UpdateItemError, R>) -> HostState {
     old.map(host_state).unwrap_or_default()
 }
 
-/// A robots.txt as its item keeps it: the body and its gzip, cut (by halves of what is
-/// left over) until the gzip fits in [`MAX_KEPT_ROBOTS_BYTES`].
+/// A robots.txt as its item keeps it: the body and its gzip. While the gzip is over
+/// [`MAX_KEPT_ROBOTS_BYTES`], the body is cut by the excess, or by a sixteenth of its length
+/// if that is more.
 pub fn kept_robots(mut body: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
     loop {
         let gzipped = gzip(&body);
@@ -288,7 +291,7 @@ fn gunzip(gzipped: &[u8]) -> Option<Vec<u8>> {
     Some(body)
 }
 
-/// A kept body: gzipped (`body_gz`), or whole as an earlier release kept it (`body`, B).
+/// A kept body: gzipped (`body_gz`), or whole (`body`, type B) as an earlier release kept it.
 fn robots_body(item: &Item) -> Option<Vec<u8>> {
     if let Some(gzipped) = item.get("body_gz") {
         return gunzip(gzipped.as_b().ok()?.as_ref());

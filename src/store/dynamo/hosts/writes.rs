@@ -1,4 +1,5 @@
-//! The host item's writes: a fetch's schedule and slot taken, the slot given back, a push-back recorded, robots.txt kept.
+//! The host item's writes: take the schedule and a slot for a fetch, give the slot back,
+//! record a push-back, and keep robots.txt.
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
@@ -7,10 +8,10 @@ use crate::domain::limits::{Ask, HostState};
 use crate::store::dynamo::attributes::n;
 use crate::store::dynamo::expressions::Expression;
 
-/// A host's schedule taken for one fetch (`polite::limits::decide`, as conditions): no
-/// cooldown in force; the rate's next start reserved (`busy`: the schedule runs ahead of now
-/// and stays within the fetch's horizon, so the start is the old next start; else it starts
-/// now); the in-flight slot free or lapsed.
+/// Takes a host's schedule for one fetch: `polite::limits::decide`, written as conditions.
+/// No cooldown may be in force. The rate's next start is reserved. With `busy`, the
+/// schedule runs ahead of now and stays within the fetch's horizon, so the start is the old
+/// next start. Otherwise the fetch starts now. The in-flight slot must be free or expired.
 pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
     let mut sets = Vec::new();
     let mut conditions = vec!["(attribute_not_exists(cooldown_until) OR cooldown_until <= :now)"];
@@ -41,8 +42,8 @@ pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
     expression.value(":now", n(ask.now))
 }
 
-/// A fetch's end at a host: its slot given back, if still its own, with the host's answer
-/// times (to a tenth of a millisecond) if it was answered.
+/// A fetch's end at a host. Its slot is given back, if the fetch still holds it. If the
+/// fetch got an answer, the host's answer times are written too, to a tenth of a millisecond.
 pub(crate) fn host_leave((slot, until): (usize, u64), answers: Option<(f64, f64)>) -> Expression {
     let Some((mean, floor)) = answers else {
         return Expression::new("REMOVE #slot".into(), "#slot = :mine")
@@ -59,10 +60,11 @@ pub(crate) fn host_leave((slot, until): (usize, u64), answers: Option<(f64, f64)
     .value(":floor", n(format!("{floor:.1}")))
 }
 
-/// The host's trouble: the cooldown (only if it ends later than the one in force: a
-/// push-back only lengthens it), and the pace's drop with the schedule restarted, only if
-/// the slowdown is still the one `read` (computed from it: a drop recorded meanwhile is
-/// not overwritten; the starts given before it are void however they were given).
+/// Records the host's trouble. The cooldown is written only if it ends later than the one in
+/// force, so a push-back only lengthens it. The pace's drop, with the schedule restarted, is
+/// written only if the slowdown is still the one in `read`, which it was computed from. So
+/// a drop recorded meanwhile is not overwritten. The starts given before the drop are void,
+/// however they were given.
 pub(crate) fn host_push_back(read: &HostState, trouble: Trouble, now: u64) -> Expression {
     let mut sets = Vec::new();
     let mut conditions = Vec::new();
@@ -112,13 +114,13 @@ pub(crate) fn host_push_back(read: &HostState, trouble: Trouble, now: u64) -> Ex
         })
 }
 
-/// A robots item that cannot be read made expired, if its expiry is still `seen`.
+/// Marks a robots item that cannot be read as expired, if its expiry is still `seen`.
 pub(crate) fn robots_expire(seen: AttributeValue) -> Expression {
     Expression::new("REMOVE expires_at".into(), "expires_at = :seen").value(":seen", seen)
 }
 
-/// The one fleet-wide fetch of a host's robots.txt: taken while none is fresh and nobody
-/// else is fetching it.
+/// Claims the single fleet-wide fetch of a host's robots.txt, while no fresh copy is kept and
+/// nobody else is fetching it.
 pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
     Expression::new(
         "SET lease_until = :until".into(),

@@ -1,6 +1,7 @@
-//! Counting a task in its run's own counters (data contract v1): the terminal write and the
-//! run item's count in one transaction, the last task's also completing the run; a success
-//! replacing a failure without a result counted over; and the run's side of a re-queue.
+//! Counting a task in its run's own counters (data contract v1). The terminal write and the
+//! run item's count go in one transaction, and the last task's transaction also completes
+//! the run. A success that replaces a failure without a result is counted again, as a
+//! success. This module also holds the run's side of a re-queue.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
@@ -21,11 +22,11 @@ use crate::store::error::cancellation_fault;
 use writes::RunStep;
 
 impl DynamoTaskStore {
-    /// The terminal write counted on the run item: counted while more than one task
-    /// remains, or counting the last and completing the run, or counted without completing
-    /// (a run that is not running). A refused step is followed by the one the run as it was
-    /// then calls for (an operator's re-queue and other tasks' counts move it meanwhile).
-    /// `None` when the run is gone or keeps no counters.
+    /// The terminal write, counted on the run item. While more than one task remains, it
+    /// only counts. For the last task, it counts and completes the run. For a run that is
+    /// not running, it counts without completing. If a step is refused, the next step is the
+    /// one that the run, as it was then, calls for. An operator's re-queue and other tasks'
+    /// counts change the run meanwhile. `None` when the run is gone or keeps no counters.
     pub(crate) async fn finish_on_run(
         &self,
         task: &TaskRef,
@@ -73,9 +74,9 @@ impl DynamoTaskStore {
 /// The most steps one terminal write tries before it is retried as a conflict.
 const MAX_STEPS: usize = 8;
 
-/// The step the run as it was when it refused one calls for; `None` when it is gone, keeps
-/// no counters, or is running with none left (counters a count cannot mend: the task is
-/// finished uncounted, with a warning).
+/// The step that the run calls for, as it was when it refused the last one. `None` when the
+/// run is gone, keeps no counters, or is running with no task left. A count cannot mend such
+/// counters, so the task is finished uncounted, with a warning.
 fn next_step(run: Option<&Item>) -> Option<RunStep> {
     let run = run.filter(|run| !run.is_empty())?;
     let left = number::<i64>(run, "tasks_remaining")?;
@@ -94,8 +95,8 @@ fn next_step(run: Option<&Item>) -> Option<RunStep> {
 /// How a terminal write's transaction ended.
 enum Counted {
     Written,
-    /// The task's condition failed: it is terminal already (and was it failed without a
-    /// result?).
+    /// The task's condition failed: it is terminal already. `failed_without_result` says
+    /// whether it failed without a result.
     TaskRefused {
         failed_without_result: bool,
     },
@@ -137,8 +138,8 @@ impl DynamoTaskStore {
         }
     }
 
-    /// A success in place of a failure without a result: counted over in the same
-    /// transaction, or alone when the run keeps no counters.
+    /// A success in place of a failure without a result. It is counted again in the same
+    /// transaction, or written alone when the run keeps no counters.
     async fn replace_failure(
         &self,
         task: &TaskRef,
@@ -164,8 +165,8 @@ impl DynamoTaskStore {
     }
 }
 
-/// A cancelled terminal write: the task refused (terminal already), the run refused (try
-/// the next step), or a fault (a conflict, an item too large).
+/// A cancelled terminal write: the task refused it (terminal already), the run refused it
+/// (try the next step), or a fault (a conflict, an item too large).
 fn counted_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
 ) -> Result<Counted, StoreError> {
@@ -196,8 +197,8 @@ fn counted_refusal(
 }
 
 impl Expression {
-    /// With a success carried forward on a `304 Not Modified` counted on the counter item
-    /// (the run or a shard): one page not modified, and its bytes not fetched.
+    /// Counts a success carried forward on a `304 Not Modified` on the counter item (the run
+    /// or a shard): one more page not modified, and its bytes as not fetched.
     pub(crate) fn with_not_modified(self, terminal: &Terminal) -> Self {
         let Terminal::Succeeded(stored) = terminal else {
             return self;

@@ -14,7 +14,7 @@ pub(crate) enum RunStep {
     /// The run is not running: count it, complete nothing.
     CountOnly,
     /// A success replaces a failure already counted: move one count from failed to
-    /// succeeded; the run's remaining count and status stay.
+    /// succeeded. The run's remaining count and status stay as they are.
     Recount,
 }
 
@@ -57,8 +57,8 @@ pub(crate) fn run_count(step: RunStep, terminal: &Terminal, now: &str) -> Expres
         .value(":now", s(now))
 }
 
-/// The run's side of a re-queue: the task counted back into the remaining ones, which
-/// reopens a completed run; never a cancelled one.
+/// The run's side of a re-queue: the task is counted back into the remaining ones, which
+/// reopens a completed run. Never for a cancelled run.
 pub(crate) fn requeue_run(now: &str) -> Expression {
     Expression::new(
         "ADD tasks_failed :minus_one, tasks_remaining :one \

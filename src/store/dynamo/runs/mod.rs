@@ -1,6 +1,7 @@
-//! What operators and producers read and write of a run, on the task store's table: the run
-//! item, the run's tasks, a failed task set back to pending with its run's counters, and the
-//! producer's creates (job, run with its counters or counter tree, tasks) and submit cursor.
+//! What operators and producers read and write about a run, on the task store's table: the
+//! run item, the run's tasks, and a failed task set back to pending with its run's counters.
+//! Also what the producer creates (the job, the run with its counters or counter tree, the
+//! tasks), and its submit cursor.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
@@ -25,14 +26,14 @@ use crate::store::dynamo::{
 };
 use crate::store::error::cancellation_fault;
 
-/// How a create ended: written now, or there already (as it is stored).
+/// How a create ended: written now, or already there (returned as it is stored).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
     Written,
     Existing(Item),
 }
 
-/// Counter items created at once.
+/// How many counter items are created at once.
 const COUNTER_PUTS_AT_ONCE: usize = 16;
 
 /// How a re-queue of one failed task ended.
@@ -52,10 +53,11 @@ impl DynamoTaskStore {
         self.create(item, "PutItem(job)").await
     }
 
-    /// The run, `running`, its submit cursor at 0, unless it exists already; counted on its
-    /// own item (`total` tasks, all remaining), or in the counter tree `sizes` says (data
-    /// contract v2: `counter_shards`, `counter_groups`, and what the run counts as left),
-    /// its tasks and results spread over its shards if `spread` (v3: `task_shards`).
+    /// The run, `running`, with its submit cursor at 0, unless it exists already. It counts
+    /// on its own item (`total` tasks, all remaining), or in the counter tree that `sizes`
+    /// describes (data contract v2: `counter_shards`, `counter_groups`, and what the run
+    /// counts as left). With `spread`, its tasks and results spread over its shards (v3:
+    /// `task_shards`).
     pub async fn create_run(
         &self,
         run: RunRef<'_>,
@@ -94,8 +96,8 @@ impl DynamoTaskStore {
         self.create(item, "PutItem(run)").await
     }
 
-    /// The run's counter groups and shards, each with all it counts left to count, unless
-    /// they exist already (a few at once).
+    /// The run's counter groups and shards, each with everything it counts still left to
+    /// count, unless they exist already. A few are written at once.
     pub async fn create_counters(
         &self,
         job: &Id,
@@ -150,8 +152,8 @@ impl DynamoTaskStore {
     }
 
     /// The results of these tasks of an earlier run that a refresh can carry forward, by
-    /// task id: each successful task's object, its SHA-256 and its validators, with its URL
-    /// (read 100 at a time).
+    /// task id. For each successful task: its object, SHA-256, validators and URL. Read 100
+    /// at a time.
     pub async fn earlier_results(
         &self,
         refs: &[TaskRef],
@@ -197,7 +199,7 @@ impl DynamoTaskStore {
         }
     }
 
-    /// A conditional put that only creates; the item as stored when it was there already.
+    /// A conditional put that only creates. Returns the item as stored if it was there.
     async fn create(&self, item: Item, operation: &'static str) -> Result<Created, StoreError> {
         let result = self
             .client
@@ -219,7 +221,7 @@ impl DynamoTaskStore {
         }
     }
 
-    /// The run item, read consistently; `None` when it does not exist.
+    /// The run item, read consistently. `None` when it does not exist.
     pub async fn run_item(&self, job: &Id, run: &Id) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
@@ -233,8 +235,8 @@ impl DynamoTaskStore {
         Ok(out.item)
     }
 
-    /// The run's counter shards `0..shards`, read consistently (missing ones left out; in
-    /// no particular order).
+    /// The run's counter shards `0..shards`, read consistently, in no particular order.
+    /// Missing ones are left out.
     pub async fn shard_items(
         &self,
         job: &Id,
@@ -256,8 +258,8 @@ impl DynamoTaskStore {
         self.read_all(keys, "BatchGetItem(groups)").await
     }
 
-    /// The items with these keys, read consistently, a hundred keys a request (and what
-    /// DynamoDB left unprocessed, again).
+    /// The items with these keys, read consistently, a hundred keys per request. Keys
+    /// DynamoDB left unprocessed are asked for again.
     async fn read_all(
         &self,
         keys: Vec<Item>,
@@ -275,9 +277,9 @@ impl DynamoTaskStore {
         Ok(items)
     }
 
-    /// Every task of the run, read consistently, in task order: (task id, item). A v3 run's
-    /// tasks are read from each of its shards' partitions (a Query each, a few at once, as
-    /// its item says): never a scan.
+    /// Every task of the run, read consistently, in task order, as (task id, item). A v3
+    /// run's tasks are read from each of its shards' partitions, as its item says: one Query
+    /// each, a few at once, never a scan.
     pub async fn run_tasks(&self, job: &Id, run: &Id) -> Result<Vec<(String, Item)>, StoreError> {
         let run_item = self.run_item(job, run).await?;
         let spread = run_item.as_ref().and_then(spread_of);
@@ -291,8 +293,8 @@ impl DynamoTaskStore {
         Ok(tasks)
     }
 
-    /// The URL each of these tasks (at most 100) was created with, by task id; a task not
-    /// there is left out.
+    /// The URL each of these tasks (at most 100) was created with, by task id. A task that
+    /// is not there is left out.
     pub async fn stored_urls(
         &self,
         refs: &[TaskRef],
@@ -337,10 +339,10 @@ impl DynamoTaskStore {
         Ok(tasks)
     }
 
-    /// A failed task back to pending, and (if the run counts its tasks, `counting`) back
-    /// into its run's remaining count (or its counter tree's), in one transaction, so a task
-    /// is never counted twice. A conflict is an error the caller may try again; a run
-    /// cancelled meanwhile is refused.
+    /// A failed task back to pending. If the run counts its tasks (`counting`), the task
+    /// also goes back into its run's remaining count, or its counter tree's. Both happen in
+    /// one transaction, so a task is never counted twice. A conflict is an error the caller
+    /// may try again. A run cancelled meanwhile is refused.
     pub async fn requeue_failed(
         &self,
         task: &TaskRef,
@@ -372,8 +374,8 @@ impl DynamoTaskStore {
     }
 }
 
-/// A cancelled re-queue: the task not failed any more, a conflict to try again, or the run
-/// cancelled meanwhile.
+/// A re-queue whose transaction was cancelled: the task is no longer failed, a conflict to
+/// try again, or the run was cancelled meanwhile.
 fn requeue_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
     task: &TaskRef,
@@ -403,17 +405,17 @@ fn requeue_refusal(
     Err(StoreError::from_sdk("TransactWriteItems(requeue)", err))
 }
 
-/// How a run counts its tasks, as its item says: on the run item (v1), in counter shards
-/// (v2), or not at all (a run written without counters).
-/// Over how many counter shards a run's tasks and results are spread (data contract v3:
-/// `task_shards`), if they are.
+/// How many counter shards a run's tasks and results are spread over, if they are (data
+/// contract v3: `task_shards`).
 pub fn spread_of(run: &Item) -> Option<u32> {
     number(run, "task_shards").filter(|n| (1..=MAX_SPREAD).contains(n))
 }
 
-/// Queries of a v3 run's task partitions in flight at once.
+/// How many Queries of a v3 run's task partitions run at once.
 const QUERIES_AT_ONCE: usize = 16;
 
+/// How a run counts its tasks, as its item says: on the run item (v1), in counter shards
+/// (v2), or not at all (a run written without counters).
 pub fn counting_of(run: &Item) -> Option<Counting> {
     match Counting::of(number(run, "counter_shards"), number(run, "counter_groups")) {
         Counting::Run => run.contains_key("tasks_remaining").then_some(Counting::Run),

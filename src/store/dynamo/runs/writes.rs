@@ -1,9 +1,10 @@
-//! The run item's writes from the operator's routines: the count of tasks submitted, advanced.
+//! The run item's writes from the operator's routines: moving the count of tasks submitted
+//! forward.
 
 use crate::store::dynamo::attributes::{n, s};
 use crate::store::dynamo::expressions::Expression;
 
-/// A put that only creates: nothing with this key yet.
+/// A put that only creates: the condition is that nothing has this key yet.
 pub(crate) const ABSENT: &str = "attribute_not_exists(pk)";
 
 /// The producer's submit cursor moved on: tasks before `through` are written and sent.

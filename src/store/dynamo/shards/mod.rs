@@ -1,9 +1,10 @@
-//! Counting a task in its run's counter tree (data contract v2): the terminal write and the
-//! count of the task's shard in one transaction, as with a run's own counters; the shard's
-//! last task also counts the shard done in its group (or the run), the group's last in the
-//! run, whose last completes it. A re-queue reopens the same path downwards-up. The run item
-//! is written once per group (or shard), not once per task. The argument that this
-//! completes a run exactly once is in docs/design.md. A re-queue is in `requeue.rs`.
+//! Counting a task in its run's counter tree (data contract v2). As with a run's own
+//! counters, the terminal write and the count of the task's shard go in one transaction. The
+//! shard's last task also counts the shard as done in its group (or in the run). A group's
+//! last shard counts the group as done in the run. The run's last child completes the run.
+//! A re-queue reopens the same path, from the bottom up. So the run item is written once per
+//! group (or shard), not once per task. docs/design.md argues that this completes a run
+//! exactly once. Re-queues are in `requeue.rs`.
 
 mod requeue;
 mod writes;
@@ -62,7 +63,7 @@ impl<'a> Path<'a> {
         }
     }
 
-    /// The attribute the node keeps what is left to count in.
+    /// The attribute in which the node keeps what is left to count.
     fn left(&self, level: usize) -> &'static str {
         match self.nodes[level] {
             Node::Shard(_) => "tasks_remaining",
@@ -72,7 +73,7 @@ impl<'a> Path<'a> {
         }
     }
 
-    /// Counting the task up to `level`, one left there or more.
+    /// Counts the task up to `level`, where one or more is left.
     fn climb_to(&self, level: usize) -> Step {
         let how = match self.nodes[level] {
             Node::Run => Top::Run(RunStep::Count),
@@ -85,8 +86,9 @@ impl<'a> Path<'a> {
 /// What a terminal write counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
-    /// The task into its shard, and up the path to level `top`: each node below `top`
-    /// counts its last (its count 1 to 0, so its parent counts it done), `top` as `how`.
+    /// Count the task into its shard, and up the path to level `top`. Each node below `top`
+    /// counts its last: its count goes from 1 to 0, so its parent counts it as done. `top`
+    /// counts as `how` says.
     Climb { top: usize, how: Top },
     /// A success replacing a failure its shard counted.
     Recount,
@@ -97,9 +99,10 @@ enum Step {
 enum Top {
     /// More than one left there: one fewer.
     Count,
-    /// Its last, its parent gone or done already (a producer's mistake): counted alone.
+    /// Its last, but its parent is gone or done already (a producer's mistake). Counted
+    /// alone.
     Orphan,
-    /// The run: one child fewer, the last completing it (or not, when it is not running).
+    /// The run: one child fewer. The last child completes it, unless it is not running.
     Run(RunStep),
 }
 
@@ -112,12 +115,13 @@ const COUNT: Step = Step::Climb {
 /// How a counted terminal write's transaction ended.
 enum Counted {
     Written,
-    /// The task is terminal already: was it failed without a result?
+    /// The task is terminal already. `failed_without_result` says whether it failed without
+    /// a result.
     TaskRefused {
         failed_without_result: bool,
     },
-    /// A counter was not as the step expected: the next step, from what it is (None: the
-    /// shard is gone or had nothing left to count).
+    /// A counter was not as the step expected. Holds the next step, from what the counter is
+    /// now. `None` when the shard is gone or had nothing left to count.
     Refused(Option<Step>),
 }
 
@@ -132,8 +136,8 @@ impl DynamoTaskStore {
     ) -> Result<Finish, StoreError> {
         let path = Path::of(task, sharding);
         let mut step = COUNT;
-        // Each refusal says what the refusing counter is now: two tries per level suffice
-        // unless counters keep changing underneath, which is a conflict to try again.
+        // Each refusal returns the refusing counter as it is now. So two tries per level are
+        // enough, unless counters keep changing underneath. That is a conflict to try again.
         for _ in 0..2 * path.nodes.len() + 2 {
             let counted = self.count_on_path((terminal, spend), now, &path, step);
             let next = match counted.await? {
@@ -187,8 +191,9 @@ impl DynamoTaskStore {
         }
     }
 
-    /// The terminal write without a count, for a task whose shard is gone or counted all
-    /// its tasks already (a producer's mistake in sizing it): the task still ends.
+    /// The terminal write without a count, for a task whose shard is gone or has counted all
+    /// its tasks already. That is a producer's mistake in sizing the shard. The task still
+    /// ends.
     async fn uncounted(
         &self,
         task: &TaskRef,
@@ -257,8 +262,8 @@ fn written(step: Step) -> Finish {
     }
 }
 
-/// A cancelled counted terminal write: whose condition failed, and the step the counter
-/// as it is calls for.
+/// A cancelled counted terminal write: which item's condition failed, and the step that the
+/// counter, as it is now, calls for.
 fn finish_refusal(
     err: SdkError<TransactWriteItemsError, HttpResponse>,
     path: &Path<'_>,
@@ -304,7 +309,8 @@ fn next_step(path: &Path<'_>, level: usize, old: Option<&Item>, step: Step) -> O
     }
 }
 
-/// The run's count a run as it is calls for (None: gone, or it keeps no such count).
+/// The run's count that the run, as it is now, calls for. `None` when the run is gone or
+/// keeps no such count.
 fn run_step(run: Option<&Item>, left: &str) -> Option<Top> {
     let run = run?;
     let step = match (number::<i64>(run, left)?, string(run, "status")) {

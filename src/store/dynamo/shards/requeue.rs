@@ -1,6 +1,6 @@
-//! A failed task re-queued in a run's counter tree (data contract v2): back to pending and
-//! into its shard's count in one transaction, reopening the shard, its group and the run
-//! when they had none left.
+//! Re-queueing a failed task in a run's counter tree (data contract v2). The task goes back
+//! to pending and into its shard's count in one transaction. This reopens the shard, its
+//! group and the run when they had none left.
 
 use aws_sdk_dynamodb::types::Update;
 
@@ -13,9 +13,9 @@ use crate::store::dynamo::runs::Requeue;
 use crate::store::dynamo::{DynamoTaskStore, keys, tasks};
 
 impl DynamoTaskStore {
-    /// A failed task back to pending, and back into its shard's count, in one transaction;
-    /// a shard that had none left reopens in its group (or run), a group that had none left
-    /// in the run, and the run runs again. A run cancelled meanwhile is refused.
+    /// A failed task back to pending, and back into its shard's count, in one transaction.
+    /// A shard that had none left reopens in its group (or the run). A group that had none
+    /// left reopens in the run, and the run runs again. A run cancelled meanwhile is refused.
     pub(crate) async fn requeue_sharded(
         &self,
         task: &TaskRef,
@@ -48,8 +48,9 @@ impl DynamoTaskStore {
     }
 }
 
-/// A re-queue's transaction: the task, and its counters up to `top`: each below it reopened
-/// (from none left), `top` counting the task back (or the run, running again).
+/// A re-queue's transaction: the task, and its counters up to `top`. Each counter below
+/// `top` is reopened from none left. `top` counts the task back. If `top` is the run, the
+/// run runs again.
 fn reopen_updates(table: &str, path: &Path<'_>, top: usize, now: &str) -> Vec<Update> {
     let task = tasks::writes::requeue_task(now).into_update(table, keys::task_key(path.task));
     let counters = (0..=top).map(|level| {

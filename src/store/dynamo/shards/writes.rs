@@ -26,7 +26,8 @@ pub(crate) fn shard_count(terminal: &Terminal, now: &str, last: bool) -> Express
     .value(":now", s(now))
 }
 
-/// A counter shard's side of a success replacing a failure it counted (as a run's own).
+/// A counter shard's side of a success replacing a failure it counted, as for a run's own
+/// counters.
 pub(crate) fn shard_recount(terminal: &Terminal, now: &str) -> Expression {
     run_count(RunStep::Recount, terminal, now)
 }
@@ -47,9 +48,9 @@ pub(crate) fn group_count(now: &str, last: bool) -> Expression {
     .value(":now", s(now))
 }
 
-/// The run's side when its child (a shard, or a group) counts its last: one fewer left in
-/// `left` (`shards_remaining` or `groups_remaining`), the last completing a running run
-/// (`step` as for a run's own count).
+/// The run's side when its child (a shard or a group) counts its last. One fewer is left in
+/// `left` (`shards_remaining` or `groups_remaining`). The last child completes a running
+/// run. `step` works as for a run's own count.
 pub(crate) fn children_done(step: RunStep, left: &str, now: &str) -> Expression {
     let expression = match step {
         RunStep::Count => Expression::new(
@@ -78,8 +79,8 @@ pub(crate) fn children_done(step: RunStep, left: &str, now: &str) -> Expression 
         .value(":now", s(now))
 }
 
-/// A counter shard's side of a re-queue: the task counted back into its remaining ones;
-/// `reopens` when the shard had none left (then its parent counts it open again too).
+/// A counter shard's side of a re-queue: the task is counted back into its remaining ones.
+/// `reopens` is set when the shard had none left. Then its parent counts it open again too.
 pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
     Expression::new(
         "ADD tasks_failed :minus_one, tasks_remaining :one SET updated_at = :now".into(),
@@ -96,7 +97,8 @@ pub(crate) fn shard_requeue(now: &str, reopens: bool) -> Expression {
 }
 
 /// A counter group's side of a re-queue that reopens one of its shards: one more shard
-/// left; `reopens` when it had none left (then the run counts it open again too).
+/// left. `reopens` is set when the group had none left. Then the run counts it open again
+/// too.
 pub(crate) fn group_requeue(now: &str, reopens: bool) -> Expression {
     Expression::new(
         "ADD shards_remaining :one SET updated_at = :now".into(),
@@ -111,8 +113,8 @@ pub(crate) fn group_requeue(now: &str, reopens: bool) -> Expression {
     .value(":now", s(now))
 }
 
-/// The run's side of a re-queue that reopens one of its children (`left`: the count of
-/// them), and so the run.
+/// The run's side of a re-queue that reopens one of its children, and so the run. `left`
+/// names the count of those children.
 pub(crate) fn children_reopened(left: &str, now: &str) -> Expression {
     Expression::new(
         "ADD #left :one SET #status = :running, updated_at = :now REMOVE completed_at".into(),

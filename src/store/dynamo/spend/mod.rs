@@ -1,6 +1,6 @@
-//! What runs spend through proxies: each fetch's requests and bytes added to the counter item
-//! its task counts in (the run item, or its shard), exactly once; and the paid tier's budget,
-//! reserved from the run item in chunks, each sandbox's under a lease of its own.
+//! What runs spend through proxies. Each fetch's requests and bytes are added exactly once
+//! to the counter item its task counts in: the run item, or its shard. The paid tier's budget
+//! is reserved from the run item in chunks, each sandbox's under a lease of its own.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
@@ -43,9 +43,9 @@ impl SpendStore for DynamoTaskStore {
             }
         };
         let update = writes::spend(spend).into_update(&self.table, key);
-        // Unless the task names this delivery as counted by its terminal write (whose
-        // answer was lost); with the delivery as the idempotency token, so a request the
-        // SDK sends again after a lost answer is not applied twice either.
+        // Skipped if the task names this delivery as counted by its terminal write, whose
+        // response was lost. The delivery is also the idempotency token, so a request the
+        // SDK sends again after a lost response is not applied twice either.
         let result = self
             .client
             .transact_write_items()
@@ -88,7 +88,8 @@ impl SpendStore for DynamoTaskStore {
                 Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => tries += 1,
                 answer => return answer,
             }
-            // Others reserved or settled the run item at once: a short pause, jittered.
+            // Others reserved or settled on the run item at the same time: a short, jittered
+            // pause.
             let pause = 20 + fastrand::u64(..80) * tries;
             tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
         }
@@ -104,8 +105,8 @@ impl SpendStore for DynamoTaskStore {
             .set_key(Some(keys::lease_key(job, run_id, holder)));
         match request.send().await {
             Ok(_) => Ok(()),
-            // The lease was taken back (this sandbox was frozen past it) or given back: the
-            // holder counts the spend at its give-back.
+            // The lease was taken back (this sandbox was frozen past its expiry) or given
+            // back. The holder counts the spend when it gives the lease back.
             Err(err) if is_condition_failure(&err) => Err(StoreError::NotAllowed {
                 detail: "the paid-tier lease is gone".into(),
             }),
@@ -130,7 +131,7 @@ impl SpendStore for DynamoTaskStore {
             };
             match answer {
                 Ok(true) => return Ok(()),
-                // Noted on, or taken back, since it was read: read it again.
+                // Noted on, or taken back, since it was read. Read it again.
                 Ok(false) if tries < CONFLICT_TRIES => {}
                 Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => {}
                 Ok(false) => {
@@ -176,8 +177,9 @@ fn not_counted_by(table: &str, task: &TaskRef, delivery: &str) -> TransactWriteI
     TransactWriteItem::builder().condition_check(check).build()
 }
 
-/// Pauses and tries of a reservation that met another write of the run item in a
-/// transaction (`TransactionConflict`: production cancels overlapping ones).
+/// How many times a reservation pauses and tries again after it met another write of the
+/// run item in a transaction (`TransactionConflict`). Production DynamoDB cancels
+/// overlapping transactions.
 const CONFLICT_TRIES: u64 = 4;
 
 impl DynamoTaskStore {
@@ -198,7 +200,7 @@ impl DynamoTaskStore {
         let Some(reasons) = self.with_lease(operation, run_write, lease).await? else {
             return Ok(Reservation::Granted);
         };
-        // The run item as the refusal found it, or as it is now when the answer does not
+        // The run item as the refusal found it, or as it is now when the response does not
         // carry it.
         let run = match reasons.first().and_then(|r| r.item()) {
             Some(item) => Some(item.clone()),
@@ -245,9 +247,10 @@ impl DynamoTaskStore {
         Ok(out.item)
     }
 
-    /// A lease, as it was read, settled for the run and ended: what it noted as spent and
-    /// `unnoted` are spent (past its reserved bytes too: the run's reserved bytes grow by
-    /// the difference), the rest goes back. Refused (`false`) if it changed meanwhile.
+    /// Settles a lease, as it was read, for the run, and ends it. What it noted as spent,
+    /// plus `unnoted`, counts as spent. That may go past its reserved bytes, and then the
+    /// run's reserved bytes grow by the difference. The rest goes back. Refused (`false`) if
+    /// the lease changed meanwhile.
     async fn settle_lease(
         &self,
         run: RunRef<'_>,
@@ -279,8 +282,8 @@ impl DynamoTaskStore {
         Ok(!refused)
     }
 
-    /// Bytes spent under a lease that is gone (taken back before this sandbox gave it back,
-    /// which counted them as unspent): reserved and spent both.
+    /// Bytes spent under a lease that is gone. It was taken back before this sandbox gave it
+    /// back, and that counted them as unspent. They are counted as both reserved and spent.
     async fn count_unnoted(&self, run: RunRef<'_>, unnoted: u64) -> Result<(), StoreError> {
         let (job, run_id) = (run.job_id, run.run_id);
         let request = writes::return_paid(-signed(unnoted), unnoted)
@@ -300,7 +303,7 @@ impl DynamoTaskStore {
         }
     }
 
-    /// The run item's write and its lease's, in one transaction: `None` when done, the
+    /// The run item's write and its lease's, in one transaction. `None` when done, or the
     /// cancellation reasons when a condition refused it.
     async fn with_lease(
         &self,
@@ -322,8 +325,8 @@ impl DynamoTaskStore {
     }
 }
 
-/// The cancellation reasons of a transaction refused by its conditions alone; any other
-/// failure (a conflict with another transaction, throttling) classified as an error.
+/// The cancellation reasons of a transaction refused by its conditions alone. Any other
+/// failure (a conflict with another transaction, throttling) is classified as an error.
 fn refused_by_conditions(
     operation: &'static str,
     err: SdkError<TransactWriteItemsError, HttpResponse>,
@@ -338,10 +341,10 @@ fn refused_by_conditions(
     Err(StoreError::from_sdk(operation, err))
 }
 
-/// A lease's end: the item deleted only as it was read (`seen`: its reserved bytes, noted
-/// spend and expiry), so that no reservation or note is lost between the read and the
-/// delete. A note that comes once the lease is gone is refused, and its holder counts that
-/// spend at its give-back.
+/// A lease's end. The item is deleted only if it is still as it was read (`seen`: its
+/// reserved bytes, noted spend and expiry). So no reservation or note is lost between the
+/// read and the delete. A note that comes after the lease is gone is refused, and its holder
+/// counts that spend when it gives the lease back.
 fn lease_ended(table: &str, key: Item, (reserved, noted, expires): (u64, u64, u64)) -> Delete {
     Delete::builder()
         .table_name(table)
@@ -361,8 +364,9 @@ fn signed(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
-/// What a refused reservation says, from the run item as it was: spent when the bytes given
-/// back as spent reach the budget (or there is no budget, or no run), else held elsewhere.
+/// What a refused reservation means, from the run item as it was. Spent when the bytes
+/// reported as spent reach the budget, or there is no budget or no run. Otherwise held
+/// elsewhere.
 fn refusal(run: &Item) -> Reservation {
     let budget: Option<u64> = number(run, "paid_tier_budget_bytes");
     let spent: u64 = number(run, "paid_tier_spent_bytes").unwrap_or(0);
@@ -373,8 +377,9 @@ fn refusal(run: &Item) -> Reservation {
 }
 
 impl Expression {
-    /// With the delivery whose spend the same transaction counts named on the task item
-    /// (nothing when it spent nothing): its spend recorded alone after is not counted again.
+    /// Names on the task item the delivery whose spend the same transaction counts. Nothing
+    /// is named when it spent nothing. So its spend, recorded alone later, is not counted
+    /// again.
     pub(crate) fn with_spend_by(mut self, spend: DeliverySpend<'_>) -> Self {
         if spend.spend.is_zero() || spend.delivery.is_empty() {
             return self;
@@ -387,8 +392,8 @@ impl Expression {
         self.value(":spend_delivery", s(spend.delivery))
     }
 
-    /// With one delivery's spend added to the item (a counter item: the run or a shard),
-    /// in the same `ADD` clause as its counts; the blocks it met, where it met any.
+    /// Adds one delivery's spend to the item (a counter item: the run or a shard), in the
+    /// same `ADD` clause as its counts. Also adds the blocks it met, if it met any.
     pub(crate) fn with_spend(mut self, spend: &Spend) -> Self {
         let mut adds = Vec::new();
         for (tier, spent) in spend.spent() {

@@ -1,4 +1,5 @@
-//! The writes of a run's spend: a delivery's spend counted once, and the paid tier's budget reserved, noted and returned.
+//! The writes of a run's spend: a delivery's spend, counted once, and the paid tier's budget,
+//! reserved, noted and returned.
 
 use crate::domain::spend::Spend;
 use crate::store::dynamo::attributes::n;
@@ -14,7 +15,7 @@ pub fn spend_names(tier: usize) -> [String; 3] {
     ]
 }
 
-/// The name of the blocks met through tier `tier` on a counter item; tier 0: direct.
+/// The name of the blocks met through tier `tier` on a counter item. Tier 0 means direct.
 pub fn blocks_name(tier: usize) -> String {
     match tier {
         0 => "blocks_direct".to_owned(),
@@ -27,7 +28,8 @@ pub(crate) fn spend(spend: &Spend) -> Expression {
     Expression::new(String::new(), "attribute_exists(pk)").with_spend(spend)
 }
 
-/// A chunk of the run's paid-tier budget reserved, while what is reserved is below it.
+/// Reserves a chunk of the run's paid-tier budget, while what is reserved is below the
+/// budget.
 pub(crate) fn reserve_paid(chunk: u64) -> Expression {
     Expression::new(
         "SET paid_tier_reserved_bytes = if_not_exists(paid_tier_reserved_bytes, :zero) + :chunk"
@@ -57,8 +59,8 @@ pub(crate) fn note_paid(bytes: u64) -> Expression {
     Expression::new("ADD spent :bytes".into(), "attribute_exists(pk)").value(":bytes", n(bytes))
 }
 
-/// `unspent` bytes reserved given back (never below nothing reserved; below 0, spent
-/// past what was reserved), `spent` counted.
+/// Gives back `unspent` reserved bytes, and counts `spent`. The reserved bytes never go
+/// below zero. `unspent` is below 0 when more was spent than reserved.
 pub(crate) fn return_paid(unspent: i64, spent: u64) -> Expression {
     Expression::new(
         "SET paid_tier_reserved_bytes = paid_tier_reserved_bytes - :unspent \

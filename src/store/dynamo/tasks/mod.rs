@@ -31,8 +31,8 @@ impl TaskStore for DynamoTaskStore {
             .get_item()
             .table_name(&self.table)
             .set_key(Some(keys::task_key(task)))
-            // Strongly consistent: a task written just before its message was sent (or
-            // re-queued just now) must never read as missing or terminal, which would ack it.
+            // Strongly consistent. A task written just before its message was sent, or
+            // re-queued just now, must never read as missing or terminal: that would ack it.
             .consistent_read(true)
             .projection_expression(
                 "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified, \
@@ -176,11 +176,12 @@ impl TaskStore for DynamoTaskStore {
     }
 
     /// Counts the task into its run in the same transaction as the terminal write, so a
-    /// task is counted exactly once. While more than one task remains that is one
-    /// transaction; the last task's transaction also completes the run (only one can take
-    /// `tasks_remaining` from 1 to 0). A run that is not running, or has no counters, is
-    /// counted without completing, or not at all. A success that finds the task failed
-    /// without a result replaces that failure, moving the run's count along.
+    /// task is counted exactly once. While more than one task remains, that is one
+    /// transaction. The last task's transaction also completes the run, since only one can
+    /// take `tasks_remaining` from 1 to 0. A run that is not running counts the task but is
+    /// not completed. A run with no counters does not count it at all. A success that finds
+    /// the task failed without a result replaces that failure, and moves the run's count
+    /// along.
     #[tracing::instrument(skip_all, fields(status = terminal.status().as_str()))]
     async fn finish(
         &self,

@@ -14,9 +14,9 @@ use crate::store::dynamo::expressions::Expression;
 /// Only a task in one of these states can be claimed or finished.
 const OPEN: &str = "#status IN (:pending, :processing)";
 
-/// A pending or processing task to processing, counting the attempt in its set of tries
-/// (a fresh set starts at one; an item without `tries_since` takes the claim's); with a
-/// lease, only if no other delivery holds a live one, and taking it.
+/// Moves a pending or processing task to processing, and counts the attempt in its set of
+/// tries. A fresh set starts at one. An item without `tries_since` takes the claim's. With a
+/// lease, the write happens only if no other delivery holds a live lease, and takes it.
 pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>, tries: TriesFrom) -> Expression {
     let count = match (tries.since, tries.fresh) {
         (Some(_), true) => "REMOVE tries_spent SET attempts = :one, tries_since = :since,",
@@ -51,8 +51,9 @@ pub(crate) fn claim(now: SystemTime, lease: Option<Lease<'_>>, tries: TriesFrom)
     }
 }
 
-/// A claim's attempt given back, and the status it found, while the task is still
-/// processing; with `owner`, the lease it took goes too, while it holds it.
+/// Gives back a claim's attempt and the status it found, while the task is still
+/// processing. With `owner`, it also gives up the lease the claim took, while `owner` holds
+/// it.
 pub(crate) fn unclaim(was: TaskStatus, owner: Option<&str>) -> Expression {
     const UNCLAIM: &str = "SET #status = :was ADD attempts :minus_one";
     const STILL_OURS: &str = "#status = :processing AND attempts > :zero";
@@ -71,7 +72,8 @@ pub(crate) fn unclaim(was: TaskStatus, owner: Option<&str>) -> Expression {
     .value(":zero", n(0))
 }
 
-/// An open task's tries marked spent, with the reason of ours its final attempt met.
+/// Marks an open task's tries as spent, with the reason on our side that ended its final
+/// attempt.
 pub(crate) fn spend_tries(reason: &Reason) -> Expression {
     Expression::new(
         "SET tries_spent = :reason".into(),
@@ -101,8 +103,8 @@ pub(crate) enum Over {
     FailureWithoutResult,
 }
 
-/// The task's terminal write, conditional on the task being in a state it may replace; the
-/// lease goes with it. Empty optional values (a minimal record) are removed, not written.
+/// The task's terminal write, conditional on the task being in a state it may replace. It
+/// removes the lease too. Empty optional values (a minimal record) are removed, not written.
 pub(crate) fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expression {
     let mut set = vec![
         "#status = :status",
@@ -144,10 +146,8 @@ pub(crate) fn task_terminal(terminal: &Terminal, now: &str, over: Over) -> Expre
     expression.name("#status", "status").name("#error", "error")
 }
 
-/// What a success writes: the object's identity, and its content type and final URL when
-/// they are not empty; a failure's error goes.
-/// A success's text fields that may be empty: set when it has one, removed when not (an
-/// earlier result's are not left behind).
+/// A success's text fields that may be empty. Each is set when the success has a value, and
+/// removed when not, so an earlier result's values are not left behind.
 const OPTIONAL_TEXTS: [(&str, &str, &str); 4] = [
     ("content_type = :ctype", "content_type", ":ctype"),
     ("final_url = :final", "final_url", ":final"),
@@ -155,6 +155,8 @@ const OPTIONAL_TEXTS: [(&str, &str, &str); 4] = [
     ("last_modified = :modified", "last_modified", ":modified"),
 ];
 
+/// What a success writes: the object's identity, and its content type and final URL when
+/// they are not empty. A failure's error is removed.
 fn success_fields(
     terminal: &Terminal,
     set: &mut Vec<&str>,
