@@ -238,15 +238,29 @@ pub struct Ask {
     /// The latest start it will wait for (it sleeps until its start).
     pub horizon: Millis,
     /// The slot it takes, and until when. `None` means no in-flight limit.
-    pub slot: Option<(usize, Millis)>,
+    pub slot: Option<Slot>,
     /// The host's number of slots for this fetch: its in-flight limit, or 0 for none.
     pub slots: u32,
+}
+
+/// One of a host's in-flight slots, as a fetch holds it: which one, and until when (ms since
+/// the epoch). A holder that crashed loses it then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub index: usize,
+    pub until: Millis,
+}
+
+impl Slot {
+    pub fn new(index: usize, until: Millis) -> Self {
+        Self { index, until }
+    }
 }
 
 impl Ask {
     /// The same ask for a slot free in `state`, if its own is taken and another is free.
     pub fn repicked(&self, state: &HostState) -> Self {
-        let Some((slot, until)) = self.slot else {
+        let Some(Slot { index: slot, until }) = self.slot else {
             return *self;
         };
         let taken = |i: usize| state.slot_taken(i, self.now);
@@ -255,7 +269,7 @@ impl Ask {
         }
         let free = (0..self.slots as usize).find(|&i| !taken(i));
         Self {
-            slot: Some((free.unwrap_or(slot), until)),
+            slot: Some(Slot::new(free.unwrap_or(slot), until)),
             ..*self
         }
     }
@@ -285,7 +299,7 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
     if let Some(until) = state.cooldown_until.filter(|u| *u > now) {
         return (Grant::Wait(until - now), state.clone());
     }
-    if let Some((slot, _)) = ask.slot
+    if let Some(Slot { index: slot, .. }) = ask.slot
         && state.slot_taken(slot, now)
     {
         return (Grant::Wait(SLOT_RETRY_MS), state.clone());
@@ -303,7 +317,7 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
     if let Some(interval) = ask.interval {
         after.next_start = Some(start + interval);
     }
-    if let Some((slot, until)) = ask.slot {
+    if let Some(Slot { index: slot, until }) = ask.slot {
         if after.slots.len() <= slot {
             after.slots.resize(slot + 1, None);
         }
@@ -503,7 +517,7 @@ mod tests {
             now,
             interval: None,
             horizon: now,
-            slot: Some((slot, now + 30_000)),
+            slot: Some(Slot::new(slot, now + 30_000)),
             slots: 2,
         };
 
@@ -511,7 +525,10 @@ mod tests {
         assert!(!held.slot_taken(0, 5_000), "lapsed");
         assert_eq!(decide(&held, &take(0, 1_000)).0, Grant::Wait(SLOT_RETRY_MS));
         assert_eq!(decide(&held, &take(0, 5_000)).0, Grant::StartAt(5_000));
-        assert_eq!(take(0, 1_000).repicked(&held).slot, Some((1, 31_000)));
+        assert_eq!(
+            take(0, 1_000).repicked(&held).slot,
+            Some(Slot::new(1, 31_000))
+        );
     }
 
     #[test]
@@ -524,7 +541,7 @@ mod tests {
             now: 1_000,
             interval: None,
             horizon: 1_000,
-            slot: Some((0, 40_000)),
+            slot: Some(Slot::new(0, 40_000)),
             slots: 2,
         };
 

@@ -1,6 +1,8 @@
 //! What fetching through proxies costs, per proxy tier: requests, bytes received and bytes
 //! on the wire. Also the block pages met on the way, per tier and for direct fetches.
 
+use crate::domain::model::Counting;
+
 /// The most proxy tiers `PROXY_URLS` may name.
 pub const MAX_TIERS: usize = 4;
 
@@ -132,6 +134,14 @@ impl Spend {
 pub struct DeliverySpend<'a> {
     pub spend: &'a Spend,
     pub delivery: &'a str,
+}
+
+/// Where a terminal write counts its task (as its run counts its tasks), and the delivery's
+/// spend it adds there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountedIn<'a> {
+    pub counting: Counting,
+    pub spend: DeliverySpend<'a>,
 }
 
 #[cfg(test)]

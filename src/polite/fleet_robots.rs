@@ -12,7 +12,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::{
-    Gate, KeptRobots, MOST_HOSTS, ORDER, Permit, ROBOTS_LEASE_MS, ROBOTS_POLL,
+    Gate, GatePorts, KeptRobots, MOST_HOSTS, ORDER, Permit, ROBOTS_LEASE_MS, ROBOTS_POLL,
     ROBOTS_SHORT_WAIT_MS, ROBOTS_WAIT, jittered, millis, now_ms, robots,
 };
 
@@ -33,13 +33,14 @@ impl Gate {
     /// slots, but obeys its cooldown.
     pub(super) async fn robots<S: HostStore, F: Fetcher>(
         &self,
-        (store, fetcher): (&S, &F),
+        ports: GatePorts<'_, S, F>,
         host: &Host,
         url: &url::Url,
         limits: HostLimits,
         fetch_time: Duration,
         measures: &Measures,
     ) -> Result<RobotsSays, StoreError> {
+        let GatePorts { store, .. } = ports;
         let kept = self.kept_robots(host);
         let mut kept = kept.lock().await;
         let now = now_ms();
@@ -49,8 +50,7 @@ impl Gate {
         let record = match store.robots(host).await?.filter(|r| r.expires_at > now) {
             Some(record) => record,
             None => {
-                let fetched =
-                    self.fetch_robots((store, fetcher), host, url, limits, fetch_time, measures);
+                let fetched = self.fetch_robots(ports, host, url, limits, fetch_time, measures);
                 match fetched.await? {
                     Ok(record) => record,
                     Err(RobotsSays::Wait(wait)) => {
@@ -71,13 +71,14 @@ impl Gate {
     /// sandbox is already fetching it, what to do meanwhile.
     pub(super) async fn fetch_robots<S: HostStore, F: Fetcher>(
         &self,
-        (store, fetcher): (&S, &F),
+        ports: GatePorts<'_, S, F>,
         host: &Host,
         url: &url::Url,
         limits: HostLimits,
         fetch_time: Duration,
         measures: &Measures,
     ) -> Result<Result<RobotsRecord, RobotsSays>, StoreError> {
+        let GatePorts { store, fetcher } = ports;
         let timeout = self.settings.robots_timeout;
         // The cooldown is read before the fleet's lease is taken. So a host in cooldown
         // holds no lease that other records must wait out.

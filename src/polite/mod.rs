@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::domain::limits::{Host, HostLimits, HostState, Millis, PoliteKey};
+use crate::domain::limits::{Host, HostLimits, HostState, Millis, PoliteKey, Slot};
 use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
@@ -72,6 +72,22 @@ impl Politeness {
     }
 }
 
+/// What the gate reads and writes through: the hosts' items, and the fetcher that fetches
+/// robots.txt and resolves a host's address.
+#[derive(Debug)]
+pub struct GatePorts<'a, S, F> {
+    pub store: &'a S,
+    pub fetcher: &'a F,
+}
+
+impl<S, F> Clone for GatePorts<'_, S, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S, F> Copy for GatePorts<'_, S, F> {}
+
 /// What the gate says of a record.
 #[derive(Debug)]
 pub enum Entry {
@@ -102,7 +118,7 @@ pub enum HoldReason {
 #[derive(Debug, Default)]
 pub struct Permit {
     host: Option<(Host, Option<f64>)>,
-    slot: Option<(usize, Millis)>,
+    slot: Option<Slot>,
     start: Millis,
     /// For a booked start: the limits and the fetch's fetch_time to ask with. The slot is
     /// asked of the host's item at the start, not when the record arrives. The same write
@@ -265,12 +281,13 @@ impl Gate {
     /// for the host's schedule is slept later, in [`Gate::ready`].
     pub async fn enter<S: HostStore, F: Fetcher>(
         &self,
-        (store, fetcher): (&S, &F),
+        ports: GatePorts<'_, S, F>,
         visit: Visit<'_>,
         job: &JobPoliteness,
         fetch_time: Duration,
         measures: &Measures,
     ) -> Result<Entry, StoreError> {
+        let GatePorts { store, fetcher } = ports;
         let parsed = url::Url::parse(visit.url).ok();
         let Some((parsed, host)) = parsed.and_then(|u| Host::of(&u).map(|h| (u, h))) else {
             // The fetcher refuses anything that is not an http(s) URL with a host.
@@ -278,14 +295,7 @@ impl Gate {
         };
         let mut limits = self.limits(job);
         if job.obey_robots.unwrap_or(self.settings.obey_robots) {
-            let says = self.robots(
-                (store, fetcher),
-                &host,
-                &parsed,
-                limits,
-                fetch_time,
-                measures,
-            );
+            let says = self.robots(ports, &host, &parsed, limits, fetch_time, measures);
             match says.await? {
                 RobotsSays::Fetch { crawl_delay } => limits = limits.with_crawl_delay(crawl_delay),
                 RobotsSays::Disallowed => {

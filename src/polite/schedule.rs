@@ -4,7 +4,7 @@
 //! the start is in `start`.
 
 use crate::domain::health::{self, Sign, Trouble};
-use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis};
+use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis, Slot};
 use crate::metrics::Measures;
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack};
@@ -86,7 +86,7 @@ impl Gate {
             horizon,
             slot: limits
                 .max_inflight
-                .map(|max| (pick_slot(seen, max, now), until)),
+                .map(|max| Slot::new(pick_slot(seen, max, now), until)),
             slots: limits.max_inflight.unwrap_or(0),
         }
     }
@@ -158,14 +158,14 @@ impl Gate {
             view = self.view(&host);
         }
         view.answers = answers.or(view.answers);
-        let Some((slot, until)) = permit.slot else {
+        let Some(slot) = permit.slot else {
             return self.remember(&host, view);
         };
-        if let Some(kept) = view.slots.get_mut(slot) {
+        if let Some(kept) = view.slots.get_mut(slot.index) {
             *kept = None;
         }
         self.remember(&host, view);
-        if let Err(err) = store.leave_host(&host, (slot, until), answers).await {
+        if let Err(err) = store.leave_host(&host, slot, answers).await {
             tracing::warn!(error = %err, host = host.as_str(), "could not give the host's slot back; it lapses");
         }
     }
@@ -262,7 +262,7 @@ fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
 fn granted(
     (host, limits, fetch_time): (&Host, HostLimits, Duration),
     grant: Grant,
-    slot: Option<(usize, Millis)>,
+    slot: Option<Slot>,
     now: Millis,
 ) -> Entry {
     let wait = match grant {

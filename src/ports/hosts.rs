@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, Grant, Host, HostState, Millis};
+use crate::domain::limits::{Ask, Grant, Host, HostState, Millis, Slot};
 use crate::ports::error::StoreError;
 
 /// What the fleet knows of a host's robots.txt, until `expires_at`.
@@ -48,7 +48,7 @@ pub enum PushedBack {
 }
 
 /// A take's answer: the grant, the host's state, and the slot taken.
-pub type Taken = (Grant, HostState, Option<(usize, Millis)>);
+pub type Taken = (Grant, HostState, Option<Slot>);
 
 /// The port: a host's schedule and robots.txt, shared by every sandbox.
 pub trait HostStore: Send + Sync {
@@ -72,7 +72,7 @@ pub trait HostStore: Send + Sync {
     fn leave_host(
         &self,
         host: &Host,
-        slot: (usize, Millis),
+        slot: Slot,
         answers: Option<(f64, f64)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 

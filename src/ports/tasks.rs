@@ -5,9 +5,9 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use crate::domain::ids::TaskRef;
-use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
+use crate::domain::model::{Parents, Task, TaskStatus, Terminal};
 use crate::domain::refresh::Prior;
-use crate::domain::spend::DeliverySpend;
+use crate::domain::spend::CountedIn;
 use crate::ports::error::StoreError;
 
 use crate::domain::bounds::Reason;
@@ -108,7 +108,7 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        counter: (Counting, DeliverySpend<'_>),
+        counted: CountedIn<'_>,
         now: SystemTime,
     ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
 }

@@ -6,7 +6,7 @@ use crate::batch::Invocation;
 use crate::contract::Outcome;
 use crate::domain::health::Sign;
 use crate::domain::refresh::Prior;
-use crate::polite::{self, Admission, Later, Permit, Visit, Waited};
+use crate::polite::{self, Admission, GatePorts, Later, Permit, Visit, Waited};
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
@@ -126,7 +126,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             booked_at: carried.copied_at,
             wait_left: delivery.wait_left,
         };
-        let ports = (&self.tasks, &self.fetcher);
+        let ports = GatePorts {
+            store: &self.tasks,
+            fetcher: &self.fetcher,
+        };
         let job = &guarded.wanted.politeness;
         let measures = &invocation.measures;
         let entry = self.gate.enter(ports, visit, job, time, measures).await?;

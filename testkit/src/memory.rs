@@ -19,8 +19,8 @@ use conveyor_worker::domain::model::{
     Counting, Page, Parents, StoredResult, Task, TaskStatus, Terminal, Tries,
 };
 use conveyor_worker::domain::refresh::{Prior, Validators};
-use conveyor_worker::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
-use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, decide};
+use conveyor_worker::domain::spend::{CountedIn, PaidLease, Reservation, Spend};
+use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, Slot, decide};
 use conveyor_worker::ports::error::StoreError;
 use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
@@ -210,9 +210,10 @@ impl TaskStore for MemoryTasks {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        (_counting, spend): (Counting, DeliverySpend<'_>),
+        counted: CountedIn<'_>,
         _now: SystemTime,
     ) -> Result<Finish, StoreError> {
+        let spend = counted.spend;
         self.served();
         let mut tasks = lock(&self.tasks);
         let replaces_failure = |entry: &MemoryTask| {
@@ -427,14 +428,14 @@ impl HostStore for MemoryTasks {
     async fn leave_host(
         &self,
         host: &Host,
-        (slot, until): (usize, Millis),
+        slot: Slot,
         answers: Option<(f64, f64)>,
     ) -> Result<(), StoreError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
-        if state.slot_until(slot) == until {
-            state.slots[slot] = None;
+        if state.slot_until(slot.index) == slot.until {
+            state.slots[slot.index] = None;
             state.answers = answers.or(state.answers);
         }
         Ok(())

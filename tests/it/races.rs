@@ -649,7 +649,7 @@ async fn turn_at_site_test(
     conveyor_worker::metrics::Measures,
 ) {
     use conveyor_worker::domain::limits::HostLimits;
-    use conveyor_worker::polite::{Entry, JobPoliteness, Politeness, Visit};
+    use conveyor_worker::polite::{Entry, GatePorts, JobPoliteness, Politeness, Visit};
 
     let worker = std::sync::Arc::new(stack.worker_with(|t| {
         t.politeness = Politeness {
@@ -668,8 +668,12 @@ async fn turn_at_site_test(
         wait_left: Duration::from_secs(60),
     };
     let (job, measures) = (JobPoliteness::default(), Default::default());
-    let budget = Duration::from_secs(10);
-    let entered = (worker.gate).enter((hosts, &worker.fetcher), visit, &job, budget, &measures);
+    let fetch_time = Duration::from_secs(10);
+    let ports = GatePorts {
+        store: hosts,
+        fetcher: &worker.fetcher,
+    };
+    let entered = (worker.gate).enter(ports, visit, &job, fetch_time, &measures);
     let Entry::Go(permit) = entered.await.expect("the host's turn") else {
         panic!("an idle host grants a turn at once");
     };

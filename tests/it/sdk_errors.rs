@@ -18,7 +18,7 @@ use aws_smithy_runtime_api::http::{Response, StatusCode};
 use aws_smithy_types::body::SdkBody;
 use conveyor_worker::domain::ids::{Id, ResultKey, RunRef, TaskRef};
 use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
-use conveyor_worker::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
+use conveyor_worker::domain::spend::{CountedIn, DeliverySpend, PaidLease, Reservation, Spend};
 use conveyor_worker::ports::error::{StoreError, StoreFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
 use conveyor_worker::ports::spend::SpendStore;
@@ -182,12 +182,7 @@ async fn a_terminal_write_refused_by_the_task_condition_lost_the_race() {
     let store = tasks(&cancelled(&["ConditionalCheckFailed", "None"]));
 
     let finish = store
-        .finish(
-            &task(),
-            &failed(),
-            (Counting::Run, no_spend()),
-            SystemTime::now(),
-        )
+        .finish(&task(), &failed(), run_counted(), SystemTime::now())
         .await
         .expect("an outcome");
 
@@ -199,12 +194,7 @@ async fn a_transaction_conflict_is_a_concurrent_change_to_retry() {
     let store = tasks(&cancelled(&["None", "TransactionConflict"]));
 
     let err = store
-        .finish(
-            &task(),
-            &failed(),
-            (Counting::Run, no_spend()),
-            SystemTime::now(),
-        )
+        .finish(&task(), &failed(), run_counted(), SystemTime::now())
         .await
         .expect_err("a conflict");
 
@@ -252,12 +242,7 @@ async fn a_transaction_refused_for_an_item_too_large_is_invalid_not_retried_as_i
     let store = tasks(&cancelled(&["ValidationError", "None"]));
 
     let err = store
-        .finish(
-            &task(),
-            &failed(),
-            (Counting::Run, no_spend()),
-            SystemTime::now(),
-        )
+        .finish(&task(), &failed(), run_counted(), SystemTime::now())
         .await
         .expect_err("invalid");
 
@@ -450,4 +435,12 @@ async fn a_page_s3_refuses_as_invalid_fails_its_task_instead_of_coming_back() {
         reason.starts_with("the result could not be stored"),
         "{reason}"
     );
+}
+
+/// A terminal write counted on the run item, with no spend.
+fn run_counted() -> CountedIn<'static> {
+    CountedIn {
+        counting: Counting::Run,
+        spend: no_spend(),
+    }
 }

@@ -11,7 +11,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::refresh::Validators;
-use crate::domain::spend::{DeliverySpend, Spend};
+use crate::domain::spend::{CountedIn, DeliverySpend, Spend};
 use crate::ports::error::StoreError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
@@ -296,9 +296,12 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
                 spend: &self.spend,
                 delivery: &self.delivery,
             };
-            let counter = (self.counting, spend);
+            let counted = CountedIn {
+                counting: self.counting,
+                spend,
+            };
             self.tasks
-                .finish(task, terminal, counter, SystemTime::now())
+                .finish(task, terminal, counted, SystemTime::now())
         };
         self.patience
             .retry_throttled(finish, FINISH_THROTTLED)

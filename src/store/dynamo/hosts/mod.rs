@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, decide};
+use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, Slot, decide};
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
@@ -102,7 +102,7 @@ impl HostStore for DynamoTaskStore {
     async fn leave_host(
         &self,
         host: &Host,
-        slot: (usize, Millis),
+        slot: Slot,
         answers: Option<(f64, f64)>,
     ) -> Result<(), StoreError> {
         let request = self

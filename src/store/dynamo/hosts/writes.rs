@@ -4,7 +4,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, HostState};
+use crate::domain::limits::{Ask, HostState, Slot};
 use crate::store::dynamo::attributes::n;
 use crate::store::dynamo::expressions::Expression;
 
@@ -29,7 +29,7 @@ pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
             expression.value(":first_next", n(ask.now + interval))
         };
     }
-    if let Some((slot, until)) = ask.slot {
+    if let Some(Slot { index: slot, until }) = ask.slot {
         sets.push("#slot = :until");
         conditions.push("(attribute_not_exists(#slot) OR #slot <= :now)");
         expression = expression
@@ -44,7 +44,8 @@ pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
 
 /// A fetch's end at a host. Its slot is given back, if the fetch still holds it. If the
 /// fetch got an answer, the host's answer times are written too, to a tenth of a millisecond.
-pub(crate) fn host_leave((slot, until): (usize, u64), answers: Option<(f64, f64)>) -> Expression {
+pub(crate) fn host_leave(slot: Slot, answers: Option<(f64, f64)>) -> Expression {
+    let Slot { index: slot, until } = slot;
     let Some((mean, floor)) = answers else {
         return Expression::new("REMOVE #slot".into(), "#slot = :mine")
             .name("#slot", &format!("slot_{slot}"))

@@ -14,7 +14,7 @@ use crate::domain::ids::TaskRef;
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
-use crate::domain::spend::DeliverySpend;
+use crate::domain::spend::CountedIn;
 use crate::domain::time::rfc3339;
 use crate::ports::error::StoreError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
@@ -187,9 +187,10 @@ impl TaskStore for DynamoTaskStore {
         &self,
         task: &TaskRef,
         terminal: &Terminal,
-        (counting, spend): (Counting, DeliverySpend<'_>),
+        counted: CountedIn<'_>,
         now: SystemTime,
     ) -> Result<Finish, StoreError> {
+        let CountedIn { counting, spend } = counted;
         let now = rfc3339(now);
         if let Counting::Shards(sharding) = counting {
             return self
