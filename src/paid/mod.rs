@@ -191,14 +191,14 @@ impl PaidAllowances {
             }
             let asked = Instant::now();
             let lease = self.lease_from_now();
-            let keys = RunRef::new(&run.0, &run.1);
+            let run_ref = RunRef::new(&run.0, &run.1);
             self.asks(&run);
-            let mut answer = store.reserve_paid(keys, &lease, chunk).await?;
+            let mut answer = store.reserve_paid(run_ref, &lease, chunk).await?;
             if answer == Reservation::Held
                 && self.reclaims(&run)
-                && store.reclaim_paid(keys, epoch_ms()).await? > 0
+                && store.reclaim_paid(run_ref, epoch_ms()).await? > 0
             {
-                answer = store.reserve_paid(keys, &lease, chunk).await?;
+                answer = store.reserve_paid(run_ref, &lease, chunk).await?;
             }
             self.reserved(&run, (chunk, asked), answer, budget);
         }
@@ -331,8 +331,8 @@ impl PaidAllowances {
             })
             .collect();
         while let Some(next) = owed.first_mut() {
-            let (keys, unnoted) = (RunRef::new(&next.run.0, &next.run.1), next.unnoted);
-            let answer = store.return_paid(keys, &self.holder, unnoted).await;
+            let (run_ref, unnoted) = (RunRef::new(&next.run.0, &next.run.1), next.unnoted);
+            let answer = store.return_paid(run_ref, &self.holder, unnoted).await;
             match answer {
                 Ok(()) => next.settled = true,
                 Err(err) => {

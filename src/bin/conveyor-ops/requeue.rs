@@ -37,9 +37,9 @@ pub async fn run(args: RequeueArgs) -> Outcome {
             interrupt.store(true, Ordering::Relaxed);
         }
     });
-    let run_ids = RunRef::new(&job, &run);
+    let run_ref = RunRef::new(&job, &run);
     let requeued =
-        requeue::requeue_failed(&tasks, &queue, run_ids, args.resend_open, &stop).await?;
+        requeue::requeue_failed(&tasks, &queue, run_ref, args.resend_open, &stop).await?;
     say!(
         "run {job}/{run}: {} set back to pending, {} sent",
         crate::count(requeued.reset.len() as u64, "failed task"),

@@ -49,8 +49,8 @@ pub async fn run(args: ResultsArgs) -> Outcome {
         failed_only: args.failed,
         out: args.out.clone(),
     };
-    let runs = RunRef::new(&args.run.job, &args.run.run);
-    let found = results::results(&tasks, &objects, runs, &options).await?;
+    let run_ref = RunRef::new(&args.run.job, &args.run.run);
+    let found = results::results(&tasks, &objects, run_ref, &options).await?;
     for task in found.iter().filter(|_| !args.quiet) {
         if args.json {
             say!("{}", serde_json::to_string(task)?);

@@ -84,13 +84,13 @@ pub async fn run(args: SubmitArgs) -> Outcome {
             reporter.set(done);
         }
     };
-    let runs = RunRef::new(&args.job, &args.run);
+    let run_ref = RunRef::new(&args.job, &args.run);
     let layout = submit::Layout {
         sharding: submit::sharding(total, args.counter_shards, args.counter_groups),
         spread: !args.no_spread,
         refreshes: args.refreshes.as_ref(),
     };
-    let submitted = submit::submit(&tasks, &queue, runs, &list.urls, layout, &report)
+    let submitted = submit::submit(&tasks, &queue, run_ref, &list.urls, layout, &report)
         .await
         .map_err(|err| match err {
             // The run or its job refused this list (another list, a cancelled job).

@@ -18,8 +18,7 @@ use crate::metrics::Measures;
 use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
-use crate::ports::results::Earlier;
-use crate::ports::results::ResultStore;
+use crate::ports::results::{Earlier, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::scraper::{FetchError, Fetcher, Retry};
@@ -110,7 +109,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             (Err(err), _) => err,
         };
-        self.failed(stores, task, err, this_try).await
+        self.failed(stores, task, key, err, this_try).await
     }
 
     /// A fetch that brought no page ends as a wait (the paid budget is held elsewhere), no
@@ -120,6 +119,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         &self,
         stores: &Stores<'_, T, R>,
         task: &TaskRef,
+        key: &ResultKey,
         err: FetchError,
         this_try: Try<'_>,
     ) -> Result<Outcome, StoreError> {
@@ -152,7 +152,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             reason: Reason::new(&err.reason),
             http_status: err.http_status,
         };
-        let converged = stores.fail(task, &self.result_key(task), failure).await?;
+        let converged = stores.fail(task, key, failure).await?;
         Ok(outcome_of(converged, this_try.redelivery, gave_up))
     }
 

@@ -17,6 +17,7 @@ use crate::domain::model::Page;
 use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
 use crate::polite::{Later, Permit};
+use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::{Earlier, EarlierCheck, ResultStore};
@@ -171,7 +172,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn earlier(
         &self,
         prior: Option<Prior>,
-    ) -> Result<(Option<Prior>, Option<Earlier>), crate::ports::error::StoreError> {
+    ) -> Result<(Option<Prior>, Option<Earlier>), StoreError> {
         let Some(prior) = prior else {
             return Ok((None, None));
         };
