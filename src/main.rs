@@ -1,16 +1,19 @@
-//! The Lambda entry point. It sets up logging, configuration and clients once per cold start,
-//! then runs the event loop.
+//! The Lambda entry point. It sets up logging, traces, configuration and clients once per
+//! cold start, then runs the event loop.
 
 use conveyor_worker::Config;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::metrics::MetricsSettings;
 use conveyor_worker::wiring::aws::{self, AwsWorker};
-use lambda_runtime::{Error, LambdaEvent, service_fn};
+use conveyor_worker::wiring::traces::{self, Traces};
+use lambda_runtime::layers::{OpenTelemetryFaasTrigger, OpenTelemetryLayer, TracingLayer};
+use lambda_runtime::{Error, LambdaEvent, Runtime, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
-    let config = match Config::from_env() {
+    let config = Config::from_env();
+    let traces = traces::init(config.as_ref().ok().map(|c| &c.tracing), &function_name());
+    let config = match config {
         Ok(config) => config,
         Err(err) => return Err(aws::fail_init("ConfigError", err).await),
     };
@@ -26,9 +29,24 @@ async fn main() -> Result<(), Error> {
     let limits = BatchLimits::from(&config);
     let metrics = &MetricsSettings::from(&config);
     let (worker, sdk) = (&worker, &sdk);
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<_>| async move {
+    let handler = service_fn(move |event: LambdaEvent<_>| async move {
         sdk.ready().await;
         Ok::<_, Error>(aws::handle(worker, limits, metrics, event).await)
-    }))
-    .await
+    });
+    let runtime = Runtime::new(handler).layer(TracingLayer::new());
+    let Some(traces) = traces else {
+        return runtime.run().await;
+    };
+    // The spans are flushed once the reply is posted: SQS never waits for the collector.
+    let flushed = traces.clone();
+    let otel = OpenTelemetryLayer::new(move || flushed.flush())
+        .with_trigger(OpenTelemetryFaasTrigger::PubSub);
+    let ran = runtime.layer(otel).run().await;
+    Traces::shutdown(&traces);
+    ran
+}
+
+/// The function's name, as Lambda sets it, for the spans' `service.name`.
+fn function_name() -> String {
+    std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "conveyor-worker".into())
 }

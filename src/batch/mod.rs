@@ -16,6 +16,7 @@ use tracing::{Instrument, field};
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
 use crate::pushback::pressure::Pressure;
+use crate::trace;
 
 /// Processes one record into an outcome. The worker implements it, and so do fakes in tests.
 pub trait ProcessRecord: Sync {
@@ -318,18 +319,43 @@ async fn held_in_group<P: ProcessRecord>(processor: &P, record: &SqsMessage) -> 
     .await
 }
 
-/// The span of one record's log lines. The worker fills in the task.
+/// The span of one record's log lines, and the delivery's span in its task's trace. The
+/// worker fills in the task.
 fn record_span(record: &SqsMessage) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "record",
         message_id = record.message_id.as_deref().unwrap_or(""),
         job_id = field::Empty,
         run_id = field::Empty,
         task_id = field::Empty,
-    )
+        trace_id = field::Empty,
+    );
+    // Made within the batch's span: the invocation that runs this delivery.
+    trace::continue_delivery(&span, record, &tracing::Span::current());
+    span
+}
+
+/// The record's outcome on its span: what it was, and the reply. An outcome the contract
+/// retries, or a task that failed, marks the span as failed.
+fn traced(outcome: &Outcome) {
+    let (label, reply) = (outcome.label(), outcome.reply());
+    let reply = match reply {
+        Reply::Ack => "ack",
+        Reply::Retry => "retry",
+    };
+    trace::note("outcome", label);
+    trace::note("reply", reply);
+    let failed = matches!(
+        outcome,
+        Outcome::FailedPermanently { .. } | Outcome::GaveUp { .. } | Outcome::Poison(_)
+    );
+    if failed || reply == "retry" {
+        trace::failed(label, reply);
+    }
 }
 
 fn log(outcome: &Outcome, elapsed: Duration) {
+    traced(outcome);
     let (label, reply, ms) = (outcome.label(), outcome.reply(), elapsed.as_millis() as u64);
     match outcome {
         Outcome::Poison(why) => {

@@ -10,6 +10,7 @@ use crate::domain::message;
 use crate::ports::error::StoreError;
 use crate::ports::queue::{Attribute, MessageCopy};
 use crate::store::sqs::{SqsQueue, to_record};
+use crate::trace;
 
 /// One dead-lettered message, as an operator reads it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -100,6 +101,7 @@ fn moved(message: &Message, fifo: bool) -> MessageCopy {
         group: record.attributes.get("MessageGroupId").cloned(),
         deduplication: dedup.filter(|_| fifo),
         attributes: Attribute::all_of(&record),
+        trace_header: trace::carried(&record).map(str::to_owned),
     }
 }
 

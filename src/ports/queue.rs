@@ -83,8 +83,8 @@ pub trait Visibility: Send + Sync {
 }
 
 /// A fresh copy of a received message: its body, its delay, and what SQS keeps besides the
-/// body, as the producer sent it. That is the message group (a fair queue's tenant) and the
-/// message attributes.
+/// body, as the producer sent it. That is the message group (a fair queue's tenant), the
+/// message attributes and the trace (`AWSTraceHeader`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageCopy {
     pub body: String,
@@ -93,6 +93,9 @@ pub struct MessageCopy {
     /// A FIFO queue's deduplication id for the copy.
     pub deduplication: Option<String>,
     pub attributes: Vec<Attribute>,
+    /// The trace the copy carries on (`crate::trace::for_copy`), sent as its
+    /// `AWSTraceHeader` system attribute.
+    pub trace_header: Option<String>,
 }
 
 /// A message attribute: its name, data type (`String`, `Number`, `Binary`, with an optional

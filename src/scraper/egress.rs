@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
+use tracing::Instrument;
 use url::Url;
 
 use super::answers::{answered, maker, transport_failure};
 use super::reuse::Answered;
 use super::route::Route;
+use super::spans;
 use super::wire::{self, Conn, Relay};
 use super::{
     AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, classify,
@@ -85,7 +87,10 @@ impl Routes {
         let mut tier = ask.first_tier.max(1);
         while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
             let left = ask.time.saturating_sub(started.elapsed());
-            let (page, mut meter) = self.via(fetcher, route, url.clone(), (left, ask)).await;
+            let hop = spans::hop(tier);
+            let via = self.via(fetcher, route, url.clone(), (left, ask));
+            let (page, mut meter) = via.instrument(hop.clone()).await;
+            spans::ended(&hop, &page);
             meter.blocks = u64::from(page.as_ref().is_err_and(|e| e.block.is_some()));
             spend.add(tier, meter);
             match page {
@@ -364,6 +369,7 @@ pub(super) async fn send(
     };
     if let Ok(response) = &sent {
         answered.note(response);
+        spans::answered(response.status().as_u16(), started.elapsed());
     }
     sent
 }

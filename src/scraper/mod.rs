@@ -12,6 +12,7 @@ mod fetcher;
 pub mod policy;
 mod reuse;
 mod route;
+mod spans;
 mod wire;
 
 pub use classify::{classify_status, retry_after};
@@ -23,6 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use reqwest::redirect;
+use tracing::Instrument;
 use url::Url;
 
 use crate::domain::blocks::{BLOCK_STATUSES, BODY_WINDOW, Detection, NO_DETECTION};
@@ -203,7 +205,7 @@ impl HttpFetcher {
         (requested, ask): (String, Ask<'_>),
         received: &mut u64,
     ) -> Result<Page, FetchError> {
-        let status = response.status().as_u16();
+        let (status, reading) = (response.status().as_u16(), tokio::time::Instant::now());
         // robots.txt is read as robots.txt, whatever it looks like.
         let detection = match ask.keep_first {
             Some(_) => &NO_DETECTION,
@@ -228,6 +230,7 @@ impl HttpFetcher {
             NOT_MODIFIED => Bytes::new(),
             _ => (self.read_body(response, status, (received, ask.keep_first))).await?,
         };
+        spans::body_read(body.len(), reading.elapsed());
         let content_type_said = typed.then_some(content_type.as_str());
         if let Some(block) = detection.by_body(content_type_said, &body) {
             return Err(FetchError::blocked_by(block, status));
@@ -292,7 +295,10 @@ impl HttpFetcher {
     /// One fetch through the proxies, or direct.
     async fn fetch_once(&self, parsed: Url, ask: Ask<'_>) -> Fetched {
         let Some(routes) = &self.routes else {
-            let mut fetched = Fetched::unspent(self.fetch_direct(parsed, ask).await);
+            let hop = spans::hop(0);
+            let page = self.fetch_direct(parsed, ask).instrument(hop.clone()).await;
+            spans::ended(&hop, &page);
+            let mut fetched = Fetched::unspent(page);
             let blocked = fetched.page.as_ref().is_err_and(|e| e.block.is_some());
             fetched.spend.add_direct_blocks(u64::from(blocked));
             return fetched;
@@ -314,6 +320,20 @@ impl HttpFetcher {
             .map_err(|refused| FetchError::permanent(refused.to_string()))?;
         Ok(parsed)
     }
+}
+
+/// A URL's host (and port) for spans and logs, without its path, query or credentials,
+/// and at most 255 bytes.
+pub fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let end = (0..=host.len().min(255))
+        .rev()
+        .find(|&i| host.is_char_boundary(i));
+    &host[..end.unwrap_or(0)]
 }
 
 /// A header's value as text, if it is there and is text.
@@ -374,7 +394,7 @@ fn client_builder(settings: &FetchSettings) -> reqwest::ClientBuilder {
 }
 
 impl Fetcher for HttpFetcher {
-    #[tracing::instrument(skip_all, fields(%url))]
+    #[tracing::instrument(skip_all, fields(host = host_of(url)))]
     async fn fetch(&self, url: &str, ask: Ask<'_>) -> Fetched {
         let parsed = match self.checked(url) {
             Ok(parsed) => parsed,

@@ -5,6 +5,7 @@ use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
 use crate::ports::error::{StoreError, StoreFault};
+use crate::trace;
 
 /// Codes of a request that met a concurrent change of the same item or object.
 const CONFLICT_CODES: &[&str] = &[
@@ -40,6 +41,9 @@ impl StoreError {
             SdkError::ServiceError(ctx) => classify(ctx.raw().status().as_u16(), ctx.err().code()),
             _ => StoreFault::ServiceFailed,
         };
+        // Within the adapter's span of the request that met the error.
+        trace::failed("store_error", "retry");
+        trace::note("error.operation", operation);
         Self::Failed {
             operation,
             fault,

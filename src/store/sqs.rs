@@ -9,8 +9,8 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
-    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
-    SendMessageBatchRequestEntry,
+    MessageAttributeValue, MessageSystemAttributeName, MessageSystemAttributeNameForSends,
+    MessageSystemAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 
 use crate::domain::ids::TaskRef;
@@ -42,7 +42,7 @@ impl SqsVisibility {
 }
 
 impl Visibility for SqsVisibility {
-    #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = delay.as_secs()))]
+    #[tracing::instrument(name = "hold", skip_all, fields(queue = %queue.name, delay_s = delay.as_secs()))]
     async fn hold(
         &self,
         queue: &QueueRef,
@@ -62,7 +62,7 @@ impl Visibility for SqsVisibility {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
+    #[tracing::instrument(name = "copy", skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
     async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), StoreError> {
         send_copy(&self.client, &queue.url(self.endpoint.as_deref()), copy).await
     }
@@ -89,10 +89,24 @@ async fn send_copy(client: &Client, url: &str, copy: &MessageCopy) -> Result<(),
         .set_message_attributes(
             Some(attributes.collect()).filter(|a: &HashMap<_, _>| !a.is_empty()),
         )
+        .set_message_system_attributes(copy.trace_header.as_deref().map(trace_attribute))
         .send()
         .await
         .map_err(|e| StoreError::from_sdk("SendMessage", e))?;
     Ok(())
+}
+
+/// The `AWSTraceHeader` system attribute, SQS's only one a sender sets.
+fn trace_attribute(
+    header: &str,
+) -> HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue> {
+    let value = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        // Cannot fail: the data type, the one required field, is set.
+        .expect("a data type is set");
+    HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])
 }
 
 /// A copy's message attribute as SQS takes it.

@@ -70,7 +70,26 @@ pub struct Config {
     /// name that does not resolve here is left for the proxy to resolve. With the default,
     /// false, such a name is not fetched, and is retried as a DNS failure.
     pub proxy_refuses_private: bool,
+    /// Traces by OTLP, one per task (`TRACING`, `TRACE_SAMPLE_RATE`,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`, `TRACE_EXPORT_TIMEOUT_MS`).
+    pub tracing: TraceSettings,
 }
+
+/// How traces are sampled and exported. Off: no tracer is installed at all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    pub on: bool,
+    /// The share of tasks traced when the producer did not decide.
+    pub sample_rate: f64,
+    /// The OTLP/HTTP endpoint; spans go to `<endpoint>/v1/traces`.
+    pub endpoint: String,
+    /// The longest one export may take, after an invocation's reply was posted.
+    pub export_timeout: Duration,
+}
+
+/// The ADOT collector layer listens here.
+pub const OTLP_ENDPOINT: &str = "http://localhost:4318";
+pub const TRACE_SAMPLE_RATE: f64 = 0.01;
 
 /// Memory the process needs besides the bodies in flight: runtime, TLS, SDK clients and
 /// logs. Set with room to spare over the measured need (docs/performance.md).
@@ -144,6 +163,7 @@ impl Config {
             proxy_secret_arn: env.get("PROXY_SECRET_ARN"),
             proxy_session: env.millis("PROXY_SESSION_MS", 600_000)?,
             proxy_refuses_private: env.parsed("PROXY_REFUSES_PRIVATE", false, "true or false")?,
+            tracing: env.tracing()?,
         })
     }
 }
@@ -206,6 +226,38 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 expected: EXPECTED,
             })
         }
+    }
+
+    fn tracing(&self) -> Result<TraceSettings, ConfigError> {
+        let on = match self.text("TRACING", "off").to_ascii_lowercase().as_str() {
+            "on" | "true" => true,
+            "off" | "false" => false,
+            _ => {
+                let value = self.text("TRACING", "");
+                let expected = "on or off";
+                return Err(ConfigError::Invalid {
+                    name: "TRACING",
+                    value,
+                    expected,
+                });
+            }
+        };
+        const SHARE: &str = "a share from 0 to 1";
+        let sample_rate: f64 = self.parsed("TRACE_SAMPLE_RATE", TRACE_SAMPLE_RATE, SHARE)?;
+        if !(0.0..=1.0).contains(&sample_rate) {
+            let value = self.text("TRACE_SAMPLE_RATE", "");
+            return Err(ConfigError::Invalid {
+                name: "TRACE_SAMPLE_RATE",
+                value,
+                expected: SHARE,
+            });
+        }
+        Ok(TraceSettings {
+            on,
+            sample_rate,
+            endpoint: self.text("OTEL_EXPORTER_OTLP_ENDPOINT", OTLP_ENDPOINT),
+            export_timeout: self.millis("TRACE_EXPORT_TIMEOUT_MS", 200)?,
+        })
     }
 
     fn politeness(&self) -> Result<Politeness, ConfigError> {

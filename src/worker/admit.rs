@@ -12,7 +12,8 @@ use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::scraper::{FetchError, Fetcher};
+use crate::scraper::{self, FetchError, Fetcher};
+use crate::trace;
 use std::time::Duration;
 
 use super::guard::{Claimed, Guarded};
@@ -70,6 +71,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         guarded: Guarded,
         invocation: &Invocation,
     ) -> Step<Admitted> {
+        if let Some(url) = guarded.url.as_deref().filter(|_| trace::is_on()) {
+            trace::note("host", scraper::host_of(url).to_owned());
+        }
         let entered = match self.fetch_time(invocation) {
             Some(time) => self.enter_host(delivery, &guarded, time, invocation).await,
             None => Err(Outcome::NoTimeLeft),
@@ -106,6 +110,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// The host's turn for this delivery, or the outcome of waiting for it. The checks that
     /// need no network come first, so a URL our rules refuse touches neither the host's item
     /// nor robots.txt.
+    #[tracing::instrument(name = "host_turn", skip_all, fields(waits = i64::from(delivery.message.carried.waits)))]
     async fn enter_host(
         &self,
         delivery: &Delivery,

@@ -82,7 +82,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Reads the task (a terminal task costs this one read and nothing else), then whether
     /// its job and run want work. Every read is strongly consistent: an answer that leads to
     /// an ack must see the latest write.
-    #[tracing::instrument(name = "check", skip_all)]
+    #[tracing::instrument(name = "guard", skip_all)]
     async fn guard_fresh(&self, delivery: &Delivery) -> Step<Guarded> {
         let task = delivery.task();
         let Some(current) = self.tasks.load_task(task).await? else {

@@ -16,6 +16,7 @@ use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::scraper::Fetcher;
+use crate::trace;
 use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
@@ -396,6 +397,7 @@ fn copy_of(record: &SqsMessage, body: String, delay: Duration) -> MessageCopy {
         group: record.attributes.get("MessageGroupId").cloned(),
         deduplication: fifo.then(|| copy_name(record)),
         attributes: Attribute::all_of(record),
+        trace_header: trace::for_copy(record),
     }
 }
 

@@ -55,7 +55,10 @@ impl<T, R, F, V> Worker<T, R, F, V> {
         record: &SqsMessage,
         invocation: &Invocation,
     ) -> Result<Delivery, Poison> {
-        let message = Message::parse(record.body.as_deref(), sent_at(record))?;
+        let body = record.body.as_deref();
+        let parsed =
+            tracing::info_span!("parse").in_scope(|| Message::parse(body, sent_at(record)));
+        let message = parsed?;
         name_span(&message.task);
         if message.redriven {
             tracing::info!("sent again long after its copy was written: a fresh set of tries");

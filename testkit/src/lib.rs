@@ -14,6 +14,7 @@ pub mod lose;
 pub mod matrix;
 pub mod memory;
 pub mod nginx;
+pub mod otlp;
 pub mod pause;
 pub mod polite_site;
 pub mod queue;

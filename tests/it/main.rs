@@ -25,3 +25,4 @@ mod retry_timing;
 mod run_progress;
 mod sample_events;
 mod sdk_errors;
+mod traces;

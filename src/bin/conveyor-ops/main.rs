@@ -26,13 +26,16 @@ use std::error::Error;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use conveyor_worker::Config;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::ops::count;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsQueue;
 use conveyor_worker::wiring::aws;
+use conveyor_worker::wiring::traces;
 use exit::{Exit, Named};
+use lambda_runtime::tracing::subscriber::prelude::*;
 use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
 
 #[derive(Parser)]
@@ -116,14 +119,20 @@ async fn main() -> ExitCode {
     // The SDK's credential chain warns at every provider it tries (instance metadata, ...):
     // a missing credential is said once, by the error it ends in.
     let quiet_sdk = "warn,aws_config=error,aws_smithy_runtime=error";
-    fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet_sdk.into()))
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet_sdk.into());
+    let logs = fmt::layer()
         .with_writer(std::io::stderr)
-        .init();
+        .with_filter(filter);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage(&err),
     };
+    // `poll` runs the worker, so it traces as the function does.
+    let tracing = match &cli.command {
+        Command::Poll(_) => Config::from_env().ok().map(|config| config.tracing),
+        _ => None,
+    };
+    let traces = traces::init_with(logs.boxed(), tracing.as_ref(), "conveyor-ops-poll");
     let named = cli.command.named();
     let result = match cli.command {
         Command::Submit(args) => submit::run(args).await,
@@ -134,6 +143,9 @@ async fn main() -> ExitCode {
         Command::Redrive(args) => redrive::run(args).await,
         Command::Poll(args) => poll::run(args).await,
     };
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     match result {
         Ok(()) => Exit::Done.into(),
         Err(err) => {

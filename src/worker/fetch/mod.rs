@@ -24,6 +24,7 @@ use crate::ports::results::{Earlier, EarlierCheck, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, health_sign};
+use crate::trace;
 
 use super::admit::{Admitted, Pass};
 use super::guard::Claimed;
@@ -136,6 +137,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// The delivery once its host's start has come. A cooldown set meanwhile (by any
     /// sandbox's fetch) gives the permit and the claim's attempt back, and the delivery
     /// waits.
+    #[tracing::instrument(name = "host_start", skip_all, fields(waited_ms))]
     async fn at_start(
         &self,
         delivery: &Delivery,
@@ -153,8 +155,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let ends = invocation.cutoff.checked_sub(self.settings.store_reserve);
         let ends = ends.unwrap_or(invocation.cutoff).into_std();
-        let measures = &invocation.measures;
-        match self.gate.ready(&self.tasks, permit, ends, measures).await? {
+        let (measures, started) = (&invocation.measures, Instant::now());
+        let ready = self.gate.ready(&self.tasks, permit, ends, measures).await;
+        let waited = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        tracing::Span::current().record("waited_ms", waited);
+        match ready? {
             Ok(permit) => Ok(Admitted {
                 pass: Pass::Go(permit),
                 ..admitted
@@ -226,6 +231,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let started = Instant::now();
         let fetched = self.fetcher.fetch(url, ask).await;
+        // The last tier asked (0: direct).
+        let tier = fetched.spend.spent().last().map_or(0, |(tier, _)| tier);
+        trace::note("tier", tier as i64);
         invocation.measures.fetched(started.elapsed());
         invocation.measures.spent(&fetched.spend);
         fetched

@@ -1,0 +1,170 @@
+//! One trace per task. Each delivery's `record` span continues the trace that its message
+//! carries in SQS's `AWSTraceHeader` (the X-Ray format), and every copy the worker sends
+//! carries the trace on. Spans are plain `tracing` spans; the wiring exports them by OTLP
+//! when tracing is on. With tracing off, each call here is a cheap no-op, and a copy carries
+//! the producer's header on unchanged.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use opentelemetry::trace::{SpanContext, Status, TraceContextExt, TraceFlags};
+use opentelemetry::{Context, Value};
+use opentelemetry_aws::trace::xray_propagator::{span_context_from_str, span_context_to_string};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The SQS system attribute that carries a message's trace.
+pub const HEADER: &str = "AWSTraceHeader";
+/// The longest trace header passed on. X-Ray's own are under 128 bytes; a longer or
+/// non-ASCII one is dropped, not stored anywhere.
+pub const MAX_HEADER_BYTES: usize = 256;
+
+static ON: AtomicBool = AtomicBool::new(false);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Called once by the wiring after it installed the exporter.
+pub fn switch_on() {
+    ON.store(true, Ordering::Relaxed);
+}
+
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Counts spans that were not exported (the collector down, slow, or the queue full).
+pub fn count_dropped(spans: u64) {
+    DROPPED.fetch_add(spans, Ordering::Relaxed);
+}
+
+/// The spans dropped since the last call, for the batch's metrics.
+pub fn take_dropped() -> u64 {
+    DROPPED.swap(0, Ordering::Relaxed)
+}
+
+/// The trace header `record` carries, if it is short printable ASCII.
+pub fn carried(record: &SqsMessage) -> Option<&str> {
+    let header = record.attributes.get(HEADER)?;
+    let fits = header.len() <= MAX_HEADER_BYTES && header.bytes().all(|b| b.is_ascii_graphic());
+    fits.then_some(header.as_str())
+}
+
+/// Makes `span`, a delivery's span, continue the trace `record` carries, or start a trace
+/// when it carries none. The span links to `invocation`, the span of the Lambda invocation
+/// that ran it. Its `trace_id` field gets the trace's id in X-Ray's form.
+pub fn continue_delivery(span: &Span, record: &SqsMessage, invocation: &Span) {
+    if !is_on() {
+        return;
+    }
+    let parent = carried(record)
+        .and_then(span_context_from_str)
+        .map_or_else(Context::new, |remote| {
+            Context::new().with_remote_span_context(remote)
+        });
+    // The span is new here, so it has not started: its parent can still be set.
+    let _ = span.set_parent(parent);
+    let invoked = invocation.context().span().span_context().clone();
+    if invoked.is_valid() {
+        span.add_link(invoked);
+    }
+    if let Some(id) = xray_trace_id(span.context().span().span_context()) {
+        span.record("trace_id", id.as_str());
+    }
+}
+
+/// The trace header for a copy of `record` sent from within its delivery: the delivery's own
+/// span, so the next delivery is its child. With tracing off, the header it came with.
+pub fn for_copy(record: &SqsMessage) -> Option<String> {
+    if is_on() {
+        let cx = Span::current().context();
+        if let Some(header) = span_context_to_string(cx.span().span_context()) {
+            return Some(header);
+        }
+    }
+    carried(record).map(str::to_owned)
+}
+
+/// The trace's id in X-Ray's form, `1-<8 hex digits of time>-<24 hex digits>`.
+fn xray_trace_id(context: &SpanContext) -> Option<String> {
+    if !context.is_valid() {
+        return None;
+    }
+    let hex = format!("{:032x}", context.trace_id());
+    Some(format!("1-{}-{}", &hex[..8], &hex[8..]))
+}
+
+/// Sets an attribute on the current span. Values must come bounded: ids, a host, a count.
+pub fn note(key: &'static str, value: impl Into<Value>) {
+    if is_on() {
+        Span::current().set_attribute(key, value);
+    }
+}
+
+/// Marks the current span as the one that met an error, classified as the ack contract
+/// classifies its outcome (`class`, e.g. `store_error`) and answers it (`reply`).
+pub fn failed(class: &'static str, reply: &'static str) {
+    if is_on() {
+        let span = Span::current();
+        span.set_attribute("error.class", class);
+        span.set_attribute("reply", reply);
+        span.set_status(Status::error(class));
+    }
+}
+
+/// Whether a header's sampling decision was left to the receiver (`Sampled=?`, or none).
+pub fn is_deferred(flags: TraceFlags) -> bool {
+    const DEFERRED: TraceFlags = TraceFlags::new(0x02);
+    flags & DEFERRED == DEFERRED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn record_with(header: Option<&str>) -> SqsMessage {
+        let mut record = SqsMessage::default();
+        let attributes: HashMap<String, String> = header
+            .map(|h| (HEADER.to_owned(), h.to_owned()))
+            .into_iter()
+            .collect();
+        record.attributes = attributes;
+        record
+    }
+
+    const PRODUCER: &str =
+        "Root=1-6751b3e2-8e5b1a0c4f2d3e6a7b9c0d1e;Parent=53995c3f42cd8ad8;Sampled=1";
+
+    #[test]
+    fn a_well_formed_header_is_carried_and_a_long_or_odd_one_is_not() {
+        assert_eq!(carried(&record_with(Some(PRODUCER))), Some(PRODUCER));
+        let long = format!("{PRODUCER};Lineage={}", "a".repeat(MAX_HEADER_BYTES));
+        assert_eq!(carried(&record_with(Some(&long))), None);
+        assert_eq!(carried(&record_with(Some("Root=1-é"))), None);
+        assert_eq!(carried(&record_with(None)), None);
+    }
+
+    #[test]
+    fn with_tracing_off_a_copy_carries_the_header_it_came_with() {
+        assert_eq!(
+            for_copy(&record_with(Some(PRODUCER))).as_deref(),
+            Some(PRODUCER)
+        );
+        assert_eq!(for_copy(&record_with(None)), None);
+    }
+
+    #[test]
+    fn an_xray_trace_id_has_the_time_then_the_rest() {
+        let context = span_context_from_str(PRODUCER).expect("a header");
+        let id = xray_trace_id(&context).expect("valid");
+        assert_eq!(id, "1-6751b3e2-8e5b1a0c4f2d3e6a7b9c0d1e");
+    }
+
+    #[test]
+    fn a_header_without_a_decision_is_deferred() {
+        let asked = PRODUCER.replace("Sampled=1", "Sampled=?");
+        let deferred = span_context_from_str(&asked).expect("a header");
+        assert!(is_deferred(deferred.trace_flags()));
+        let decided = span_context_from_str(PRODUCER).expect("a header");
+        assert!(!is_deferred(decided.trace_flags()));
+    }
+}
