@@ -133,6 +133,9 @@ pub struct Tally {
     pub robots_disallowed: u64,
     /// Requests and body bytes through each proxy tier.
     pub spend: Spend,
+    /// Spans the trace exporter could not send since the last invocation's metrics (it
+    /// sends after each reply, so a failed export shows in the next invocation's).
+    pub trace_spans_dropped: u64,
 }
 
 impl Tally {
@@ -207,6 +210,7 @@ impl Tally {
             ("RobotsFetches", self.robots_fetches),
             ("RobotsDisallowed", self.robots_disallowed),
             ("NotModified", self.not_modified),
+            ("TraceSpansDropped", self.trace_spans_dropped),
         ];
         let mut first = vec![
             ("BytesStored", "Bytes", json!(self.bytes_stored)),
@@ -429,6 +433,7 @@ mod tests {
             robots_fetches: 1,
             robots_disallowed: 1,
             spend: spend.plus(&spend),
+            trace_spans_dropped: 0,
         };
         assert_eq!(tally, expected);
         let document = &tally.documents(&settings(), "r", SystemTime::UNIX_EPOCH)[0];

@@ -164,6 +164,9 @@ def statements(role):
                 yield None, statement
 
 
+XRAY_WRITES = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+
+
 def least_privilege(template, _):
     problems = []
     for name, function in of_type(template, "AWS::Serverless::Function").items():
@@ -172,7 +175,7 @@ def least_privilege(template, _):
     for name, role in of_type(template, "AWS::IAM::Role").items():
         if props(role).get("ManagedPolicyArns"):
             problems.append(f"role {name} attaches managed policies")
-        for _, statement in statements(role):
+        for condition, statement in statements(role):
             sid = statement.get("Sid", "?")
             actions = statement.get("Action", [])
             actions = actions if isinstance(actions, list) else [actions]
@@ -182,7 +185,9 @@ def least_privilege(template, _):
                 problems.append(f"{name}/{sid} has a wildcard action")
             resources = statement.get("Resource")
             resources = resources if isinstance(resources, list) else [resources]
-            if any(r == "*" or r == "arn:aws:*" for r in resources):
+            # X-Ray's write actions name no resource: IAM takes them only on "*".
+            traces = set(actions) <= XRAY_WRITES and condition == "TracingOn"
+            if any(r == "*" or r == "arn:aws:*" for r in resources) and not traces:
                 problems.append(f"{name}/{sid} applies to every resource")
     return problems
 
@@ -273,6 +278,9 @@ def memory_holds_the_records_in_flight(template, config_rs):
     body = int(params["MaxBodyBytes"]["Default"])
     need = constant(config_rs, "PROCESS_BYTES") + concurrency * (
         body + constant(config_rs, "RECORD_OVERHEAD_BYTES"))
+    # Traces on, to the collector layer: it shares the sandbox's memory.
+    if params["Tracing"]["Default"] == "On" and not params["OtlpEndpoint"]["Default"]:
+        need += constant(config_rs, "COLLECTOR_BYTES")
     problems = []
     if memory < need:
         problems.append(f"MemorySize {memory >> 20} MB < {need >> 20} MB needed by "

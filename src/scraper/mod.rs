@@ -444,3 +444,19 @@ impl Fetcher for HttpFetcher {
         ips.into_iter().min().filter(|_| allowed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn a_urls_host_for_spans_has_no_credentials_path_or_query() {
+        assert_eq!(
+            host_of("https://user:pw@shop.example:8443/a?key=1#x"),
+            "shop.example:8443"
+        );
+        assert_eq!(host_of("http://example.com?key=1"), "example.com");
+        assert_eq!(host_of("not a url"), "not a url");
+        assert!(host_of(&format!("http://{}", "é".repeat(200))).len() <= 255);
+    }
+}

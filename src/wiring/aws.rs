@@ -26,6 +26,7 @@ use crate::store::lazy::Lazy;
 use crate::store::s3::S3ResultStore;
 use crate::store::secrets::SecretsManager;
 use crate::store::sqs::SqsVisibility;
+use crate::trace;
 use crate::wiring::config::Config;
 use crate::worker::Worker;
 
@@ -216,7 +217,8 @@ pub async fn handle<P: ProcessRecord>(
     let deadline = event.context.deadline();
     let request_id = &event.context.request_id;
     let records = &event.payload.records;
-    let run = batch::run_batch(processor, records, request_id, deadline, limits).await;
+    let mut run = batch::run_batch(processor, records, request_id, deadline, limits).await;
+    run.tally.trace_spans_dropped = trace::take_dropped();
     let documents = run.tally.documents(metrics, request_id, SystemTime::now());
     if let Err(err) = metrics::emit(&mut std::io::stdout().lock(), &documents) {
         tracing::warn!(error = %err, "could not write the invocation's metrics");

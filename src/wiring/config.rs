@@ -89,6 +89,16 @@ pub struct TraceSettings {
 
 /// The ADOT collector layer listens here.
 pub const OTLP_ENDPOINT: &str = "http://localhost:4318";
+/// Memory the collector layer takes in the sandbox when spans go to it. An estimate, not
+/// measured here: docs/deploying.md says how to check it.
+pub const COLLECTOR_BYTES: u64 = 48 * 1024 * 1024;
+
+impl TraceSettings {
+    /// Spans go to a collector in this sandbox (the layer), which takes its memory.
+    pub fn to_local_collector(&self) -> bool {
+        self.on && self.endpoint.trim_end_matches('/') == OTLP_ENDPOINT
+    }
+}
 pub const TRACE_SAMPLE_RATE: f64 = 0.01;
 
 /// Memory the process needs besides the bodies in flight: runtime, TLS, SDK clients and
@@ -100,12 +110,18 @@ pub const RECORD_OVERHEAD_BYTES: u64 = 512 * 1024;
 
 impl Config {
     /// The records a batch runs at once: `MAX_CONCURRENCY`, lowered when the function's
-    /// memory could not hold that many bodies of `MAX_BODY_BYTES` beside the process.
+    /// memory could not hold that many bodies of `MAX_BODY_BYTES` beside the process (and
+    /// the collector layer, when traces go to it).
     pub fn record_concurrency(&self) -> usize {
         let Some(memory_mb) = self.function_memory_mb else {
             return self.max_concurrency;
         };
-        let room = (memory_mb * 1024 * 1024).saturating_sub(PROCESS_BYTES);
+        let collector = if self.tracing.to_local_collector() {
+            COLLECTOR_BYTES
+        } else {
+            0
+        };
+        let room = (memory_mb * 1024 * 1024).saturating_sub(PROCESS_BYTES + collector);
         let fits = room / (self.max_body_bytes + RECORD_OVERHEAD_BYTES);
         let fits = usize::try_from(fits).unwrap_or(usize::MAX).max(1);
         self.max_concurrency.min(fits)
@@ -358,6 +374,32 @@ mod tests {
         assert_eq!(polite.limits.max_inflight, Some(2));
         assert!(polite.obey_robots);
         assert_eq!(polite.agent, "conveyor-worker");
+    }
+
+    #[test]
+    fn tracing_is_off_unless_asked_and_its_share_must_be_one_from_zero_to_one() {
+        let with = |vars: &[(&'static str, &'static str)]| {
+            let mut all = REQUIRED.to_vec();
+            all.extend(vars);
+            config(&all).map(|c| c.tracing)
+        };
+
+        let off = with(&[]).unwrap();
+        assert!(!off.on && !off.to_local_collector());
+        let on = with(&[("TRACING", "on"), ("TRACE_SAMPLE_RATE", "0.25")]).unwrap();
+        assert!(on.on && on.to_local_collector());
+        assert_eq!(
+            (on.sample_rate, on.export_timeout),
+            (0.25, Duration::from_millis(200))
+        );
+        let elsewhere = [
+            ("TRACING", "ON"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ];
+        assert!(!with(&elsewhere).unwrap().to_local_collector());
+        assert!(with(&[("TRACING", "yes")]).is_err());
+        assert!(with(&[("TRACE_SAMPLE_RATE", "1.5")]).is_err());
+        assert!(with(&[("TRACE_EXPORT_TIMEOUT_MS", "0")]).is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod otlp;
 pub mod pause;
 pub mod polite_site;
 pub mod queue;
+pub mod runtime_api;
 pub mod scenario;
 pub mod site;
 pub mod tls_site;

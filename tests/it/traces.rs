@@ -10,6 +10,8 @@ use aws_sdk_sqs::types::{MessageSystemAttributeNameForSends, MessageSystemAttrib
 use conveyor_testkit::forward_proxy::{self, ForwardProxy};
 use conveyor_testkit::otlp::{Mode, Receiver};
 use conveyor_testkit::queue::Queue;
+use conveyor_testkit::runtime_api::RuntimeApi;
+use conveyor_testkit::scenario;
 use conveyor_testkit::*;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::trace;
@@ -290,4 +292,235 @@ async fn a_task_that_waits_twice_and_climbs_a_tier_is_one_trace_from_its_produce
     ] {
         assert!(!text.contains(secret), "{secret} is in a span");
     }
+}
+
+/// Where spans go in a run of the real binary.
+enum Collector {
+    Off,
+    Up(Receiver),
+    Slow(Receiver),
+    Down(String),
+}
+
+/// What a run of the real binary did: its replies with when each came, when it asked for
+/// each event, and what it printed.
+struct Ran {
+    replies: Vec<(std::time::Instant, Value)>,
+    asked: Vec<std::time::Instant>,
+    printed: String,
+}
+
+const EXPORT_BOUND: Duration = Duration::from_millis(300);
+
+/// Runs `conveyor-worker` behind a stand-in Runtime API for two events: a page and a
+/// site that is down, then a page.
+async fn run_the_function(stack: &Stack, site: &Site, collector: &Collector) -> Ran {
+    let [ok, down, later] = ["ok", "down", "later"].map(|t| format!("{t}-{}", fastrand::u32(..)));
+    stack
+        .put_task(&ok, &site.url("/article/2000"), "pending")
+        .await;
+    stack.put_task(&down, &site.url("/down/x"), "pending").await;
+    stack
+        .put_task(&later, &site.url("/article/1000"), "pending")
+        .await;
+    let first = event(vec![
+        record("m-ok", &body(&ok), 1),
+        record("m-down", &body(&down), 1),
+    ]);
+    let second = event(vec![record("m-later", &body(&later), 1)]);
+    let events = [first, second].map(|e| serde_json::to_string(&e).expect("JSON"));
+    let api = RuntimeApi::start(events.to_vec()).await;
+    let endpoint = match collector {
+        Collector::Off => None,
+        Collector::Up(r) | Collector::Slow(r) => Some(r.endpoint.clone()),
+        Collector::Down(endpoint) => Some(endpoint.clone()),
+    };
+    let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_conveyor-worker"));
+    worker.envs(scenario::unlimited_env(stack)).envs([
+        ("AWS_LAMBDA_RUNTIME_API", api.addr.to_string()),
+        ("AWS_LAMBDA_FUNCTION_NAME", "conveyor-worker".into()),
+        ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".into()),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512".into()),
+        (
+            "TRACING",
+            if endpoint.is_some() { "on" } else { "off" }.into(),
+        ),
+        ("TRACE_SAMPLE_RATE", "1".into()),
+        (
+            "TRACE_EXPORT_TIMEOUT_MS",
+            EXPORT_BOUND.as_millis().to_string(),
+        ),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or_default()),
+    ]);
+    let child = worker
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = child.expect("start the worker");
+    let asked_thrice = api.wait_for_asks(3, Duration::from_secs(60)).await;
+    let _ = child.start_kill();
+    let out = child.wait_with_output().await.expect("it ran");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        asked_thrice,
+        "the worker asked for a third event: {printed}"
+    );
+    let replies = (api.responses().into_iter())
+        .map(|(at, text)| {
+            (
+                at,
+                serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            )
+        })
+        .collect();
+    Ran {
+        replies,
+        asked: api.asked(),
+        printed,
+    }
+}
+
+/// The EMF document of each invocation, in order.
+fn metrics_of(printed: &str) -> Vec<Value> {
+    (printed.lines())
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|doc| doc.get("_aws").is_some() && doc.get("Records").is_some())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_or_slow_changes_no_reply_and_holds_the_sandbox_at_most_its_bound()
+{
+    // Arrange: the same two invocations with tracing off, with a collector that answers,
+    // one that hangs for 30 s, and none at all.
+    let stack = Stack::new().await;
+    let site = Site::start().await;
+    stack.put_active_run().await;
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let down = format!("http://{}", gone.local_addr().expect("an address"));
+    drop(gone);
+    let collectors = [
+        ("off", Collector::Off),
+        ("up", Collector::Up(Receiver::start(Mode::Ok).await)),
+        ("slow", Collector::Slow(Receiver::start(Mode::Slow).await)),
+        ("down", Collector::Down(down)),
+    ];
+
+    for (name, collector) in &collectors {
+        // Act
+        let ran = run_the_function(&stack, &site, collector).await;
+
+        // Assert: the same replies, each invocation's work unhurried by the collector, and
+        // the next event asked for within the export's bound after the reply.
+        assert_eq!(ran.replies.len(), 2, "{name}: {}", ran.printed);
+        let failed = &ran.replies[0].1["batchItemFailures"];
+        assert_eq!(
+            failed,
+            &serde_json::json!([{ "itemIdentifier": "m-down" }]),
+            "{name}"
+        );
+        assert_eq!(
+            ran.replies[1].1["batchItemFailures"],
+            serde_json::json!([]),
+            "{name}"
+        );
+        for (n, (replied, _)) in ran.replies.iter().enumerate() {
+            let worked = replied.duration_since(ran.asked[n]);
+            assert!(
+                worked < Duration::from_secs(10),
+                "{name}: invocation {n} took {worked:?}"
+            );
+            let held = ran.asked[n + 1].duration_since(*replied);
+            let most = EXPORT_BOUND + Duration::from_millis(1_500);
+            assert!(
+                held < most,
+                "{name}: the next event asked for {held:?} after the reply"
+            );
+        }
+        let metrics = metrics_of(&ran.printed);
+        assert_eq!(metrics.len(), 2, "{name}: {}", ran.printed);
+        let dropped = metrics[1]["TraceSpansDropped"].as_u64();
+        match collector {
+            Collector::Up(receiver) => {
+                assert_eq!(dropped, Some(0), "{name}");
+                let (_, spans) = receiver.spans().await;
+                let records = spans.iter().filter(|s| s["name"] == "record").count();
+                assert_eq!(records, 3, "{name}: flushed after each invocation");
+            }
+            Collector::Off => assert_eq!(dropped, Some(0), "{name}"),
+            Collector::Slow(_) | Collector::Down(_) => {
+                assert!(
+                    dropped > Some(0),
+                    "{name}: the first invocation's spans counted"
+                );
+            }
+        }
+    }
+}
+
+/// The trace header of the copy a waiting delivery of `task` sends, with `header` from its
+/// producer (if any), traced by `traced`.
+async fn copy_header(
+    stack: &Stack,
+    site: &Site,
+    header: Option<&str>,
+    task: &str,
+) -> Option<String> {
+    stack
+        .put_task(task, &site.url("/article/100"), "pending")
+        .await;
+    let queue = Queue::create(stack, 30).await;
+    match header {
+        Some(header) => send_traced(stack, &queue, task, header).await,
+        None => drop(queue.send(stack, &body(task)).await),
+    }
+    let record = next(stack, &queue).await;
+    cooling(stack, &site.addr.to_string(), 2).await;
+    let worker = stack.worker_with(|t| t.politeness = production_defaults());
+    let reply = run_batch(&worker, vec![record]).await;
+    assert!(retried(&reply).is_empty(), "a wait is a copy: {reply:?}");
+    let copy = next(stack, &queue).await;
+    copy.attributes.get(trace::HEADER).cloned()
+}
+
+#[tokio::test]
+async fn the_producers_sampling_decision_holds_and_tracing_off_passes_its_header_on_unchanged() {
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    let (sampled, trace_id, _) = producer_header();
+    let unsampled = sampled.replace("Sampled=1", "Sampled=0");
+
+    // Tracing off (no exporter on this thread): the copy carries the producer's header.
+    let site = Site::start().await;
+    let off = copy_header(&stack, &site, Some(&sampled), "off").await;
+    assert_eq!(off.as_deref(), Some(sampled.as_str()));
+
+    // On, everything sampled, but the producer said no: its trace goes on, unrecorded.
+    let receiver = Receiver::start(Mode::Ok).await;
+    let (traces, _guard) = traced_to(&receiver, 1.0);
+    let site = Site::start().await;
+    let declined = copy_header(&stack, &site, Some(&unsampled), "declined").await;
+    let declined = declined.expect("a header");
+    let root = format!("Root=1-{}-{};", &trace_id[..8], &trace_id[8..]);
+    assert!(
+        declined.starts_with(&root) && declined.ends_with("Sampled=0"),
+        "{declined}"
+    );
+    assert_ne!(declined, unsampled, "the copy's parent is this delivery");
+
+    // On, with no header and a share of none: a trace of its own, unrecorded.
+    drop((traces, _guard));
+    let (traces, _guard) = traced_to(&receiver, 0.0);
+    let site = Site::start().await;
+    let fresh = copy_header(&stack, &site, None, "unsampled")
+        .await
+        .expect("a header");
+    assert!(
+        !fresh.starts_with(&root) && fresh.ends_with("Sampled=0"),
+        "{fresh}"
+    );
+    traces.flush();
+    let (_, spans) = receiver.spans().await;
+    let records: Vec<&Value> = spans.iter().filter(|s| s["name"] == "record").collect();
+    assert!(records.is_empty(), "no delivery recorded: {records:#?}");
 }
