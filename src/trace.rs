@@ -7,9 +7,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use opentelemetry::trace::{SpanContext, Status, TraceContextExt, TraceFlags};
+use opentelemetry::trace::{
+    SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+};
 use opentelemetry::{Context, Value};
 use opentelemetry_aws::trace::xray_propagator::{span_context_from_str, span_context_to_string};
+use sha2::{Digest, Sha256};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -21,9 +24,13 @@ pub const MAX_HEADER_BYTES: usize = 256;
 
 static ON: AtomicBool = AtomicBool::new(false);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// The share of undecided traces kept (an f64's bits).
+static SHARE: AtomicU64 = AtomicU64::new(0);
 
-/// Called once by the wiring after it installed the exporter.
-pub fn switch_on() {
+/// Called once by the wiring after it installed the exporter: `share` of the traces whose
+/// producer left the decision open are kept.
+pub fn switch_on(share: f64) {
+    SHARE.store(share.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     ON.store(true, Ordering::Relaxed);
 }
 
@@ -48,17 +55,18 @@ pub fn carried(record: &SqsMessage) -> Option<&str> {
     fits.then_some(header.as_str())
 }
 
-/// Makes `span`, a delivery's span, continue the trace `record` carries, or start a trace
-/// when it carries none. The span links to `invocation`, the span of the Lambda invocation
-/// that ran it. Its `trace_id` field gets the trace's id in X-Ray's form.
+/// Makes `span`, a delivery's span, continue the trace `record` carries, or else the trace
+/// of the message itself ([`of_message`]). The span links to `invocation`, the span of the
+/// Lambda invocation that ran it. Its `trace_id` field gets the trace's id in X-Ray's form.
 pub fn continue_delivery(span: &Span, record: &SqsMessage, invocation: &Span) {
     if !is_on() {
         return;
     }
     let parent = carried(record)
         .and_then(span_context_from_str)
+        .or_else(|| of_message(record))
         .map_or_else(Context::new, |remote| {
-            Context::new().with_remote_span_context(remote)
+            Context::new().with_remote_span_context(decided(remote))
         });
     // The span is new here, so it has not started: its parent can still be set.
     let _ = span.set_parent(parent);
@@ -69,6 +77,53 @@ pub fn continue_delivery(span: &Span, record: &SqsMessage, invocation: &Span) {
     if let Some(id) = xray_trace_id(span.context().span().span_context()) {
         span.record("trace_id", id.as_str());
     }
+}
+
+/// The trace of a message its producer sent without a header. Its id is made from the
+/// message's id and the time SQS took it (X-Ray's ids begin with that time), so every
+/// receive of the message is in the same trace; its copies carry it on. The sampling
+/// decision is left open, so the share of traces kept decides it, alike for each receive.
+fn of_message(record: &SqsMessage) -> Option<SpanContext> {
+    let id = record.message_id.as_deref()?;
+    let sent_ms: u64 = record.attributes.get("SentTimestamp")?.parse().ok()?;
+    let digest = Sha256::digest(id.as_bytes());
+    let mut trace = [0_u8; 16];
+    trace[..4].copy_from_slice(&u32::try_from(sent_ms / 1000).ok()?.to_be_bytes());
+    trace[4..].copy_from_slice(&digest[..12]);
+    let mut parent = [0_u8; 8];
+    parent.copy_from_slice(&digest[12..20]);
+    let deferred = TraceFlags::new(0x02);
+    let (trace, parent) = (TraceId::from_bytes(trace), SpanId::from_bytes(parent));
+    Some(SpanContext::new(
+        trace,
+        parent,
+        deferred,
+        true,
+        TraceState::default(),
+    ))
+}
+
+/// A producer's decision stands (`Sampled=1`, `Sampled=0`). An open one (`Sampled=?`, or
+/// none) is made here, by the trace id, so every delivery of the task decides alike, and
+/// the copies say what was decided.
+fn decided(remote: SpanContext) -> SpanContext {
+    if !is_deferred(remote.trace_flags()) {
+        return remote;
+    }
+    let share = f64::from_bits(SHARE.load(Ordering::Relaxed));
+    let id = remote.trace_id().to_bytes();
+    let mut low = [0_u8; 8];
+    low.copy_from_slice(&id[8..]);
+    // The id's random low half, against the share of its range (as OpenTelemetry's
+    // TraceIdRatioBased sampler compares it).
+    let kept = (u64::from_be_bytes(low) >> 1) < (share * (1_u64 << 63) as f64) as u64;
+    let flags = if kept {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    };
+    let state = remote.trace_state().clone();
+    SpanContext::new(remote.trace_id(), remote.span_id(), flags, true, state)
 }
 
 /// The trace header for a copy of `record` sent from within its delivery: the delivery's own
@@ -111,7 +166,7 @@ pub fn failed(class: &'static str, reply: &'static str) {
 }
 
 /// Whether a header's sampling decision was left to the receiver (`Sampled=?`, or none).
-pub fn is_deferred(flags: TraceFlags) -> bool {
+fn is_deferred(flags: TraceFlags) -> bool {
     const DEFERRED: TraceFlags = TraceFlags::new(0x02);
     flags & DEFERRED == DEFERRED
 }
@@ -157,6 +212,56 @@ mod tests {
         let context = span_context_from_str(PRODUCER).expect("a header");
         let id = xray_trace_id(&context).expect("valid");
         assert_eq!(id, "1-6751b3e2-8e5b1a0c4f2d3e6a7b9c0d1e");
+    }
+
+    #[test]
+    fn a_message_without_a_header_has_one_trace_for_every_receive_and_undecided() {
+        let received = |id: &str, sent: &str| {
+            let mut record = record_with(None);
+            record.message_id = Some(id.into());
+            record
+                .attributes
+                .insert("SentTimestamp".into(), sent.into());
+            of_message(&record).expect("a trace")
+        };
+        let first = received("m-1", "1796400000123");
+        assert_eq!(first, received("m-1", "1796400000123"));
+        assert_ne!(
+            first.trace_id(),
+            received("m-2", "1796400000123").trace_id()
+        );
+        assert!(format!("{:032x}", first.trace_id()).starts_with("6b12e380"));
+        assert!(is_deferred(first.trace_flags()) && first.is_remote());
+        assert_eq!(
+            of_message(&record_with(None)),
+            None,
+            "no id: a trace of its own"
+        );
+    }
+
+    #[test]
+    fn an_open_decision_is_made_by_the_trace_id_and_a_made_one_stands() {
+        let open = span_context_from_str(&PRODUCER.replace("Sampled=1", "Sampled=?"));
+        let open = open.expect("a header");
+        let mut ids = (0..200_u128)
+            .map(|n| TraceId::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)));
+        let kept = |share: f64, id: TraceId| {
+            SHARE.store(share.to_bits(), Ordering::Relaxed);
+            let remote = SpanContext::new(
+                id,
+                open.span_id(),
+                open.trace_flags(),
+                true,
+                TraceState::default(),
+            );
+            decided(remote).is_sampled()
+        };
+        assert!(ids.clone().all(|id| kept(1.0, id)));
+        assert!(!ids.clone().any(|id| kept(0.0, id)));
+        let half = ids.by_ref().filter(|id| kept(0.5, *id)).count();
+        assert!((60..140).contains(&half), "{half} of 200 at one half");
+        let declined = span_context_from_str(&PRODUCER.replace("Sampled=1", "Sampled=0"));
+        assert!(!decided(declined.expect("a header")).is_sampled());
     }
 
     #[test]

@@ -4,16 +4,19 @@
 
 use std::env;
 use std::str::FromStr;
+use std::sync::OnceLock;
+use std::time::Duration;
 
-use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TracerProvider as _};
-use opentelemetry::{Context, KeyValue};
+use bytes::Bytes;
+use http::{Request, Response};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_aws::trace::XrayIdGenerator;
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SamplingResult, SdkTracerProvider,
-    ShouldSample, SpanData, SpanExporter,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
 };
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, filter_fn};
@@ -76,8 +79,8 @@ pub fn init_with(
         .with(logs)
         .with(otel)
         .try_init();
-    if result.is_ok() && traces.is_some() {
-        trace::switch_on();
+    if let (Ok(()), Some(settings)) = (result, settings.filter(|_| traces.is_some())) {
+        trace::switch_on(settings.sample_rate);
     }
     traces
 }
@@ -113,8 +116,13 @@ fn lambda_log_layer() -> LogLayer {
 /// The OTLP/HTTP exporter behind a batch processor, X-Ray ids, and the task sampler.
 pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
     let endpoint = format!("{}/v1/traces", settings.endpoint.trim_end_matches('/'));
+    let client = LazyClient {
+        timeout: settings.export_timeout,
+        client: OnceLock::new(),
+    };
     let otlp = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(client)
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(endpoint)
         .with_timeout(settings.export_timeout)
@@ -135,7 +143,11 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
         .build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
-        .with_sampler(TaskSampler::new(settings.sample_rate))
+        // A delivery's decision is made with its parent (`trace::continue_delivery`); a
+        // span without one (the invocation's) keeps the same share.
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            settings.sample_rate,
+        ))))
         .with_id_generator(XrayIdGenerator::default())
         .with_resource(
             Resource::builder()
@@ -144,6 +156,34 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
         )
         .build();
     Some(Traces { provider })
+}
+
+/// The exporter's HTTP client, built at its first export on the exporter's own thread, so
+/// not during the cold start (building it took 6 ms there). It trusts Mozilla's roots as
+/// compiled in, as the fetcher does.
+#[derive(Debug)]
+struct LazyClient {
+    timeout: Duration,
+    client: OnceLock<reqwest::blocking::Client>,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for LazyClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = match self.client.get() {
+            Some(client) => client,
+            None => {
+                let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter();
+                let roots = roots.filter_map(|der| reqwest::Certificate::from_der(der).ok());
+                let built = reqwest::blocking::Client::builder()
+                    .timeout(self.timeout)
+                    .tls_certs_only(roots)
+                    .build()?;
+                self.client.get_or_init(|| built)
+            }
+        };
+        client.send_bytes(request).await
+    }
 }
 
 /// An exporter that counts the spans of every batch it could not send.
@@ -160,7 +200,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         sent
     }
 
-    fn shutdown_with_timeout(&self, timeout: std::time::Duration) -> OTelSdkResult {
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.0.shutdown_with_timeout(timeout)
     }
 
@@ -170,45 +210,5 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 
     fn set_resource(&mut self, resource: &Resource) {
         self.0.set_resource(resource);
-    }
-}
-
-/// The producer's decision, when its header made one (`Sampled=1` or `0`), holds for the
-/// whole task. Otherwise (no header, or `Sampled=?`) a share of traces is kept, chosen by the
-/// trace id, so every delivery of one task decides alike.
-#[derive(Debug, Clone)]
-struct TaskSampler {
-    by_id: Sampler,
-    by_parent: Sampler,
-}
-
-impl TaskSampler {
-    fn new(rate: f64) -> Self {
-        Self {
-            by_id: Sampler::TraceIdRatioBased(rate),
-            by_parent: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(rate))),
-        }
-    }
-}
-
-impl ShouldSample for TaskSampler {
-    fn should_sample(
-        &self,
-        parent: Option<&Context>,
-        trace_id: TraceId,
-        name: &str,
-        kind: &SpanKind,
-        attributes: &[KeyValue],
-        links: &[Link],
-    ) -> SamplingResult {
-        let deferred = parent
-            .map(|cx| cx.span().span_context().clone())
-            .is_some_and(|sc| sc.is_remote() && trace::is_deferred(sc.trace_flags()));
-        let sampler = if deferred {
-            &self.by_id
-        } else {
-            &self.by_parent
-        };
-        sampler.should_sample(parent, trace_id, name, kind, attributes, links)
     }
 }

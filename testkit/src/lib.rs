@@ -595,6 +595,24 @@ impl Stack {
         TaskItem(item)
     }
 
+    /// `host` (`name:port`) cools down for `seconds` more before its next request, as
+    /// another sandbox's 429 would have left it.
+    pub async fn cool_host(&self, host: &str, seconds: u64) {
+        let until = SystemTime::now() + Duration::from_secs(seconds);
+        let until = until
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after 1970");
+        let mut item = conveyor_worker::store::dynamo::keys::host_key(host, "HOST");
+        let until = conveyor_worker::store::dynamo::attributes::n(until.as_millis());
+        item.insert("cooldown_until".into(), until);
+        let put = self
+            .dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item));
+        put.send().await.expect("put the host item");
+    }
+
     /// An active job with a running run of 1000 tasks: [`JOB`] / [`RUN`].
     pub async fn put_active_run(&self) {
         self.put_job(JOB, "active").await;

@@ -477,25 +477,10 @@ async fn with_limits_on_a_task_of_a_warm_sandbox_costs_six_aws_requests() {
     );
 }
 
-/// A host cooling down for `seconds` more, as another sandbox's 429 would have left it.
+/// The site's host cooling down for `seconds` more.
 async fn cooling(stack: &Stack, site: &PoliteSite, seconds: u64) {
     let host = site.url("").trim_start_matches("http://").to_owned();
-    let until = SystemTime::now() + Duration::from_secs(seconds);
-    let until = until
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis();
-    let mut item = conveyor_worker::store::dynamo::keys::host_key(&host, "HOST");
-    item.insert(
-        "cooldown_until".into(),
-        conveyor_worker::store::dynamo::attributes::n(until),
-    );
-    let put = stack
-        .dynamodb
-        .put_item()
-        .table_name(&stack.table)
-        .set_item(Some(item));
-    put.send().await.expect("put the host item");
+    stack.cool_host(&host, seconds).await;
 }
 
 #[tokio::test]

@@ -74,25 +74,8 @@ fn traced_to(receiver: &Receiver, rate: f64) -> (Traces, tracing::subscriber::De
         .with(traces.layer())
         .with(logs.with_filter(LevelFilter::INFO));
     let guard = tracing::subscriber::set_default(subscriber);
-    trace::switch_on();
+    trace::switch_on(rate);
     (traces, guard)
-}
-
-/// The host waits `seconds` more before its next request, as a 429 elsewhere left it.
-async fn cooling(stack: &Stack, host: &str, seconds: u64) {
-    let until = SystemTime::now() + Duration::from_secs(seconds);
-    let until = until
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970");
-    let mut item = conveyor_worker::store::dynamo::keys::host_key(host, "HOST");
-    let until = conveyor_worker::store::dynamo::attributes::n(until.as_millis());
-    item.insert("cooldown_until".into(), until);
-    let put = stack
-        .dynamodb
-        .put_item()
-        .table_name(&stack.table)
-        .set_item(Some(item));
-    put.send().await.expect("put the host item");
 }
 
 async fn next(stack: &Stack, queue: &Queue) -> SqsMessage {
@@ -168,7 +151,7 @@ async fn a_task_that_waits_twice_and_climbs_a_tier_is_one_trace_from_its_produce
     for delivery in 0.. {
         let record = next(&stack, &queue).await;
         if delivery < 2 {
-            cooling(&stack, &site.addr.to_string(), 2).await;
+            stack.cool_host(&site.addr.to_string(), 2).await;
         }
         run_batch(&sandbox(), vec![record]).await;
         if stack.task("t1").await.status() == Some("successful") || delivery == 5 {
@@ -475,7 +458,7 @@ async fn copy_header(
         None => drop(queue.send(stack, &body(task)).await),
     }
     let record = next(stack, &queue).await;
-    cooling(stack, &site.addr.to_string(), 2).await;
+    stack.cool_host(&site.addr.to_string(), 2).await;
     let worker = stack.worker_with(|t| t.politeness = production_defaults());
     let reply = run_batch(&worker, vec![record]).await;
     assert!(retried(&reply).is_empty(), "a wait is a copy: {reply:?}");
