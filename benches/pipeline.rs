@@ -1,6 +1,8 @@
 //! CPU per record: the whole pipeline (message parsing, guard, fetch, converge, the partial
 //! batch reply) over in-process stores and pages, so only the worker's own work is timed;
-//! and the check of one page for block pages alone (`blocks/...`).
+//! and the check of one page for block pages alone (`blocks/...`); and the batch of 10 as
+//! deployed, with JSON log lines, tracing off (`deployed/logged`) and on
+//! (`deployed/traced-1pct`, `deployed/traced`).
 //! `cargo bench --bench pipeline`; `make bench` reads its estimates into BENCHMARKS.md.
 //! To profile it, keep the symbols the release profile strips (a separate build):
 //! `CARGO_PROFILE_BENCH_STRIP=none cargo bench --bench pipeline -- --profile-time 5` under
@@ -13,22 +15,33 @@ use conveyor_testkit::deliveries;
 use conveyor_testkit::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use conveyor_worker::domain::blocks::Detection;
+use conveyor_worker::trace;
+use conveyor_worker::wiring::config::TraceSettings;
+use conveyor_worker::wiring::traces;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tracing::Dispatch;
+use tracing::instrument::WithSubscriber;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::prelude::*;
 
 /// The worker's default MAX_CONCURRENCY.
-const CONCURRENCY: usize = 16;
+const LIMITS: BatchLimits = BatchLimits {
+    max_concurrency: 16,
+    deadline_margin: Duration::from_millis(500),
+};
+
+/// Every page of 16 KiB, at once.
+fn bench_pages() -> MemoryPages {
+    MemoryPages {
+        body: Bytes::from(vec![b'x'; CPU_PAGE_BYTES]),
+        delay: Duration::ZERO,
+    }
+}
 
 fn pipeline(c: &mut Criterion) {
     // The runtime the function runs on (`#[tokio::main]`: multi-threaded).
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let pages = MemoryPages {
-        body: Bytes::from(vec![b'x'; CPU_PAGE_BYTES]),
-        delay: Duration::ZERO,
-    };
-    let limits = BatchLimits {
-        max_concurrency: CONCURRENCY,
-        deadline_margin: Duration::from_millis(500),
-    };
+    let (pages, limits) = (bench_pages(), LIMITS);
     let mut group = c.benchmark_group("pipeline");
     for size in CPU_BATCHES {
         let batch = deliveries(size);
@@ -76,5 +89,60 @@ fn blocks(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pipeline, blocks);
+/// The batch of 10 under the subscriber a deployed function has: JSON log lines at INFO (to
+/// nowhere here), with tracing off, and on with 1% and with every task sampled (the spans
+/// sent to an OTLP endpoint where nothing listens, by the exporter's own thread).
+fn deployed(c: &mut Criterion) {
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let (pages, limits) = (bench_pages(), LIMITS);
+    let logs = || {
+        let json = tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::sink);
+        json.with_filter(LevelFilter::INFO)
+    };
+    let settings = TraceSettings {
+        on: true,
+        sample_rate: 1.0,
+        endpoint: "http://127.0.0.1:9".into(),
+        export_timeout: Duration::from_millis(200),
+    };
+    let exporter = traces::exporter(&settings, "bench").expect("an exporter");
+    let logged = Dispatch::new(tracing_subscriber::registry().with(logs()));
+    let traced = Dispatch::new(
+        tracing_subscriber::registry()
+            .with(logs())
+            .with(exporter.layer()),
+    );
+    let (size, batch) = (10, deliveries(10));
+    let mut group = c.benchmark_group("deployed");
+    group.throughput(Throughput::Elements(size as u64));
+    let variants = [
+        ("logged", logged, 0.0),
+        ("traced-1pct", traced.clone(), 0.01),
+        ("traced", traced, 1.0),
+    ];
+    for (name, dispatch, share) in variants {
+        // The last of the groups: the switch stays on for the process.
+        trace::switch_on(share);
+        group.bench_with_input(BenchmarkId::new(name, size), &batch, |b, batch| {
+            b.to_async(&runtime).iter_batched(
+                || memory::worker(pages.clone(), size, "http://example.test/page"),
+                |worker| {
+                    async move {
+                        let deadline = SystemTime::now() + Duration::from_secs(900);
+                        let run = run_batch(&worker, batch, "bench", deadline, limits).await;
+                        assert!(run.response.batch_item_failures.is_empty());
+                        worker
+                    }
+                    .with_subscriber(dispatch.clone())
+                },
+                BatchSize::PerIteration,
+            );
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, pipeline, blocks, deployed);
 criterion_main!(benches);

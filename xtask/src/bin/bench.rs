@@ -12,12 +12,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use conveyor_testkit::memory;
+use conveyor_testkit::otlp::{Mode, Receiver};
 use conveyor_testkit::{Site, Stack, deliveries};
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, SystemLookup};
+use conveyor_worker::trace;
+use conveyor_worker::wiring::config::TraceSettings;
+use conveyor_worker::wiring::traces;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
+use tracing::instrument::WithSubscriber;
+use tracing_subscriber::prelude::*;
 use xtask::simulation;
 
 /// The workspace's root (this crate is `xtask/` in it).
@@ -142,6 +148,7 @@ async fn figures(site: &Site, scale: Scale) -> Result<(Vec<Figure>, Vec<(usize, 
     println!("cold start ...");
     figures.push(cold_start(scale, Start::Defaults).await?);
     figures.push(cold_start(scale, Start::Proxies).await?);
+    figures.push(cold_start(scale, Start::Traced).await?);
     println!("waiting on pages ...");
     let (pages, sweep) = waiting_on_pages(site, scale).await?;
     figures.extend(pages);
@@ -232,6 +239,8 @@ enum Start {
     Defaults,
     /// Two proxy tiers in `PROXY_URLS` (their clients are built at their first use).
     Proxies,
+    /// `TRACING=on`: the OTLP exporter is built (no collector listens).
+    Traced,
 }
 
 /// Process start to the first request for an event, worker against the do-nothing floor.
@@ -255,19 +264,16 @@ async fn cold_start(scale: Scale, start: Start) -> Result<Figure> {
             met: None,
         });
     }
-    let proxies = match start {
-        Start::Defaults => None,
-        Start::Proxies => Some("http://127.0.0.1:3128;http://127.0.0.1:3129"),
-    };
     let (mut ours, mut floors) = (Vec::new(), Vec::new());
     for _ in 0..scale.runs * 2 {
-        floors.push(first_poll(&floor, None).await?.as_secs_f64() * 1000.0);
-        ours.push(first_poll(&worker, proxies).await?.as_secs_f64() * 1000.0);
+        floors.push(first_poll(&floor, Start::Defaults).await?.as_secs_f64() * 1000.0);
+        ours.push(first_poll(&worker, start).await?.as_secs_f64() * 1000.0);
     }
     let (ours, floor) = (median(ours), median(floors));
     let what = match start {
         Start::Defaults => "1. Cold start: process start to first `next` request",
         Start::Proxies => "1b. Cold start with two proxy tiers in PROXY_URLS",
+        Start::Traced => "1c. Cold start with tracing on (TRACING=on, the exporter built)",
     };
     let mut figure = ratio_figure(what, ours, floor, "ms", 1.5);
     if scale.quick {
@@ -280,7 +286,7 @@ async fn cold_start(scale: Scale, start: Start) -> Result<Figure> {
 }
 
 /// Starts `binary` against a stand-in for the Lambda Runtime API and times its first poll.
-async fn first_poll(binary: &std::path::Path, proxies: Option<&str>) -> Result<Duration> {
+async fn first_poll(binary: &std::path::Path, start: Start) -> Result<Duration> {
     let api = TcpListener::bind("127.0.0.1:0").await?;
     let address = api.local_addr()?.to_string();
     let started = Instant::now();
@@ -301,8 +307,14 @@ async fn first_poll(binary: &std::path::Path, proxies: Option<&str>) -> Result<D
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    if let Some(proxies) = proxies {
-        command.env("PROXY_URLS", proxies);
+    match start {
+        Start::Defaults => {}
+        Start::Proxies => {
+            command.env("PROXY_URLS", "http://127.0.0.1:3128;http://127.0.0.1:3129");
+        }
+        Start::Traced => {
+            command.env("TRACING", "on");
+        }
     }
     let mut child = command.spawn()?;
     let (mut connection, _) = tokio::time::timeout(Duration::from_secs(10), api.accept()).await??;
@@ -345,6 +357,14 @@ async fn waiting_on_pages(
         "ms",
         1.25,
     )];
+    let traced = traced_pages(&fetcher, &batch, &url, scale).await?;
+    figures.push(ratio_figure(
+        "2c. The same batch with tracing on, every task sampled, to a local OTLP receiver (floor: tracing off)",
+        traced,
+        ours,
+        "ms",
+        1.05,
+    ));
 
     let stack = Stack::new().await;
     stack.put_active_run().await;
@@ -381,6 +401,42 @@ async fn waiting_on_pages(
         sweep.push((concurrency, median(runs), floor_of(concurrency)));
     }
     Ok((figures, sweep))
+}
+
+/// The waiting-on-pages batch with traces on: every task sampled, its spans exported to a
+/// local OTLP receiver, and flushed after the batch (untimed, as after an invocation's reply).
+async fn traced_pages(
+    fetcher: &HttpFetcher,
+    batch: &[SqsMessage],
+    url: &str,
+    scale: Scale,
+) -> Result<f64> {
+    let receiver = Receiver::start(Mode::Ok).await;
+    let settings = TraceSettings {
+        on: true,
+        sample_rate: 1.0,
+        endpoint: receiver.endpoint.clone(),
+        export_timeout: Duration::from_millis(200),
+    };
+    let traces = traces::exporter(&settings, "bench").ok_or("no trace exporter")?;
+    let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(traces.layer()));
+    trace::switch_on(1.0);
+    let mut runs = Vec::new();
+    for _ in 0..scale.runs {
+        let worker = memory::worker(fetcher.clone(), batch.len(), url);
+        let timed = timed_batch(&worker, batch, PAGE_CONCURRENCY, Ends::Succeeded);
+        let took = timed.with_subscriber(dispatch.clone()).await;
+        traces.flush();
+        runs.push(took.as_secs_f64() * 1000.0);
+    }
+    let (_, spans) = receiver.spans().await;
+    let records = spans.iter().filter(|s| s["name"] == "record").count();
+    assert_eq!(
+        records,
+        batch.len() * scale.runs,
+        "every delivery's span exported"
+    );
+    Ok(median(runs))
 }
 
 // 3 and 6. Requests against the emulator --------------------------------------------------
@@ -661,14 +717,26 @@ async fn guard_path(scale: Scale) -> Figure {
 /// which `make bench` runs first).
 fn cpu_per_record() -> Vec<Figure> {
     let estimates = workspace().join("target/criterion");
-    memory::CPU_BATCHES
-        .into_iter()
-        .map(|size| {
-            let file = estimates.join(format!("pipeline/batch/{size}/new/estimates.json"));
-            let what = format!(
-                "4. CPU: records per second, batches of {size}, {} KiB pages, no I/O (criterion)",
-                memory::CPU_PAGE_BYTES / 1024
-            );
+    let kib = memory::CPU_PAGE_BYTES / 1024;
+    let bare = memory::CPU_BATCHES.into_iter().map(|size| {
+        let what = format!(
+            "4. CPU: records per second, batches of {size}, {kib} KiB pages, no I/O (criterion)"
+        );
+        (format!("pipeline/batch/{size}"), size, what)
+    });
+    let deployed = [
+        ("logged", "JSON log lines, tracing off"),
+        ("traced-1pct", "tracing on, 1% sampled"),
+        ("traced", "tracing on, every task sampled"),
+    ];
+    let deployed = deployed.map(|(name, how)| {
+        let what =
+            format!("4b. CPU: records per second, batches of 10, as deployed: {how} (criterion)");
+        (format!("deployed/{name}/10"), 10, what)
+    });
+    bare.chain(deployed)
+        .map(|(id, size, what)| {
+            let file = estimates.join(format!("{id}/new/estimates.json"));
             let value = match criterion_median_ns(&file) {
                 Some(batch_ns) => {
                     let each_us = batch_ns / size as f64 / 1000.0;
