@@ -16,6 +16,10 @@ use sha2::{Digest, Sha256};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+/// The target of the spans made for traces alone (a step's, a hop's). Log lines leave them
+/// out, so with tracing off they cost nothing. `instrument` attributes spell it out.
+pub const STEP: &str = "conveyor_step";
+
 /// The SQS system attribute that carries a message's trace.
 pub const HEADER: &str = "AWSTraceHeader";
 /// The longest trace header passed on. X-Ray's own are under 128 bytes; a longer or
@@ -32,6 +36,11 @@ static SHARE: AtomicU64 = AtomicU64::new(0);
 pub fn switch_on(share: f64) {
     SHARE.store(share.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     ON.store(true, Ordering::Relaxed);
+}
+
+/// Back to off, for a process that measures both (the benchmarks).
+pub fn switch_off() {
+    ON.store(false, Ordering::Relaxed);
 }
 
 pub fn is_on() -> bool {

@@ -186,7 +186,7 @@ def least_privilege(template, _):
             resources = statement.get("Resource")
             resources = resources if isinstance(resources, list) else [resources]
             # X-Ray's write actions name no resource: IAM takes them only on "*".
-            traces = set(actions) <= XRAY_WRITES and condition == "TracingOn"
+            traces = set(actions) <= XRAY_WRITES and condition == "UseCollectorLayer"
             if any(r == "*" or r == "arn:aws:*" for r in resources) and not traces:
                 problems.append(f"{name}/{sid} applies to every resource")
     return problems

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use futures_util::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
-use tracing::{Instrument, field};
+use tracing::{Instrument, Span, field};
 
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
@@ -167,18 +167,27 @@ async fn run_records<P: ProcessRecord>(
     limits: BatchLimits,
 ) -> Vec<Outcome> {
     let outcomes: Mutex<Vec<Option<Outcome>>> = Mutex::new(records.iter().map(|_| None).collect());
+    // Each record's span ends with its outcome; the cutoff's copy is sent within it too.
+    let spans: Mutex<Vec<Option<Span>>> =
+        Mutex::new(records.iter().map(record_span).map(Some).collect());
     let run = stream::iter(groups(records)).for_each_concurrent(limits.max_concurrency, |group| {
-        let outcomes = &outcomes;
+        let (outcomes, spans) = (&outcomes, &spans);
         async move {
             let mut held = false;
             for index in group {
+                let span = lock(spans)[index].clone().unwrap_or_else(Span::none);
                 let outcome = if held {
-                    held_in_group(processor, &records[index]).await
+                    held_in_group(processor, &records[index])
+                        .instrument(span)
+                        .await
                 } else {
-                    run_in_turn(processor, &records[index], invocation).await
+                    run_in_turn(processor, &records[index], invocation)
+                        .instrument(span)
+                        .await
                 };
                 held |= outcome.reply() == Reply::Retry;
                 lock(outcomes)[index] = Some(outcome);
+                lock(spans)[index] = None;
             }
         }
     });
@@ -191,13 +200,17 @@ async fn run_records<P: ProcessRecord>(
     let outcomes = outcomes
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
-    let cut = records
-        .iter()
-        .zip(outcomes)
-        .map(|(record, outcome)| async move {
+    let spans = spans.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let cut =
+        (records.iter().zip(outcomes).zip(spans)).map(|((record, outcome), span)| async move {
             match outcome {
                 Some(outcome) => outcome,
-                None => out_of_time(processor, record, invocation).await,
+                None => {
+                    let span = span.unwrap_or_else(Span::none);
+                    out_of_time(processor, record, invocation)
+                        .instrument(span)
+                        .await
+                }
             }
         });
     stream::iter(cut)
@@ -236,9 +249,11 @@ async fn out_of_time<P: ProcessRecord>(
         "record not finished before the deadline"
     );
     let until = Instant::now() + remaining(invocation).saturating_sub(LAST_WORDS);
-    tokio::time::timeout_at(until, processor.out_of_time(record))
+    let outcome = tokio::time::timeout_at(until, processor.out_of_time(record))
         .await
-        .unwrap_or(Outcome::OutOfTime)
+        .unwrap_or(Outcome::OutOfTime);
+    traced(&outcome);
+    outcome
 }
 
 /// How long until the invocation's deadline.
@@ -288,35 +303,27 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One record in its own span, with its panics caught, logged with its outcome.
+/// One record (in its span), with its panics caught, logged with its outcome.
 async fn run_one<P: ProcessRecord>(
     processor: &P,
     record: &SqsMessage,
     invocation: &Invocation,
 ) -> Outcome {
-    async {
-        let started = Instant::now();
-        let outcome = AssertUnwindSafe(processor.process(record, invocation))
-            .catch_unwind()
-            .await
-            .unwrap_or(Outcome::Panicked);
-        log(&outcome, started.elapsed());
-        outcome
-    }
-    .instrument(record_span(record))
-    .await
+    let started = Instant::now();
+    let outcome = AssertUnwindSafe(processor.process(record, invocation))
+        .catch_unwind()
+        .await
+        .unwrap_or(Outcome::Panicked);
+    log(&outcome, started.elapsed());
+    outcome
 }
 
 /// A record held behind an earlier one of its FIFO group. The processor decides its
 /// outcome, which is logged in the record's span.
 async fn held_in_group<P: ProcessRecord>(processor: &P, record: &SqsMessage) -> Outcome {
-    async {
-        let outcome = processor.held_in_group(record).await;
-        log(&outcome, Duration::ZERO);
-        outcome
-    }
-    .instrument(record_span(record))
-    .await
+    let outcome = processor.held_in_group(record).await;
+    log(&outcome, Duration::ZERO);
+    outcome
 }
 
 /// The span of one record's log lines, and the delivery's span in its task's trace. The
@@ -335,22 +342,29 @@ fn record_span(record: &SqsMessage) -> tracing::Span {
     span
 }
 
-/// The record's outcome on its span: what it was, and the reply. An outcome the contract
-/// retries, or a task that failed, marks the span as failed.
+/// The record's outcome on its span: what it was, and the reply. A task that failed, or a
+/// failure the contract retries, marks the span as failed; a wait does not.
 fn traced(outcome: &Outcome) {
-    let (label, reply) = (outcome.label(), outcome.reply());
-    let reply = match reply {
+    let label = outcome.label();
+    let reply = match outcome.reply() {
         Reply::Ack => "ack",
         Reply::Retry => "retry",
     };
     trace::note("outcome", label);
-    trace::note("reply", reply);
     let failed = matches!(
         outcome,
-        Outcome::FailedPermanently { .. } | Outcome::GaveUp { .. } | Outcome::Poison(_)
+        Outcome::FailedPermanently { .. }
+            | Outcome::GaveUp { .. }
+            | Outcome::Poison(_)
+            | Outcome::Panicked
+            | Outcome::Store(_)
+            | Outcome::ScrapeTransient { .. }
+            | Outcome::OutOfTime
+            | Outcome::NoTimeLeft
     );
-    if failed || reply == "retry" {
-        trace::failed(label, reply);
+    match failed {
+        true => trace::failed(label, reply),
+        false => trace::note("reply", reply),
     }
 }
 

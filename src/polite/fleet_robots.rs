@@ -69,7 +69,7 @@ impl Gate {
 
     /// The fleet's single fetch of a host's robots.txt, stored for every sandbox. If another
     /// sandbox is already fetching it, what to do meanwhile.
-    #[tracing::instrument(name = "robots", skip_all)]
+    #[tracing::instrument(target = "conveyor_step", name = "robots", skip_all)]
     pub(super) async fn fetch_robots<S: HostStore, F: Fetcher>(
         &self,
         ports: GatePorts<'_, S, F>,

@@ -369,7 +369,9 @@ pub(super) async fn send(
     };
     if let Ok(response) = &sent {
         answered.note(response);
-        spans::answered(response.status().as_u16(), started.elapsed());
+        if *requests == 1 {
+            spans::first_answer(started.elapsed());
+        }
     }
     sent
 }

@@ -7,11 +7,12 @@ use tracing::{Span, field};
 
 use crate::domain::model::Page;
 use crate::scraper::{FetchError, Retry};
-use crate::trace;
+use crate::trace::{self, STEP};
 
 /// The span of one request (and its redirects) through `tier`.
 pub(super) fn hop(tier: usize) -> Span {
     tracing::info_span!(
+        target: STEP,
         "hop",
         tier = tier as i64,
         status = field::Empty,
@@ -22,12 +23,10 @@ pub(super) fn hop(tier: usize) -> Span {
     )
 }
 
-/// The answer's headers arrived, `took` after the request started (connect included on a
-/// new connection).
-pub(super) fn answered(status: u16, took: Duration) {
-    let span = Span::current();
-    span.record("status", i64::from(status));
-    span.record("first_byte_ms", millis(took));
+/// The hop's first answer arrived, `took` after its request started (connecting included,
+/// on a new connection). Recorded once: a span's attribute recorded twice is sent twice.
+pub(super) fn first_answer(took: Duration) {
+    Span::current().record("first_byte_ms", millis(took));
 }
 
 /// The body was read: `bytes` of it in `took`.
@@ -37,10 +36,15 @@ pub(super) fn body_read(bytes: usize, took: Duration) {
     span.record("body_ms", millis(took));
 }
 
-/// How the hop ended. A failure is marked on its span as the ack contract classifies it.
+/// How the hop ended: its last status. A failure is marked on its span as the ack
+/// contract classifies it.
 pub(super) fn ended(span: &Span, page: &Result<Page, FetchError>) {
-    let Err(err) = page else {
-        return;
+    let err = match page {
+        Ok(page) => {
+            span.record("status", i64::from(page.http_status));
+            return;
+        }
+        Err(err) => err,
     };
     span.record("blocked", err.block.is_some());
     if let Some(status) = err.http_status {

@@ -42,7 +42,11 @@ impl SqsVisibility {
 }
 
 impl Visibility for SqsVisibility {
-    #[tracing::instrument(name = "hold", skip_all, fields(queue = %queue.name, delay_s = delay.as_secs()))]
+    #[tracing::instrument(
+        name = "hold",
+        skip_all,
+        fields(queue = %queue.name, delay_s = delay.as_secs())
+    )]
     async fn hold(
         &self,
         queue: &QueueRef,
@@ -62,7 +66,11 @@ impl Visibility for SqsVisibility {
         Ok(())
     }
 
-    #[tracing::instrument(name = "copy", skip_all, fields(queue = %queue.name, delay_s = copy.delay.as_secs()))]
+    #[tracing::instrument(
+        name = "copy",
+        skip_all,
+        fields(queue = %queue.name, delay_s = copy.delay.as_secs())
+    )]
     async fn requeue(&self, queue: &QueueRef, copy: &MessageCopy) -> Result<(), StoreError> {
         send_copy(&self.client, &queue.url(self.endpoint.as_deref()), copy).await
     }

@@ -89,6 +89,8 @@ pub struct TraceSettings {
 
 /// The ADOT collector layer listens here.
 pub const OTLP_ENDPOINT: &str = "http://localhost:4318";
+/// The share of tasks traced when their producer did not decide: 1%.
+pub const TRACE_SAMPLE_RATE: f64 = 0.01;
 /// Memory the collector layer takes in the sandbox when spans go to it. An estimate, not
 /// measured here: docs/deploying.md says how to check it.
 pub const COLLECTOR_BYTES: u64 = 48 * 1024 * 1024;
@@ -99,7 +101,6 @@ impl TraceSettings {
         self.on && self.endpoint.trim_end_matches('/') == OTLP_ENDPOINT
     }
 }
-pub const TRACE_SAMPLE_RATE: f64 = 0.01;
 
 /// Memory the process needs besides the bodies in flight: runtime, TLS, SDK clients and
 /// logs. Set with room to spare over the measured need (docs/performance.md).

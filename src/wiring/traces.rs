@@ -26,17 +26,36 @@ use tracing_subscriber::{Layer, Registry};
 use crate::trace;
 use crate::wiring::config::TraceSettings;
 
+/// Time for a timed-out export to give up and be counted, past the export timeout.
+pub const GIVING_UP: Duration = Duration::from_millis(100);
+
 /// What exports the spans; flushed after each invocation, shut down at the end.
 #[derive(Debug, Clone)]
 pub struct Traces {
     provider: SdkTracerProvider,
+    /// The longest a flush holds its caller: the export timeout, and a little for the
+    /// exporter to give up and count what it dropped.
+    bound: Duration,
 }
 
 impl Traces {
-    /// Sends the spans ended so far. Blocks at most the export timeout.
+    /// Sends the spans ended so far, holding the caller at most the export timeout (and
+    /// [`GIVING_UP`]). The
+    /// SDK's own flush waits up to 5 s and sends every queued batch, so it runs on a thread
+    /// of its own, which may go on after the caller has.
     pub fn flush(&self) {
-        if let Err(err) = self.provider.force_flush() {
-            tracing::debug!(error = %err, "spans not flushed");
+        let (done, flushed) = std::sync::mpsc::channel();
+        let provider = self.provider.clone();
+        let flushing = std::thread::Builder::new()
+            .name("trace-flush".into())
+            .spawn(move || drop(done.send(provider.force_flush())));
+        if flushing.is_err() {
+            return;
+        }
+        match flushed.recv_timeout(self.bound) {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::debug!(error = %err, "spans not flushed"),
+            Err(_) => tracing::debug!("spans still flushing after the export timeout"),
         }
     }
 
@@ -92,6 +111,7 @@ fn exported(meta: &Metadata<'_>) -> bool {
     meta.is_span()
         && *meta.level() <= Level::INFO
         && (target.starts_with("conveyor_worker")
+            || target == trace::STEP
             || target.starts_with("lambda_runtime::layers::otel"))
 }
 
@@ -104,6 +124,7 @@ fn lambda_log_layer() -> LogLayer {
     let filter = EnvFilter::builder()
         .with_default_directive(level.unwrap_or(LevelFilter::INFO).into())
         .from_env_lossy();
+    let filter = without_steps(filter);
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
         .without_time();
@@ -111,6 +132,12 @@ fn lambda_log_layer() -> LogLayer {
         true => fmt.json().with_filter(filter).boxed(),
         false => fmt.with_filter(filter).boxed(),
     }
+}
+
+/// `filter` leaving out the spans made for traces alone (`trace::STEP`).
+pub fn without_steps(filter: EnvFilter) -> EnvFilter {
+    // Cannot fail: a target and a level.
+    filter.add_directive(format!("{}=off", trace::STEP).parse().expect("a directive"))
 }
 
 /// The OTLP/HTTP exporter behind a batch processor, X-Ray ids, and the task sampler.
@@ -155,7 +182,10 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
                 .build(),
         )
         .build();
-    Some(Traces { provider })
+    Some(Traces {
+        provider,
+        bound: settings.export_timeout + GIVING_UP,
+    })
 }
 
 /// The exporter's HTTP client, built at its first export on the exporter's own thread, so

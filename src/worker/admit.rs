@@ -72,7 +72,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         invocation: &Invocation,
     ) -> Step<Admitted> {
         if let Some(url) = guarded.url.as_deref().filter(|_| trace::is_on()) {
-            trace::note("host", scraper::host_of(url).to_owned());
+            trace::note("host", scraper::host_of(url));
         }
         let entered = match self.fetch_time(invocation) {
             Some(time) => self.enter_host(delivery, &guarded, time, invocation).await,
@@ -110,7 +110,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// The host's turn for this delivery, or the outcome of waiting for it. The checks that
     /// need no network come first, so a URL our rules refuse touches neither the host's item
     /// nor robots.txt.
-    #[tracing::instrument(name = "host_turn", skip_all, fields(waits = i64::from(delivery.message.carried.waits)))]
+    #[tracing::instrument(
+        target = "conveyor_step",
+        name = "host_turn",
+        skip_all,
+        fields(waits = i64::from(delivery.message.carried.waits))
+    )]
     async fn enter_host(
         &self,
         delivery: &Delivery,

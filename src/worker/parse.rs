@@ -11,6 +11,7 @@ use crate::domain::ids::TaskRef;
 use crate::domain::message::{Message, Poison};
 use crate::domain::model::{DuplicatePolicy, TriesFrom};
 use crate::domain::time::epoch_millis;
+use crate::trace::STEP;
 
 use super::Worker;
 
@@ -56,8 +57,8 @@ impl<T, R, F, V> Worker<T, R, F, V> {
         invocation: &Invocation,
     ) -> Result<Delivery, Poison> {
         let body = record.body.as_deref();
-        let parsed =
-            tracing::info_span!("parse").in_scope(|| Message::parse(body, sent_at(record)));
+        let parsed = tracing::info_span!(target: STEP, "parse")
+            .in_scope(|| Message::parse(body, sent_at(record)));
         let message = parsed?;
         name_span(&message.task);
         if message.redriven {

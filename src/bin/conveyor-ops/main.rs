@@ -120,6 +120,7 @@ async fn main() -> ExitCode {
     // a missing credential is said once, by the error it ends in.
     let quiet_sdk = "warn,aws_config=error,aws_smithy_runtime=error";
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet_sdk.into());
+    let filter = traces::without_steps(filter);
     let logs = fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);

@@ -137,7 +137,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// The delivery once its host's start has come. A cooldown set meanwhile (by any
     /// sandbox's fetch) gives the permit and the claim's attempt back, and the delivery
     /// waits.
-    #[tracing::instrument(name = "host_start", skip_all, fields(waited_ms))]
+    #[tracing::instrument(
+        target = "conveyor_step",
+        name = "host_start",
+        skip_all,
+        fields(waited_ms)
+    )]
     async fn at_start(
         &self,
         delivery: &Delivery,
@@ -210,6 +215,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let started = Instant::now();
         let fetched = self.fetch_paid_held_back(target, time, invocation).await;
+        // The last tier asked (0: direct), once the paid tier had its turn too.
+        let tier = fetched.spend.spent().last().map_or(0, |(tier, _)| tier);
+        trace::note("tier", tier as i64);
         // A proxy's own failure says nothing about the site's health. Neither does a fetch
         // that our own deadline cut short (the invocation's end, not the site's slowness).
         let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
@@ -231,9 +239,6 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let started = Instant::now();
         let fetched = self.fetcher.fetch(url, ask).await;
-        // The last tier asked (0: direct).
-        let tier = fetched.spend.spent().last().map_or(0, |(tier, _)| tier);
-        trace::note("tier", tier as i64);
         invocation.measures.fetched(started.elapsed());
         invocation.measures.spent(&fetched.spend);
         fetched

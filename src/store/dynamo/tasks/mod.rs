@@ -182,7 +182,11 @@ impl TaskStore for DynamoTaskStore {
     /// not completed. A run with no counters does not count it at all. A success that finds
     /// the task failed without a result replaces that failure, and moves the run's count
     /// along.
-    #[tracing::instrument(name = "terminal_write", skip_all, fields(status = terminal.status().as_str()))]
+    #[tracing::instrument(
+        name = "terminal_write",
+        skip_all,
+        fields(status = terminal.status().as_str())
+    )]
     async fn finish(
         &self,
         task: &TaskRef,
