@@ -10,6 +10,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use aws_lambda_events::event::sqs::SqsMessage;
 use bytes::Bytes;
 use conveyor_testkit::deliveries;
 use conveyor_testkit::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
@@ -118,22 +119,30 @@ fn deployed(c: &mut Criterion) {
     let mut group = c.benchmark_group("deployed");
     group.throughput(Throughput::Elements(size as u64));
     let variants = [
-        ("logged", logged, 0.0),
-        ("traced-1pct", traced.clone(), 0.01),
-        ("traced", traced, 1.0),
+        ("logged", logged, None),
+        ("traced-1pct", traced.clone(), Some(0.01)),
+        ("traced", traced, Some(1.0)),
     ];
     for (name, dispatch, share) in variants {
-        // The last of the groups: the switch stays on for the process.
-        trace::switch_on(share);
+        match share {
+            Some(share) => trace::switch_on(share),
+            None => trace::switch_off(),
+        }
         group.bench_with_input(BenchmarkId::new(name, size), &batch, |b, batch| {
             b.to_async(&runtime).iter_batched(
-                || memory::worker(pages.clone(), size, "http://example.test/page"),
-                |worker| {
+                // New message ids each time: each is a trace of its own, sampled or not.
+                || {
+                    (
+                        memory::worker(pages.clone(), size, "http://example.test/page"),
+                        fresh(batch),
+                    )
+                },
+                |(worker, batch)| {
                     async move {
                         let deadline = SystemTime::now() + Duration::from_secs(900);
-                        let run = run_batch(&worker, batch, "bench", deadline, limits).await;
+                        let run = run_batch(&worker, &batch, "bench", deadline, limits).await;
                         assert!(run.response.batch_item_failures.is_empty());
-                        worker
+                        (worker, batch)
                     }
                     .with_subscriber(dispatch.clone())
                 },
@@ -142,6 +151,15 @@ fn deployed(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// `batch` with new message ids.
+fn fresh(batch: &[SqsMessage]) -> Vec<SqsMessage> {
+    let renamed = batch.iter().cloned().map(|mut record| {
+        record.message_id = Some(format!("m-{:032x}", fastrand::u128(..)));
+        record
+    });
+    renamed.collect()
 }
 
 criterion_group!(benches, pipeline, blocks, deployed);

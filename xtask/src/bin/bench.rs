@@ -366,25 +366,7 @@ async fn waiting_on_pages(
         1.05,
     ));
 
-    let stack = Stack::new().await;
-    stack.put_active_run().await;
-    for i in 0..tasks {
-        stack.put_task(&format!("t{i}"), &url, "pending").await;
-    }
-    let worker = stack.worker();
-    let emulated = timed_batch(&worker, &batch, PAGE_CONCURRENCY, Ends::Succeeded)
-        .await
-        .as_secs_f64()
-        * 1000.0;
-    figures.push(Figure {
-        what: "2b. The same batch against the emulator (bound by moto, one request at a time)"
-            .into(),
-        value: format!("{emulated:.0} ms"),
-        floor: format!("{:.0} ms", floor_of(PAGE_CONCURRENCY)),
-        ratio: Some(emulated / floor_of(PAGE_CONCURRENCY)),
-        target: "(emulator-bound)".into(),
-        met: None,
-    });
+    figures.push(emulated_pages(&url, &batch, floor_of(PAGE_CONCURRENCY)).await);
 
     let mut sweep = Vec::new();
     for &concurrency in scale.sweep {
@@ -401,6 +383,29 @@ async fn waiting_on_pages(
         sweep.push((concurrency, median(runs), floor_of(concurrency)));
     }
     Ok((figures, sweep))
+}
+
+/// The waiting-on-pages batch against the emulator, bound by moto's one request at a time.
+async fn emulated_pages(url: &str, batch: &[SqsMessage], floor: f64) -> Figure {
+    let stack = Stack::new().await;
+    stack.put_active_run().await;
+    for i in 0..batch.len() {
+        stack.put_task(&format!("t{i}"), url, "pending").await;
+    }
+    let worker = stack.worker();
+    let emulated = timed_batch(&worker, batch, PAGE_CONCURRENCY, Ends::Succeeded)
+        .await
+        .as_secs_f64()
+        * 1000.0;
+    Figure {
+        what: "2b. The same batch against the emulator (bound by moto, one request at a time)"
+            .into(),
+        value: format!("{emulated:.0} ms"),
+        floor: format!("{floor:.0} ms"),
+        ratio: Some(emulated / floor),
+        target: "(emulator-bound)".into(),
+        met: None,
+    }
 }
 
 /// The waiting-on-pages batch with traces on: every task sampled, its spans exported to a
@@ -429,6 +434,7 @@ async fn traced_pages(
         traces.flush();
         runs.push(took.as_secs_f64() * 1000.0);
     }
+    trace::switch_off();
     let (_, spans) = receiver.spans().await;
     let records = spans.iter().filter(|s| s["name"] == "record").count();
     assert_eq!(
