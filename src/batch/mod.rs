@@ -201,6 +201,17 @@ async fn run_records<P: ProcessRecord>(
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
     let spans = spans.into_inner().unwrap_or_else(PoisonError::into_inner);
+    finish_cut(processor, records, (outcomes, spans), invocation, limits).await
+}
+
+/// The outcomes, with those the cutoff stopped decided in their records' spans.
+async fn finish_cut<P: ProcessRecord>(
+    processor: &P,
+    records: &[SqsMessage],
+    (outcomes, spans): (Vec<Option<Outcome>>, Vec<Option<Span>>),
+    invocation: &Invocation,
+    limits: BatchLimits,
+) -> Vec<Outcome> {
     let cut =
         (records.iter().zip(outcomes).zip(spans)).map(|((record, outcome), span)| async move {
             match outcome {
