@@ -47,7 +47,7 @@ pub fn is_on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// Counts spans that were not exported (the collector down, slow, or the queue full).
+/// Counts spans whose export failed (the collector down or slow).
 pub fn count_dropped(spans: u64) {
     DROPPED.fetch_add(spans, Ordering::Relaxed);
 }

@@ -40,9 +40,8 @@ pub struct Traces {
 
 impl Traces {
     /// Sends the spans ended so far, holding the caller at most the export timeout (and
-    /// [`GIVING_UP`]). The
-    /// SDK's own flush waits up to 5 s and sends every queued batch, so it runs on a thread
-    /// of its own, which may go on after the caller has.
+    /// [`GIVING_UP`]). The SDK's own flush waits up to 5 s and sends every queued batch,
+    /// so it runs on a thread of its own, which may go on after the caller has.
     pub fn flush(&self) {
         let (done, flushed) = std::sync::mpsc::channel();
         let provider = self.provider.clone();
@@ -140,7 +139,7 @@ pub fn without_steps(filter: EnvFilter) -> EnvFilter {
     filter.add_directive(format!("{}=off", trace::STEP).parse().expect("a directive"))
 }
 
-/// The OTLP/HTTP exporter behind a batch processor, X-Ray ids, and the task sampler.
+/// The OTLP/HTTP exporter behind a batch processor, with X-Ray ids.
 pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
     let endpoint = format!("{}/v1/traces", settings.endpoint.trim_end_matches('/'));
     let client = LazyClient {
@@ -189,8 +188,8 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
 }
 
 /// The exporter's HTTP client, built at its first export on the exporter's own thread, so
-/// not during the cold start (building it took 6 ms there). It trusts Mozilla's roots as
-/// compiled in, as the fetcher does.
+/// not during the cold start (docs/performance.md). It trusts Mozilla's roots as compiled
+/// in, as the fetcher does.
 #[derive(Debug)]
 struct LazyClient {
     timeout: Duration,
