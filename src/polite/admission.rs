@@ -76,11 +76,23 @@ pub fn admission(entry: Entry, waited: Waited) -> Admission {
     if waited.spent {
         return Admission::HeldBack;
     }
-    if delay > waited.wait_left {
+    if delay <= waited.wait_left {
+        return Admission::Wait(Later { delay, booked });
+    }
+    // A wait past the limit fails the task only once it has waited all it may. Until then
+    // it waits out what is left, with nothing booked, and asks again.
+    if waited.wait_left < LAST_WAIT {
         return Admission::Refused(FetchError::permanent(WAITED_TOO_LONG));
     }
-    Admission::Wait(Later { delay, booked })
+    Admission::Wait(Later {
+        delay: waited.wait_left,
+        booked: None,
+    })
 }
+
+/// Less wait left than this is none: the record fails instead of coming back once more.
+/// SQS delays are whole seconds.
+const LAST_WAIT: Duration = Duration::from_secs(1);
 
 /// A wait for robots.txt (being fetched by another sandbox, or unavailable) grows with the
 /// copy's waits after the first few. So a host whose robots.txt never answers costs one copy
@@ -93,5 +105,63 @@ fn backed_off(delay: Duration, why: HoldReason, waits: u32) -> Duration {
             delay.max(backoff).min(SQS_MAX_DELAY)
         }
         HoldReason::Host => delay,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waited(wait_left_ms: u64) -> Waited {
+        Waited {
+            waits: 0,
+            wait_left: Duration::from_millis(wait_left_ms),
+            spent: false,
+        }
+    }
+
+    fn host_hold(ms: u64) -> Entry {
+        Entry::Hold(Duration::from_millis(ms), HoldReason::Host)
+    }
+
+    #[test]
+    fn a_wait_past_the_limit_is_waited_out_first_and_fails_only_with_no_wait_left() {
+        // Arrange: the host's schedule is 75 s ahead; the limit is 60 s.
+        let first_sight = waited(60_000);
+        let came_back = waited(400);
+
+        // Act
+        let first = admission(host_hold(75_000), first_sight);
+        let last = admission(host_hold(15_000), came_back);
+
+        // Assert
+        let Admission::Wait(later) = first else {
+            panic!("a task that has not waited does not fail: {first:?}");
+        };
+        assert_eq!(
+            later.delay,
+            Duration::from_secs(60),
+            "what is left of its wait"
+        );
+        assert_eq!(later.booked, None);
+        let Admission::Refused(failed) = last else {
+            panic!("no wait left: {last:?}");
+        };
+        assert_eq!(failed.reason, WAITED_TOO_LONG);
+    }
+
+    #[test]
+    fn a_wait_within_the_limit_keeps_its_booking() {
+        let booked = Entry::Booked {
+            start: 9_000,
+            delay: Duration::from_secs(7),
+        };
+
+        let Admission::Wait(later) = admission(booked, waited(60_000)) else {
+            panic!("within the limit");
+        };
+
+        assert_eq!(later.booked, Some(9_000));
+        assert_eq!(later.delay, Duration::from_secs(7));
     }
 }
