@@ -3,6 +3,8 @@
 //! are held with leases that expire by themselves. A cooldown follows when the host pushed
 //! back.
 
+use crate::domain::ids::Id;
+
 /// Milliseconds since the Unix epoch: the one clock every sandbox shares.
 pub type Millis = u64;
 
@@ -187,6 +189,12 @@ pub struct HostState {
     pub answers: Option<(f64, f64)>,
     /// The length of the last cooldown set without `Retry-After`.
     pub cooldown_ms: Option<Millis>,
+    /// The run whose bookings end the schedule, and where its unbroken stretch of them
+    /// began (see [`Tail`]).
+    pub tail: Option<Tail>,
+    /// The stretch of the schedule last given back by a run that no longer wants work: from
+    /// which start, and when. A start in it booked before then is void.
+    pub given_back: Option<(Millis, Millis)>,
 }
 
 impl HostState {
@@ -226,6 +234,77 @@ impl HostState {
     /// Whether slot `i` is held at `now` (a lapsed one is free).
     pub fn slot_taken(&self, i: usize, now: Millis) -> bool {
         self.slot_until(i) > now
+    }
+
+    /// Whether a start booked at `booked_at` lies in a stretch given back since. Its run
+    /// stopped wanting work (a paused job, say), and the stretch went to other tasks, so the
+    /// start is void and the schedule is asked again.
+    pub fn gave_back(&self, start: Millis, booked_at: Millis) -> bool {
+        self.given_back
+            .is_some_and(|(from, at)| start >= from && booked_at < at)
+    }
+
+    /// The stretch at the end of the schedule that a run which no longer wants work could
+    /// give back, if the schedule runs more than `past` ahead of `now`: its run, and where
+    /// the schedule would end without it. `None` when the end is near, or another release's
+    /// bookings (or a drop of pace) followed the stretch.
+    pub fn reclaimable(&self, now: Millis, past: Millis) -> Option<(&Tail, Millis)> {
+        let next = self.next_start?;
+        let tail = self.tail.as_ref()?;
+        let unbroken = tail.until == next && tail.from < next;
+        (unbroken && next > now.saturating_add(past)).then_some((tail, tail.from.max(now)))
+    }
+}
+
+/// The run a booking is for: its job's and run's ids, kept on the host's item as
+/// `<job_id>/<run_id>` (an id never holds a `/`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Booker {
+    pub job_id: Id,
+    pub run_id: Id,
+}
+
+impl Booker {
+    /// The booker as the host's item keeps it. `None` for text no booker has.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (job, run) = text.split_once('/')?;
+        Some(Self {
+            job_id: Id::parse(job).ok()?,
+            run_id: Id::parse(run).ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Booker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.job_id, self.run_id)
+    }
+}
+
+/// The end of a host's schedule: one run's unbroken stretch of bookings, from the start
+/// `from` to `until`, where the schedule's next start stood after its last booking. If that
+/// run stops wanting work, its stretch is given back, so its booked copies (which will only
+/// be acked) do not hold up the tasks of other runs. A stretch is unbroken while nothing
+/// else moved the next start: no other run booked, no drop of pace restarted the schedule,
+/// and no release that does not keep the tail booked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail {
+    pub run: Booker,
+    pub from: Millis,
+    pub until: Millis,
+}
+
+/// The tail after `booker` took the start `start` and the schedule's next start became
+/// `next`: its stretch goes on if it already ended the schedule, or begins at `start`.
+pub fn tail_after(state: &HostState, booker: &Booker, start: Millis, next: Millis) -> Tail {
+    let from = match &state.tail {
+        Some(tail) if tail.run == *booker && Some(tail.until) == state.next_start => tail.from,
+        _ => start,
+    };
+    Tail {
+        run: booker.clone(),
+        from,
+        until: next,
     }
 }
 
@@ -346,6 +425,82 @@ pub const SLOT_RETRY_MS: Millis = 1_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn booker(run: &str) -> Booker {
+        Booker::parse(&format!("job/{run}")).expect("ids")
+    }
+
+    #[test]
+    fn a_runs_unbroken_bookings_make_the_tail_and_another_runs_begin_a_new_one() {
+        // Arrange: run a booked 1 000..3 000; the schedule's next start is 3 000.
+        let state = HostState {
+            next_start: Some(3_000),
+            tail: Some(Tail {
+                run: booker("a"),
+                from: 1_000,
+                until: 3_000,
+            }),
+            ..HostState::default()
+        };
+        let restarted = HostState {
+            next_start: Some(5_000),
+            ..state.clone()
+        };
+
+        // Act
+        let same = tail_after(&state, &booker("a"), 3_000, 3_500);
+        let other = tail_after(&state, &booker("b"), 3_000, 3_500);
+        let broken = tail_after(&restarted, &booker("a"), 5_000, 5_500);
+
+        // Assert
+        assert_eq!((same.from, same.until), (1_000, 3_500));
+        assert_eq!((other.run.clone(), other.from), (booker("b"), 3_000));
+        assert_eq!(broken.from, 5_000, "something else moved the next start");
+    }
+
+    #[test]
+    fn only_an_unbroken_tail_far_enough_ahead_can_be_given_back_and_voids_what_it_held() {
+        // Arrange
+        let tail = Tail {
+            run: booker("a"),
+            from: 1_000,
+            until: 80_000,
+        };
+        let state = HostState {
+            next_start: Some(80_000),
+            tail: Some(tail.clone()),
+            ..HostState::default()
+        };
+        let moved_on = HostState {
+            next_start: Some(81_000),
+            ..state.clone()
+        };
+        let given = HostState {
+            given_back: Some((10_000, 10_000)),
+            ..HostState::default()
+        };
+
+        // Act / Assert
+        assert_eq!(state.reclaimable(10_000, 10_000), Some((&tail, 10_000)));
+        assert_eq!(state.reclaimable(500, 10_000), Some((&tail, 1_000)));
+        assert_eq!(state.reclaimable(75_000, 10_000), None, "its end is near");
+        assert_eq!(
+            moved_on.reclaimable(10_000, 10_000),
+            None,
+            "others booked after it"
+        );
+        assert!(
+            given.gave_back(20_000, 9_000),
+            "booked before, in the stretch"
+        );
+        assert!(
+            !given.gave_back(20_000, 10_500),
+            "booked after it was given back"
+        );
+        assert!(!given.gave_back(9_000, 5_000), "before the stretch");
+        assert_eq!(booker("a").to_string(), "job/a");
+        assert_eq!(Booker::parse("no-slash"), None);
+    }
 
     fn host(url: &str) -> Option<String> {
         let url = url::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));

@@ -91,6 +91,14 @@ pub struct Parents {
     pub paid_budget: Option<u64>,
 }
 
+impl Parents {
+    /// Work is wanted only while the job is `active` and the run `running`.
+    pub fn want_work(&self) -> bool {
+        self.job_status.as_deref() == Some("active")
+            && self.run_status.as_deref() == Some("running")
+    }
+}
+
 /// Where a task is counted when it ends: on its run's own item (data contract v1), or on
 /// one of the run's counter shards, picked from the task id (v2: `counter_shards` on the
 /// run item).

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::domain::limits::{Host, HostLimits, HostState, Millis, PoliteKey, Slot};
+use crate::domain::limits::{Booker, Host, HostLimits, HostState, Millis, PoliteKey, Slot};
 use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
@@ -124,10 +124,13 @@ pub struct Permit {
     /// asked of the host's item at the start, not when the record arrives. The same write
     /// checks the cooldown.
     at_start: Option<(HostLimits, Duration)>,
-    /// The latest start the record may be booked for, if its start is missed.
-    far: Millis,
+    /// The latest start the record may be booked for, if its start is missed. `None`: it
+    /// books none (on a FIFO queue).
+    far: Option<Millis>,
     /// When its start was given (booked). Used to check for slowdowns recorded since then.
     given_at: Millis,
+    /// The run the start is for, if it is asked again.
+    booker: Option<Booker>,
 }
 
 /// A permit given back before its fetch. Come back after `delay`, with the start booked
@@ -156,6 +159,12 @@ pub struct Visit<'a> {
     /// When the start it carries was booked (when the copy was sent).
     pub booked_at: Option<Millis>,
     pub wait_left: Duration,
+    /// The task's run, which the starts it books are for.
+    pub booker: Option<&'a Booker>,
+    /// Whether a start may be booked for it. Not on a FIFO queue: a record there is held in
+    /// its message group, and its message cannot carry the booking, so a start it booked
+    /// would only be missed.
+    pub books: bool,
 }
 
 /// The gate, and what this sandbox remembers about hosts between invocations. A host's view
@@ -167,6 +176,9 @@ pub struct Gate {
     views: Mutex<HashMap<Host, HostState>>,
     turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
+    /// Runs read as wanting work, and when: a run that books behind one of them does not
+    /// read it again for a while.
+    working: Mutex<HashMap<Booker, Millis>>,
     /// How long the check at a start takes in this sandbox. The check is made that much
     /// ahead of the start.
     check: CheckTime,
@@ -249,6 +261,13 @@ const JUDGED_AFTER_CHECK_MS: Millis = 200;
 /// The most fetch_time used when a missed start is scheduled again. It sleeps at most
 /// `POLITE_SLEEP_MAX_MS`.
 const AGAIN_TIME: Duration = Duration::from_secs(3);
+/// A schedule that runs further ahead than this is checked for an end booked by a run that
+/// no longer wants work, which is then given back. A shorter one costs a record at most
+/// this long a wait.
+const GIVE_BACK_PAST_MS: Millis = 10_000;
+/// How long a run read as wanting work is taken to want it, for the check above. A run
+/// cancelled meanwhile is seen this late.
+const WANTS_WORK_KEPT_MS: Millis = 5_000;
 /// A booked record comes back this long before its start and sleeps the rest. SQS delays
 /// are whole seconds, and SQS delivers a little late.
 const BOOKING_LEAD_MS: Millis = 1_500;
@@ -260,6 +279,7 @@ impl Gate {
             views: Mutex::default(),
             turns: Mutex::default(),
             robots: Mutex::default(),
+            working: Mutex::default(),
             check: CheckTime::default(),
         }
     }
@@ -306,7 +326,7 @@ impl Gate {
                 RobotsSays::ProxyFailed => return Ok(Entry::ProxyFailed),
             }
         }
-        let far = now_ms() + millis(visit.wait_left);
+        let far = visit.books.then(|| now_ms() + millis(visit.wait_left));
         let key = self.key_of(fetcher, &parsed, host, job.key).await;
         let booked = visit
             .booked
@@ -314,12 +334,17 @@ impl Gate {
         let entry = match booked.and_then(|start| self.booked(&key, limits, start, fetch_time)) {
             Some(entry) => entry,
             None => {
-                self.take(store, &key, limits, fetch_time, Some(far))
-                    .await?
+                let booking = (far, visit.booker);
+                self.take(store, &key, limits, fetch_time, booking).await?
             }
         };
+        let booker = visit.booker.cloned();
         Ok(match entry {
-            Entry::Go(permit) => Entry::Go(Permit { far, ..permit }),
+            Entry::Go(permit) => Entry::Go(Permit {
+                far,
+                booker,
+                ..permit
+            }),
             other => other,
         })
     }
@@ -382,8 +407,9 @@ impl Gate {
             slot: None,
             start,
             at_start: Some((limits, fetch_time)),
-            far: 0,
+            far: None,
             given_at,
+            booker: None,
         }))
     }
 }

@@ -4,17 +4,18 @@
 //! the start is in `start`.
 
 use crate::domain::health::{self, Sign, Trouble};
-use crate::domain::limits::{Ask, Grant, Host, HostLimits, HostState, Millis, Slot};
+use crate::domain::limits::{Ask, Booker, Grant, Host, HostLimits, HostState, Millis, Slot};
 use crate::metrics::Measures;
 use crate::ports::error::StoreError;
-use crate::ports::hosts::{HostStore, PushedBack};
-use std::collections::VecDeque;
+use crate::ports::hosts::{HostStore, PushedBack, Taken};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::{
-    BOOKING_LEAD_MS, Entry, Gate, HoldReason, HostTurn, MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER,
-    Permit, SLOT_MARGIN_MS, jittered, limits, millis, now_ms,
+    BOOKING_LEAD_MS, Entry, GIVE_BACK_PAST_MS, Gate, HoldReason, HostTurn, MOST_BOOKED_TOGETHER,
+    MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, WANTS_WORK_KEPT_MS, jittered, limits, millis,
+    now_ms,
 };
 
 /// How many times a push-back write is tried when other sandboxes' push-backs keep landing
@@ -33,7 +34,7 @@ impl Gate {
         host: &Host,
         limits: HostLimits,
         fetch_time: Duration,
-        far: Option<Millis>,
+        (far, booker): (Option<Millis>, Option<&Booker>),
     ) -> Result<Entry, StoreError> {
         if limits.is_none() {
             return Ok(Entry::Go(Permit::default()));
@@ -46,24 +47,110 @@ impl Gate {
         turn.waiting.fetch_add(booking, ORDER);
         let mut spare = turn.spare.lock().await;
         turn.waiting.fetch_sub(booking, ORDER);
-        let seen = self.view(host);
-        let ask = self.ask(&seen, limits, fetch_time);
-        let unslotted = Ask { slot: None, ..ask };
-        // A start later than now (the schedule runs ahead) takes its slot only just before
-        // the start. A slot is held for the fetch, not for the sleep before it.
-        let (grant, state, slot) = match limits::decide(&seen, &unslotted).0 {
-            Grant::StartAt(at) if at > ask.now => store.take_host(host, &unslotted, &seen).await?,
-            Grant::StartAt(_) => store.take_host(host, &ask, &seen).await?,
-            early => (early, seen, None),
-        };
-        self.remember(host, state);
+        let ask = self.ask(&self.view(host), limits, fetch_time);
+        let (mut grant, _, mut slot) = self.asked(store, host, &ask, booker).await?;
+        if let (Grant::Later(_), Some(_), Some(booker)) = (grant, far, booker)
+            && self.gave_back_for(store, host, booker, ask.now).await?
+        {
+            (grant, _, slot) = self.asked(store, host, &ask, Some(booker)).await?;
+        }
         match (grant, far) {
             (Grant::Later(_), Some(far)) => {
+                let unslotted = Ask { slot: None, ..ask };
                 let together = (&mut *spare, turn.waiting.load(ORDER));
-                self.book(store, host, unslotted, far, together).await
+                self.book(store, (host, booker), unslotted, far, together)
+                    .await
             }
             (grant, _) => Ok(granted((host, limits, fetch_time), grant, slot, ask.now)),
         }
+    }
+
+    /// Asks the host's item for a start, unless this sandbox's view already shows a
+    /// cooldown or a schedule full past the horizon. A start later than now (the schedule
+    /// runs ahead) takes its slot only just before the start: a slot is held for the fetch,
+    /// not for the sleep before it.
+    async fn asked<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        ask: &Ask,
+        booker: Option<&Booker>,
+    ) -> Result<Taken, StoreError> {
+        let seen = self.view(host);
+        let unslotted = Ask { slot: None, ..*ask };
+        let taken = match limits::decide(&seen, &unslotted).0 {
+            Grant::StartAt(at) if at > ask.now => {
+                store.take_host(host, &unslotted, &seen, booker).await?
+            }
+            Grant::StartAt(_) => store.take_host(host, ask, &seen, booker).await?,
+            early => (early, seen, None),
+        };
+        self.remember(host, taken.1.clone());
+        Ok(taken)
+    }
+
+    /// Gives back the end of the host's schedule if a run that no longer wants work booked
+    /// it (its run cancelled or finished, its job paused), so `booker`'s task need not
+    /// wait behind copies that will only be acked. Only a schedule more than
+    /// [`GIVE_BACK_PAST_MS`] ahead is looked at. This sandbox's view may be behind the host's
+    /// item (other sandboxes booked since), so a refusal reads the item and tries once more.
+    /// True when the end moved back.
+    async fn gave_back_for<S: HostStore>(
+        &self,
+        store: &S,
+        host: &Host,
+        booker: &Booker,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        for _ in 0..2 {
+            let view = self.view(host);
+            let Some((tail, to)) = view.reclaimable(now, GIVE_BACK_PAST_MS) else {
+                return Ok(false);
+            };
+            if tail.run == *booker || self.wants_work(store, &tail.run).await? {
+                return Ok(false);
+            }
+            let tail = tail.clone();
+            if store.give_back(host, &tail, to, now).await? {
+                tracing::info!(
+                    host = host.as_str(),
+                    run = %tail.run,
+                    given_back_ms = tail.until.saturating_sub(to),
+                    "a run that no longer wants work gave its bookings back"
+                );
+                self.remember(host, given_back(view, to, now));
+                return Ok(true);
+            }
+            self.remember(host, store.host(host).await?);
+        }
+        Ok(false)
+    }
+
+    /// Whether the booker's job and run want work. A yes is kept for
+    /// [`WANTS_WORK_KEPT_MS`], so the tasks of two runs taking turns on a host read it
+    /// seldom.
+    async fn wants_work<S: HostStore>(
+        &self,
+        store: &S,
+        booker: &Booker,
+    ) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let kept = |kept: &HashMap<Booker, Millis>| {
+            kept.get(booker)
+                .is_some_and(|at| now < at + WANTS_WORK_KEPT_MS)
+        };
+        if kept(&self.working.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return Ok(true);
+        }
+        let wants = store.booker_wants_work(booker).await?;
+        let mut working = self.working.lock().unwrap_or_else(PoisonError::into_inner);
+        if working.len() >= MOST_HOSTS {
+            working.clear();
+        }
+        if wants {
+            working.insert(booker.clone(), now);
+        }
+        Ok(wants)
     }
 
     /// What this sandbox asks of a host for one fetch now, based on its view: the interval
@@ -99,7 +186,7 @@ impl Gate {
     pub(super) async fn book<S: HostStore>(
         &self,
         store: &S,
-        host: &Host,
+        (host, booker): (&Host, Option<&Booker>),
         ask: Ask,
         far: Millis,
         (spare, waiting): (&mut VecDeque<(Millis, Millis)>, usize),
@@ -114,7 +201,9 @@ impl Gate {
             interval: ask.interval.map(|i| i * together),
             ..ask
         };
-        let (grant, state, _) = store.take_host(host, &far, &self.view(host)).await?;
+        let (grant, state, _) = store
+            .take_host(host, &far, &self.view(host), booker)
+            .await?;
         self.remember(host, state);
         Ok(match grant {
             Grant::StartAt(start) => {
@@ -201,7 +290,7 @@ impl Gate {
                 PushedBack::Refused(standing) => {
                     let stood = standing.cooldown_until >= trouble.cooldown_until
                         && trouble.cooldown_until.is_some();
-                    state = standing;
+                    state = *standing;
                     if stood {
                         break;
                     }
@@ -257,6 +346,16 @@ fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
     after
 }
 
+/// The host's view after its schedule's end was given back to `to` at `now`.
+fn given_back(view: HostState, to: Millis, now: Millis) -> HostState {
+    HostState {
+        next_start: Some(to),
+        tail: None,
+        given_back: Some((to, now)),
+        ..view
+    }
+}
+
 /// A grant that books nothing becomes a permit or a wait. A permit's slot is already taken,
 /// or, when its start is later than now, is taken just before the start.
 fn granted(
@@ -278,8 +377,9 @@ fn granted(
                 slot,
                 start,
                 at_start,
-                far: 0,
+                far: None,
                 given_at: now,
+                booker: None,
             });
         }
         Grant::Later(at) => at - now,

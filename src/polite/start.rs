@@ -50,7 +50,10 @@ impl Gate {
         let now = now_ms();
         let pace = (max_rps, self.view(&host).slowdown_at(now));
         let missed = missed_once_checked(permit.start, pace, (asked + lead, now));
-        if missed || health::voided(&self.view(&host), permit.given_at) {
+        let view = self.view(&host);
+        let void =
+            health::voided(&view, permit.given_at) || view.gave_back(permit.start, permit.given_at);
+        if missed || void {
             let fetch_time = AGAIN_TIME.min(ends.saturating_duration_since(Instant::now()));
             let again = self.again(store, permit, (&host, max_rps), fetch_time, measures);
             return again.await;
@@ -73,8 +76,11 @@ impl Gate {
             max_rps,
             max_inflight: None,
         };
-        let far = Some(permit.far);
-        match self.take(store, host, schedule, fetch_time, far).await? {
+        let booking = (permit.far, permit.booker.as_ref());
+        match self
+            .take(store, host, schedule, fetch_time, booking)
+            .await?
+        {
             Entry::Go(again) => {
                 let permit = Permit {
                     start: again.start,
@@ -143,7 +149,10 @@ impl Gate {
                 ..limits
             };
             return Ok(
-                match self.take(store, host, slot_only, fetch_time, None).await? {
+                match self
+                    .take(store, host, slot_only, fetch_time, (None, None))
+                    .await?
+                {
                     Entry::Go(taken) => {
                         permit.slot = taken.slot;
                         Ok(())

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, Grant, Host, HostState, Millis, Slot};
+use crate::domain::limits::{Ask, Booker, Grant, Host, HostState, Millis, Slot, Tail};
 use crate::ports::error::StoreError;
 
 /// What the fleet knows of a host's robots.txt, until `expires_at`.
@@ -44,7 +44,7 @@ impl Robots {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PushedBack {
     Recorded,
-    Refused(HostState),
+    Refused(Box<HostState>),
 }
 
 /// A take's answer: the grant, the host's state, and the slot taken.
@@ -56,13 +56,32 @@ pub trait HostStore: Send + Sync {
     /// now. Returns the grant, the host's state after it (or as it was, if not granted), and
     /// the slot taken. That slot differs from the one asked for if that one was taken and
     /// another was free. `seen` is this sandbox's last view of the host, used to guess which
-    /// condition holds.
+    /// condition holds. A start on the rate's schedule taken for `booker` makes its run the
+    /// schedule's tail ([`crate::domain::limits::tail_after`]).
     fn take_host(
         &self,
         host: &Host,
         ask: &Ask,
         seen: &HostState,
+        booker: Option<&Booker>,
     ) -> impl Future<Output = Result<Taken, StoreError>> + Send;
+
+    /// Gives the schedule's tail back: the next start moves back to `to`, if `tail` still
+    /// ends the schedule as it did. The stretch is marked given back at `now`, so a start in
+    /// it that was booked before is void. False when the tail changed meanwhile.
+    fn give_back(
+        &self,
+        host: &Host,
+        tail: &Tail,
+        to: Millis,
+        now: Millis,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether the booker's job is active and its run running (a strongly consistent read).
+    fn booker_wants_work(
+        &self,
+        booker: &Booker,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// The host as it is now (a consistent read).
     fn host(&self, host: &Host) -> impl Future<Output = Result<HostState, StoreError>> + Send;

@@ -5,6 +5,7 @@
 use crate::batch::Invocation;
 use crate::contract::Outcome;
 use crate::domain::health::Sign;
+use crate::domain::limits::Booker;
 use crate::domain::refresh::Prior;
 use crate::polite::{self, Admission, GatePorts, Later, Permit, Visit, Waited};
 use crate::ports::hosts::HostStore;
@@ -130,11 +131,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return Ok(Pass::Refused(refused));
         }
         let carried = &delivery.message.carried;
+        let task = delivery.task();
+        let booker = Booker {
+            job_id: task.job_id.clone(),
+            run_id: task.run_id.clone(),
+        };
         let visit = Visit {
             url,
             booked: guarded.booked,
             booked_at: carried.copied_at,
             wait_left: delivery.wait_left,
+            booker: Some(&booker),
+            books: !delivery.fifo,
         };
         let ports = GatePorts {
             store: &self.tasks,

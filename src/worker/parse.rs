@@ -33,6 +33,8 @@ pub(super) struct Delivery {
     pub id: String,
     /// Under `DUPLICATE_POLICY=lease`, the owner of the lease this delivery takes.
     pub owner: Option<String>,
+    /// The message came from a FIFO queue.
+    pub fifo: bool,
 }
 
 impl Delivery {
@@ -70,6 +72,7 @@ impl<T, R, F, V> Worker<T, R, F, V> {
             wait_left: self.wait_left(message.carried.polite_since),
             id: delivery_id(record, receives),
             owner: self.lease_owner(invocation, record),
+            fifo: on_fifo(record),
             receives,
             message,
         })

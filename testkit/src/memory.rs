@@ -20,7 +20,9 @@ use conveyor_worker::domain::model::{
 };
 use conveyor_worker::domain::refresh::{Prior, Validators};
 use conveyor_worker::domain::spend::{CountedIn, PaidLease, Reservation, Spend};
-use conveyor_worker::polite::limits::{Ask, Grant, Host, HostState, Millis, Slot, decide};
+use conveyor_worker::polite::limits::{
+    Ask, Booker, Grant, Host, HostState, Millis, Slot, Tail, decide, tail_after,
+};
 use conveyor_worker::ports::error::StoreError;
 use conveyor_worker::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use conveyor_worker::ports::queue::{MessageCopy, QueueRef, Visibility};
@@ -407,17 +409,46 @@ impl HostStore for MemoryTasks {
         host: &Host,
         ask: &Ask,
         _seen: &HostState,
+        booker: Option<&Booker>,
     ) -> Result<Taken, StoreError> {
         self.served();
         let mut hosts = lock(&self.hosts);
         let state = hosts.entry(host.clone()).or_default();
         let ask = ask.repicked(state);
-        let (grant, after) = decide(state, &ask);
+        let (grant, mut after) = decide(state, &ask);
+        if let (Grant::StartAt(start), Some(_), Some(booker)) = (grant, ask.interval, booker) {
+            let next = after.next_start.unwrap_or(start);
+            after.tail = Some(tail_after(state, booker, start, next));
+        }
         *state = after.clone();
         let slot = matches!(grant, Grant::StartAt(_))
             .then_some(ask.slot)
             .flatten();
         Ok((grant, after, slot))
+    }
+
+    async fn give_back(
+        &self,
+        host: &Host,
+        tail: &Tail,
+        to: Millis,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        self.served();
+        let mut hosts = lock(&self.hosts);
+        let state = hosts.entry(host.clone()).or_default();
+        if state.tail.as_ref() != Some(tail) || state.next_start != Some(tail.until) {
+            return Ok(false);
+        }
+        state.next_start = Some(to);
+        state.tail = None;
+        state.given_back = Some((to, now));
+        Ok(true)
+    }
+
+    async fn booker_wants_work(&self, _booker: &Booker) -> Result<bool, StoreError> {
+        self.served();
+        Ok(true)
     }
 
     async fn host(&self, host: &Host) -> Result<HostState, StoreError> {
@@ -458,7 +489,7 @@ impl HostStore for MemoryTasks {
         });
         let moved = trouble.slowdown.is_some() && state.slowdown != seen.slowdown;
         if longer_stands || moved {
-            return Ok(PushedBack::Refused(state.clone()));
+            return Ok(PushedBack::Refused(Box::new(state.clone())));
         }
         state.cooldown_until = trouble.cooldown_until.or(state.cooldown_until);
         state.cooldown_ms = trouble.cooldown_ms.or(state.cooldown_ms);

@@ -289,3 +289,155 @@ async fn records_of_one_host_that_arrive_together_book_their_starts_in_one_write
     assert!(writes <= 2, "{writes} writes for ten bookings");
     assert_eq!(stack.calls.count("SendMessage"), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_run_gives_its_hosts_bookings_back_to_the_next_runs_tasks() {
+    // Arrange: a run of 200 pages of one host at 4 a second (50 s of the host), drained at
+    // the production defaults.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    let (first, rate) = (200, 4.0);
+    polite_job(&stack, rate, None).await;
+    let (queue, dlq) = tasks_of(&stack, &pages(&site, "first", first)).await;
+    let host = site.url("").trim_start_matches("http://").to_owned();
+
+    // Act: once the run has booked its host 30 s ahead, it is cancelled and a second run of
+    // 10 pages of the host is sent.
+    let act = async {
+        booked_ahead(&stack, &host, 30_000).await;
+        stack.put_run(JOB, RUN, "cancelled").await;
+        let booked_until = stack.host_item(&host, "HOST").await.n("next_start");
+        let submitted = (std::time::Instant::now(), now_ms());
+        stack.put_counted_run(JOB, "second", 10).await;
+        let mut bodies = Vec::new();
+        for i in 0..10 {
+            let (task, url) = (format!("s{i:02}"), site.url(&format!("/second/{i}")));
+            stack
+                .put_task_in(JOB, "second", &task, &url, "pending")
+                .await;
+            let body = serde_json::json!({"job_id": JOB, "run_id": "second", "task_id": task});
+            bodies.push(body.to_string());
+        }
+        queue.send_batch(&stack, &bodies).await;
+        (booked_until, submitted)
+    };
+    let fleet = drain_with(&stack, &queue, production_defaults(), FLEET);
+    let (_, (booked_until, (submitted, submitted_ms))) = tokio::join!(fleet, act);
+
+    // Assert: the cancelled run had booked its host far ahead, and the second run did not
+    // wait behind those starts.
+    let ahead = booked_until
+        .expect("the cancelled run booked ahead")
+        .saturating_sub(submitted_ms);
+    assert!(ahead > 30_000, "the run booked only {ahead} ms ahead");
+    for i in 0..10 {
+        let task = stack.task_in(JOB, "second", &format!("s{i:02}")).await;
+        assert_eq!(task.status(), Some("successful"), "s{i:02}");
+    }
+    assert_eq!(site.hits("/second/"), 10, "each page once");
+    let last = (site.visits().iter())
+        .filter(|v| v.path.starts_with("/second/"))
+        .map(|v| v.started.saturating_duration_since(submitted))
+        .max()
+        .expect("the second run's pages were fetched");
+    println!(
+        "booked ahead by the cancelled run: {ahead} ms; the second run's last start: {last:?}"
+    );
+    assert!(
+        last < Duration::from_millis(ahead / 2),
+        "the second run's last page started {last:?} after it was sent; the cancelled run \
+         had booked {ahead} ms ahead"
+    );
+    let item = stack.host_item(&host, "HOST").await;
+    assert!(
+        item.n("given_back_from").is_some(),
+        "the stretch was given back"
+    );
+    assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
+}
+
+/// Waits until the host's schedule is booked `ms` ahead (at most a minute).
+async fn booked_ahead(stack: &Stack, host: &str, ms: u64) {
+    for _ in 0..240 {
+        let next = stack.host_item(host, "HOST").await.n("next_start");
+        if next.is_some_and(|next| next > now_ms() + ms) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("the host was never booked {ms} ms ahead");
+}
+
+/// Milliseconds since the Unix epoch, as the host's item keeps its starts.
+fn now_ms() -> u64 {
+    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fifo_group_cut_by_the_deadline_drains_at_its_hosts_rate_without_missed_bookings() {
+    // Arrange: one FIFO group of 12 tasks of one host at the default rate (1 a second),
+    // invocations of 4 s, so every batch of the group is cut by its deadline.
+    let stack = Stack::new().await;
+    let site = PoliteSite::start(Behaviour::default()).await;
+    stack.put_job(JOB, "active").await;
+    let tasks = 12;
+    stack.put_counted_run(JOB, RUN, tasks as u32).await;
+    let mut bodies = Vec::new();
+    for (i, (site, path)) in pages(&site, "page", tasks).into_iter().enumerate() {
+        let task = format!("t{i:03}");
+        stack.put_task(&task, &site.url(&path), "pending").await;
+        bodies.push((body(&task), Some("g".to_owned())));
+    }
+    let dlq = Queue::create_fifo(&stack, 30, None).await;
+    let queue = Queue::create_fifo(&stack, 30, Some((&dlq, MAX_ATTEMPTS))).await;
+    for chunk in bodies.chunks(10) {
+        queue.send_grouped(&stack, chunk).await;
+    }
+    let cut = Fleet {
+        sandboxes: 2,
+        pollers: 1,
+        timeout: Duration::from_secs(4),
+        limit: Duration::from_secs(120),
+    };
+
+    // Act
+    drain_with(&stack, &queue, production_defaults(), cut).await;
+
+    // Assert: every task fetched once, nothing dead-lettered, and no start left booked past
+    // the group's last fetch.
+    assert!(
+        statuses(&stack, tasks)
+            .await
+            .iter()
+            .all(|s| s == "successful")
+    );
+    assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
+    let visits: Vec<_> = (site.visits().into_iter())
+        .filter(|v| v.path.starts_with("/page/"))
+        .collect();
+    // (A record held on the receive before its last goes to the back of its group, so the
+    // order may change; a page is still fetched once.)
+    let mut fetched: Vec<_> = visits.iter().map(|v| v.path.clone()).collect();
+    fetched.sort();
+    fetched.dedup();
+    assert_eq!(
+        (fetched.len(), visits.len()),
+        (tasks, tasks),
+        "each page once"
+    );
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    let item = stack.host_item(&host, "HOST").await;
+    let (first, last) = (visits[0].started, visits[visits.len() - 1].started);
+    let span_ms = (last - first).as_millis() as u64;
+    let booked_past = item.n("next_start").unwrap_or(0).saturating_sub(now_ms());
+    println!("12 pages over {span_ms} ms; the schedule ends {booked_past} ms ahead");
+    assert!(
+        span_ms >= 11 * 900,
+        "faster than the host's rate: {span_ms} ms"
+    );
+    assert!(
+        booked_past <= 1_000,
+        "nothing is booked past the group's last fetch: {booked_past} ms ahead"
+    );
+}

@@ -666,6 +666,8 @@ async fn turn_at_site_test(
         booked: None,
         booked_at: None,
         wait_left: Duration::from_secs(60),
+        booker: None,
+        books: true,
     };
     let (job, measures) = (JobPoliteness::default(), Default::default());
     let fetch_time = Duration::from_secs(10);

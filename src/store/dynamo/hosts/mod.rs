@@ -8,7 +8,9 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, Slot, decide};
+use crate::domain::limits::{
+    Ask, Booker, Grant, Host, HostState, MAX_ROBOTS_BYTES, Millis, Slot, Tail, decide,
+};
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
@@ -35,7 +37,27 @@ fn host_state(item: &Item) -> HostState {
         knee: number(item, "slowdown_knee"),
         answers: number(item, "answer_ms").zip(number(item, "floor_ms")),
         cooldown_ms: number(item, "cooldown_ms"),
+        tail: tail_of(item),
+        given_back: number(item, "given_back_from").zip(number(item, "given_back_at")),
     }
+}
+
+/// Whether `booker`'s stretch of bookings ends the schedule in `state`, so a start it takes
+/// goes on with it.
+fn continues(state: &HostState, booker: &Booker) -> bool {
+    state
+        .tail
+        .as_ref()
+        .is_some_and(|tail| tail.run == *booker && Some(tail.until) == state.next_start)
+}
+
+/// The schedule's tail, if the item names one whole (the previous release writes none).
+fn tail_of(item: &Item) -> Option<Tail> {
+    Some(Tail {
+        run: Booker::parse(string(item, "tail_run")?)?,
+        from: number(item, "tail_from")?,
+        until: number(item, "tail_until")?,
+    })
 }
 
 impl HostStore for DynamoTaskStore {
@@ -44,6 +66,7 @@ impl HostStore for DynamoTaskStore {
         host: &Host,
         ask: &Ask,
         seen: &HostState,
+        booker: Option<&Booker>,
     ) -> Result<Taken, StoreError> {
         // The sandbox's view guesses the schedule. Slots are only ever judged on the item
         // itself, because the view does not see other sandboxes give theirs back.
@@ -70,7 +93,12 @@ impl HostStore for DynamoTaskStore {
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 );
-            match writes::host_take(&ask, busy).apply_to(request).send().await {
+            let tail = booker.map(|run| (run, continues(&state, run)));
+            match writes::host_take(&ask, busy, tail)
+                .apply_to(request)
+                .send()
+                .await
+            {
                 Ok(out) => {
                     let after = host_state(&out.attributes.unwrap_or_default());
                     let start = match (busy, ask.interval, after.next_start) {
@@ -84,6 +112,34 @@ impl HostStore for DynamoTaskStore {
             }
         }
         Ok((decide(&state, &ask).0.waiting(), state, None))
+    }
+
+    async fn give_back(
+        &self,
+        host: &Host,
+        tail: &Tail,
+        to: Millis,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(host_key(host.as_str(), "HOST")));
+        match writes::host_give_back(tail, to, now)
+            .apply_to(request)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err) if is_condition_failure(&err) => Ok(false),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
+        }
+    }
+
+    async fn booker_wants_work(&self, booker: &Booker) -> Result<bool, StoreError> {
+        let parents = self.parents_of(&booker.job_id, &booker.run_id).await?;
+        Ok(parents.want_work())
     }
 
     async fn host(&self, host: &Host) -> Result<HostState, StoreError> {
@@ -138,7 +194,9 @@ impl HostStore for DynamoTaskStore {
         let expression = writes::host_push_back(seen, trouble, now);
         match expression.apply_to(request).send().await {
             Ok(_) => Ok(PushedBack::Recorded),
-            Err(err) if is_condition_failure(&err) => Ok(PushedBack::Refused(refused_state(&err))),
+            Err(err) if is_condition_failure(&err) => {
+                Ok(PushedBack::Refused(Box::new(refused_state(&err))))
+            }
             Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
         }
     }

@@ -4,15 +4,17 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::domain::health::Trouble;
-use crate::domain::limits::{Ask, HostState, Slot};
-use crate::store::dynamo::attributes::n;
+use crate::domain::limits::{Ask, Booker, HostState, Slot, Tail};
+use crate::store::dynamo::attributes::{n, s};
 use crate::store::dynamo::expressions::Expression;
 
 /// Takes a host's schedule for one fetch: `polite::limits::decide`, written as conditions.
 /// No cooldown may be in force. The rate's next start is reserved. With `busy`, the
 /// schedule runs ahead of now and stays within the fetch's horizon, so the start is the old
 /// next start. Otherwise the fetch starts now. The in-flight slot must be free or expired.
-pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
+/// With a `tail`, the start is the booker's: its stretch at the schedule's end goes on
+/// (`true`, as the sandbox's view guessed, checked by a condition) or begins at the start.
+pub(crate) fn host_take(ask: &Ask, busy: bool, tail: Option<(&Booker, bool)>) -> Expression {
     let mut sets = Vec::new();
     let mut conditions = vec!["(attribute_not_exists(cooldown_until) OR cooldown_until <= :now)"];
     let mut expression = Expression::new(String::new(), "");
@@ -29,6 +31,27 @@ pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
             expression.value(":first_next", n(ask.now + interval))
         };
     }
+    if let (Some(_), Some((booker, goes_on))) = (ask.interval, tail) {
+        expression = expression.value(":run", s(&booker.to_string()));
+        let (set, condition) = match (busy, goes_on) {
+            (true, true) => (
+                "tail_until = next_start + :interval",
+                Some("tail_run = :run AND tail_until = next_start"),
+            ),
+            (true, false) => (
+                "tail_run = :run, tail_from = next_start, tail_until = next_start + :interval",
+                Some(
+                    "(attribute_not_exists(tail_run) OR tail_run <> :run OR tail_until <> next_start)",
+                ),
+            ),
+            (false, _) => (
+                "tail_run = :run, tail_from = :now, tail_until = :first_next",
+                None,
+            ),
+        };
+        sets.push(set);
+        conditions.extend(condition);
+    }
     if let Some(Slot { index: slot, until }) = ask.slot {
         sets.push("#slot = :until");
         conditions.push("(attribute_not_exists(#slot) OR #slot <= :now)");
@@ -40,6 +63,22 @@ pub(crate) fn host_take(ask: &Ask, busy: bool) -> Expression {
     expression.update = format!("SET {}", sets.join(", "));
     expression.condition = conditions.join(" AND ");
     expression.value(":now", n(ask.now))
+}
+
+/// Gives the schedule's tail back: the next start moves back to `to`, while the tail still
+/// ends the schedule unbroken. The stretch from `to` is marked given back at `now`.
+pub(crate) fn host_give_back(tail: &Tail, to: u64, now: u64) -> Expression {
+    Expression::new(
+        "SET next_start = :to, given_back_from = :to, given_back_at = :now \
+         REMOVE tail_run, tail_from, tail_until"
+            .into(),
+        "tail_run = :run AND tail_from = :from AND tail_until = :until AND next_start = :until",
+    )
+    .value(":to", n(to))
+    .value(":now", n(now))
+    .value(":run", s(&tail.run.to_string()))
+    .value(":from", n(tail.from))
+    .value(":until", n(tail.until))
 }
 
 /// A fetch's end at a host. Its slot is given back, if the fetch still holds it. If the

@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::domain::bounds::Reason;
-use crate::domain::ids::TaskRef;
+use crate::domain::ids::{Id, TaskRef};
 use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
@@ -56,41 +56,7 @@ impl TaskStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all)]
     async fn load_parents(&self, task: &TaskRef) -> Result<Parents, StoreError> {
-        let run_sort = keys::run_sort(&task.run_id);
-        let asked = KeysAndAttributes::builder()
-            .keys(keys::job_key(&task.job_id))
-            .keys(keys::run_key(&task.job_id, &task.run_id))
-            .projection_expression(
-                "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
-                 host_max_rps, host_max_inflight, obey_robots, politeness_key, \
-                 block_detection, block_signatures",
-            )
-            .expression_attribute_names("#status", "status")
-            .consistent_read(true)
-            .build()
-            .expect("keys, the one required field, are set");
-        let items = self.batch_get(asked, "BatchGetItem").await?;
-        let mut parents = Parents::default();
-        for item in items {
-            let status = string(&item, "status").map(str::to_owned);
-            match string(&item, "sk") {
-                Some(keys::JOB_SORT) => {
-                    parents.job_status = status;
-                    parents.politeness = jobs::politeness(&item);
-                    parents.detection = jobs::detection(&item);
-                }
-                Some(sk) if sk == run_sort => {
-                    parents.run_status = status;
-                    parents.counting = Counting::of(
-                        number(&item, "counter_shards"),
-                        number(&item, "counter_groups"),
-                    );
-                    parents.paid_budget = number(&item, "paid_tier_budget_bytes");
-                }
-                _ => {}
-            }
-        }
-        Ok(parents)
+        self.parents_of(&task.job_id, &task.run_id).await
     }
 
     #[tracing::instrument(skip_all, fields(lease = lease.is_some()))]
@@ -252,6 +218,46 @@ impl DynamoTaskStore {
             Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
             Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
         }
+    }
+
+    /// A job's and run's items, as the guard reads them (one strongly consistent
+    /// `BatchGetItem`).
+    pub(crate) async fn parents_of(&self, job_id: &Id, run_id: &Id) -> Result<Parents, StoreError> {
+        let run_sort = keys::run_sort(run_id);
+        let asked = KeysAndAttributes::builder()
+            .keys(keys::job_key(job_id))
+            .keys(keys::run_key(job_id, run_id))
+            .projection_expression(
+                "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
+                 host_max_rps, host_max_inflight, obey_robots, politeness_key, \
+                 block_detection, block_signatures",
+            )
+            .expression_attribute_names("#status", "status")
+            .consistent_read(true)
+            .build()
+            .expect("keys, the one required field, are set");
+        let items = self.batch_get(asked, "BatchGetItem").await?;
+        let mut parents = Parents::default();
+        for item in items {
+            let status = string(&item, "status").map(str::to_owned);
+            match string(&item, "sk") {
+                Some(keys::JOB_SORT) => {
+                    parents.job_status = status;
+                    parents.politeness = jobs::politeness(&item);
+                    parents.detection = jobs::detection(&item);
+                }
+                Some(sk) if sk == run_sort => {
+                    parents.run_status = status;
+                    parents.counting = Counting::of(
+                        number(&item, "counter_shards"),
+                        number(&item, "counter_groups"),
+                    );
+                    parents.paid_budget = number(&item, "paid_tier_budget_bytes");
+                }
+                _ => {}
+            }
+        }
+        Ok(parents)
     }
 }
 
