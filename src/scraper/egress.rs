@@ -4,6 +4,7 @@
 //! kept apart from the site's. Every request, body byte and wire byte is metered (wire
 //! bytes through each proxy's relay, `wire`).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +13,7 @@ use tracing::Instrument;
 use url::Url;
 
 use super::answers::{answered, maker, transport_failure};
+use super::own_proxies::{OwnProxies, literal};
 use super::reuse::Answered;
 use super::route::Route;
 use super::spans;
@@ -43,6 +45,8 @@ pub(super) const HOP_OVERHEAD: u64 = 16 * 1024;
 /// One client per proxy, by tier.
 pub(super) struct Routes {
     tiers: Vec<Vec<Route>>,
+    /// The proxies, as targets are compared with them.
+    own: OwnProxies,
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
     settings: FetchSettings,
@@ -68,6 +72,7 @@ impl Routes {
         }
         Ok(Self {
             tiers,
+            own: OwnProxies::new(&settings.proxies),
             policy,
             lookup,
             settings: settings.clone(),
@@ -140,46 +145,62 @@ impl Routes {
 
     /// Checks the target here, before anything is sent, because the proxy resolves the
     /// name. The URL's scheme, port and literal address are checked as for a direct fetch. A
-    /// proxy's own address is refused. A name that resolves here to any address that is not
-    /// public is refused. A name that does not resolve here in time is not fetched either,
-    /// because an attacker's DNS could answer this resolver slowly and the proxy's resolver
-    /// with a private address. The exceptions: the proxies are trusted to refuse private
-    /// networks (`PROXY_REFUSES_PRIVATE`), or private networks are allowed anyway. A name
-    /// that does not resolve is a DNS failure, transient as on a direct fetch, not the
-    /// site's verdict.
+    /// proxy's own host and port are refused, however they are spelled, and so is an address
+    /// at that port that the target and a proxy share here. A name that resolves here to any
+    /// address that is not public is refused. A name that does not resolve here in time is
+    /// not fetched either, because an attacker's DNS could answer this resolver slowly and
+    /// the proxy's resolver with a private address. The exceptions: the proxies are trusted
+    /// to refuse private networks (`PROXY_REFUSES_PRIVATE`), or private networks are
+    /// allowed anyway. A name that does not resolve is a DNS failure, transient as on a
+    /// direct fetch, not the site's verdict.
     async fn check_target(&self, url: &Url) -> Result<(), Refused> {
         self.policy.check_url(url)?;
-        let host = url.host_str().unwrap_or_default();
-        let target = format!("{host}:{}", url.port_or_known_default().unwrap_or_default());
-        if self
-            .tiers
-            .iter()
-            .flatten()
-            .any(|r| r.addr.label() == target)
-        {
-            return Err(Refused::Proxy(target));
+        let proxy = |addr: &ProxyAddr| Refused::Proxy(addr.label().to_owned());
+        if let Some(named) = self.own.named(url) {
+            return Err(proxy(named));
         }
-        let Some(url::Host::Domain(name)) = url.host() else {
-            return Ok(());
+        let port = url.port_or_known_default().unwrap_or_default();
+        let own = self.own.at(port, &self.lookup, LOOKUP_TIMEOUT);
+        let (target, own) = tokio::join!(self.addresses_of(url), own);
+        let name = match url.host() {
+            Some(url::Host::Domain(name)) => name,
+            _ => "",
         };
-        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
-        let ips = match resolved.await {
-            // An empty answer checks nothing, so it is treated like no answer.
-            Ok(Ok(ips)) if !ips.is_empty() => ips,
-            _ if self.settings.proxy_refuses_private || self.policy.allows_private() => {
+        let ips = match target {
+            Some(ips) => ips,
+            None if self.settings.proxy_refuses_private || self.policy.allows_private() => {
                 return Ok(());
             }
-            _ => return Err(Refused::Unchecked(name.to_owned())),
+            None => return Err(Refused::Unchecked(name.to_owned())),
         };
+        if let Some(shared) = own.on(&ips) {
+            return Err(proxy(shared));
+        }
         match ips
             .into_iter()
             .find(|&ip| self.policy.check_ip(ip).is_err())
         {
-            Some(ip) => Err(Refused::Name {
+            // A literal address was checked with the URL.
+            Some(ip) if !name.is_empty() => Err(Refused::Name {
                 name: name.to_owned(),
                 ip,
             }),
-            None => Ok(()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The target's addresses: its literal address, or what its name resolves to here in
+    /// time. `None` for a name that does not resolve in time, or to no address (an empty
+    /// answer checks nothing).
+    async fn addresses_of(&self, url: &Url) -> Option<Vec<IpAddr>> {
+        if let Some(ip) = literal(url) {
+            return Some(vec![ip]);
+        }
+        let name = url.host_str()?.to_owned();
+        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name));
+        match resolved.await {
+            Ok(Ok(ips)) if !ips.is_empty() => Some(ips),
+            _ => None,
         }
     }
 

@@ -16,6 +16,7 @@ use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
 use crate::ops::{ops, succeeded};
+use crate::polite_defaults::production_defaults;
 
 /// The egress addresses of the tiers: a datacenter pool, then a residential one.
 const DATACENTER: [u8; 4] = [127, 0, 0, 3];
@@ -305,6 +306,56 @@ async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() 
     assert!(public_proxy.requests().is_empty());
     assert!(retried(&out).is_empty());
     assert_eq!(stack.task("public").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn a_task_naming_a_proxy_another_way_is_refused_before_the_proxy_hears_of_it() {
+    // Arrange: production politeness (robots.txt obeyed) and address rules; the proxy on
+    // the trusted "public" address, configured by name; tasks spelling it other ways.
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start_on(PUBLIC.into(), DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    let port = proxy.addr.port();
+    let cases = [
+        ("trailing-dot", format!("http://public.test.:{port}/")),
+        ("upper-case", format!("http://PUBLIC.Test:{port}/stats")),
+        ("its-address", format!("http://127.0.0.2:{port}/")),
+        ("mapped", format!("http://[::ffff:127.0.0.2]:{port}/")),
+    ];
+    for (task, url) in &cases {
+        stack.put_task(task, url, "pending").await;
+    }
+    let tiers = Tiers::parse(&format!("http://public.test:{port}")).expect("a proxy URL");
+    let worker = stack.worker_with(|t| {
+        t.allow_private_networks = false;
+        t.trusted = vec![
+            PUBLIC.into(),
+            "::ffff:127.0.0.2".parse().expect("an address"),
+        ];
+        t.lookup = Some(names());
+        t.proxies = tiers;
+        t.politeness = production_defaults();
+    });
+
+    // Act: a batch each (two of them share a host's turn).
+    let mut retried_any = Vec::new();
+    for (task, _) in &cases {
+        retried_any.extend(retried(&run_batch(&worker, vec![delivery(task)]).await));
+    }
+
+    // Assert: each failed as a proxy, not a page; the proxy was asked for nothing, its own
+    // pages and robots.txt included.
+    assert!(retried_any.is_empty(), "{retried_any:?}");
+    for (task, _) in &cases {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("is a proxy of PROXY_URLS"),
+            "{task}: {error}"
+        );
+    }
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
 }
 
 /// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
