@@ -66,7 +66,13 @@ impl Routes {
         for (tier, proxies) in settings.proxies.iter() {
             let routes = proxies
                 .iter()
-                .map(|addr| Route::new(secret.for_proxy(tier, addr), addr))
+                .map(|addr| {
+                    Route::new(
+                        secret.for_proxy(tier, addr),
+                        addr,
+                        settings.proxies.marks(tier),
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             tiers.push(routes);
         }
@@ -249,7 +255,7 @@ impl Routes {
                 .wire_most
                 .map(|most| most.saturating_sub(meter.wire_bytes));
             let wire = metered(relay, &response, (&route.addr, most_left))?;
-            let hop = (tunnelled, conditional, ask.detection);
+            let hop = ((tunnelled, route), conditional, ask.detection);
             match self.hop(response, hop, wire.clone(), meter).await {
                 Hop::Page(response) => {
                     return read_page(fetcher, response, (requested, ask), wire, meter).await;
@@ -264,12 +270,12 @@ impl Routes {
 
     /// Reads one hop's response: a redirect (its target checked as the first URL was), a
     /// refusal, or the page. A refusal is a block page, or else it is blamed on whoever
-    /// answered (see `tunnelled`). A response that is not the page is read to its end, and
-    /// its bytes are counted.
+    /// answered (see `tunnelled`, and what `route`'s tier marks). A response that is not the
+    /// page is read to its end, and its bytes are counted.
     async fn hop(
         &self,
         response: reqwest::Response,
-        (tunnelled, conditional, detection): (bool, bool, &Detection),
+        (through, conditional, detection): ((bool, &Route), bool, &Detection),
         wire: Option<Arc<Conn>>,
         meter: &mut Meter,
     ) -> Hop {
@@ -281,7 +287,7 @@ impl Routes {
             };
         }
         if let Some(refused) = refusal_of(&response, conditional) {
-            let refused = (refused, tunnelled, detection);
+            let refused = (refused, through, detection);
             // Boxed, like a direct refusal's read (`HttpFetcher::refused`).
             return Hop::Failed(Box::pin(refusal(response, refused, wire, meter)).await);
         }
@@ -436,15 +442,17 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
 
 /// Reads a refused response to its end. It is a block page if its headers say so, or, for a
 /// status bot managers answer with, if the start of its body does. Otherwise it is the
-/// refusal, blamed on whoever made it.
+/// refusal, blamed on whoever made it: the site, or the proxy of `route` (its tier's marks
+/// say which), as seen from whether the hop was `tunnelled`.
 async fn refusal(
     response: reqwest::Response,
-    (refused, tunnelled, detection): (FetchError, bool, &Detection),
+    (refused, (tunnelled, route), detection): (FetchError, (bool, &Route), &Detection),
     wire: Option<Arc<Conn>>,
     meter: &mut Meter,
 ) -> FetchError {
     let headers = response.headers();
-    let (status, maker) = (response.status().as_u16(), maker(headers, tunnelled));
+    let proxy = (&route.addr, route.marks);
+    let (status, maker) = (response.status().as_u16(), maker(headers, tunnelled, proxy));
     let by_headers = detection.by_headers(|name| header_text(headers, name));
     let content_type = header_text(headers, "content-type").map(str::to_owned);
     let start = discard(response, wire, meter).await;

@@ -1191,6 +1191,48 @@ async fn a_sites_503_the_proxy_forwarded_fails_its_task_and_an_unmarked_one_is_o
 }
 
 #[tokio::test]
+async fn a_sites_503_with_a_proxy_status_error_of_its_own_fails_its_task_through_either_kind_of_tier()
+ {
+    // Arrange: a site down for good, answering 503 with a `Proxy-Status` error it wrote
+    // itself; final attempts. One through tinyproxy as it comes (its tier marks what it
+    // forwards, with Via), one through a hidden tinyproxy on a tier that marks only its own
+    // errors (`PROXY_MARKS=errors`, as an anonymous pool).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let marked = ForwardProxy::start(DATACENTER.into(), false).await;
+    let hidden = ForwardProxy::start_hidden(RESIDENTIAL.into()).await;
+    stack.put_active_run().await;
+    for task in ["marked", "hidden"] {
+        let url = site.url(&format!("/down-saying-proxy/{task}"));
+        stack.put_task(task, &url, "pending").await;
+    }
+    let through = |tiers: Tiers| stack.worker_with(|t| t.proxies = tiers);
+    let forwarded = Tiers::parse(&marked.url()).expect("a proxy URL");
+    let errors = Tiers::parse(&hidden.url())
+        .and_then(|tiers| tiers.marked("errors"))
+        .expect("a proxy URL and its marks");
+    let last = |task: &str| record(task, &body(task), MAX_ATTEMPTS);
+
+    // Act
+    let via = run_batch(&through(forwarded), vec![last("marked")]).await;
+    let anonymous = run_batch(&through(errors), vec![last("hidden")]).await;
+
+    // Assert: the site's 503 each time: the task fails with it, nothing left open. Each
+    // proxy asked once (no tries spent on a failure of "ours").
+    assert!(retried(&via).is_empty(), "{:?}", retried(&via));
+    assert!(retried(&anonymous).is_empty(), "{:?}", retried(&anonymous));
+    for task in ["marked", "hidden"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}: {item:?}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("HTTP 503") && !error.contains("proxy"),
+            "{task}: {error}"
+        );
+    }
+    assert_eq!((marked.requests().len(), hidden.requests().len()), (1, 1));
+}
+
+#[tokio::test]
 async fn a_site_that_sends_the_relays_own_header_is_read_as_the_sites_answer() {
     // Arrange: a site answering 502 with the header the relay uses for a proxy out of
     // reach, over http and (its https front) through a tunnel; two tiers; final attempts.
