@@ -63,11 +63,40 @@ impl ProxyAddr {
     }
 }
 
+/// What a tier's proxies mark (`PROXY_MARKS`, one word a tier). It says who made an answer
+/// to an `http` target that came back without a mark the tier would add.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Marks {
+    /// `forwarded`: they add `Via` to every answer they forward (RFC 9110 asks it; tinyproxy
+    /// and Squid do by default). An answer without it is their own. The default.
+    #[default]
+    Forwarded,
+    /// `errors`: they mark nothing they forward, and their own errors at most with a
+    /// `Proxy-Status` naming them (RFC 9209). An anonymous pool. An unmarked answer is the
+    /// site's, but a 407.
+    Errors,
+}
+
+impl Marks {
+    fn parse(word: &str) -> Result<Self, String> {
+        match word.trim() {
+            "" | "forwarded" => Ok(Self::Forwarded),
+            "errors" => Ok(Self::Errors),
+            _ => Err(format!("{:?} is not forwarded or errors", word.trim())),
+        }
+    }
+}
+
 /// The ordered tiers of `PROXY_URLS`: `;` between tiers, `,` between the proxies of one.
+/// Each tier also has its [`Marks`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tiers(Vec<Vec<ProxyAddr>>);
+pub struct Tiers {
+    proxies: Vec<Vec<ProxyAddr>>,
+    marks: Vec<Marks>,
+}
 
 impl Tiers {
+    /// The tiers, each marking what it forwards (the default [`Marks`]).
     pub fn parse(raw: &str) -> Result<Self, String> {
         let mut tiers = Vec::new();
         for tier in raw.split(';').filter(|t| !t.trim().is_empty()) {
@@ -90,24 +119,55 @@ impl Tiers {
         if tiers.len() > MAX_TIERS {
             return Err(format!("more than {MAX_TIERS} tiers"));
         }
-        Ok(Self(tiers))
+        let marks = vec![Marks::default(); tiers.len()];
+        Ok(Self {
+            proxies: tiers,
+            marks,
+        })
+    }
+
+    /// The tiers with the marks of `PROXY_MARKS`: a word a tier, `;` between them, in tier
+    /// order. An empty word, or a tier past the list's end, keeps the default. More words
+    /// than tiers is an error.
+    pub fn marked(mut self, raw: &str) -> Result<Self, String> {
+        let words: Vec<&str> = match raw.trim() {
+            "" => Vec::new(),
+            raw => raw.split(';').collect(),
+        };
+        if words.len() > self.proxies.len() {
+            return Err(format!(
+                "{} words for {} tiers",
+                words.len(),
+                self.proxies.len()
+            ));
+        }
+        for (i, word) in words.into_iter().enumerate() {
+            self.marks[i] = Marks::parse(word).map_err(|why| format!("tier {}: {why}", i + 1))?;
+        }
+        Ok(self)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.proxies.is_empty()
     }
 
     /// How many tiers there are.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.proxies.len()
     }
 
     /// Tier `tier` (1-based) and its proxies.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[ProxyAddr])> {
-        self.0
+        self.proxies
             .iter()
             .enumerate()
             .map(|(i, p)| (i + 1, p.as_slice()))
+    }
+
+    /// What tier `tier` (1-based) marks. The default for a tier there is not.
+    pub fn marks(&self, tier: usize) -> Marks {
+        let at = tier.checked_sub(1).and_then(|i| self.marks.get(i));
+        at.copied().unwrap_or_default()
     }
 }
 
@@ -252,6 +312,27 @@ mod tests {
         assert!(Tiers::parse("http://dc1:3128/path").is_err());
         assert!(Tiers::parse("http://dc1:3128;,").is_err());
         assert!(Tiers::parse("http://a:1;http://b:1;http://c:1;http://d:1;http://e:1").is_err());
+    }
+
+    #[test]
+    fn each_tier_marks_what_it_forwards_unless_proxy_marks_says_otherwise() {
+        let tiers = || Tiers::parse("http://dc1:3128;http://resi:8000;http://m:1").unwrap();
+
+        let old = tiers().marked("").unwrap();
+        let some = tiers().marked(" ;errors").unwrap();
+
+        assert_eq!(old, tiers(), "an old config, without PROXY_MARKS");
+        assert_eq!(
+            (1..=4).map(|t| old.marks(t)).collect::<Vec<_>>(),
+            [Marks::Forwarded; 4]
+        );
+        assert_eq!(
+            (1..=3).map(|t| some.marks(t)).collect::<Vec<_>>(),
+            [Marks::Forwarded, Marks::Errors, Marks::Forwarded]
+        );
+        assert!(tiers().marked("errors;errors;errors;errors").is_err());
+        let err = tiers().marked("forwarded;via").unwrap_err();
+        assert!(err.starts_with("tier 2: \"via\""), "{err}");
     }
 
     /// Entries that hold `s3cr` where a secret might be written by mistake.

@@ -4,6 +4,7 @@
 //! kept apart from the site's. Every request, body byte and wire byte is metered (wire
 //! bytes through each proxy's relay, `wire`).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +13,7 @@ use tracing::Instrument;
 use url::Url;
 
 use super::answers::{answered, maker, transport_failure};
+use super::own_proxies::{OwnProxies, literal};
 use super::reuse::Answered;
 use super::route::Route;
 use super::spans;
@@ -43,6 +45,8 @@ pub(super) const HOP_OVERHEAD: u64 = 16 * 1024;
 /// One client per proxy, by tier.
 pub(super) struct Routes {
     tiers: Vec<Vec<Route>>,
+    /// The proxies, as targets are compared with them.
+    own: OwnProxies,
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
     settings: FetchSettings,
@@ -62,12 +66,19 @@ impl Routes {
         for (tier, proxies) in settings.proxies.iter() {
             let routes = proxies
                 .iter()
-                .map(|addr| Route::new(secret.for_proxy(tier, addr), addr))
+                .map(|addr| {
+                    Route::new(
+                        secret.for_proxy(tier, addr),
+                        addr,
+                        settings.proxies.marks(tier),
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             tiers.push(routes);
         }
         Ok(Self {
             tiers,
+            own: OwnProxies::new(&settings.proxies),
             policy,
             lookup,
             settings: settings.clone(),
@@ -140,46 +151,62 @@ impl Routes {
 
     /// Checks the target here, before anything is sent, because the proxy resolves the
     /// name. The URL's scheme, port and literal address are checked as for a direct fetch. A
-    /// proxy's own address is refused. A name that resolves here to any address that is not
-    /// public is refused. A name that does not resolve here in time is not fetched either,
-    /// because an attacker's DNS could answer this resolver slowly and the proxy's resolver
-    /// with a private address. The exceptions: the proxies are trusted to refuse private
-    /// networks (`PROXY_REFUSES_PRIVATE`), or private networks are allowed anyway. A name
-    /// that does not resolve is a DNS failure, transient as on a direct fetch, not the
-    /// site's verdict.
+    /// proxy's own host and port are refused, however they are spelled, and so is an address
+    /// at that port that the target and a proxy share here. A name that resolves here to any
+    /// address that is not public is refused. A name that does not resolve here in time is
+    /// not fetched either, because an attacker's DNS could answer this resolver slowly and
+    /// the proxy's resolver with a private address. The exceptions: the proxies are trusted
+    /// to refuse private networks (`PROXY_REFUSES_PRIVATE`), or private networks are
+    /// allowed anyway. A name that does not resolve is a DNS failure, transient as on a
+    /// direct fetch, not the site's verdict.
     async fn check_target(&self, url: &Url) -> Result<(), Refused> {
         self.policy.check_url(url)?;
-        let host = url.host_str().unwrap_or_default();
-        let target = format!("{host}:{}", url.port_or_known_default().unwrap_or_default());
-        if self
-            .tiers
-            .iter()
-            .flatten()
-            .any(|r| r.addr.label() == target)
-        {
-            return Err(Refused::Proxy(target));
+        let proxy = |addr: &ProxyAddr| Refused::Proxy(addr.label().to_owned());
+        if let Some(named) = self.own.named(url) {
+            return Err(proxy(named));
         }
-        let Some(url::Host::Domain(name)) = url.host() else {
-            return Ok(());
+        let port = url.port_or_known_default().unwrap_or_default();
+        let own = self.own.at(port, &self.lookup, LOOKUP_TIMEOUT);
+        let (target, own) = tokio::join!(self.addresses_of(url), own);
+        let name = match url.host() {
+            Some(url::Host::Domain(name)) => name,
+            _ => "",
         };
-        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name.to_owned()));
-        let ips = match resolved.await {
-            // An empty answer checks nothing, so it is treated like no answer.
-            Ok(Ok(ips)) if !ips.is_empty() => ips,
-            _ if self.settings.proxy_refuses_private || self.policy.allows_private() => {
+        let ips = match target {
+            Some(ips) => ips,
+            None if self.settings.proxy_refuses_private || self.policy.allows_private() => {
                 return Ok(());
             }
-            _ => return Err(Refused::Unchecked(name.to_owned())),
+            None => return Err(Refused::Unchecked(name.to_owned())),
         };
+        if let Some(shared) = own.on(&ips) {
+            return Err(proxy(shared));
+        }
         match ips
             .into_iter()
             .find(|&ip| self.policy.check_ip(ip).is_err())
         {
-            Some(ip) => Err(Refused::Name {
+            // A literal address was checked with the URL.
+            Some(ip) if !name.is_empty() => Err(Refused::Name {
                 name: name.to_owned(),
                 ip,
             }),
-            None => Ok(()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The target's addresses: its literal address, or what its name resolves to here in
+    /// time. `None` for a name that does not resolve in time, or to no address (an empty
+    /// answer checks nothing).
+    async fn addresses_of(&self, url: &Url) -> Option<Vec<IpAddr>> {
+        if let Some(ip) = literal(url) {
+            return Some(vec![ip]);
+        }
+        let name = url.host_str()?.to_owned();
+        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name));
+        match resolved.await {
+            Ok(Ok(ips)) if !ips.is_empty() => Some(ips),
+            _ => None,
         }
     }
 
@@ -228,7 +255,7 @@ impl Routes {
                 .wire_most
                 .map(|most| most.saturating_sub(meter.wire_bytes));
             let wire = metered(relay, &response, (&route.addr, most_left))?;
-            let hop = (tunnelled, conditional, ask.detection);
+            let hop = ((tunnelled, route), conditional, ask.detection);
             match self.hop(response, hop, wire.clone(), meter).await {
                 Hop::Page(response) => {
                     return read_page(fetcher, response, (requested, ask), wire, meter).await;
@@ -243,12 +270,12 @@ impl Routes {
 
     /// Reads one hop's response: a redirect (its target checked as the first URL was), a
     /// refusal, or the page. A refusal is a block page, or else it is blamed on whoever
-    /// answered (see `tunnelled`). A response that is not the page is read to its end, and
-    /// its bytes are counted.
+    /// answered (see `tunnelled`, and what `route`'s tier marks). A response that is not the
+    /// page is read to its end, and its bytes are counted.
     async fn hop(
         &self,
         response: reqwest::Response,
-        (tunnelled, conditional, detection): (bool, bool, &Detection),
+        (through, conditional, detection): ((bool, &Route), bool, &Detection),
         wire: Option<Arc<Conn>>,
         meter: &mut Meter,
     ) -> Hop {
@@ -260,7 +287,7 @@ impl Routes {
             };
         }
         if let Some(refused) = refusal_of(&response, conditional) {
-            let refused = (refused, tunnelled, detection);
+            let refused = (refused, through, detection);
             // Boxed, like a direct refusal's read (`HttpFetcher::refused`).
             return Hop::Failed(Box::pin(refusal(response, refused, wire, meter)).await);
         }
@@ -415,15 +442,17 @@ fn redirect_target(response: &reqwest::Response) -> Option<Url> {
 
 /// Reads a refused response to its end. It is a block page if its headers say so, or, for a
 /// status bot managers answer with, if the start of its body does. Otherwise it is the
-/// refusal, blamed on whoever made it.
+/// refusal, blamed on whoever made it: the site, or the proxy of `route` (its tier's marks
+/// say which), as seen from whether the hop was `tunnelled`.
 async fn refusal(
     response: reqwest::Response,
-    (refused, tunnelled, detection): (FetchError, bool, &Detection),
+    (refused, (tunnelled, route), detection): (FetchError, (bool, &Route), &Detection),
     wire: Option<Arc<Conn>>,
     meter: &mut Meter,
 ) -> FetchError {
     let headers = response.headers();
-    let (status, maker) = (response.status().as_u16(), maker(headers, tunnelled));
+    let proxy = (&route.addr, route.marks);
+    let (status, maker) = (response.status().as_u16(), maker(headers, tunnelled, proxy));
     let by_headers = detection.by_headers(|name| header_text(headers, name));
     let content_type = header_text(headers, "content-type").map(str::to_owned);
     let start = discard(response, wire, meter).await;

@@ -9,6 +9,7 @@ mod classify;
 mod egress;
 mod error;
 mod fetcher;
+mod own_proxies;
 pub mod policy;
 mod reuse;
 mod route;

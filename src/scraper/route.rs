@@ -11,12 +11,14 @@ use url::Url;
 
 use super::wire::{self, Relay};
 use super::{FetchError, FetchSettings, Lookup, Refused, client_builder};
-use crate::domain::proxy::{Credentials, ProxyAddr};
+use crate::domain::proxy::{Credentials, Marks, ProxyAddr};
 
 /// A proxy and its client, built at first use. A sandbox uses only the proxies its hosts
 /// stick to, not all of them, and each client costs a TLS configuration and a relay.
 pub(super) struct Route {
     pub(super) addr: ProxyAddr,
+    /// What the proxy's tier marks: who made an unmarked answer.
+    pub(super) marks: Marks,
     credentials: Option<Credentials>,
     client: OnceLock<Result<(reqwest::Client, Option<Relay>), String>>,
 }
@@ -25,11 +27,13 @@ impl Route {
     pub(super) fn new(
         credentials: Option<&Credentials>,
         addr: &ProxyAddr,
+        marks: Marks,
     ) -> Result<Self, reqwest::Error> {
         // Refused here, at the cold start, rather than at the proxy's first use.
         reqwest::Proxy::all(addr.url().as_str())?;
         Ok(Self {
             addr: addr.clone(),
+            marks,
             credentials: credentials.cloned(),
             client: OnceLock::new(),
         })

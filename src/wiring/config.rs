@@ -22,6 +22,8 @@ pub enum ConfigError {
     /// The message leaves out the value, which may hold a credential.
     #[error("PROXY_URLS is not valid: {0}")]
     Proxies(String),
+    #[error("PROXY_MARKS is not valid: {0}")]
+    ProxyMarks(String),
 }
 
 pub use crate::domain::model::DuplicatePolicy;
@@ -60,7 +62,8 @@ pub struct Config {
     pub function_memory_mb: Option<u64>,
     /// Per-host limits shared by the fleet, and robots.txt.
     pub politeness: Politeness,
-    /// The proxy tiers every fetch goes through. With none, fetches go direct.
+    /// The proxy tiers every fetch goes through, and what each marks (`PROXY_MARKS`). With
+    /// none, fetches go direct.
     pub proxies: Tiers,
     /// The Secrets Manager secret holding the proxies' credentials, read once per cold start.
     pub proxy_secret_arn: Option<String>,
@@ -176,7 +179,9 @@ impl Config {
                 .and_then(|m| m.parse().ok()),
             politeness: env.politeness()?,
             proxies: Tiers::parse(&env.get("PROXY_URLS").unwrap_or_default())
-                .map_err(ConfigError::Proxies)?,
+                .map_err(ConfigError::Proxies)?
+                .marked(&env.get("PROXY_MARKS").unwrap_or_default())
+                .map_err(ConfigError::ProxyMarks)?,
             proxy_secret_arn: env.get("PROXY_SECRET_ARN"),
             proxy_session: env.millis("PROXY_SESSION_MS", 600_000)?,
             proxy_refuses_private: env.parsed("PROXY_REFUSES_PRIVATE", false, "true or false")?,
@@ -344,6 +349,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::proxy::Marks;
     use std::collections::HashMap;
 
     fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
@@ -460,6 +466,27 @@ mod tests {
         assert!(
             err.starts_with("PROXY_URLS") && !err.contains("hunter2"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn an_old_config_without_proxy_marks_reads_every_tier_as_marking_what_it_forwards() {
+        let mut vars = REQUIRED.to_vec();
+        vars.push(("PROXY_URLS", "http://dc1:3128;http://resi:8000"));
+        let old = config(&vars).unwrap();
+        vars.push(("PROXY_MARKS", "forwarded;errors"));
+        let marked = config(&vars).unwrap();
+        vars.push(("PROXY_MARKS", "errors;errors;errors"));
+        let too_many = config(&vars).unwrap_err().to_string();
+
+        assert_eq!(
+            (old.proxies.marks(1), old.proxies.marks(2)),
+            (Marks::Forwarded, Marks::Forwarded)
+        );
+        assert_eq!(marked.proxies.marks(2), Marks::Errors);
+        assert!(
+            too_many.starts_with("PROXY_MARKS is not valid: 3 words for 2 tiers"),
+            "{too_many}"
         );
     }
 

@@ -86,6 +86,7 @@ impl Site {
             .route("/corpus/{name}", get(corpus))
             .route("/challenged/{ip}/{answer}/{name}", get(challenged))
             .route("/forged-relay", get(forged_relay))
+            .route("/down-saying-proxy/{name}", get(down_saying_proxy))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .layer(middleware::from_fn_with_state(served.clone(), serve_count))
             .with_state(hits.clone());
@@ -371,6 +372,16 @@ async fn forged_relay() -> impl IntoResponse {
         StatusCode::BAD_GATEWAY,
         [("x-conveyor-relay", "unreachable")],
         "the site's own 502",
+    )
+}
+
+/// A 503 with a `Proxy-Status` error of the site's own (as a CDN in front of it may send):
+/// the site is down, whatever the header says.
+async fn down_saying_proxy(Path(name): Path<String>) -> impl IntoResponse {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [("proxy-status", "x; error=destination_unavailable")],
+        format!("{name} is down"),
     )
 }
 

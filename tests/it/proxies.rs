@@ -16,6 +16,7 @@ use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
 use crate::ops::{ops, succeeded};
+use crate::polite_defaults::production_defaults;
 
 /// The egress addresses of the tiers: a datacenter pool, then a residential one.
 const DATACENTER: [u8; 4] = [127, 0, 0, 3];
@@ -305,6 +306,56 @@ async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() 
     assert!(public_proxy.requests().is_empty());
     assert!(retried(&out).is_empty());
     assert_eq!(stack.task("public").await.status(), Some("successful"));
+}
+
+#[tokio::test]
+async fn a_task_naming_a_proxy_another_way_is_refused_before_the_proxy_hears_of_it() {
+    // Arrange: production politeness (robots.txt obeyed) and address rules; the proxy on
+    // the trusted "public" address, configured by name; tasks spelling it other ways.
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start_on(PUBLIC.into(), DATACENTER.into(), false).await;
+    stack.put_active_run().await;
+    let port = proxy.addr.port();
+    let cases = [
+        ("trailing-dot", format!("http://public.test.:{port}/")),
+        ("upper-case", format!("http://PUBLIC.Test:{port}/stats")),
+        ("its-address", format!("http://127.0.0.2:{port}/")),
+        ("mapped", format!("http://[::ffff:127.0.0.2]:{port}/")),
+    ];
+    for (task, url) in &cases {
+        stack.put_task(task, url, "pending").await;
+    }
+    let tiers = Tiers::parse(&format!("http://public.test:{port}")).expect("a proxy URL");
+    let worker = stack.worker_with(|t| {
+        t.allow_private_networks = false;
+        t.trusted = vec![
+            PUBLIC.into(),
+            "::ffff:127.0.0.2".parse().expect("an address"),
+        ];
+        t.lookup = Some(names());
+        t.proxies = tiers;
+        t.politeness = production_defaults();
+    });
+
+    // Act: a batch each (two of them share a host's turn).
+    let mut retried_any = Vec::new();
+    for (task, _) in &cases {
+        retried_any.extend(retried(&run_batch(&worker, vec![delivery(task)]).await));
+    }
+
+    // Assert: each failed as a proxy, not a page; the proxy was asked for nothing, its own
+    // pages and robots.txt included.
+    assert!(retried_any.is_empty(), "{retried_any:?}");
+    for (task, _) in &cases {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("is a proxy of PROXY_URLS"),
+            "{task}: {error}"
+        );
+    }
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
 }
 
 /// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
@@ -1137,6 +1188,48 @@ async fn a_sites_503_the_proxy_forwarded_fails_its_task_and_an_unmarked_one_is_o
     assert!(error.contains("HTTP 503"), "{error}");
     assert_eq!(retried(&unmarked), ["hidden"]);
     assert_eq!(stack.task("hidden").await.status(), Some("processing"));
+}
+
+#[tokio::test]
+async fn a_sites_503_with_a_proxy_status_error_of_its_own_fails_its_task_through_either_kind_of_tier()
+ {
+    // Arrange: a site down for good, answering 503 with a `Proxy-Status` error it wrote
+    // itself; final attempts. One through tinyproxy as it comes (its tier marks what it
+    // forwards, with Via), one through a hidden tinyproxy on a tier that marks only its own
+    // errors (`PROXY_MARKS=errors`, as an anonymous pool).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let marked = ForwardProxy::start(DATACENTER.into(), false).await;
+    let hidden = ForwardProxy::start_hidden(RESIDENTIAL.into()).await;
+    stack.put_active_run().await;
+    for task in ["marked", "hidden"] {
+        let url = site.url(&format!("/down-saying-proxy/{task}"));
+        stack.put_task(task, &url, "pending").await;
+    }
+    let through = |tiers: Tiers| stack.worker_with(|t| t.proxies = tiers);
+    let forwarded = Tiers::parse(&marked.url()).expect("a proxy URL");
+    let errors = Tiers::parse(&hidden.url())
+        .and_then(|tiers| tiers.marked("errors"))
+        .expect("a proxy URL and its marks");
+    let last = |task: &str| record(task, &body(task), MAX_ATTEMPTS);
+
+    // Act
+    let via = run_batch(&through(forwarded), vec![last("marked")]).await;
+    let anonymous = run_batch(&through(errors), vec![last("hidden")]).await;
+
+    // Assert: the site's 503 each time: the task fails with it, nothing left open. Each
+    // proxy asked once (no tries spent on a failure of "ours").
+    assert!(retried(&via).is_empty(), "{:?}", retried(&via));
+    assert!(retried(&anonymous).is_empty(), "{:?}", retried(&anonymous));
+    for task in ["marked", "hidden"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("failed"), "{task}: {item:?}");
+        let error = item.s("error").unwrap_or_default();
+        assert!(
+            error.contains("HTTP 503") && !error.contains("proxy"),
+            "{task}: {error}"
+        );
+    }
+    assert_eq!((marked.requests().len(), hidden.requests().len()), (1, 1));
 }
 
 #[tokio::test]
