@@ -343,6 +343,28 @@ impl ResultStore for MemoryResults {
         Ok(Copied::Stored)
     }
 
+    async fn carry_replacing(
+        &self,
+        carried: Carried<'_>,
+        etag: &str,
+    ) -> Result<Copied, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut objects = lock(&self.objects);
+        let Some(stored) = objects
+            .get_mut(carried.key.as_str())
+            .filter(|s| s.sha256 == etag)
+        else {
+            return Ok(Copied::AlreadyThere);
+        };
+        *stored = StoredResult {
+            key: carried.key.clone(),
+            validators: carried.validators.clone(),
+            not_modified: true,
+            ..carried.earlier.stored.clone()
+        };
+        Ok(Copied::Stored)
+    }
+
     async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         lock(&self.quarantined).insert(key.as_str().to_owned(), document);
