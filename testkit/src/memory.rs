@@ -154,11 +154,13 @@ impl TaskStore for MemoryTasks {
                 attempts: 1,
                 since: Some(since),
                 spent: false,
+                written: None,
             },
             _ => Tries {
                 attempts: entry.tries.attempts + 1,
                 since: entry.tries.since.or(tries.since),
                 spent: entry.tries.spent,
+                written: None,
             },
         };
         entry.lease = lease.map(|l| (l.owner.to_owned(), l.until));

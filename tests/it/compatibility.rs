@@ -9,10 +9,13 @@ use conveyor_testkit::fixtures;
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::*;
 use conveyor_worker::domain::ids::TaskRef;
+use conveyor_worker::domain::time::rfc3339;
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::polite::limits::HostLimits;
 use conveyor_worker::store::dynamo::attributes::{self, Item};
 use conveyor_worker::store::dynamo::keys;
+
+use crate::ops::{ops, succeeded};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -155,7 +158,8 @@ async fn a_host_item_the_last_release_wrote_keeps_its_cooldown() {
 #[tokio::test]
 async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
     // Arrange: a v1 run and a task the last release claimed four times (no `tries_since`),
-    // its page down; the producer's message, as SQS delivers it (with its SentTimestamp).
+    // the last just now, its page down; the producer's message, as SQS delivers it (with
+    // its SentTimestamp).
     let (stack, site) = (Stack::new().await, Site::start().await);
     stack.put_job(JOB, "active").await;
     put_fixture(&stack, "v-previous/run_item_v1.json", |item| {
@@ -166,6 +170,10 @@ async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
     put_fixture(&stack, "v-previous/task_item_processing.json", |item| {
         item.extend(keys::task_key(&task_ref("t1")));
         item.insert("url".into(), url);
+        item.insert(
+            "updated_at".into(),
+            attributes::s(&rfc3339(SystemTime::now())),
+        );
     })
     .await;
     let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
@@ -184,6 +192,67 @@ async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
     assert!(task.n("tries_since").is_some(), "{task:?}");
     assert_eq!(stack.run_counters(JOB, RUN).await, (0, 1, 0));
     assert_eq!(site.hits("/down/1"), 1);
+}
+
+/// The item of a task whose tries were spent an hour ago, at `url`: as the last release left
+/// it (no `tries_since`), or as this one does (`tries_since`, and `tries_spent` for a failure
+/// of ours on the final attempt).
+async fn spent_an_hour_ago(stack: &Stack, task: &str, url: &str, this_release: bool) {
+    let an_hour_ago = SystemTime::now() - Duration::from_secs(3_600);
+    put_fixture(stack, "v-previous/task_item_processing.json", |item| {
+        item.extend(keys::task_key(&task_ref(task)));
+        item.insert("url".into(), attributes::s(url));
+        item.insert("attempts".into(), attributes::n(MAX_ATTEMPTS));
+        item.insert("updated_at".into(), attributes::s(&rfc3339(an_hour_ago)));
+        if this_release {
+            let since = an_hour_ago.duration_since(SystemTime::UNIX_EPOCH);
+            let since = since.unwrap_or_default().as_millis();
+            item.insert("tries_since".into(), attributes::n(since));
+            item.insert("tries_spent".into(), attributes::s("SQS throttled"));
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redrive_move_gives_tasks_of_either_release_a_full_set_of_tries() {
+    // Arrange: two tasks whose tries were spent an hour ago, one as the last release left
+    // it, one as this release does; each page answers 503 twice, then the page. Their
+    // producers' messages are in the dead-letter queue.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_active_run().await;
+    let tasks = [("previous", "/flaky/a", false), ("this", "/flaky/b", true)];
+    for (task, path, this_release) in tasks {
+        spent_an_hour_ago(&stack, task, &site.url(path), this_release).await;
+    }
+    let dlq = conveyor_testkit::queue::Queue::create(&stack, 30).await;
+    let queue = conveyor_testkit::queue::Queue::create_with_dlq(&stack, 30, &dlq, 10).await;
+    for (task, ..) in tasks {
+        dlq.send(&stack, &body(task)).await;
+    }
+
+    // Act: `conveyor-ops redrive --move`, then the task queue's receives until both end.
+    let redrive = ["redrive", "--queue-url", queue.url.as_str(), "--move"];
+    succeeded(&ops(&stack, &redrive).await);
+    let worker = stack.worker();
+    for _ in 0..12 {
+        let (record, _) = (queue.wait_for_redelivery(&stack, Duration::from_secs(40))).await;
+        run_batch(&worker, vec![record]).await;
+        let ended = [stack.task("previous").await, stack.task("this").await];
+        if ended.iter().all(|task| task.status() != Some("processing")) {
+            break;
+        }
+    }
+
+    // Assert: each page's two 503s were retried, not a final attempt's failure: a fresh set
+    // of three tries each.
+    for (task, path, _) in tasks {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("successful"), "{task}: {item:?}");
+        assert_eq!(item.n("attempts"), Some(3), "{task}: {item:?}");
+        assert_eq!(item.s("tries_spent"), None, "{task}");
+        assert_eq!(site.hits(path), 3, "{task}");
+    }
 }
 
 #[tokio::test]
