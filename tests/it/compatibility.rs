@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use conveyor_testkit::fixtures;
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
+use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::domain::ids::{Id, RunRef, TaskRef};
 use conveyor_worker::domain::model::Counting;
@@ -181,7 +182,7 @@ async fn a_task_the_last_release_was_trying_counts_on_from_its_attempts() {
         );
     })
     .await;
-    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    let queue = Queue::create(&stack, 60).await;
     queue.send(&stack, &body("t1")).await;
     let record = queue.receive(&stack).await.expect("the message");
 
@@ -219,6 +220,24 @@ async fn spent_an_hour_ago(stack: &Stack, task: &str, url: &str, this_release: b
     .await;
 }
 
+/// Receives `queue`'s messages one at a time, each delivered to a worker, until `tasks`
+/// have all ended (or a dozen deliveries).
+async fn drain_until_ended(stack: &Stack, queue: &Queue, tasks: &[&str]) {
+    let worker = stack.worker();
+    for _ in 0..12 {
+        let (record, _) = (queue.wait_for_redelivery(stack, Duration::from_secs(40))).await;
+        run_batch(&worker, vec![record]).await;
+        let mut ended = true;
+        for task in tasks {
+            let status = stack.task(task).await.status().map(str::to_owned);
+            ended &= matches!(status.as_deref(), Some("successful" | "failed"));
+        }
+        if ended {
+            return;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_redrive_move_gives_tasks_of_either_release_a_full_set_of_tries() {
     // Arrange: two tasks whose tries were spent an hour ago, one as the last release left
@@ -230,8 +249,8 @@ async fn a_redrive_move_gives_tasks_of_either_release_a_full_set_of_tries() {
     for (task, path, this_release) in tasks {
         spent_an_hour_ago(&stack, task, &site.url(path), this_release).await;
     }
-    let dlq = conveyor_testkit::queue::Queue::create(&stack, 30).await;
-    let queue = conveyor_testkit::queue::Queue::create_with_dlq(&stack, 30, &dlq, 10).await;
+    let dlq = Queue::create(&stack, 30).await;
+    let queue = Queue::create_with_dlq(&stack, 30, &dlq, 10).await;
     for (task, ..) in tasks {
         dlq.send(&stack, &body(task)).await;
     }
@@ -239,15 +258,7 @@ async fn a_redrive_move_gives_tasks_of_either_release_a_full_set_of_tries() {
     // Act: `conveyor-ops redrive --move`, then the task queue's receives until both end.
     let redrive = ["redrive", "--queue-url", queue.url.as_str(), "--move"];
     succeeded(&ops(&stack, &redrive).await);
-    let worker = stack.worker();
-    for _ in 0..12 {
-        let (record, _) = (queue.wait_for_redelivery(&stack, Duration::from_secs(40))).await;
-        run_batch(&worker, vec![record]).await;
-        let ended = [stack.task("previous").await, stack.task("this").await];
-        if ended.iter().all(|task| task.status() != Some("processing")) {
-            break;
-        }
-    }
+    drain_until_ended(&stack, &queue, &["previous", "this"]).await;
 
     // Assert: each page's two 503s were retried, not a final attempt's failure: a fresh set
     // of three tries each.
@@ -299,6 +310,45 @@ async fn runs_of_v2_and_v3_the_last_release_submitted_drain_to_one_completion_ea
         assert_eq!(item.n("times_completed"), Some(1));
         assert!(stack.counter_tree_faults(job, run).await.is_empty());
     }
+}
+
+#[tokio::test]
+async fn a_requeue_gives_a_task_the_last_release_failed_a_full_set_of_tries() {
+    // Arrange: a run whose one task the last release failed an hour ago after its five
+    // tries (no `tries_since`), counted failed; its page now answers 503 twice, then the
+    // page.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_job(JOB, "active").await;
+    put_fixture(&stack, "v-previous/run_item_v1.json", |item| {
+        item.extend(keys::run_key(&id(JOB), &id(RUN)));
+        item.insert("status".into(), attributes::s("completed"));
+        item.insert("tasks_remaining".into(), attributes::n(0));
+        item.insert("tasks_failed".into(), attributes::n(1));
+    })
+    .await;
+    spent_an_hour_ago(&stack, "t1", &site.url("/flaky/a"), false).await;
+    let failed = [("status", "failed"), ("error", "HTTP 503")];
+    let mut item = stack.task("t1").await.0;
+    item.extend(failed.map(|(k, v)| (k.to_owned(), attributes::s(v))));
+    stack.put_item(item).await;
+    let queue = Queue::create(&stack, 30).await;
+
+    // Act: `conveyor-ops requeue-failed`, then the task queue's receives until it ends.
+    let requeue = ["requeue-failed", "--job", JOB, "--run", RUN];
+    succeeded(
+        &ops(
+            &stack,
+            &[&requeue[..], &["--queue-url", &queue.url]].concat(),
+        )
+        .await,
+    );
+    drain_until_ended(&stack, &queue, &["t1"]).await;
+
+    // Assert: the two 503s were retried: a fresh set of three tries.
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(3), "{task:?}");
+    assert_eq!(site.hits("/flaky/a"), 3);
 }
 
 /// Now plus `offset` (which may be negative), in ms since the epoch.
