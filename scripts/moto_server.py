@@ -16,8 +16,9 @@ patched here without changing what any request returns:
   ReceiveMessage returns (to check its retention period). `compute_queue_attributes_once`
   computes them once per GetQueueAttributes and reads the retention period directly.
 
-CopyObject's conditions (`If-None-Match` on the destination, `x-amz-copy-source-if-match`
-on the source), which moto ignores, are applied here as S3 applies them.
+CopyObject's conditions (`If-None-Match` and `If-Match` on the destination,
+`x-amz-copy-source-if-match` on the source), which moto ignores, are applied here as S3
+applies them.
 
 It also counts the write units DynamoDB would bill for every write (moto answers a constant
 ConsumedCapacity), read back as `write_units` in the production-like layer's stats.
@@ -157,13 +158,14 @@ def count_write_units():
 
 
 def conditional_copies():
-    """CopyObject as S3 conditions it (moto 5.2 ignores both headers): `If-None-Match: *`
-    refuses a destination key that holds an object, and `x-amz-copy-source-if-match` a
-    source whose ETag is another, each with 412 PreconditionFailed. S3 requests are
+    """CopyObject as S3 conditions it (moto 5.2 ignores these headers): `If-None-Match: *`
+    refuses a destination key that holds an object, `If-Match` one whose ETag is another
+    (404 NoSuchKey when there is none), and `x-amz-copy-source-if-match` a source whose ETag
+    is another, each with 412 PreconditionFailed. S3 requests are
     serialised here, so the check and the copy are one step."""
     from urllib.parse import unquote, urlparse
 
-    from moto.s3.exceptions import PreconditionFailed
+    from moto.s3.exceptions import MissingKey, PreconditionFailed
     from moto.s3.responses import S3Response
 
     copy_object = S3Response.copy_object
@@ -175,6 +177,13 @@ def conditional_copies():
             self.bucket_name, self.parse_key_name()
         ) is not None:
             raise PreconditionFailed("If-None-Match")
+        replaced = self.headers.get("If-Match")
+        if replaced is not None:
+            there = self.backend.get_object(self.bucket_name, self.parse_key_name())
+            if there is None:
+                raise MissingKey(key=self.parse_key_name())
+            if there.etag.strip('"') != replaced.strip('"'):
+                raise PreconditionFailed("If-Match")
         wanted = self.headers.get("x-amz-copy-source-if-match")
         if wanted is not None:
             found = self.backend.get_object(src_bucket, src_key)

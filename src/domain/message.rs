@@ -465,4 +465,53 @@ mod tests {
         let copy = read(fixture("pressed_copy"), None).another_try(4, None, 1);
         assert_eq!(read(&copy, None).fields["tenant"], "acme");
     }
+
+    /// What the previous release (bf0ec71) reads of a body: the task's three ids (strings),
+    /// and these numbers (`Value::as_u64`; anything else reads as absent). It ignores other
+    /// fields and keeps them in its own copies.
+    const PREVIOUS_RELEASE_READS: [&str; 7] = [
+        "polite_start",
+        "polite_waits",
+        "polite_since",
+        "receives_before",
+        "copies",
+        "pressed_since",
+        "task_shards",
+    ];
+
+    #[test]
+    fn the_previous_release_reads_this_releases_copies_as_they_were_meant() {
+        // Arrange: a producer's body, as this release's copies of it carry it on.
+        let producer = read(BODY, Some(1_000));
+        let parked = producer.parked(Some(9_000), 2_000);
+        let pushed_back = read(&parked, Some(2_001)).another_try(4, Some(3_000), 3_000);
+
+        // Act: each copy's fields as the previous release reads them.
+        let fields = |body: &str| -> Map<String, Value> {
+            serde_json::from_str(body).expect("a JSON object")
+        };
+        let (parked, pushed_back) = (fields(&parked), fields(&pushed_back));
+
+        // Assert: ids are strings, every number it reads is a whole number where this
+        // release meant one, and it reads the values this release carries.
+        for copy in [&parked, &pushed_back] {
+            for id in ["job_id", "run_id", "task_id"] {
+                assert!(copy[id].is_string(), "{id} in {copy:?}");
+            }
+            for name in PREVIOUS_RELEASE_READS {
+                let value = copy.get(name);
+                assert!(
+                    value.is_none_or(|v| v.as_u64().is_some()),
+                    "{name} in {copy:?}"
+                );
+            }
+        }
+        assert_eq!(parked["polite_start"].as_u64(), Some(9_000));
+        assert_eq!(parked["polite_waits"].as_u64(), Some(1));
+        assert_eq!(parked["polite_since"].as_u64(), Some(2_000));
+        assert_eq!(pushed_back["receives_before"].as_u64(), Some(4));
+        assert_eq!(pushed_back["copies"].as_u64(), Some(1));
+        assert_eq!(pushed_back["pressed_since"].as_u64(), Some(3_000));
+        assert_eq!(pushed_back["polite_since"].as_u64(), Some(2_000), "kept");
+    }
 }

@@ -57,21 +57,26 @@ pub struct Task {
 /// claim. `since` is when the message that began the set was sent, in ms since the epoch.
 /// It is `None` until the worker has written it. `spent` says whether the final attempt
 /// failed for a reason on our side (`tries_spent`). Then the task's messages go to the
-/// dead-letter queue and the task is left open.
+/// dead-letter queue and the task is left open. `written` is when the item was last
+/// written (`updated_at`), in ms since the epoch: the previous release wrote no `since`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tries {
     pub attempts: u32,
     pub since: Option<u64>,
     pub spent: bool,
+    pub written: Option<u64>,
 }
 
 impl Tries {
     /// Whether a message begins a fresh set of tries. `since` is when the tries of the
     /// message's chain of copies began. The set is fresh when that is more than `gap_ms`
     /// after this set began, as for a message back from the dead-letter queue or a re-queue.
-    /// Items written before the set's start was stored keep counting.
+    /// An item the previous release wrote keeps no start of its set. Its set began before
+    /// its last write, so a message sent more than `gap_ms` after that write begins a fresh
+    /// set. Otherwise the item's tries count on from its attempts.
     pub fn fresh_for(&self, since: Option<u64>, gap_ms: u64) -> bool {
-        matches!((self.since, since), (Some(current), Some(new)) if new > current.saturating_add(gap_ms))
+        let current = self.since.or(self.written);
+        matches!((current, since), (Some(current), Some(new)) if new > current.saturating_add(gap_ms))
     }
 }
 
@@ -269,6 +274,27 @@ impl Terminal {
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+
+    #[test]
+    fn an_item_without_the_start_of_its_set_is_fresh_only_for_a_message_sent_long_after_its_last_write()
+     {
+        // Arrange: an item as the previous release wrote it, last written at 10 000 ms.
+        let previous = Tries {
+            attempts: 5,
+            written: Some(10_000),
+            ..Tries::default()
+        };
+
+        // Act
+        let (redriven, on_time) = (
+            previous.fresh_for(Some(10_000 + 60_001), 60_000),
+            previous.fresh_for(Some(9_000), 60_000),
+        );
+
+        // Assert
+        assert!(redriven, "sent more than the gap after its last write");
+        assert!(!on_time, "its set's own message: the tries count on");
+    }
 
     #[test]
     fn a_task_always_lands_in_the_same_shard_and_tasks_spread_over_all_shards() {

@@ -7,6 +7,12 @@ pub fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// The time an RFC 3339 text names, in ms since the Unix epoch, if it names one.
+pub fn millis_of_rfc3339(text: &str) -> Option<u64> {
+    let at = humantime::parse_rfc3339_weak(text).ok()?;
+    u64::try_from(epoch_millis(at)).ok()
+}
+
 /// Milliseconds since the Unix epoch (0 before it).
 pub fn epoch_millis(at: SystemTime) -> u128 {
     at.duration_since(SystemTime::UNIX_EPOCH)

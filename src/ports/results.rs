@@ -115,6 +115,16 @@ pub trait ResultStore: Send + Sync {
         carried: Carried<'_>,
     ) -> impl Future<Output = Result<Copied, StoreError>> + Send;
 
+    /// Copies a checked earlier result to the task's key in place of the object of version
+    /// `etag`, a block page an earlier release stored, only if the earlier object is still
+    /// the version checked. `AlreadyThere` when the object under the key is no longer that
+    /// version.
+    fn carry_replacing(
+        &self,
+        carried: Carried<'_>,
+        etag: &str,
+    ) -> impl Future<Output = Result<Copied, StoreError>> + Send;
+
     /// Keeps a poison message (a JSON document) for a person to inspect and replay.
     fn quarantine(
         &self,

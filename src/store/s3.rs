@@ -2,7 +2,7 @@
 //! under a task's key wins (`If-None-Match: *`). Every object carries the SHA-256 of its
 //! bytes as S3's own checksum. An earlier result is checked by that checksum before it is
 //! copied forward. The copy is server-side, and conditional on the earlier object's version
-//! and on the key being empty.
+//! and on the key being empty (or, to replace a stored block page, on that page's version).
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
@@ -147,32 +147,7 @@ impl ResultStore for S3ResultStore {
 
     #[tracing::instrument(skip_all, fields(key = %carried.key))]
     async fn carry_if_absent(&self, carried: Carried<'_>) -> Result<Copied, StoreError> {
-        let earlier = &carried.earlier.stored;
-        let source = format!("{}/{}", self.bucket, encoded(earlier.key.as_str()));
-        let request = self
-            .client
-            .copy_object()
-            .bucket(&self.bucket)
-            .key(carried.key.as_str())
-            .copy_source(source)
-            .copy_source_if_match(&carried.earlier.version)
-            .if_none_match("*")
-            .checksum_algorithm(ChecksumAlgorithm::Sha256)
-            .metadata_directive(MetadataDirective::Replace)
-            .content_type(earlier.content_type.as_str())
-            .metadata(meta::SOURCE_URL, MetadataUrl::new(carried.url).as_str())
-            .metadata(
-                meta::FINAL_URL,
-                MetadataUrl::new(&earlier.final_url).as_str(),
-            )
-            .metadata(meta::HTTP_STATUS, earlier.http_status.to_string())
-            .metadata(meta::SHA256, &earlier.sha256)
-            .metadata(meta::FETCHED_AT, rfc3339(carried.fetched_at))
-            .metadata(
-                meta::REFRESHED_FROM,
-                Refreshed::new(earlier.key.as_str()).as_str(),
-            );
-        let result = with_validators(request, carried.validators).send().await;
+        let result = self.copy(carried).if_none_match("*").send().await;
         match result {
             Ok(_) => Ok(Copied::Stored),
             // The key was taken, or the earlier object changed. A look at the key tells which.
@@ -183,6 +158,29 @@ impl ResultStore for S3ResultStore {
                 }
             }
             Err(err) => Err(StoreError::from_sdk("CopyObject", err)),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(key = %carried.key))]
+    async fn carry_replacing(
+        &self,
+        carried: Carried<'_>,
+        etag: &str,
+    ) -> Result<Copied, StoreError> {
+        // Boxed, as in `replace`: a rare call inside every delivery's converge stage.
+        let result = Box::pin(self.copy(carried).if_match(etag).send()).await;
+        match result {
+            Ok(_) => Ok(Copied::Stored),
+            // Gone (404), or one of the two versions changed. A look at the key tells which.
+            Err(err) if service_code(&err) == Some("NoSuchKey") => Ok(Copied::AlreadyThere),
+            Err(err) if service_code(&err) == Some("PreconditionFailed") => {
+                let head = Box::pin(self.head(carried.key, false)).await?;
+                match head.and_then(|head| head.e_tag) {
+                    Some(now) if now == etag => Ok(Copied::EarlierChanged),
+                    _ => Ok(Copied::AlreadyThere),
+                }
+            }
+            Err(err) => Err(StoreError::from_sdk("CopyObject(replace)", err)),
         }
     }
 
@@ -229,6 +227,39 @@ impl S3ResultStore {
 }
 
 impl S3ResultStore {
+    /// A carried-forward result's `CopyObject`: conditional on the earlier object's version,
+    /// with every header except the condition on the key.
+    fn copy(
+        &self,
+        carried: Carried<'_>,
+    ) -> aws_sdk_s3::operation::copy_object::builders::CopyObjectFluentBuilder {
+        let earlier = &carried.earlier.stored;
+        let source = format!("{}/{}", self.bucket, encoded(earlier.key.as_str()));
+        let request = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(carried.key.as_str())
+            .copy_source(source)
+            .copy_source_if_match(&carried.earlier.version)
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .metadata_directive(MetadataDirective::Replace)
+            .content_type(earlier.content_type.as_str())
+            .metadata(meta::SOURCE_URL, MetadataUrl::new(carried.url).as_str())
+            .metadata(
+                meta::FINAL_URL,
+                MetadataUrl::new(&earlier.final_url).as_str(),
+            )
+            .metadata(meta::HTTP_STATUS, earlier.http_status.to_string())
+            .metadata(meta::SHA256, &earlier.sha256)
+            .metadata(meta::FETCHED_AT, rfc3339(carried.fetched_at))
+            .metadata(
+                meta::REFRESHED_FROM,
+                Refreshed::new(earlier.key.as_str()).as_str(),
+            );
+        with_validators(request, carried.validators)
+    }
+
     /// A result's `PutObject`, with every header except its condition.
     fn put(
         &self,

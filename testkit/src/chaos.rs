@@ -112,6 +112,14 @@ impl<R: ResultStore> ResultStore for Crashing<R> {
         Ok(copied)
     }
 
+    async fn carry_replacing(
+        &self,
+        carried: Carried<'_>,
+        etag: &str,
+    ) -> Result<Copied, StoreError> {
+        self.inner.carry_replacing(carried, etag).await
+    }
+
     async fn quarantine(&self, key: &QuarantineKey, document: Vec<u8>) -> Result<(), StoreError> {
         self.inner.quarantine(key, document).await
     }

@@ -580,7 +580,7 @@ impl Stack {
     }
 
     /// An item read consistently, or an empty map when it is gone.
-    async fn item(&self, key: Item) -> TaskItem {
+    pub async fn item(&self, key: Item) -> TaskItem {
         let item = self
             .dynamodb
             .get_item()

@@ -156,11 +156,13 @@ impl TaskStore for MemoryTasks {
                 attempts: 1,
                 since: Some(since),
                 spent: false,
+                written: None,
             },
             _ => Tries {
                 attempts: entry.tries.attempts + 1,
                 since: entry.tries.since.or(tries.since),
                 spent: entry.tries.spent,
+                written: None,
             },
         };
         entry.lease = lease.map(|l| (l.owner.to_owned(), l.until));
@@ -342,6 +344,28 @@ impl ResultStore for MemoryResults {
             ..carried.earlier.stored.clone()
         };
         objects.insert(carried.key.as_str().to_owned(), stored);
+        Ok(Copied::Stored)
+    }
+
+    async fn carry_replacing(
+        &self,
+        carried: Carried<'_>,
+        etag: &str,
+    ) -> Result<Copied, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut objects = lock(&self.objects);
+        let Some(stored) = objects
+            .get_mut(carried.key.as_str())
+            .filter(|s| s.sha256 == etag)
+        else {
+            return Ok(Copied::AlreadyThere);
+        };
+        *stored = StoredResult {
+            key: carried.key.clone(),
+            validators: carried.validators.clone(),
+            not_modified: true,
+            ..carried.earlier.stored.clone()
+        };
         Ok(Copied::Stored)
     }
 

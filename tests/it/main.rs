@@ -16,6 +16,7 @@ mod operator;
 mod ops;
 mod polite_defaults;
 mod politeness;
+mod previous_release;
 mod producer;
 mod production;
 mod proxies;

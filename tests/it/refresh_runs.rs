@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use conveyor_testkit::block_pages;
 use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::fresh_site::FreshSite;
 use conveyor_testkit::queue::Queue;
@@ -463,6 +464,81 @@ async fn an_earlier_object_altered_before_its_copy_on_the_final_attempt_is_sent_
         site.answers(),
         (2, 1),
         "the test's look, the 304, the full fetch"
+    );
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    let stored = stack.object(&Stack::key("t1")).await.expect("an object");
+    assert_eq!(stored.body, page);
+}
+
+/// A pending refresh task `t1` of `url`, whose earlier result under [`earlier_key`] is
+/// `body` (described as the worker describes it), with the page's entity tag `etag`.
+async fn refresh_task(stack: &Stack, url: &str, body: &[u8], etag: &str) {
+    let key = earlier_key("t1");
+    stack.put_earlier(&key, body, true).await;
+    let earlier = Earlier {
+        key: &key,
+        body,
+        etag,
+    };
+    stack
+        .put_refresh_task_of(&task_ref("t1"), url, earlier)
+        .await;
+}
+
+/// A worker with politeness at its production defaults.
+fn polite_worker(stack: &Stack) -> TestWorker {
+    stack.worker_with(|t| t.politeness = production_defaults())
+}
+
+#[tokio::test]
+async fn a_block_page_stored_at_a_refresh_tasks_key_is_replaced_by_the_carried_result() {
+    // Arrange: a refresh task whose page is unchanged and whose earlier result is intact;
+    // under its own key, a challenge that the last release stored (a duplicate delivery
+    // of the task, before that release could tell a block page).
+    let (stack, site) = (Stack::new().await, FreshSite::start().await);
+    stack.put_active_run().await;
+    let url = site.url("/fresh/p0");
+    let (page, etag) = page_now(&url).await;
+    refresh_task(&stack, &url, &page, &etag).await;
+    let challenge = block_pages::answer("cloudflare-interstitial-200");
+    let typed = (challenge.status, "text/html");
+    (stack.put_typed_object(&Stack::key("t1"), &challenge.body, typed)).await;
+
+    // Act
+    let reply = run_batch(&polite_worker(&stack), vec![delivery("t1")]).await;
+
+    // Assert: one 304, and the earlier result carried over the challenge; the record
+    // describes it.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    assert_eq!(site.answers(), (1, 1), "the test's look, then the 304");
+    let task = stack.task("t1").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    let stored = stack.object(&Stack::key("t1")).await.expect("an object");
+    assert!(stored.body == page, "the challenge was replaced");
+    assert_eq!(task.s("result_sha256"), Some(sha256_hex(&page).as_str()));
+}
+
+#[tokio::test]
+async fn an_earlier_result_that_is_a_block_page_is_never_carried_forward() {
+    // Arrange: a refresh task whose earlier result is a challenge (stored by an older
+    // release), though the task names the entity tag of the page the site serves now.
+    let (stack, site) = (Stack::new().await, FreshSite::start().await);
+    stack.put_active_run().await;
+    let url = site.url("/fresh/p0");
+    let (page, etag) = page_now(&url).await;
+    let challenge = block_pages::answer("cloudflare-interstitial-200");
+    refresh_task(&stack, &url, &challenge.body, &etag).await;
+
+    // Act
+    let reply = run_batch(&polite_worker(&stack), vec![delivery("t1")]).await;
+
+    // Assert: fetched in full without asking "changed since?", and the page stored.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    assert_eq!(
+        site.answers(),
+        (2, 0),
+        "the test's look, then the full fetch"
     );
     let task = stack.task("t1").await;
     assert_eq!(task.status(), Some("successful"), "{task:?}");

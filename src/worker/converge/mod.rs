@@ -5,6 +5,7 @@
 
 mod stores;
 
+pub(super) use stores::stored_block;
 pub use stores::{Converged, Stores};
 
 use std::time::Duration;

@@ -104,11 +104,11 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
 
     /// Carries a refresh task's earlier result forward on a `304 Not Modified`. The result
     /// is copied to the task's key, and the task is finished as successful with it. As for a
-    /// page, the first object stored there wins and a later writer adopts it. If the earlier
-    /// object changed since it was checked, nothing is copied and this is a conflict, as for
-    /// any object changed between two requests. The record then comes back, finds it
-    /// changed, and fetches in full. On its final attempt it is sent again for that, as for
-    /// any error on our side.
+    /// page, the first object stored there wins and a later writer adopts it, unless it is a
+    /// block page: then the copy replaces it. If the earlier object changed since it was
+    /// checked, nothing is copied and this is a conflict, as for any object changed between
+    /// two requests. The record then comes back, finds it changed, and fetches in full. On
+    /// its final attempt it is sent again for that, as for any error on our side.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn carry_forward(
         &self,
@@ -125,32 +125,11 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             validators: &validators,
             fetched_at: SystemTime::now(),
         };
-        let copied = self
-            .patience
-            .retry(|| self.results.carry_if_absent(carried));
-        let (stored, adopted) = match copied.await? {
-            Copied::Stored => {
-                let stored = StoredResult {
-                    key: key.clone(),
-                    validators,
-                    not_modified: true,
-                    ..earlier.stored.clone()
-                };
-                (stored, false)
-            }
-            Copied::AlreadyThere => match self.results.describe(key).await? {
-                Some(stored) => (stored, true),
-                None => {
-                    return Err(StoreError::Changed {
-                        detail: format!("{key} was there for the copy but gone for the read"),
-                    });
-                }
-            },
-            Copied::EarlierChanged => {
-                return Err(StoreError::Changed {
-                    detail: format!("{} changed as it was copied", earlier.stored.key),
-                });
-            }
+        let copied = self.patience.retry(|| self.carry_or_adopt(carried));
+        let Some((stored, adopted)) = copied.await? else {
+            return Err(StoreError::Changed {
+                detail: format!("{} changed as it was copied", earlier.stored.key),
+            });
         };
         let converged = self.finish(task, Terminal::Succeeded(stored)).await?;
         Ok(match converged {
@@ -222,6 +201,50 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         }
     }
 
+    /// Copies the earlier result to the key, or describes the object already stored:
+    /// (object, adopted). `None` when the earlier object changed since it was checked: no
+    /// retry can copy it then.
+    async fn carry_or_adopt(
+        &self,
+        carried: Carried<'_>,
+    ) -> Result<Option<(StoredResult, bool)>, StoreError> {
+        let key = carried.key;
+        match self.results.carry_if_absent(carried).await? {
+            Copied::Stored => Ok(Some((carried_result(carried), false))),
+            // Gone between the copy and the read (deleted meanwhile): a conflict, so the copy
+            // is tried again.
+            Copied::AlreadyThere => match self.results.describe(key).await? {
+                Some(stored) => self.adopt_or_carry_over(carried, stored).await,
+                None => Err(StoreError::Changed {
+                    detail: format!("{key} was there for the copy but gone for the read"),
+                }),
+            },
+            Copied::EarlierChanged => Ok(None),
+        }
+    }
+
+    /// Adopts the stored object, or replaces it with the earlier result if it is a block
+    /// page. As in `adopt_or_replace`, the replacing copy is conditional on the block page's
+    /// version: if another delivery stored an object meanwhile, that is a conflict, and the
+    /// copy is tried again (and adopts that object). One object is stored, and the one
+    /// terminal write describes it.
+    async fn adopt_or_carry_over(
+        &self,
+        carried: Carried<'_>,
+        stored: StoredResult,
+    ) -> Result<Option<(StoredResult, bool)>, StoreError> {
+        let Some(etag) = Box::pin(self.stored_block(carried.key, &stored)).await? else {
+            return Ok(Some((stored, true)));
+        };
+        match self.results.carry_replacing(carried, &etag).await? {
+            Copied::Stored => Ok(Some((carried_result(carried), false))),
+            Copied::AlreadyThere => Err(StoreError::Changed {
+                detail: format!("{} changed as its block page was replaced", carried.key),
+            }),
+            Copied::EarlierChanged => Ok(None),
+        }
+    }
+
     /// Adopts the stored object, or replaces it with the page if it is a block page. The
     /// replace is conditional on the object's version: if it changed meanwhile, that is a
     /// conflict, and the put is tried again.
@@ -249,18 +272,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         stored: &StoredResult,
     ) -> Result<Option<String>, StoreError> {
-        if self.detection.is_off() {
-            return Ok(None);
-        }
-        let Some(opening) = self.results.opening(key, BODY_WINDOW).await? else {
-            return Ok(None);
-        };
-        let typed = Some(stored.content_type.as_str()).filter(|t| !t.is_empty());
-        let Some(block) = self.detection.by_body(typed, &opening.bytes) else {
-            return Ok(None);
-        };
-        tracing::warn!(%key, %block, "the stored object is a block page: not adopted");
-        Ok(Some(opening.etag))
+        stored_block(self.results, &self.detection, key, stored).await
     }
 
     /// The terminal write, retried on conflicts. If DynamoDB refuses the record as invalid
@@ -309,6 +321,28 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     }
 }
 
+/// The version of the object under `key`, described by `stored`, if `detection` finds it a
+/// block page. Neither adopted nor carried forward then.
+pub(crate) async fn stored_block<R: ResultStore>(
+    results: &R,
+    detection: &Detection,
+    key: &ResultKey,
+    stored: &StoredResult,
+) -> Result<Option<String>, StoreError> {
+    if detection.is_off() {
+        return Ok(None);
+    }
+    let Some(opening) = results.opening(key, BODY_WINDOW).await? else {
+        return Ok(None);
+    };
+    let typed = Some(stored.content_type.as_str()).filter(|t| !t.is_empty());
+    let Some(block) = detection.by_body(typed, &opening.bytes) else {
+        return Ok(None);
+    };
+    tracing::warn!(%key, %block, "the stored object is a block page: never a result");
+    Ok(Some(opening.etag))
+}
+
 /// The smallest record of an end state: the object's identity, or why it failed.
 fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
     match terminal {
@@ -317,6 +351,16 @@ fn minimal(terminal: &Terminal, refused: &StoreError) -> Terminal {
             reason: Reason::new(&format!("the failure record was refused: {refused}")),
             http_status: failure.http_status,
         }),
+    }
+}
+
+/// The earlier result as carried forward to the task's key.
+fn carried_result(carried: Carried<'_>) -> StoredResult {
+    StoredResult {
+        key: carried.key.clone(),
+        validators: carried.validators.clone(),
+        not_modified: true,
+        ..carried.earlier.stored.clone()
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::batch::Invocation;
 use crate::contract::Outcome;
+use crate::domain::blocks::Detection;
 use crate::domain::health::Sign;
 use crate::domain::ids::TaskRef;
 use crate::domain::model::Page;
@@ -27,6 +28,7 @@ use crate::scraper::{Ask, FetchError, Fetched, Fetcher, health_sign};
 use crate::trace;
 
 use super::admit::{Admitted, Pass};
+use super::converge::stored_block;
 use super::guard::Claimed;
 use super::parents::Wanted;
 use super::parse::Delivery;
@@ -107,7 +109,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             pass,
             final_attempt,
         } = admitted;
-        let (prior, earlier) = match self.earlier(prior).await {
+        let (prior, earlier) = match self.earlier(prior, &wanted.detection).await {
             Ok(checked) => checked,
             Err(err) => {
                 return Err(self
@@ -177,11 +179,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     /// A refresh task's earlier result, if it can be carried forward: its object is there,
-    /// with the bytes the task names. Otherwise the prior is dropped and the page is fetched
-    /// in full.
+    /// with the bytes the task names, and it is not a block page (an older release stored
+    /// those). Otherwise the prior is dropped and the page is fetched in full.
     async fn earlier(
         &self,
         prior: Option<Prior>,
+        detection: &Detection,
     ) -> Result<(Option<Prior>, Option<Earlier>), StoreError> {
         let Some(prior) = prior else {
             return Ok((None, None));
@@ -190,13 +193,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             tracing::warn!(key = %prior.key, "the earlier result is not one of the results: fetched in full");
             return Ok((None, None));
         }
-        match self.results.check_earlier(&prior).await? {
-            EarlierCheck::Usable(earlier) => Ok((Some(prior), Some(earlier))),
-            EarlierCheck::Unusable(why) => {
-                tracing::info!(%why, key = %prior.key, "the earlier result cannot be carried forward: fetched in full");
-                Ok((None, None))
+        let why = match self.results.check_earlier(&prior).await? {
+            EarlierCheck::Usable(earlier) => {
+                let block = stored_block(&self.results, detection, &prior.key, &earlier.stored);
+                match Box::pin(block).await? {
+                    None => return Ok((Some(prior), Some(earlier))),
+                    Some(_) => "the earlier result is a block page".to_owned(),
+                }
             }
-        }
+            EarlierCheck::Unusable(why) => why,
+        };
+        tracing::info!(%why, key = %prior.key, "the earlier result cannot be carried forward: fetched in full");
+        Ok((None, None))
     }
 
     /// Fetches with the host's permit. Afterwards the permit is given back, with what the

@@ -15,7 +15,7 @@ use crate::domain::model::{Counting, Parents, Task, TaskStatus, Terminal};
 use crate::domain::model::{Lease, Tries, TriesFrom};
 use crate::domain::refresh::{Prior, Validators};
 use crate::domain::spend::CountedIn;
-use crate::domain::time::rfc3339;
+use crate::domain::time::{millis_of_rfc3339, rfc3339};
 use crate::ports::error::StoreError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
 use crate::store::dynamo::attributes::{Item, number, string};
@@ -36,7 +36,7 @@ impl TaskStore for DynamoTaskStore {
             .consistent_read(true)
             .projection_expression(
                 "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified, \
-                 attempts, tries_since, tries_spent",
+                 attempts, tries_since, tries_spent, updated_at",
             )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
@@ -182,6 +182,7 @@ fn tries_of(item: &Item) -> Tries {
         attempts: number(item, "attempts").unwrap_or(0),
         since: number(item, "tries_since"),
         spent: item.contains_key("tries_spent"),
+        written: string(item, "updated_at").and_then(millis_of_rfc3339),
     }
 }
 
