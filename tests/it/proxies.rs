@@ -1210,6 +1210,34 @@ async fn a_terminal_write_whose_answer_was_lost_counts_the_fetchs_spend_once() {
     assert_eq!(spend(&stack, 1).await, (Some(1), Some(site.bytes_served())));
 }
 
+#[tokio::test]
+async fn a_paid_spend_note_whose_answer_was_lost_counts_the_paid_spend_once() {
+    // Arrange: a task only the paid tier gets. The answer to the note of its paid spend on
+    // the sandbox's lease (the record's second transaction, after the reservation) is lost
+    // after the note took, and the SDK sends it again.
+    let (stack, _site, datacenter, residential) = budgeted_run(1 << 20, 1).await;
+    let lose = conveyor_testkit::lose::LoseAnswer::new("TransactWriteItems", 2);
+    let lost = lose.lost.clone();
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.dynamodb_interceptor = Some(aws_sdk_dynamodb::config::SharedInterceptor::new(lose));
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+
+    // Assert: the paid fetch's spend settled once on the run's account.
+    assert_eq!(lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(residential.requests().len(), 1);
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+}
+
 /// The run's spend through `tier`, wire bytes too.
 async fn tier_spend(stack: &Stack, tier: usize) -> conveyor_worker::domain::spend::TierSpend {
     let run = stack.run_item(JOB, RUN).await;

@@ -48,11 +48,13 @@ pub(super) struct Scraped {
     pub earlier: Option<Earlier>,
 }
 
-/// What one fetch is of: the task, its URL, what its job and run want, and the earlier
-/// result whose validators it asks with.
+/// What one fetch is of: the task and the delivery, its URL, what its job and run want, and
+/// the earlier result whose validators it asks with.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Target<'a> {
     pub task: &'a TaskRef,
+    /// The delivery's name, so its paid spend is noted once.
+    pub delivery: &'a str,
     pub url: Option<&'a str>,
     pub wanted: &'a Wanted,
     pub prior: Option<&'a Prior>,
@@ -117,6 +119,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let target = Target {
             task: delivery.task(),
+            delivery: &delivery.id,
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),

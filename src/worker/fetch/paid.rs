@@ -58,7 +58,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let last = self.fetch(target.url, ask, invocation).await;
         let spent = last.spend.tier(paid).billed();
-        self.paid.settle(&self.tasks, hold, spent).await;
+        self.paid
+            .settle(&self.tasks, hold, spent, target.delivery)
+            .await;
         Fetched {
             spend: first.spend.plus(&last.spend),
             ..last
