@@ -1210,6 +1210,67 @@ async fn a_terminal_write_whose_answer_was_lost_counts_the_fetchs_spend_once() {
     assert_eq!(spend(&stack, 1).await, (Some(1), Some(site.bytes_served())));
 }
 
+/// A paid run of one task, `t0`, whose page at `query` the datacenter tier is blocked on
+/// (the stack, site and tiers of [`budgeted_run`]), and a worker of both tiers whose fetches
+/// get `scrape_timeout`.
+async fn one_paid_task(
+    query: &str,
+    scrape_timeout: Duration,
+) -> ((Stack, Site, ForwardProxy, ForwardProxy), TestWorker) {
+    let (stack, site, datacenter, residential) = budgeted_run(1 << 20, 0).await;
+    let path = format!("/blocks/{}/0?{query}", datacenter.egress);
+    stack.put_task("t0", &site.url(&path), "pending").await;
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.scrape_timeout = scrape_timeout;
+        t.store_reserve = Duration::ZERO;
+    });
+    ((stack, site, datacenter, residential), worker)
+}
+
+#[tokio::test]
+async fn a_paid_fetch_gets_time_of_its_own_not_what_the_free_tier_left() {
+    // Arrange: fetches of 3 s; the free tier is refused after 2.5 s, the paid tier gets the
+    // page in 1 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("block_ms=2500&slow_ms=1000", Duration::from_secs(3)).await;
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+
+    // Assert: the paid fetch was not cut at what the free tier left (0.5 s) and blamed on the
+    // site, but had its own 3 s.
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(residential.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_paid_fetch_without_a_fetchs_least_time_left_is_not_started_and_gives_its_try_back() {
+    // Arrange: 3 s to the cutoff; the free tier is refused after 2.5 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("block_ms=2500", Duration::from_secs(30)).await;
+    let left = Duration::from_millis(3_000) + LIMITS.deadline_margin;
+
+    // Act
+    let reply = crate::production::run_batch_with(&worker, vec![delivery("t0")], left).await;
+
+    // Assert: no paid request and nothing held of the budget; the record is retried with
+    // its attempt given back, the task not failed.
+    assert_eq!(retried(&reply), ["t0"]);
+    assert!(
+        residential.requests().is_empty(),
+        "{:?}",
+        residential.requests()
+    );
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("pending"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(0), "{task:?}");
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("paid_tier_reserved_bytes").unwrap_or(0), 0);
+}
+
 #[tokio::test]
 async fn a_paid_spend_note_whose_answer_was_lost_counts_the_paid_spend_once() {
     // Arrange: a task only the paid tier gets. The answer to the note of its paid spend on

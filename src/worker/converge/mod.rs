@@ -25,7 +25,7 @@ use crate::scraper::{FetchError, Fetcher, Retry};
 
 use super::Worker;
 use super::admit::Admitted;
-use super::fetch::Scraped;
+use super::fetch::{PaidTurn, Scraped};
 use super::parents::Wanted;
 use super::parse::Delivery;
 use crate::paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
@@ -48,6 +48,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             redelivery: scraped.claim.redelivery,
             final_attempt: scraped.final_attempt,
             time: scraped.time,
+            paid: scraped.paid,
             earlier: scraped.earlier.as_ref(),
             measures: &invocation.measures,
         };
@@ -56,8 +57,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if !stores.spend_counted() {
             self.record_spend(delivery.task(), &stores).await;
         }
+        let unfetched = scraped.paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
         match outcome {
             Outcome::PoliteHeld { .. } => self.unclaimed(delivery, &scraped.claim, outcome).await,
+            _ if unfetched => self.unclaimed(delivery, &scraped.claim, outcome).await,
             outcome => outcome,
         }
     }
@@ -130,9 +133,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 booked: None,
             });
         }
-        // Our own deadline ended the fetch, not the site's slowness, so it is not the page's
-        // failure.
-        if err.timed_out && this_try.time < self.settings.scrape_timeout {
+        // Our own deadline ended the fetch (or its paid leg), not the site's slowness, so it is
+        // not the page's failure. A paid leg left for lack of time did not start at all.
+        let cut_short = err.timed_out && this_try.time < self.settings.scrape_timeout;
+        if cut_short || this_try.paid == PaidTurn::NoTime {
             return Ok(Outcome::NoTimeLeft);
         }
         // Our failure is never the page's, on any attempt. On the final attempt it marks the
@@ -210,8 +214,10 @@ struct Try<'a> {
     redelivery: bool,
     /// A transient failure is final.
     final_attempt: bool,
-    /// The time the fetch was given.
+    /// The time the fetch (its paid leg, if it ran) was given.
     time: Duration,
+    /// What became of the paid tier.
+    paid: PaidTurn,
     /// The earlier result a refresh carries forward if the page has not changed.
     earlier: Option<&'a Earlier>,
     measures: &'a Measures,

@@ -1,11 +1,10 @@
 //! The paid proxy tier, held back while a run has a budget for it. It is used only once the
 //! other tiers are blocked. Its fetch first takes a hold on the most bytes it may use, from
 //! this sandbox's share of the run's budget (`crate::paid`). The hold is then settled with
-//! what the fetch spent.
+//! what the fetch spent. The paid fetch is a fetch of its own: it gets its own time, not
+//! what the other tiers left of theirs, and does not start without the least a fetch needs.
 
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::batch::Invocation;
 use crate::paid::{PAID_BUDGET_HELD, PaidAnswer, PaidHold};
@@ -19,52 +18,85 @@ use crate::scraper::{Ask, FetchError, Fetched, Fetcher};
 use super::super::Worker;
 use super::Target;
 
+/// The reason of a record whose paid fetch was not started, for lack of time.
+const NO_TIME_FOR_PAID: &str = "no time left for the paid tier";
+
+/// A fetch, with the time its last leg was given and what became of the paid tier.
+#[derive(Debug)]
+pub(super) struct Leg {
+    pub fetched: Fetched,
+    /// The time the leg that ended the fetch was given: the paid fetch's, if it ran.
+    pub time: Duration,
+    pub paid: PaidTurn,
+}
+
+/// What became of the paid tier in a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaidTurn {
+    /// Not wanted, or it fetched.
+    Done,
+    /// Wanted, but not started: too little time was left before the invocation's end.
+    NoTime,
+}
+
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget.
+    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget and
+    /// time for a fetch of its own.
     pub(super) async fn fetch_paid_held_back(
         &self,
         target: Target<'_>,
         time: Duration,
         invocation: &Invocation,
-    ) -> Fetched {
+    ) -> Leg {
         let within = |time| Ask {
             if_changed: target.prior.map(|prior| &prior.validators),
             detection: &target.wanted.detection,
             ..Ask::within(time)
         };
+        let done = |fetched, time| Leg {
+            fetched,
+            time,
+            paid: PaidTurn::Done,
+        };
         let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, self.settings.proxy_tiers)
         else {
-            return self.fetch(target.url, within(time), invocation).await;
+            return done(self.fetch(target.url, within(time), invocation).await, time);
         };
-        let started = Instant::now();
         let withheld = Ask {
             paid_tier: false,
             ..within(time)
         };
         let first = self.fetch(target.url, withheld, invocation).await;
         if !first.wants_paid_tier {
-            return first;
+            return done(first, time);
         }
+        // The time the paid fetch gets, as any fetch does, now.
+        let Some(paid_time) = self.fetch_time(invocation) else {
+            let page = Err(FetchError::ours(NO_TIME_FOR_PAID));
+            let fetched = Fetched { page, ..first };
+            return Leg {
+                paid: PaidTurn::NoTime,
+                ..done(fetched, time)
+            };
+        };
         let (hold, first) = match self.paid_hold(target, run_budget, first).await {
             Ok(held) => held,
-            Err(ended) => return ended,
+            Err(ended) => return done(ended, time),
         };
         let ask = Ask {
             first_tier: paid,
             wire_most: Some(self.settings.paid_fetch_cap),
-            ..within(time.saturating_sub(started.elapsed()))
+            ..within(paid_time)
         };
         let last = self.fetch(target.url, ask, invocation).await;
         let spent = last.spend.tier(paid).billed();
         self.paid
             .settle(&self.tasks, hold, spent, target.delivery)
             .await;
-        Fetched {
-            spend: first.spend.plus(&last.spend),
-            ..last
-        }
+        let spend = first.spend.plus(&last.spend);
+        done(Fetched { spend, ..last }, paid_time)
     }
 
     /// A hold on the paid tier's most bytes from the run's budget, returned with the first
