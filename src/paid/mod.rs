@@ -99,9 +99,32 @@ struct Allowance {
 /// given back.
 pub const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
 
-/// How long a record waits when its run's paid budget is held elsewhere: about the time
-/// until this sandbox reads the run's budget again.
+/// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` (its waits for its host
+/// included) and its run's paid budget is still held elsewhere.
+pub const WAITED_TOO_LONG_FOR_PAID: &str = "waited too long for the paid budget";
+
+/// How long a record first waits when its run's paid budget is held elsewhere: about the
+/// time until this sandbox reads the run's budget again.
 pub const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a record waits for its run's paid budget at a time.
+pub const PAID_BUDGET_MOST_WAIT: Duration = Duration::from_secs(4 * 60);
+
+/// How long a record waits for its run's paid budget, held elsewhere, after `waits` such
+/// waits: [`PAID_BUDGET_WAIT`], doubling with each wait up to [`PAID_BUDGET_MOST_WAIT`], of
+/// which half to all at random, so records that wait together do not all come back
+/// together. Never more than `wait_left`. `None` once nothing is left of the wait: the task
+/// then fails.
+pub fn paid_wait(waits: u32, wait_left: Duration) -> Option<Duration> {
+    if wait_left.is_zero() {
+        return None;
+    }
+    let full = PAID_BUDGET_WAIT
+        .saturating_mul(1 << waits.min(16))
+        .min(PAID_BUDGET_MOST_WAIT);
+    let jittered = full / 2 + full.mul_f64(fastrand::f64() / 2.0);
+    Some(jittered.min(wait_left))
+}
 
 /// What a paid fetch may do.
 #[derive(Debug)]
@@ -778,6 +801,33 @@ mod tests {
         assert_eq!(holds, chunk / cap + 1);
         let (reserved, spent) = account.books();
         assert_eq!((reserved, spent), (spent, 1_000 + holds * cap));
+    }
+
+    #[test]
+    fn a_wait_for_the_paid_budget_doubles_to_its_most_jittered_and_ends_with_the_wait_left() {
+        let day = Duration::from_secs(86_400);
+        for _ in 0..100 {
+            let first = paid_wait(0, day).unwrap();
+            assert!(
+                PAID_BUDGET_WAIT / 2 <= first && first <= PAID_BUDGET_WAIT,
+                "{first:?}"
+            );
+            let third = paid_wait(2, day).unwrap();
+            assert!(PAID_BUDGET_WAIT * 2 <= third && third <= PAID_BUDGET_WAIT * 4);
+            let late = paid_wait(40, day).unwrap();
+            assert!(PAID_BUDGET_MOST_WAIT / 2 <= late && late <= PAID_BUDGET_MOST_WAIT);
+        }
+        let little = Duration::from_millis(300);
+        assert_eq!(
+            paid_wait(3, little),
+            Some(little),
+            "never past the wait left"
+        );
+        assert_eq!(
+            paid_wait(0, Duration::ZERO),
+            None,
+            "waited long enough: fail"
+        );
     }
 
     #[test]

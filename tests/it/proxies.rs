@@ -10,8 +10,10 @@ use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
 use conveyor_testkit::tls_site::TlsSite;
 use conveyor_testkit::*;
+use conveyor_worker::domain::message::Carried;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
+use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
@@ -1269,6 +1271,103 @@ async fn a_paid_fetch_without_a_fetchs_least_time_left_is_not_started_and_gives_
     assert_eq!(task.n("attempts"), Some(0), "{task:?}");
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("paid_tier_reserved_bytes").unwrap_or(0), 0);
+}
+
+/// Sets the run's reserved paid-tier bytes, as if sandboxes elsewhere held them (`reserved`
+/// as much as the budget: the budget is held).
+async fn reserve_paid_elsewhere(stack: &Stack, reserved: u64) {
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
+        .update_expression("SET paid_tier_reserved_bytes = :reserved")
+        .expression_attribute_values(":reserved", attributes::n(reserved))
+        .send()
+        .await
+        .expect("reserve the run's budget");
+}
+
+/// `record` as SQS delivers it from `queue`.
+fn on(
+    queue: &conveyor_testkit::queue::Queue,
+    body: &str,
+) -> aws_lambda_events::event::sqs::SqsMessage {
+    let mut record = record("m0", body, 1);
+    record.event_source_arn = Some(queue.arn.clone());
+    record
+}
+
+#[tokio::test]
+async fn a_record_waiting_for_a_held_paid_budget_is_counted_and_its_copy_goes_straight_to_the_paid_tier()
+ {
+    // Arrange: a page the datacenter tier is blocked on, and the run's budget held elsewhere.
+    let budget = 1 << 20;
+    let (stack, _site, datacenter, residential) = budgeted_run(budget, 1).await;
+    reserve_paid_elsewhere(&stack, budget).await;
+    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+
+    // Act: the first delivery waits; the budget is given back; its copy comes to another
+    // sandbox (this one keeps the refusal for a few seconds).
+    let first = run_batch(&worker, vec![on(&queue, &body("t0"))]).await;
+    let (copy, after) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(10))
+        .await;
+    reserve_paid_elsewhere(&stack, 0).await;
+    let other = proxied(&stack, &[datacenter.url(), residential.url()], None);
+    let second = run_batch(&other, vec![copy.clone()]).await;
+
+    // Assert: the wait was counted as a wait for the paid tier, and its copy asked the paid
+    // tier alone.
+    assert!(retried(&first).is_empty(), "acked: its copy waits instead");
+    let carried = Carried::read(copy.body.as_deref());
+    assert_eq!((carried.paid_waits, carried.waits), (1, 1), "{carried:?}");
+    assert!(carried.polite_since.is_some());
+    assert!(after >= Duration::from_secs(2), "{after:?}");
+    assert!(retried(&second).is_empty(), "{:?}", retried(&second));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(
+        datacenter.requests().len(),
+        1,
+        "{:?}",
+        datacenter.requests()
+    );
+    assert_eq!(residential.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_record_that_waited_its_longest_for_a_held_paid_budget_fails_for_it() {
+    // Arrange: the copy of a record whose first wait began 48 h and a minute ago (past
+    // POLITE_MAX_WAIT_MS) and that waited for the paid tier; the budget still held.
+    let budget = 1 << 20;
+    let (stack, _site, datacenter, residential) = budgeted_run(budget, 1).await;
+    reserve_paid_elsewhere(&stack, budget).await;
+    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+    let since = std::time::SystemTime::now() - Duration::from_secs(48 * 3_600 + 60);
+    let since = since
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let worn = format!(
+        r#"{{"job_id":"{JOB}","run_id":"{RUN}","task_id":"t0","polite_waits":9,"paid_waits":9,"polite_since":{}}}"#,
+        since.as_millis()
+    );
+
+    // Act
+    let reply = run_batch(&worker, vec![on(&queue, &worn)]).await;
+
+    // Assert: failed for the wait, not parked again, and no tier asked.
+    assert!(
+        retried(&reply).is_empty(),
+        "acked: failed, not dead-lettered"
+    );
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("failed"), "{task:?}");
+    assert_eq!(task.s("error"), Some("waited too long for the paid budget"));
+    assert_eq!(queue.depth(&stack).await, 0, "no copy");
+    assert!(datacenter.requests().is_empty());
+    assert!(residential.requests().is_empty());
 }
 
 #[tokio::test]

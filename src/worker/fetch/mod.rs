@@ -61,6 +61,8 @@ pub(super) struct Target<'a> {
     pub task: &'a TaskRef,
     /// The delivery's name, so its paid spend is noted once.
     pub delivery: &'a str,
+    /// The copy waited for its run's paid budget: only the paid tier gets its page.
+    pub paid_next: bool,
     pub url: Option<&'a str>,
     pub wanted: &'a Wanted,
     pub prior: Option<&'a Prior>,
@@ -126,6 +128,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let target = Target {
             task: delivery.task(),
             delivery: &delivery.id,
+            paid_next: delivery.message.carried.paid_waits > 0,
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),
@@ -180,7 +183,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 ..admitted
             }),
             Err(Later { delay, booked }) => {
-                let held = Outcome::PoliteHeld { delay, booked };
+                let held = Outcome::PoliteHeld {
+                    delay,
+                    booked,
+                    for_paid: false,
+                };
                 Err(self.unclaimed(delivery, &admitted.claim, held).await)
             }
         }

@@ -21,6 +21,11 @@ use super::Target;
 /// The reason of a record whose paid fetch was not started, for lack of time.
 const NO_TIME_FOR_PAID: &str = "no time left for the paid tier";
 
+/// The reason of a copy that went straight to the paid tier and did not get it: the budget is
+/// spent.
+const BLOCKED_BEFORE: &str = "blocked on the other proxy tiers before; \
+     the run's budget for the paid proxy tier is spent";
+
 /// A fetch, with the time its last leg was given and what became of the paid tier.
 #[derive(Debug)]
 pub(super) struct Leg {
@@ -37,58 +42,46 @@ pub enum PaidTurn {
     Done,
     /// Wanted, but not started: too little time was left before the invocation's end.
     NoTime,
+    /// Wanted, but the run's budget is held by fetches in flight elsewhere: the record
+    /// waits for it.
+    Held,
 }
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
     /// The fetch. The paid tier is tried last, and only with a hold on the run's budget and
-    /// time for a fetch of its own.
+    /// time for a fetch of its own. A copy that waited for the budget goes straight to it.
     pub(super) async fn fetch_paid_held_back(
         &self,
         target: Target<'_>,
         time: Duration,
         invocation: &Invocation,
     ) -> Leg {
-        let within = |time| Ask {
-            if_changed: target.prior.map(|prior| &prior.validators),
-            detection: &target.wanted.detection,
-            ..Ask::within(time)
-        };
-        let done = |fetched, time| Leg {
-            fetched,
-            time,
-            paid: PaidTurn::Done,
-        };
         let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, self.settings.proxy_tiers)
         else {
-            return done(self.fetch(target.url, within(time), invocation).await, time);
+            let fetched = self
+                .fetch(target.url, within(target, time), invocation)
+                .await;
+            return Leg::done(fetched, time);
         };
-        let withheld = Ask {
-            paid_tier: false,
-            ..within(time)
-        };
-        let first = self.fetch(target.url, withheld, invocation).await;
+        let first = self.before_paid(target, time, invocation).await;
         if !first.wants_paid_tier {
-            return done(first, time);
+            return Leg::done(first, time);
         }
         // The time the paid fetch gets, as any fetch does, now.
         let Some(paid_time) = self.fetch_time(invocation) else {
             let page = Err(FetchError::ours(NO_TIME_FOR_PAID));
-            let fetched = Fetched { page, ..first };
-            return Leg {
-                paid: PaidTurn::NoTime,
-                ..done(fetched, time)
-            };
+            return Leg::ended(Fetched { page, ..first }, time, PaidTurn::NoTime);
         };
         let (hold, first) = match self.paid_hold(target, run_budget, first).await {
             Ok(held) => held,
-            Err(ended) => return done(ended, time),
+            Err((ended, turn)) => return Leg::ended(ended, time, turn),
         };
         let ask = Ask {
             first_tier: paid,
             wire_most: Some(self.settings.paid_fetch_cap),
-            ..within(paid_time)
+            ..within(target, paid_time)
         };
         let last = self.fetch(target.url, ask, invocation).await;
         let spent = last.spend.tier(paid).billed();
@@ -96,28 +89,77 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .settle(&self.tasks, hold, spent, target.delivery)
             .await;
         let spend = first.spend.plus(&last.spend);
-        done(Fetched { spend, ..last }, paid_time)
+        Leg::done(Fetched { spend, ..last }, paid_time)
+    }
+
+    /// The fetch through the tiers before the paid one. A copy that waited for the run's
+    /// paid budget skips it: those tiers are known to block its page.
+    async fn before_paid(
+        &self,
+        target: Target<'_>,
+        time: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        if target.paid_next {
+            let page = Err(FetchError::permanent(BLOCKED_BEFORE));
+            return Fetched {
+                wants_paid_tier: true,
+                ..Fetched::unspent(page)
+            };
+        }
+        let withheld = Ask {
+            paid_tier: false,
+            ..within(target, time)
+        };
+        self.fetch(target.url, withheld, invocation).await
     }
 
     /// A hold on the paid tier's most bytes from the run's budget, returned with the first
-    /// fetch. Without a hold, returns what that first fetch ends as: the budget is spent,
-    /// held by fetches in flight, or could not be read. What the other tiers spent stays
-    /// spent either way.
+    /// fetch. Without a hold, returns what that first fetch ends as (the budget is spent,
+    /// held by fetches in flight, or could not be read), and what became of the paid tier.
+    /// What the other tiers spent stays spent either way.
     async fn paid_hold(
         &self,
         target: Target<'_>,
         run_budget: u64,
         first: Fetched,
-    ) -> Result<(PaidHold, Fetched), Fetched> {
+    ) -> Result<(PaidHold, Fetched), (Fetched, PaidTurn)> {
         let cap = self.settings.paid_fetch_cap;
         let held = self.paid.hold(&self.tasks, target.task, run_budget, cap);
-        let reason = match held.await {
+        let (reason, turn) = match held.await {
             Ok(PaidAnswer::Go(hold)) => return Ok((hold, first)),
-            Ok(PaidAnswer::Spent) => return Err(first),
-            Ok(PaidAnswer::Held) => PAID_BUDGET_HELD.to_owned(),
-            Err(err) => format!("the paid tier's budget could not be read: {err}"),
+            Ok(PaidAnswer::Spent) => return Err((first, PaidTurn::Done)),
+            Ok(PaidAnswer::Held) => (PAID_BUDGET_HELD.to_owned(), PaidTurn::Held),
+            Err(err) => {
+                let reason = format!("the paid tier's budget could not be read: {err}");
+                (reason, PaidTurn::Done)
+            }
         };
         let page = Err(FetchError::ours(reason));
-        Err(Fetched { page, ..first })
+        Err((Fetched { page, ..first }, turn))
+    }
+}
+
+/// What a fetch of `target` within `time` asks for.
+fn within<'a>(target: Target<'a>, time: Duration) -> Ask<'a> {
+    Ask {
+        if_changed: target.prior.map(|prior| &prior.validators),
+        detection: &target.wanted.detection,
+        ..Ask::within(time)
+    }
+}
+
+impl Leg {
+    /// A fetch that ended without the paid tier, or with it.
+    fn done(fetched: Fetched, time: Duration) -> Self {
+        Self::ended(fetched, time, PaidTurn::Done)
+    }
+
+    fn ended(fetched: Fetched, time: Duration, paid: PaidTurn) -> Self {
+        Self {
+            fetched,
+            time,
+            paid,
+        }
     }
 }
