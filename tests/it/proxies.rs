@@ -28,7 +28,7 @@ fn credentials() -> String {
 }
 
 /// A worker whose fetches go through `tiers` (`;` between them), with `secret` if any.
-fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> TestWorker {
+pub(crate) fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> TestWorker {
     let tiers = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
     let secret = secret.map(|s| ProxySecret::parse(s).expect("a proxy secret"));
     stack.worker_with(|t| {
@@ -311,7 +311,10 @@ async fn with_a_proxy_the_address_rules_still_hold_and_the_proxy_is_no_target() 
 
 /// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
 /// datacenter tier is blocked on; the site and both tiers.
-async fn budgeted_run(budget: u64, blocked: usize) -> (Stack, Site, ForwardProxy, ForwardProxy) {
+pub(crate) async fn budgeted_run(
+    budget: u64,
+    blocked: usize,
+) -> (Stack, Site, ForwardProxy, ForwardProxy) {
     let (stack, site) = (Stack::new().await, Site::start().await);
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
