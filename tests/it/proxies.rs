@@ -1217,7 +1217,7 @@ async fn a_terminal_write_whose_answer_was_lost_counts_the_fetchs_spend_once() {
 
 /// A paid run of one task, `t0`, whose page at `query` the datacenter tier is blocked on
 /// (the stack, site and tiers of [`budgeted_run`]), and a worker of both tiers whose fetches
-/// get `scrape_timeout`.
+/// get `scrape_timeout` and keep a second for storing the page.
 async fn one_paid_task(
     query: &str,
     scrape_timeout: Duration,
@@ -1229,7 +1229,7 @@ async fn one_paid_task(
     let worker = stack.worker_with(|t| {
         t.proxies = tiers;
         t.scrape_timeout = scrape_timeout;
-        t.store_reserve = Duration::ZERO;
+        t.store_reserve = Duration::from_secs(1);
     });
     ((stack, site, datacenter, residential), worker)
 }
@@ -1253,9 +1253,10 @@ async fn a_paid_fetch_gets_time_of_its_own_not_what_the_free_tier_left() {
 
 #[tokio::test]
 async fn a_paid_fetch_without_a_fetchs_least_time_left_is_not_started_and_gives_its_try_back() {
-    // Arrange: 3 s to the cutoff; the free tier is refused after 2.5 s.
+    // Arrange: 3 s to the cutoff, 2 s of it for fetching; the free tier is refused after
+    // 1.5 s.
     let ((stack, _site, _datacenter, residential), worker) =
-        one_paid_task("block_ms=2500", Duration::from_secs(30)).await;
+        one_paid_task("block_ms=1500", Duration::from_secs(30)).await;
     let left = Duration::from_millis(3_000) + LIMITS.deadline_margin;
 
     // Act
@@ -1274,6 +1275,30 @@ async fn a_paid_fetch_without_a_fetchs_least_time_left_is_not_started_and_gives_
     assert_eq!(task.n("attempts"), Some(0), "{task:?}");
     let run = stack.run_item(JOB, RUN).await;
     assert_eq!(run.n("paid_tier_reserved_bytes").unwrap_or(0), 0);
+}
+
+#[tokio::test]
+async fn a_paid_fetch_cut_short_by_the_invocations_end_is_ours_and_charged_only_its_bytes() {
+    // Arrange: 3 s to the cutoff, 2 s of it for fetching; the free tier is refused at once,
+    // the paid tier's page takes 10 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("slow_ms=10000", Duration::from_secs(30)).await;
+    let left = Duration::from_millis(3_000) + LIMITS.deadline_margin;
+
+    // Act
+    let reply = crate::production::run_batch_with(&worker, vec![delivery("t0")], left).await;
+
+    // Assert: retried, the task not failed; the run was charged what crossed the wire, not
+    // the fetch's hold.
+    assert_eq!(retried(&reply), ["t0"]);
+    assert_eq!(residential.requests().len(), 1);
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("processing"), "{task:?}");
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+    assert!(wire < worker.settings.paid_fetch_cap, "{wire}");
 }
 
 /// Sets the run's reserved paid-tier bytes, as if sandboxes elsewhere held them (`reserved`
