@@ -68,10 +68,12 @@ pub enum Outcome {
     /// As [`Outcome::PoliteRequeued`], but the message is held back through its visibility
     /// timeout instead. This happens on a FIFO queue, where a copy would break the order, or
     /// when the copy could not be sent. `booked` is the start time the host's schedule booked
-    /// for it, carried by the copy.
+    /// for it, carried by the copy. `for_paid`: it waits for its run's paid budget, held
+    /// elsewhere, not for its host; its copy goes straight to the paid tier.
     PoliteHeld {
         delay: Duration,
         booked: Option<u64>,
+        for_paid: bool,
     },
     /// A final attempt ended for a reason on our side (no time left, a store error). It was
     /// sent again as a fresh copy, delayed by `delay`, that carries the receive count so far.

@@ -382,6 +382,7 @@ mod tests {
             Outcome::PoliteHeld {
                 delay: Duration::from_secs(3),
                 booked: None,
+                for_paid: false,
             },
         ];
         let measures = Measures::default();

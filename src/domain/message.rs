@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | a producer's message | no `copied_at` | nothing: its tries begin when it was sent |
 //! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booked start, the wait count plus one, when the first wait began; the rest unchanged |
+//! | a copy parked for its run's paid budget | as above | as a copy parked for its host, and the paid waits plus one: it goes straight to the paid tier |
 //! | a copy sent because AWS pushed back, or for a final attempt | as above | the receives used so far, the copy count plus one, when AWS first pushed back (kept from earlier copies); the rest unchanged |
 //! | a copy moved to the back of its FIFO group (to wait, or because it is held behind its group, on its second-to-last receive) | as a parked copy | what it carried |
 //! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
@@ -14,7 +15,9 @@
 //! Every copy keeps the producer's own fields, its `MessageGroupId` and its message
 //! attributes. The worker's part is in `worker/park.rs`. A worker field that is not a whole
 //! number reads as absent. A body from the previous release reads the same way, since the
-//! field names did not change (`tests/fixtures/messages/`).
+//! field names did not change; it has no `paid_waits`, which reads as 0. The previous
+//! release reads a body of this one too: it ignores fields it does not know, and its copies
+//! keep them as the producer's (`tests/fixtures/messages/`).
 
 use serde_json::{Map, Value};
 
@@ -54,6 +57,9 @@ pub struct Carried {
     /// When the task's current set of tries began: when the first message in this chain of
     /// copies was sent (ms since the epoch).
     pub tries_since: Option<u64>,
+    /// How many of its waits were for its run's paid budget. Once it has had one, the other
+    /// tiers are known to block its page, and it goes straight to the paid tier.
+    pub paid_waits: u32,
 }
 
 /// The body field for each carried value. The names are the same as in the previous release.
@@ -65,7 +71,8 @@ const COPIES: &str = "copies";
 const PRESSED_SINCE: &str = "pressed_since";
 const COPIED_AT: &str = "copied_at";
 const TRIES_SINCE: &str = "tries_since";
-const CARRIED: [&str; 8] = [
+const PAID_WAITS: &str = "paid_waits";
+const CARRIED: [&str; 9] = [
     BOOKING,
     WAITS,
     SINCE,
@@ -74,6 +81,7 @@ const CARRIED: [&str; 8] = [
     PRESSED_SINCE,
     COPIED_AT,
     TRIES_SINCE,
+    PAID_WAITS,
 ];
 
 /// Data contract v3: the run's `counter_shards`, over which its tasks and results spread.
@@ -123,6 +131,20 @@ impl Message {
         self.with(carried)
     }
 
+    /// The body of a copy parked for its run's paid budget, held elsewhere: as
+    /// [`Message::parked`] with no booking, and one more paid wait.
+    pub fn parked_for_paid(&self, now: u64) -> String {
+        let carried = Carried {
+            paid_waits: self.carried.paid_waits.saturating_add(1),
+            ..self.carried
+        };
+        Self {
+            carried,
+            ..self.clone()
+        }
+        .parked(None, now)
+    }
+
     /// The body of a copy sent for another try. It carries `spent` receives used so far and
     /// one more copy. It carries `pressed_at` if AWS pushed back on this one, unless an
     /// earlier copy already set that start, which is kept.
@@ -167,6 +189,10 @@ impl Message {
             (PRESSED_SINCE, carried.pressed_since),
             (COPIED_AT, carried.copied_at),
             (TRIES_SINCE, carried.tries_since),
+            (
+                PAID_WAITS,
+                Some(u64::from(carried.paid_waits)).filter(|&n| n > 0),
+            ),
         ];
         if carried != Carried::default() {
             for (name, value) in numbers {
@@ -197,6 +223,7 @@ impl Carried {
             pressed_since: number(PRESSED_SINCE),
             copied_at: number(COPIED_AT),
             tries_since: number(TRIES_SINCE),
+            paid_waits: count(PAID_WAITS),
         }
     }
 }
@@ -464,6 +491,33 @@ mod tests {
         );
         let copy = read(fixture("pressed_copy"), None).another_try(4, None, 1);
         assert_eq!(read(&copy, None).fields["tenant"], "acme");
+        assert_eq!(
+            carried("parked").paid_waits,
+            0,
+            "no paid wait: free tiers first"
+        );
+    }
+
+    #[test]
+    fn a_copy_parked_for_the_paid_budget_counts_its_waits_and_reads_as_written() {
+        // Arrange: a producer's body, and the fixture of such a copy as this release writes
+        // it (the previous release reads it as a parked copy, keeping `paid_waits` as a
+        // field of the producer's).
+        let fixture = include_str!("../../tests/fixtures/messages/paid_wait_copy.json");
+
+        // Act
+        let once = read(BODY, None).parked_for_paid(1_000);
+        let twice = read(&once, None).parked_for_paid(2_000);
+
+        // Assert
+        let carried = read(&twice, None).carried;
+        assert_eq!((carried.paid_waits, carried.waits), (2, 2));
+        assert_eq!(carried.polite_since, Some(1_000));
+        assert_eq!(carried.booking, None);
+        let written = read(fixture, None).carried;
+        assert_eq!((written.paid_waits, written.waits), (1, 3));
+        assert_eq!(written.polite_since, Some(1_764_745_200_000));
+        assert_eq!(read(fixture, None).fields["tenant"], "acme");
     }
 
     /// What the previous release (bf0ec71) reads of a body: the task's three ids (strings),

@@ -99,9 +99,32 @@ struct Allowance {
 /// given back.
 pub const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
 
-/// How long a record waits when its run's paid budget is held elsewhere: about the time
-/// until this sandbox reads the run's budget again.
+/// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` (its waits for its host
+/// included) and its run's paid budget is still held elsewhere.
+pub const WAITED_TOO_LONG_FOR_PAID: &str = "waited too long for the paid budget";
+
+/// How long a record first waits when its run's paid budget is held elsewhere: about the
+/// time until this sandbox reads the run's budget again.
 pub const PAID_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a record waits for its run's paid budget at a time.
+pub const PAID_BUDGET_MOST_WAIT: Duration = Duration::from_secs(4 * 60);
+
+/// How long a record waits for its run's paid budget, held elsewhere, after `waits` such
+/// waits: [`PAID_BUDGET_WAIT`], doubling with each wait up to [`PAID_BUDGET_MOST_WAIT`], of
+/// which half to all at random, so records that wait together do not all come back
+/// together. Never more than `wait_left`. `None` once nothing is left of the wait: the task
+/// then fails.
+pub fn paid_wait(waits: u32, wait_left: Duration) -> Option<Duration> {
+    if wait_left.is_zero() {
+        return None;
+    }
+    let full = PAID_BUDGET_WAIT
+        .saturating_mul(1 << waits.min(16))
+        .min(PAID_BUDGET_MOST_WAIT);
+    let jittered = full / 2 + full.mul_f64(fastrand::f64() / 2.0);
+    Some(jittered.min(wait_left))
+}
 
 /// What a paid fetch may do.
 #[derive(Debug)]
@@ -122,6 +145,8 @@ pub enum PaidAnswer {
 #[must_use = "a hold is settled with what the fetch spent"]
 pub struct PaidHold {
     run: (Id, Id),
+    /// The task whose fetch holds it.
+    task: TaskRef,
     cap: u64,
     runs: Runs,
     settled: bool,
@@ -182,11 +207,11 @@ impl PaidAllowances {
         let run = (task.job_id.clone(), task.run_id.clone());
         let chunk = chunk_of(budget, cap);
         for _ in 0..MOST_RESERVATIONS {
-            if let Some(turn) = self.take(&run, cap) {
+            if let Some(turn) = self.take(task, cap) {
                 return Ok(turn);
             }
             let _asking = self.asking.lock().await;
-            if let Some(turn) = self.take(&run, cap) {
+            if let Some(turn) = self.take(task, cap) {
                 return Ok(turn);
             }
             let asked = Instant::now();
@@ -205,16 +230,18 @@ impl PaidAllowances {
         Ok(PaidAnswer::Held)
     }
 
-    /// Takes `cap` from the run's allowance if it has that much. Says no if the run refused
-    /// recently. Otherwise `None`: a reservation is needed.
-    fn take(&self, run: &(Id, Id), cap: u64) -> Option<PaidAnswer> {
+    /// Takes `cap` from the allowance of `task`'s run if it has that much. Says no if the run
+    /// refused recently. Otherwise `None`: a reservation is needed.
+    fn take(&self, task: &TaskRef, cap: u64) -> Option<PaidAnswer> {
+        let run = (task.job_id.clone(), task.run_id.clone());
         let mut runs = lock(&self.runs);
-        let kept = runs.get_mut(run)?;
+        let kept = runs.get_mut(&run)?;
         if kept.usable() && kept.left >= signed(cap) {
             kept.left -= signed(cap);
             kept.holding += 1;
             return Some(PaidAnswer::Go(PaidHold {
-                run: run.clone(),
+                run,
+                task: task.clone(),
                 cap,
                 runs: self.runs.clone(),
                 settled: false,
@@ -288,14 +315,19 @@ impl PaidAllowances {
         }
     }
 
-    /// Ends `hold`: the fetch spent `bytes` through the paid tier, and the rest of the hold
-    /// returns to this sandbox. The spend is noted on this sandbox's lease. If the note
-    /// fails, the spend is kept here for the give-back.
-    pub async fn settle<S: SpendStore>(&self, store: &S, mut hold: PaidHold, bytes: u64) {
+    /// Ends `hold`: the fetch of `delivery` spent `bytes` through the paid tier, and the rest
+    /// of the hold returns to this sandbox. The spend is noted on this sandbox's lease, once
+    /// for the delivery. If the note fails, the spend is kept here for the give-back.
+    pub async fn settle<S: SpendStore>(
+        &self,
+        store: &S,
+        mut hold: PaidHold,
+        bytes: u64,
+        delivery: &str,
+    ) {
         hold.settled = true;
-        let (job, run) = &hold.run;
         let noted = store
-            .note_paid(RunRef::new(job, run), &self.holder, bytes)
+            .note_paid(&hold.task, &self.holder, bytes, delivery)
             .await;
         if let Err(err) = &noted {
             tracing::warn!(error = %err, bytes, "paid-tier spend not noted on the lease yet");
@@ -485,9 +517,10 @@ mod tests {
 
         async fn note_paid(
             &self,
-            _: RunRef<'_>,
+            _: &TaskRef,
             holder: &str,
             bytes: u64,
+            _: &str,
         ) -> Result<(), StoreError> {
             match self.leases().get_mut(holder) {
                 Some(held) => held.1 += bytes,
@@ -555,7 +588,7 @@ mod tests {
                     return None;
                 };
                 tokio::task::yield_now().await;
-                paid.settle(&account, hold, cap).await;
+                paid.settle(&account, hold, cap, "d").await;
                 Some(cap)
             })
         });
@@ -579,14 +612,14 @@ mod tests {
         let PaidAnswer::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
             panic!("a hold on a fresh budget");
         };
-        first.settle(&account, hold, 1_000).await;
+        first.settle(&account, hold, 1_000, "d").await;
 
         // Act
         first.give_back(&account).await;
         let mut held = 0;
         while let PaidAnswer::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap()
         {
-            second.settle(&account, hold, cap).await;
+            second.settle(&account, hold, cap, "d").await;
             held += cap;
         }
         let busy = PaidAllowances::default()
@@ -620,7 +653,7 @@ mod tests {
             turn => panic!("{turn:?}"),
         };
         let first = go(dead.hold(&account, &task(), budget, cap).await);
-        dead.settle(&account, first, 1_000).await;
+        dead.settle(&account, first, 1_000, "d").await;
         let _in_flight = go(dead.hold(&account, &task(), budget, cap).await);
         let other = PaidAllowances::new(lease);
 
@@ -629,7 +662,7 @@ mod tests {
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let mut spent = 0;
         while let PaidAnswer::Go(hold) = other.hold(&account, &task(), budget, cap).await.unwrap() {
-            other.settle(&account, hold, cap).await;
+            other.settle(&account, hold, cap, "d").await;
             spent += cap;
         }
         other.give_back(&account).await;
@@ -676,7 +709,7 @@ mod tests {
         let account = Account::new(budget);
         let sandbox = PaidAllowances::default();
         let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
-        sandbox.settle(&account, settled, 1_000).await;
+        sandbox.settle(&account, settled, 1_000, "d").await;
 
         // Act: a fetch cut off with its record at the invocation's end.
         drop(go(sandbox.hold(&account, &task(), budget, cap).await));
@@ -694,7 +727,7 @@ mod tests {
         let account = Account::new(budget);
         let sandbox = PaidAllowances::default();
         let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
-        sandbox.settle(&account, settled, 1_000).await;
+        sandbox.settle(&account, settled, 1_000, "d").await;
         drop(go(sandbox.hold(&account, &task(), budget, cap).await));
         let hang = |on: bool| {
             account
@@ -724,7 +757,7 @@ mod tests {
 
         // Act: the wire carried more than the hold (headers, TLS, a relay's read-ahead).
         let chunk = chunk_of(budget, cap);
-        sandbox.settle(&account, hold, chunk + 500).await;
+        sandbox.settle(&account, hold, chunk + 500, "d").await;
         sandbox.give_back(&account).await;
 
         // Assert
@@ -739,7 +772,7 @@ mod tests {
         let (account, chunk) = (Account::new(budget), chunk_of(budget, cap));
         let sleeper = PaidAllowances::new(lease);
         let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
-        sleeper.settle(&account, hold, 1_000).await;
+        sleeper.settle(&account, hold, 1_000, "d").await;
         let refuse = |on: bool| {
             account
                 .refuse_returns
@@ -758,7 +791,7 @@ mod tests {
         let mut holds = 0;
         while account.books().0 <= first + chunk {
             let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
-            sleeper.settle(&account, hold, cap).await;
+            sleeper.settle(&account, hold, cap, "d").await;
             holds += 1;
         }
         sleeper.give_back(&account).await;
@@ -768,6 +801,33 @@ mod tests {
         assert_eq!(holds, chunk / cap + 1);
         let (reserved, spent) = account.books();
         assert_eq!((reserved, spent), (spent, 1_000 + holds * cap));
+    }
+
+    #[test]
+    fn a_wait_for_the_paid_budget_doubles_to_its_most_jittered_and_ends_with_the_wait_left() {
+        let day = Duration::from_secs(86_400);
+        for _ in 0..100 {
+            let first = paid_wait(0, day).unwrap();
+            assert!(
+                PAID_BUDGET_WAIT / 2 <= first && first <= PAID_BUDGET_WAIT,
+                "{first:?}"
+            );
+            let third = paid_wait(2, day).unwrap();
+            assert!(PAID_BUDGET_WAIT * 2 <= third && third <= PAID_BUDGET_WAIT * 4);
+            let late = paid_wait(40, day).unwrap();
+            assert!(PAID_BUDGET_MOST_WAIT / 2 <= late && late <= PAID_BUDGET_MOST_WAIT);
+        }
+        let little = Duration::from_millis(300);
+        assert_eq!(
+            paid_wait(3, little),
+            Some(little),
+            "never past the wait left"
+        );
+        assert_eq!(
+            paid_wait(0, Duration::ZERO),
+            None,
+            "waited long enough: fail"
+        );
     }
 
     #[test]

@@ -32,13 +32,15 @@ pub trait SpendStore: Send + Sync {
         chunk: u64,
     ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
 
-    /// Notes on `holder`'s lease that one of its paid fetches spent `bytes`, so that a lease
-    /// taken back after its holder died counts them as spent, not as unspent.
+    /// Notes on `holder`'s lease that the paid fetch of `task`'s `delivery` spent `bytes`, so
+    /// that a lease taken back after its holder died counts them as spent, not as unspent.
+    /// The same delivery noted twice (a retried request) counts once.
     fn note_paid(
         &self,
-        run: RunRef<'_>,
+        task: &TaskRef,
         holder: &str,
         bytes: u64,
+        delivery: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Settles `holder`'s lease on the run's paid-tier budget, as the lease records it, and

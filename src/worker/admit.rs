@@ -159,7 +159,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         match polite::admission(entry, waited) {
             Admission::Go(permit) => Ok(Pass::Go(permit)),
             Admission::Refused(refused) => Ok(Pass::Refused(refused)),
-            Admission::Wait(Later { delay, booked }) => Err(Outcome::PoliteHeld { delay, booked }),
+            Admission::Wait(Later { delay, booked }) => Err(Outcome::PoliteHeld {
+                delay,
+                booked,
+                for_paid: false,
+            }),
             Admission::HeldBack => Err(Outcome::ScrapeTransient {
                 reason: TRIES_SPENT.into(),
                 retry_after: None,

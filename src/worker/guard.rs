@@ -118,7 +118,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     ) -> Step<Guarded> {
         if let Some(delay) = self.gate.parked(start) {
             let booked = Some(start);
-            return Err(Outcome::PoliteHeld { delay, booked });
+            return Err(Outcome::PoliteHeld {
+                delay,
+                booked,
+                for_paid: false,
+            });
         }
         let wanted = self.parents.wanted(&self.tasks, delivery.task()).await?;
         let wanted = wanted.map_err(Outcome::NotWanted)?;

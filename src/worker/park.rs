@@ -75,7 +75,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         message: &Message,
         outcome: Outcome,
     ) -> Outcome {
-        let Outcome::PoliteHeld { delay, booked } = outcome else {
+        let Outcome::PoliteHeld {
+            delay,
+            booked,
+            for_paid,
+        } = outcome
+        else {
             return outcome;
         };
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
@@ -91,7 +96,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return outcome;
         }
         let now = epoch_millis(SystemTime::now()) as u64;
-        let copy = copy_of(record, message.parked(booked, now), delay);
+        let body = match for_paid {
+            true => message.parked_for_paid(now),
+            false => message.parked(booked, now),
+        };
+        let copy = copy_of(record, body, delay);
         match self.visibility.requeue(&queue, &copy).await {
             Ok(()) => Outcome::PoliteRequeued { delay },
             Err(err) => {

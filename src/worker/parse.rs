@@ -26,8 +26,8 @@ pub(super) struct Delivery {
     /// The receives that count toward the task's tries. On a FIFO queue a wait is a hold
     /// that takes a receive, so there only the task's claims count (this is 1).
     pub counted_receives: u32,
-    /// How much longer the task may wait for its host (`POLITE_MAX_WAIT_MS` from its first
-    /// wait).
+    /// How much longer the task may wait for its host or its run's paid budget
+    /// (`POLITE_MAX_WAIT_MS` from its first wait of either kind).
     pub wait_left: Duration,
     /// A name for this delivery (at most 36 characters), so its spend is recorded only once.
     pub id: String,

@@ -389,7 +389,6 @@ pub async fn run(draw: &Draw) -> Figures {
     let budget = 800;
     if draw.proxy == Proxy::Paid {
         prepared.stack.set_paid_budget(budget).await;
-        prepared.paid_holds = true;
     }
     if let Some(dying) = proxies.dying.take() {
         tokio::spawn(async move {

@@ -403,9 +403,10 @@ impl SpendStore for MemoryTasks {
 
     async fn note_paid(
         &self,
-        _run: RunRef<'_>,
+        _task: &TaskRef,
         _holder: &str,
         _bytes: u64,
+        _delivery: &str,
     ) -> Result<(), StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())

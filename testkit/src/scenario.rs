@@ -312,11 +312,6 @@ pub struct Prepared {
     /// Tasks an operator sent a message for in a group of its own (a re-queue): their dead
     /// letters may be in another group than the producer's.
     pub regrouped: HashSet<String>,
-    /// A paid tier with a budget: a blocked page whose paid fetch finds the run's budget held
-    /// elsewhere gives its claim back, though the free tier was asked (and is asked again at
-    /// the next try). Its requests to the free tier are then printed past the bound, not
-    /// failed; the paid tier's stay within it.
-    pub paid_holds: bool,
     /// Messages an operator sent again (re-queued or redriven), by task id.
     pub resent: HashMap<String, usize>,
     /// Times an operator's re-queue reopened the completed run.
@@ -429,7 +424,6 @@ pub async fn prepare_list(
         copies: vec![1; tasks.len()],
         groups: vec![None; tasks.len()],
         regrouped: HashSet::new(),
-        paid_holds: false,
         tasks,
         placed,
         sent: Vec::new(),
@@ -509,7 +503,6 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         copies,
         groups,
         regrouped: HashSet::new(),
-        paid_holds: false,
         resent: HashMap::new(),
         reopened: 0,
         tiers: scenario.tiers.max(1),
@@ -866,7 +859,6 @@ impl Prepared {
                 .and_then(|(_, t)| t.n("attempts"));
             let tries = (sends * MAX_ATTEMPTS as usize).max(claims.unwrap_or(0) as usize);
             let bound = tries * self.tiers;
-            let hits = self.past_paid_holds(path, hits, bound);
             assert!(
                 hits <= bound,
                 "{id}: {path} fetched {hits} times, more than {sends} message(s) allow ({bound})"
@@ -877,20 +869,6 @@ impl Prepared {
             }
         }
         (all, most)
-    }
-
-    /// The requests of `path` that count against its bound: all of them, but when the paid
-    /// tier's budget may be held ([`Prepared::paid_holds`]) a blocked page's requests to the
-    /// free tier past the bound are printed and left out.
-    fn past_paid_holds(&self, path: &str, hits: usize, bound: usize) -> usize {
-        if !self.paid_holds || !path.starts_with("/blocks/") || hits <= bound {
-            return hits;
-        }
-        let free = std::net::IpAddr::from(DATACENTER);
-        let peers = self.hosts.sites.iter().flat_map(|site| site.peers());
-        let paid = peers.filter(|(p, ip)| p == path && *ip != free).count();
-        println!("{path}: {hits} requests, {paid} of them to the paid tier (bound {bound})");
-        paid
     }
 
     /// A task whose message is in the dead-letter queue was tried (it has a claim) and is

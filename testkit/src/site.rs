@@ -144,15 +144,18 @@ async fn serve_count(State(served): State<Served>, request: Request, next: Next)
     response
 }
 
-/// 403 to requests from `ip` (a proxy tier's egress a site has blocked), the page to others:
-/// after `slow_ms` milliseconds and padded to `bytes` bytes if the query says so, or, with
-/// `empty_gzip`, [`empty_gzip`].
+/// 403 to requests from `ip` (a proxy tier's egress a site has blocked), after `block_ms`
+/// milliseconds if the query says so; the page to others: after `slow_ms` milliseconds and
+/// padded to `bytes` bytes if the query says so, or, with `empty_gzip`, [`empty_gzip`].
 async fn blocks(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((ip, name)): Path<(IpAddr, String)>,
     Query(query): Query<HashMap<String, u64>>,
 ) -> Response {
     if peer.ip() == ip {
+        if let Some(ms) = query.get("block_ms") {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+        }
         return (StatusCode::FORBIDDEN, "blocked").into_response();
     }
     if let Some(ms) = query.get("slow_ms") {

@@ -480,3 +480,40 @@ async fn spend_counters_the_last_release_wrote_are_read_and_added_to() {
     };
     assert_eq!(read.tier(2), kept);
 }
+
+#[tokio::test]
+async fn tasks_as_the_last_release_and_this_one_wrote_them_note_a_new_deliverys_paid_spend() {
+    // Arrange: a paid run whose free tier is blocked on both pages; `t1` as the last release
+    // wrote it (no `paid_noted_by`), `t2` as this one writes it once an earlier delivery
+    // noted its paid spend (`paid_noted_by` names that delivery).
+    let (stack, site, datacenter, residential) = crate::proxies::budgeted_run(1 << 20, 0).await;
+    let fixtures = [
+        ("t1", "v-previous/task_item_processing.json"),
+        ("t2", "v-current/task_item_paid_noted.json"),
+    ];
+    for (task, name) in fixtures {
+        let url = site.url(&format!("/blocks/{}/{task}", datacenter.egress));
+        put_fixture(&stack, name, |item| {
+            item.extend(keys::task_key(&task_ref(task)));
+            item.insert("url".into(), attributes::s(&url));
+        })
+        .await;
+    }
+    let earlier = fixtures::item(fixtures[1].1);
+    let earlier = attributes::string(&earlier, "paid_noted_by").map(str::to_owned);
+    let worker = crate::proxies::proxied(&stack, &[datacenter.url(), residential.url()], None);
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t1"), delivery("t2")]).await;
+
+    // Assert: each got its page through the paid tier, and each new delivery's note went
+    // through (the task names it now).
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    assert_eq!(residential.requests().len(), 2);
+    for task in ["t1", "t2"] {
+        let item = stack.task(task).await;
+        assert_eq!(item.status(), Some("successful"), "{item:?}");
+        let noted = item.s("paid_noted_by").map(str::to_owned);
+        assert!(noted.is_some() && noted != earlier, "{task}: {noted:?}");
+    }
+}

@@ -188,10 +188,13 @@ async fn a_paid_lease_and_run_counters_this_release_writes_are_read_by_the_previ
     // counts the delivery's spend on the run.
     let reserved = store.reserve_paid(run_ref, &lease, 1_048_576).await;
     assert_eq!(reserved.expect("reserved"), Reservation::Granted);
-    (store.note_paid(run_ref, &lease.holder, 2_500))
+    let task = task_ref("t1");
+    stack
+        .put_task("t1", "http://site.test/page", "processing")
+        .await;
+    (store.note_paid(&task, &lease.holder, 2_500, "d1"))
         .await
         .expect("noted");
-    let task = task_ref("t1");
     let counted = store.record_spend(&task, Counting::Run, &spend, "d1");
     counted.await.expect("counted");
 

@@ -10,8 +10,10 @@ use conveyor_testkit::forward_proxy::{ForwardProxy, PASSWORD, USER};
 use conveyor_testkit::scenario;
 use conveyor_testkit::tls_site::TlsSite;
 use conveyor_testkit::*;
+use conveyor_worker::domain::message::Carried;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
+use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use crate::fetching::{PUBLIC, assert_refused, inward, names};
@@ -27,7 +29,7 @@ fn credentials() -> String {
 }
 
 /// A worker whose fetches go through `tiers` (`;` between them), with `secret` if any.
-fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> TestWorker {
+pub(crate) fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> TestWorker {
     let tiers = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
     let secret = secret.map(|s| ProxySecret::parse(s).expect("a proxy secret"));
     stack.worker_with(|t| {
@@ -360,7 +362,10 @@ async fn a_task_naming_a_proxy_another_way_is_refused_before_the_proxy_hears_of_
 
 /// A run with a paid-tier budget of `budget` bytes and `blocked` tasks (`t0`...) that the
 /// datacenter tier is blocked on; the site and both tiers.
-async fn budgeted_run(budget: u64, blocked: usize) -> (Stack, Site, ForwardProxy, ForwardProxy) {
+pub(crate) async fn budgeted_run(
+    budget: u64,
+    blocked: usize,
+) -> (Stack, Site, ForwardProxy, ForwardProxy) {
     let (stack, site) = (Stack::new().await, Site::start().await);
     let datacenter = ForwardProxy::start(DATACENTER.into(), false).await;
     let residential = ForwardProxy::start(RESIDENTIAL.into(), false).await;
@@ -1301,6 +1306,217 @@ async fn a_terminal_write_whose_answer_was_lost_counts_the_fetchs_spend_once() {
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
     assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 999));
     assert_eq!(spend(&stack, 1).await, (Some(1), Some(site.bytes_served())));
+}
+
+/// A paid run of one task, `t0`, whose page at `query` the datacenter tier is blocked on
+/// (the stack, site and tiers of [`budgeted_run`]), and a worker of both tiers whose fetches
+/// get `scrape_timeout` and keep a second for storing the page.
+async fn one_paid_task(
+    query: &str,
+    scrape_timeout: Duration,
+) -> ((Stack, Site, ForwardProxy, ForwardProxy), TestWorker) {
+    let (stack, site, datacenter, residential) = budgeted_run(1 << 20, 0).await;
+    let path = format!("/blocks/{}/0?{query}", datacenter.egress);
+    stack.put_task("t0", &site.url(&path), "pending").await;
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.scrape_timeout = scrape_timeout;
+        t.store_reserve = Duration::from_secs(1);
+    });
+    ((stack, site, datacenter, residential), worker)
+}
+
+#[tokio::test]
+async fn a_paid_fetch_gets_time_of_its_own_not_what_the_free_tier_left() {
+    // Arrange: fetches of 3 s; the free tier is refused after 2.5 s, the paid tier gets the
+    // page in 1 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("block_ms=2500&slow_ms=1000", Duration::from_secs(3)).await;
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+
+    // Assert: the paid fetch was not cut at what the free tier left (0.5 s) and blamed on the
+    // site, but had its own 3 s.
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(residential.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_paid_fetch_without_a_fetchs_least_time_left_is_not_started_and_gives_its_try_back() {
+    // Arrange: 3 s to the cutoff, 2 s of it for fetching; the free tier is refused after
+    // 1.5 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("block_ms=1500", Duration::from_secs(30)).await;
+    let left = Duration::from_millis(3_000) + LIMITS.deadline_margin;
+
+    // Act
+    let reply = crate::production::run_batch_with(&worker, vec![delivery("t0")], left).await;
+
+    // Assert: no paid request and nothing held of the budget; the record is retried with
+    // its attempt given back, the task not failed.
+    assert_eq!(retried(&reply), ["t0"]);
+    assert!(
+        residential.requests().is_empty(),
+        "{:?}",
+        residential.requests()
+    );
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("pending"), "{task:?}");
+    assert_eq!(task.n("attempts"), Some(0), "{task:?}");
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!(run.n("paid_tier_reserved_bytes").unwrap_or(0), 0);
+}
+
+#[tokio::test]
+async fn a_paid_fetch_cut_short_by_the_invocations_end_is_ours_and_charged_only_its_bytes() {
+    // Arrange: 3 s to the cutoff, 2 s of it for fetching; the free tier is refused at once,
+    // the paid tier's page takes 10 s.
+    let ((stack, _site, _datacenter, residential), worker) =
+        one_paid_task("slow_ms=10000", Duration::from_secs(30)).await;
+    let left = Duration::from_millis(3_000) + LIMITS.deadline_margin;
+
+    // Act
+    let reply = crate::production::run_batch_with(&worker, vec![delivery("t0")], left).await;
+
+    // Assert: retried, the task not failed; the run was charged what crossed the wire, not
+    // the fetch's hold.
+    assert_eq!(retried(&reply), ["t0"]);
+    assert_eq!(residential.requests().len(), 1);
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("processing"), "{task:?}");
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
+    assert!(wire < worker.settings.paid_fetch_cap, "{wire}");
+}
+
+/// Sets the run's reserved paid-tier bytes, as if sandboxes elsewhere held them (`reserved`
+/// as much as the budget: the budget is held).
+async fn reserve_paid_elsewhere(stack: &Stack, reserved: u64) {
+    stack
+        .dynamodb
+        .update_item()
+        .table_name(&stack.table)
+        .set_key(Some(keys::run_key(&id(JOB), &id(RUN))))
+        .update_expression("SET paid_tier_reserved_bytes = :reserved")
+        .expression_attribute_values(":reserved", attributes::n(reserved))
+        .send()
+        .await
+        .expect("reserve the run's budget");
+}
+
+/// `record` as SQS delivers it from `queue`.
+fn on(
+    queue: &conveyor_testkit::queue::Queue,
+    body: &str,
+) -> aws_lambda_events::event::sqs::SqsMessage {
+    let mut record = record("m0", body, 1);
+    record.event_source_arn = Some(queue.arn.clone());
+    record
+}
+
+#[tokio::test]
+async fn a_record_waiting_for_a_held_paid_budget_is_counted_and_its_copy_goes_straight_to_the_paid_tier()
+ {
+    // Arrange: a page the datacenter tier is blocked on, and the run's budget held elsewhere.
+    let budget = 1 << 20;
+    let (stack, _site, datacenter, residential) = budgeted_run(budget, 1).await;
+    reserve_paid_elsewhere(&stack, budget).await;
+    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+
+    // Act: the first delivery waits; the budget is given back; its copy comes to another
+    // sandbox (this one keeps the refusal for a few seconds).
+    let first = run_batch(&worker, vec![on(&queue, &body("t0"))]).await;
+    let (copy, after) = queue
+        .wait_for_redelivery(&stack, Duration::from_secs(10))
+        .await;
+    reserve_paid_elsewhere(&stack, 0).await;
+    let other = proxied(&stack, &[datacenter.url(), residential.url()], None);
+    let second = run_batch(&other, vec![copy.clone()]).await;
+
+    // Assert: the wait was counted as a wait for the paid tier, and its copy asked the paid
+    // tier alone.
+    assert!(retried(&first).is_empty(), "acked: its copy waits instead");
+    let carried = Carried::read(copy.body.as_deref());
+    assert_eq!((carried.paid_waits, carried.waits), (1, 1), "{carried:?}");
+    assert!(carried.polite_since.is_some());
+    assert!(after >= Duration::from_secs(2), "{after:?}");
+    assert!(retried(&second).is_empty(), "{:?}", retried(&second));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(
+        datacenter.requests().len(),
+        1,
+        "{:?}",
+        datacenter.requests()
+    );
+    assert_eq!(residential.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_record_that_waited_its_longest_for_a_held_paid_budget_fails_for_it() {
+    // Arrange: the copy of a record whose first wait began 48 h and a minute ago (past
+    // POLITE_MAX_WAIT_MS) and that waited for the paid tier; the budget still held.
+    let budget = 1 << 20;
+    let (stack, _site, datacenter, residential) = budgeted_run(budget, 1).await;
+    reserve_paid_elsewhere(&stack, budget).await;
+    let queue = conveyor_testkit::queue::Queue::create(&stack, 60).await;
+    let worker = proxied(&stack, &[datacenter.url(), residential.url()], None);
+    let since = std::time::SystemTime::now() - Duration::from_secs(48 * 3_600 + 60);
+    let since = since
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let worn = format!(
+        r#"{{"job_id":"{JOB}","run_id":"{RUN}","task_id":"t0","polite_waits":9,"paid_waits":9,"polite_since":{}}}"#,
+        since.as_millis()
+    );
+
+    // Act
+    let reply = run_batch(&worker, vec![on(&queue, &worn)]).await;
+
+    // Assert: failed for the wait, not parked again, and no tier asked.
+    assert!(
+        retried(&reply).is_empty(),
+        "acked: failed, not dead-lettered"
+    );
+    let task = stack.task("t0").await;
+    assert_eq!(task.status(), Some("failed"), "{task:?}");
+    assert_eq!(task.s("error"), Some("waited too long for the paid budget"));
+    assert_eq!(queue.depth(&stack).await, 0, "no copy");
+    assert!(datacenter.requests().is_empty());
+    assert!(residential.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_paid_spend_note_whose_answer_was_lost_counts_the_paid_spend_once() {
+    // Arrange: a task only the paid tier gets. The answer to the note of its paid spend on
+    // the sandbox's lease (the record's second transaction, after the reservation) is lost
+    // after the note took, and the SDK sends it again.
+    let (stack, _site, datacenter, residential) = budgeted_run(1 << 20, 1).await;
+    let lose = conveyor_testkit::lose::LoseAnswer::new("TransactWriteItems", 2);
+    let lost = lose.lost.clone();
+    let tiers = Tiers::parse(&[datacenter.url(), residential.url()].join(";")).expect("URLs");
+    let worker = stack.worker_with(|t| {
+        t.proxies = tiers;
+        t.dynamodb_interceptor = Some(aws_sdk_dynamodb::config::SharedInterceptor::new(lose));
+    });
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("t0")]).await;
+
+    // Assert: the paid fetch's spend settled once on the run's account.
+    assert_eq!(lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(retried(&reply).is_empty(), "{:?}", retried(&reply));
+    assert_eq!(stack.task("t0").await.status(), Some("successful"));
+    assert_eq!(residential.requests().len(), 1);
+    let run = stack.run_item(JOB, RUN).await;
+    let wire = run.n("proxy_wire_bytes_t2").expect("wire bytes counted");
+    assert_eq!(run.n("paid_tier_spent_bytes"), Some(wire));
+    assert_eq!(run.n("paid_tier_reserved_bytes"), Some(wire));
 }
 
 /// The run's spend through `tier`, wire bytes too.

@@ -26,10 +26,10 @@ use crate::scraper::{FetchError, Fetcher, Retry};
 
 use super::Worker;
 use super::admit::Admitted;
-use super::fetch::Scraped;
+use super::fetch::{PaidTurn, Scraped};
 use super::parents::Wanted;
 use super::parse::Delivery;
-use crate::paid::{PAID_BUDGET_HELD, PAID_BUDGET_WAIT};
+use crate::paid::{WAITED_TOO_LONG_FOR_PAID, paid_wait};
 
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
@@ -49,6 +49,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             redelivery: scraped.claim.redelivery,
             final_attempt: scraped.final_attempt,
             time: scraped.time,
+            paid: scraped.paid,
+            waited: (delivery.message.carried.paid_waits, delivery.wait_left),
             earlier: scraped.earlier.as_ref(),
             measures: &invocation.measures,
         };
@@ -57,8 +59,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if !stores.spend_counted() {
             self.record_spend(delivery.task(), &stores).await;
         }
+        let unfetched = scraped.paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
         match outcome {
             Outcome::PoliteHeld { .. } => self.unclaimed(delivery, &scraped.claim, outcome).await,
+            _ if unfetched => self.unclaimed(delivery, &scraped.claim, outcome).await,
             outcome => outcome,
         }
     }
@@ -113,9 +117,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         self.failed(stores, task, key, err, this_try).await
     }
 
-    /// A fetch that brought no page ends as a wait (the paid budget is held elsewhere), no
-    /// time left, a retry (our failure, or the site's before the final attempt), or the
-    /// task's failure.
+    /// A fetch that brought no page ends as a wait (the paid budget is held elsewhere, while
+    /// the task may still wait), no time left, a retry (our failure, or the site's before the
+    /// final attempt), or the task's failure.
     async fn failed(
         &self,
         stores: &Stores<'_, T, R>,
@@ -124,16 +128,15 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         err: FetchError,
         this_try: Try<'_>,
     ) -> Result<Outcome, StoreError> {
-        if err.retry == Retry::Ours && err.reason == PAID_BUDGET_HELD {
-            let delay = PAID_BUDGET_WAIT;
-            return Ok(Outcome::PoliteHeld {
-                delay,
-                booked: None,
-            });
-        }
-        // Our own deadline ended the fetch, not the site's slowness, so it is not the page's
-        // failure.
-        if err.timed_out && this_try.time < self.settings.scrape_timeout {
+        let err = match held_for_paid(this_try) {
+            Some(Ok(held)) => return Ok(held),
+            Some(Err(waited_too_long)) => waited_too_long,
+            None => err,
+        };
+        // Our own deadline ended the fetch (or its paid leg), not the site's slowness, so it is
+        // not the page's failure. A paid leg left for lack of time did not start at all.
+        let cut_short = err.timed_out && this_try.time < self.settings.scrape_timeout;
+        if cut_short || this_try.paid == PaidTurn::NoTime {
             return Ok(Outcome::NoTimeLeft);
         }
         // Our failure is never the page's, on any attempt. On the final attempt it marks the
@@ -211,11 +214,34 @@ struct Try<'a> {
     redelivery: bool,
     /// A transient failure is final.
     final_attempt: bool,
-    /// The time the fetch was given.
+    /// The time the fetch (its paid leg, if it ran) was given.
     time: Duration,
+    /// What became of the paid tier.
+    paid: PaidTurn,
+    /// The waits the task had for its run's paid budget, and how much longer it may wait
+    /// (`POLITE_MAX_WAIT_MS` from its first wait of any kind).
+    waited: (u32, Duration),
     /// The earlier result a refresh carries forward if the page has not changed.
     earlier: Option<&'a Earlier>,
     measures: &'a Measures,
+}
+
+/// For a record whose run's paid budget is held elsewhere: a wait for it, growing with its
+/// paid waits, or, once it waited `POLITE_MAX_WAIT_MS`, the task's failure. `None` for any
+/// other record.
+fn held_for_paid(this_try: Try<'_>) -> Option<Result<Outcome, FetchError>> {
+    if this_try.paid != PaidTurn::Held {
+        return None;
+    }
+    let (waits, wait_left) = this_try.waited;
+    Some(match paid_wait(waits, wait_left) {
+        Some(delay) => Ok(Outcome::PoliteHeld {
+            delay,
+            booked: None,
+            for_paid: true,
+        }),
+        None => Err(FetchError::permanent(WAITED_TOO_LONG_FOR_PAID)),
+    })
 }
 
 /// The outcome of a converged task.

@@ -5,6 +5,8 @@
 
 mod paid;
 
+pub(super) use paid::PaidTurn;
+
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,6 +35,7 @@ use super::guard::Claimed;
 use super::parents::Wanted;
 use super::parse::Delivery;
 use super::{Step, Worker};
+use paid::Leg;
 
 /// A delivery after its fetch: what the fetch brought, and what the converge stage needs.
 #[derive(Debug)]
@@ -40,9 +43,12 @@ pub(super) struct Scraped {
     pub claim: Claimed,
     pub wanted: Wanted,
     pub final_attempt: bool,
-    /// The time the fetch was given. It is shorter than `SCRAPE_TIMEOUT_MS` when the
-    /// invocation's end was near; a fetch that ran out of it is not the page's failure.
+    /// The time the fetch (its paid leg, if it ran) was given. It is shorter than
+    /// `SCRAPE_TIMEOUT_MS` when the invocation's end was near; a fetch that ran out of it is
+    /// not the page's failure.
     pub time: Duration,
+    /// What became of the paid tier.
+    pub paid: PaidTurn,
     pub page: Result<Page, FetchError>,
     /// What the fetch sent through proxies.
     pub spend: Spend,
@@ -50,11 +56,15 @@ pub(super) struct Scraped {
     pub earlier: Option<Earlier>,
 }
 
-/// What one fetch is of: the task, its URL, what its job and run want, and the earlier
-/// result whose validators it asks with.
+/// What one fetch is of: the task and the delivery, its URL, what its job and run want, and
+/// the earlier result whose validators it asks with.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Target<'a> {
     pub task: &'a TaskRef,
+    /// The delivery's name, so its paid spend is noted once.
+    pub delivery: &'a str,
+    /// The copy waited for its run's paid budget: only the paid tier gets its page.
+    pub paid_next: bool,
     pub url: Option<&'a str>,
     pub wanted: &'a Wanted,
     pub prior: Option<&'a Prior>,
@@ -119,17 +129,20 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         let target = Target {
             task: delivery.task(),
+            delivery: &delivery.id,
+            paid_next: delivery.message.carried.paid_waits > 0,
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),
         };
-        let fetched = self.fetch_polite(target, pass, time, invocation).await;
-        let (page, spend) = (fetched.page, fetched.spend);
+        let leg = self.fetch_polite(target, pass, time, invocation).await;
+        let (page, spend) = (leg.fetched.page, leg.fetched.spend);
         Ok(Scraped {
             claim,
             wanted,
             final_attempt,
-            time,
+            time: leg.time,
+            paid: leg.paid,
             page,
             spend,
             earlier,
@@ -172,7 +185,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 ..admitted
             }),
             Err(Later { delay, booked }) => {
-                let held = Outcome::PoliteHeld { delay, booked };
+                let held = Outcome::PoliteHeld {
+                    delay,
+                    booked,
+                    for_paid: false,
+                };
                 Err(self.unclaimed(delivery, &admitted.claim, held).await)
             }
         }
@@ -216,20 +233,28 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         pass: Pass,
         time: Duration,
         invocation: &Invocation,
-    ) -> Fetched {
+    ) -> Leg {
         let permit: Permit = match pass {
             Pass::Go(permit) => permit,
-            Pass::Refused(refused) => return Fetched::unspent(Err(refused)),
+            Pass::Refused(refused) => {
+                return Leg {
+                    fetched: Fetched::unspent(Err(refused)),
+                    time,
+                    paid: PaidTurn::Done,
+                };
+            }
         };
         let started = Instant::now();
-        let fetched = self.fetch_paid_held_back(target, time, invocation).await;
+        let leg = self.fetch_paid_held_back(target, time, invocation).await;
+        let fetched = &leg.fetched;
         // The last tier asked (0: direct), once the paid tier had its turn too.
         let tier = fetched.spend.spent().last().map_or(0, |(tier, _)| tier);
         trace::note("tier", tier as i64);
         // A proxy's own failure says nothing about the site's health. Neither does a fetch
-        // that our own deadline cut short (the invocation's end, not the site's slowness).
+        // that our own deadline cut short (the invocation's end, not the site's slowness):
+        // the time of its last leg, the paid one if it ran, tells.
         let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
-            && time < self.settings.scrape_timeout;
+            && leg.time < self.settings.scrape_timeout;
         // A block page on any tier means the site is refusing us. The fleet slows down, as
         // for a 429, even when a later tier got the page.
         let sign = match fetched.spend.blocks() {
@@ -237,7 +262,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             _ => Some(Sign::PushedBack(None)),
         };
         self.return_permit(Some(permit), sign, invocation).await;
-        fetched
+        leg
     }
 
     /// One fetch through the scraper, measured.

@@ -1,11 +1,10 @@
 //! The paid proxy tier, held back while a run has a budget for it. It is used only once the
 //! other tiers are blocked. Its fetch first takes a hold on the most bytes it may use, from
 //! this sandbox's share of the run's budget (`crate::paid`). The hold is then settled with
-//! what the fetch spent.
+//! what the fetch spent. The paid fetch is a fetch of its own: it gets its own time, not
+//! what the other tiers left of theirs, and does not start without the least a fetch needs.
 
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::batch::Invocation;
 use crate::paid::{PAID_BUDGET_HELD, PaidAnswer, PaidHold};
@@ -19,71 +18,148 @@ use crate::scraper::{Ask, FetchError, Fetched, Fetcher};
 use super::super::Worker;
 use super::Target;
 
+/// The reason of a record whose paid fetch was not started, for lack of time.
+const NO_TIME_FOR_PAID: &str = "no time left for the paid tier";
+
+/// The reason of a copy that went straight to the paid tier and did not get it: the budget is
+/// spent.
+const BLOCKED_BEFORE: &str = "blocked on the other proxy tiers before; \
+     the run's budget for the paid proxy tier is spent";
+
+/// A fetch, with the time its last leg was given and what became of the paid tier.
+#[derive(Debug)]
+pub(super) struct Leg {
+    pub fetched: Fetched,
+    /// The time the leg that ended the fetch was given: the paid fetch's, if it ran.
+    pub time: Duration,
+    pub paid: PaidTurn,
+}
+
+/// What became of the paid tier in a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaidTurn {
+    /// Not wanted, or it fetched.
+    Done,
+    /// Wanted, but not started: too little time was left before the invocation's end.
+    NoTime,
+    /// Wanted, but the run's budget is held by fetches in flight elsewhere: the record
+    /// waits for it.
+    Held,
+}
+
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
     Worker<T, R, F, V>
 {
-    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget.
+    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget and
+    /// time for a fetch of its own. A copy that waited for the budget goes straight to it.
     pub(super) async fn fetch_paid_held_back(
         &self,
         target: Target<'_>,
         time: Duration,
         invocation: &Invocation,
-    ) -> Fetched {
-        let within = |time| Ask {
-            if_changed: target.prior.map(|prior| &prior.validators),
-            detection: &target.wanted.detection,
-            ..Ask::within(time)
-        };
+    ) -> Leg {
         let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, self.settings.proxy_tiers)
         else {
-            return self.fetch(target.url, within(time), invocation).await;
+            let fetched = self
+                .fetch(target.url, within(target, time), invocation)
+                .await;
+            return Leg::done(fetched, time);
         };
-        let started = Instant::now();
-        let withheld = Ask {
-            paid_tier: false,
-            ..within(time)
-        };
-        let first = self.fetch(target.url, withheld, invocation).await;
+        let first = self.before_paid(target, time, invocation).await;
         if !first.wants_paid_tier {
-            return first;
+            return Leg::done(first, time);
         }
+        // The time the paid fetch gets, as any fetch does, now.
+        let Some(paid_time) = self.fetch_time(invocation) else {
+            let page = Err(FetchError::ours(NO_TIME_FOR_PAID));
+            return Leg::ended(Fetched { page, ..first }, time, PaidTurn::NoTime);
+        };
         let (hold, first) = match self.paid_hold(target, run_budget, first).await {
             Ok(held) => held,
-            Err(ended) => return ended,
+            Err((ended, turn)) => return Leg::ended(ended, time, turn),
         };
         let ask = Ask {
             first_tier: paid,
             wire_most: Some(self.settings.paid_fetch_cap),
-            ..within(time.saturating_sub(started.elapsed()))
+            ..within(target, paid_time)
         };
         let last = self.fetch(target.url, ask, invocation).await;
         let spent = last.spend.tier(paid).billed();
-        self.paid.settle(&self.tasks, hold, spent).await;
-        Fetched {
-            spend: first.spend.plus(&last.spend),
-            ..last
+        self.paid
+            .settle(&self.tasks, hold, spent, target.delivery)
+            .await;
+        let spend = first.spend.plus(&last.spend);
+        Leg::done(Fetched { spend, ..last }, paid_time)
+    }
+
+    /// The fetch through the tiers before the paid one. A copy that waited for the run's
+    /// paid budget skips it: those tiers are known to block its page.
+    async fn before_paid(
+        &self,
+        target: Target<'_>,
+        time: Duration,
+        invocation: &Invocation,
+    ) -> Fetched {
+        if target.paid_next {
+            let page = Err(FetchError::permanent(BLOCKED_BEFORE));
+            return Fetched {
+                wants_paid_tier: true,
+                ..Fetched::unspent(page)
+            };
         }
+        let withheld = Ask {
+            paid_tier: false,
+            ..within(target, time)
+        };
+        self.fetch(target.url, withheld, invocation).await
     }
 
     /// A hold on the paid tier's most bytes from the run's budget, returned with the first
-    /// fetch. Without a hold, returns what that first fetch ends as: the budget is spent,
-    /// held by fetches in flight, or could not be read. What the other tiers spent stays
-    /// spent either way.
+    /// fetch. Without a hold, returns what that first fetch ends as (the budget is spent,
+    /// held by fetches in flight, or could not be read), and what became of the paid tier.
+    /// What the other tiers spent stays spent either way.
     async fn paid_hold(
         &self,
         target: Target<'_>,
         run_budget: u64,
         first: Fetched,
-    ) -> Result<(PaidHold, Fetched), Fetched> {
+    ) -> Result<(PaidHold, Fetched), (Fetched, PaidTurn)> {
         let cap = self.settings.paid_fetch_cap;
         let held = self.paid.hold(&self.tasks, target.task, run_budget, cap);
-        let reason = match held.await {
+        let (reason, turn) = match held.await {
             Ok(PaidAnswer::Go(hold)) => return Ok((hold, first)),
-            Ok(PaidAnswer::Spent) => return Err(first),
-            Ok(PaidAnswer::Held) => PAID_BUDGET_HELD.to_owned(),
-            Err(err) => format!("the paid tier's budget could not be read: {err}"),
+            Ok(PaidAnswer::Spent) => return Err((first, PaidTurn::Done)),
+            Ok(PaidAnswer::Held) => (PAID_BUDGET_HELD.to_owned(), PaidTurn::Held),
+            Err(err) => {
+                let reason = format!("the paid tier's budget could not be read: {err}");
+                (reason, PaidTurn::Done)
+            }
         };
         let page = Err(FetchError::ours(reason));
-        Err(Fetched { page, ..first })
+        Err((Fetched { page, ..first }, turn))
+    }
+}
+
+/// What a fetch of `target` within `time` asks for.
+fn within<'a>(target: Target<'a>, time: Duration) -> Ask<'a> {
+    Ask {
+        if_changed: target.prior.map(|prior| &prior.validators),
+        detection: &target.wanted.detection,
+        ..Ask::within(time)
+    }
+}
+
+impl Leg {
+    /// A fetch that ended without the paid tier, or with it.
+    fn done(fetched: Fetched, time: Duration) -> Self {
+        Self::ended(fetched, time, PaidTurn::Done)
+    }
+
+    fn ended(fetched: Fetched, time: Duration, paid: PaidTurn) -> Self {
+        Self {
+            fetched,
+            time,
+            paid,
+        }
     }
 }

@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     CancellationReason, ConditionCheck, Delete, TransactWriteItem, Update,
 };
+use sha2::{Digest, Sha256};
 
 use crate::domain::ids::RunRef;
 use crate::domain::ids::{Id, TaskRef};
@@ -16,7 +17,7 @@ use crate::domain::spend::{DeliverySpend, PaidLease, Reservation, Spend};
 use crate::ports::error::StoreError;
 use crate::ports::spend::SpendStore;
 
-use crate::store::dynamo::attributes::{Item, n, number, s};
+use crate::store::dynamo::attributes::{Item, n, number, s, string};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
@@ -96,22 +97,42 @@ impl SpendStore for DynamoTaskStore {
     }
 
     #[tracing::instrument(skip_all, fields(bytes))]
-    async fn note_paid(&self, run: RunRef<'_>, holder: &str, bytes: u64) -> Result<(), StoreError> {
-        let (job, run_id) = (run.job_id, run.run_id);
-        let note = writes::note_paid(bytes);
-        let request = note
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::lease_key(job, run_id, holder)));
-        match request.send().await {
-            Ok(_) => Ok(()),
-            // The lease was taken back (this sandbox was frozen past its expiry) or given
-            // back. The holder counts the spend when it gives the lease back.
-            Err(err) if is_condition_failure(&err) => Err(StoreError::NotAllowed {
-                detail: "the paid-tier lease is gone".into(),
-            }),
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(note_paid)", err)),
+    async fn note_paid(
+        &self,
+        task: &TaskRef,
+        holder: &str,
+        bytes: u64,
+        delivery: &str,
+    ) -> Result<(), StoreError> {
+        let (job, run) = (&task.job_id, &task.run_id);
+        let marked = writes::paid_noted_by(delivery).into_update(&self.table, keys::task_key(task));
+        let note =
+            writes::note_paid(bytes).into_update(&self.table, keys::lease_key(job, run, holder));
+        // Refused if the task names this delivery as noted already: a request the SDK sent
+        // again after a lost answer. The token makes DynamoDB itself answer such a request
+        // as the first one for 10 minutes.
+        let sent = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(marked).build())
+            .transact_items(TransactWriteItem::builder().update(note).build())
+            .client_request_token(note_token(delivery))
+            .send()
+            .await;
+        let Err(err) = sent else {
+            return Ok(());
+        };
+        let reasons = refused_by_conditions("TransactWriteItems(note_paid)", err)?;
+        let task_item = reasons.first().and_then(|r| r.item());
+        if task_item.and_then(|item| string(item, writes::PAID_NOTED_BY)) == Some(delivery) {
+            tracing::info!(bytes, "this delivery's paid spend was noted already");
+            return Ok(());
         }
+        // The lease was taken back (this sandbox was frozen past its expiry) or given back,
+        // or the task is gone. The holder counts the spend when it gives the lease back.
+        Err(StoreError::NotAllowed {
+            detail: "the paid-tier lease or the task is gone".into(),
+        })
     }
 
     #[tracing::instrument(skip_all, fields(unnoted))]
@@ -175,6 +196,14 @@ fn not_counted_by(table: &str, task: &TaskRef, delivery: &str) -> TransactWriteI
         .build()
         .expect("table, key and condition, the required fields, are set");
     TransactWriteItem::builder().condition_check(check).build()
+}
+
+/// The idempotency token of the note of `delivery`'s paid spend. It differs from the
+/// delivery's own, which its spend's record uses, since DynamoDB refuses a token used again
+/// for another request.
+fn note_token(delivery: &str) -> String {
+    let digest = Sha256::digest(format!("note_paid#{delivery}").as_bytes());
+    hex::encode(&digest[..16])
 }
 
 /// How many times a reservation pauses and tries again after it met another write of the

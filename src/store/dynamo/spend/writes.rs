@@ -2,7 +2,7 @@
 //! reserved, noted and returned.
 
 use crate::domain::spend::Spend;
-use crate::store::dynamo::attributes::n;
+use crate::store::dynamo::attributes::{n, s};
 use crate::store::dynamo::expressions::Expression;
 
 /// The names of tier `tier`'s spend on a counter item: requests, body bytes received,
@@ -57,6 +57,23 @@ pub(crate) fn lease(chunk: u64, expires_at_ms: u64) -> Expression {
 /// A paid fetch's spend noted on its holder's lease, while the lease is there.
 pub(crate) fn note_paid(bytes: u64) -> Expression {
     Expression::new("ADD spent :bytes".into(), "attribute_exists(pk)").value(":bytes", n(bytes))
+}
+
+/// The name of the task's attribute that holds the delivery whose paid spend was noted on a
+/// lease.
+pub(crate) const PAID_NOTED_BY: &str = "paid_noted_by";
+
+/// Names on the task item the delivery whose paid spend is noted in the same transaction.
+/// Refused if that delivery is named already, so its spend is noted once.
+pub(crate) fn paid_noted_by(delivery: &str) -> Expression {
+    Expression::new(
+        format!("SET {PAID_NOTED_BY} = :delivery"),
+        &format!(
+            "attribute_exists(pk) AND \
+             (attribute_not_exists({PAID_NOTED_BY}) OR {PAID_NOTED_BY} <> :delivery)"
+        ),
+    )
+    .value(":delivery", s(delivery))
 }
 
 /// Gives back `unspent` reserved bytes, and counts `spent`. The reserved bytes never go
