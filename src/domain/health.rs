@@ -86,6 +86,10 @@ pub struct Trouble {
     pub knee: Option<f64>,
     pub next_start: Option<Millis>,
     pub cooldown_ms: Option<Millis>,
+    /// A failing site's breaker is open until then: one fetch at a time goes to it, as a
+    /// circuit breaker's half-open probe, until an answer closes it. Set by a failure to
+    /// the end of the window in which the next failure doubles the cooldown.
+    pub failing_until: Option<Millis>,
 }
 
 /// The trouble to record after a fetch that started at `started` gave `sign` at `now`.
@@ -135,10 +139,12 @@ pub fn trouble(
         }),
         Sign::Failing => {
             let length = failing_cooldown(state, now).max(slowed_interval(max_rps, slowed));
+            let until = now.saturating_add(length);
             Some(Trouble {
-                cooldown_until: Some(now.saturating_add(length)),
+                cooldown_until: Some(until),
                 cooldown_ms: Some(length),
                 knee: None,
+                failing_until: Some(until.saturating_add(2 * length)),
                 ..drop
             })
         }
@@ -175,6 +181,7 @@ fn drop_for(state: &HostState, sign: Sign, now: Millis, max_rps: Option<f64>) ->
         knee: Some(in_force * KNEE_MARGIN),
         next_start: Some(now.saturating_add(interval(max_rps, slowdown).unwrap_or(0))),
         cooldown_ms: state.cooldown_ms,
+        failing_until: None,
     }
 }
 
@@ -360,7 +367,8 @@ mod tests {
                 slowdown: Some(SLOW_DECREASE),
                 knee: Some(KNEE_MARGIN),
                 next_start: Some(1_000 + 250),
-                cooldown_ms: None
+                cooldown_ms: None,
+                failing_until: None,
             })
         );
         assert_eq!(fast, None);

@@ -189,6 +189,11 @@ pub struct HostState {
     pub answers: Option<(f64, f64)>,
     /// The length of the last cooldown set without `Retry-After`.
     pub cooldown_ms: Option<Millis>,
+    /// Until then the site is failing: one fetch at a time (see [`Trouble`]'s field of that
+    /// name). An answer ends it.
+    ///
+    /// [`Trouble`]: crate::domain::health::Trouble
+    pub failing_until: Option<Millis>,
     /// The run whose bookings end the schedule, and where its unbroken stretch of them
     /// began (see [`Tail`]).
     pub tail: Option<Tail>,
@@ -234,6 +239,13 @@ impl HostState {
     /// Whether slot `i` is held at `now` (a lapsed one is free).
     pub fn slot_taken(&self, i: usize, now: Millis) -> bool {
         self.slot_until(i) > now
+    }
+
+    /// Whether the site is failing at `now` and one of its first `slots` slots is held: its
+    /// one probe is out, so no other fetch starts.
+    pub fn probing(&self, now: Millis, slots: u32) -> bool {
+        self.failing_until.is_some_and(|until| until > now)
+            && (0..slots as usize).any(|i| self.slot_taken(i, now))
     }
 
     /// Whether a start booked at `booked_at` lies in a stretch given back since. Its run
@@ -379,7 +391,7 @@ pub fn decide(state: &HostState, ask: &Ask) -> (Grant, HostState) {
         return (Grant::Wait(until - now), state.clone());
     }
     if let Some(Slot { index: slot, .. }) = ask.slot
-        && state.slot_taken(slot, now)
+        && (state.slot_taken(slot, now) || state.probing(now, ask.slots))
     {
         return (Grant::Wait(SLOT_RETRY_MS), state.clone());
     }
@@ -456,6 +468,39 @@ mod tests {
         assert_eq!((same.from, same.until), (1_000, 3_500));
         assert_eq!((other.run.clone(), other.from), (booker("b"), 3_000));
         assert_eq!(broken.from, 5_000, "something else moved the next start");
+    }
+
+    #[test]
+    fn a_failing_site_gets_one_fetch_at_a_time_until_an_answer() {
+        // Arrange: a site failing until 10 000 with slot 3 of 8 held until 5 000.
+        let failing = HostState {
+            failing_until: Some(10_000),
+            slots: vec![None, None, None, Some(5_000)],
+            ..HostState::default()
+        };
+        let ask = |now| Ask {
+            now,
+            interval: None,
+            horizon: now,
+            slot: Some(Slot::new(0, now + 1_000)),
+            slots: 8,
+        };
+
+        // Act
+        let (probe_out, _) = decide(&failing, &ask(2_000));
+        let (probe_back, _) = decide(&failing, &ask(6_000));
+        let (healthy, _) = decide(
+            &HostState {
+                failing_until: None,
+                ..failing.clone()
+            },
+            &ask(2_000),
+        );
+
+        // Assert
+        assert_eq!(probe_out, Grant::Wait(SLOT_RETRY_MS), "one probe is out");
+        assert_eq!(probe_back, Grant::StartAt(6_000), "the probe's slot lapsed");
+        assert_eq!(healthy, Grant::StartAt(2_000), "a free slot of 8");
     }
 
     #[test]

@@ -247,6 +247,9 @@ impl Gate {
             view = self.view(&host);
         }
         view.answers = answers.or(view.answers);
+        if answers.is_some() {
+            view.failing_until = None;
+        }
         let Some(slot) = permit.slot else {
             return self.remember(&host, view);
         };
@@ -336,6 +339,7 @@ fn recorded(state: HostState, trouble: Trouble, now: Millis) -> HostState {
     let mut after = HostState {
         cooldown_until: trouble.cooldown_until.or(state.cooldown_until),
         cooldown_ms: trouble.cooldown_ms.or(state.cooldown_ms),
+        failing_until: trouble.failing_until.or(state.failing_until),
         ..state
     };
     if let Some(slowdown) = trouble.slowdown {

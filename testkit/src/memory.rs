@@ -493,6 +493,9 @@ impl HostStore for MemoryTasks {
         if state.slot_until(slot.index) == slot.until {
             state.slots[slot.index] = None;
             state.answers = answers.or(state.answers);
+            if answers.is_some() {
+                state.failing_until = None;
+            }
         }
         Ok(())
     }
@@ -518,6 +521,7 @@ impl HostStore for MemoryTasks {
         }
         state.cooldown_until = trouble.cooldown_until.or(state.cooldown_until);
         state.cooldown_ms = trouble.cooldown_ms.or(state.cooldown_ms);
+        state.failing_until = trouble.failing_until.or(state.failing_until);
         if let Some(slowdown) = trouble.slowdown {
             state.slowdown = Some((slowdown, now));
             state.knee = trouble.knee;

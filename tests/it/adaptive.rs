@@ -194,13 +194,13 @@ async fn a_storm_of_500s_is_asked_a_few_times_and_every_task_succeeds_after_it()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_site_that_stops_answering_is_asked_little_until_it_answers_again() {
     // Arrange: a 50 ms site that answers nothing for 20 s once it has served 30 pages;
-    // fetches time out after 3 s; the job's ceiling 10 a second.
+    // fetches time out after 3 s; the job's ceiling 10 a second and 8 in flight.
     let tasks = 150;
     let silent = Trouble::Silent {
         lasting: Duration::from_secs(20),
         page_time: Duration::from_millis(50),
     };
-    let (stack, site, queue) = troubled_run(silent, (tasks, 10.0, None)).await;
+    let (stack, site, queue) = troubled_run(silent, (tasks, 10.0, Some(8))).await;
     trouble_after(&site, 30, TroubledSite::silence_now);
 
     // Act
@@ -211,8 +211,8 @@ async fn a_site_that_stops_answering_is_asked_little_until_it_answers_again() {
     let (from, to) = site.silence_window().expect("the silence came");
     let in_silence = site.arrivals_within(from, to);
     println!(
-        "silent for 20 s (3 s timeouts), ceiling 10/s: {in_silence} requests in the silence, \
-         {} in all for {tasks} pages",
+        "silent for 20 s (3 s timeouts), ceiling 10/s, 8 in flight: {in_silence} requests in \
+         the silence, {} in all for {tasks} pages",
         site.visits().len()
     );
     assert!(in_silence <= 20, "{in_silence} requests in the silence");

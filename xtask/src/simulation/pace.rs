@@ -409,6 +409,7 @@ fn today(state: &HostState, sign: Sign, now: Millis, ceiling: f64) -> Option<Tro
         knee: None,
         next_start: None,
         cooldown_ms: None,
+        failing_until: None,
     })
 }
 

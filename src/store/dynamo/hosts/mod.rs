@@ -37,6 +37,7 @@ fn host_state(item: &Item) -> HostState {
         knee: number(item, "slowdown_knee"),
         answers: number(item, "answer_ms").zip(number(item, "floor_ms")),
         cooldown_ms: number(item, "cooldown_ms"),
+        failing_until: number(item, "failing_until"),
         tail: tail_of(item),
         given_back: number(item, "given_back_from").zip(number(item, "given_back_at")),
     }

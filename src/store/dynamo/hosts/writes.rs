@@ -33,22 +33,7 @@ pub(crate) fn host_take(ask: &Ask, busy: bool, tail: Option<(&Booker, bool)>) ->
     }
     if let (Some(_), Some((booker, goes_on))) = (ask.interval, tail) {
         expression = expression.value(":run", s(&booker.to_string()));
-        let (set, condition) = match (busy, goes_on) {
-            (true, true) => (
-                "tail_until = next_start + :interval",
-                Some("tail_run = :run AND tail_until = next_start"),
-            ),
-            (true, false) => (
-                "tail_run = :run, tail_from = next_start, tail_until = next_start + :interval",
-                Some(
-                    "(attribute_not_exists(tail_run) OR tail_run <> :run OR tail_until <> next_start)",
-                ),
-            ),
-            (false, _) => (
-                "tail_run = :run, tail_from = :now, tail_until = :first_next",
-                None,
-            ),
-        };
+        let (set, condition) = tail_write(busy, goes_on);
         sets.push(set);
         conditions.extend(condition);
     }
@@ -58,10 +43,17 @@ pub(crate) fn host_take(ask: &Ask, busy: bool, tail: Option<(&Booker, bool)>) ->
         expression = expression
             .name("#slot", &format!("slot_{slot}"))
             .value(":until", n(until));
+        expression = (0..ask.slots).fold(expression, |e, i| {
+            e.name(&format!("#s{i}"), &format!("slot_{i}"))
+        });
     }
     sets.push("touched_at = :now");
     expression.update = format!("SET {}", sets.join(", "));
     expression.condition = conditions.join(" AND ");
+    if ask.slot.is_some() {
+        let probe = one_probe(ask.slots);
+        expression.condition = format!("{} AND {probe}", expression.condition);
+    }
     expression.value(":now", n(ask.now))
 }
 
@@ -81,6 +73,41 @@ pub(crate) fn host_give_back(tail: &Tail, to: u64, now: u64) -> Expression {
     .value(":until", n(tail.until))
 }
 
+/// The tail's part of a take: what it sets, and the condition that the guess of whether the
+/// booker's stretch goes on holds (`None`: a fresh schedule begins a stretch anyway).
+fn tail_write(busy: bool, goes_on: bool) -> (&'static str, Option<&'static str>) {
+    match (busy, goes_on) {
+        (true, true) => (
+            "tail_until = next_start + :interval",
+            Some("tail_run = :run AND tail_until = next_start"),
+        ),
+        (true, false) => (
+            "tail_run = :run, tail_from = next_start, tail_until = next_start + :interval",
+            Some(
+                "(attribute_not_exists(tail_run) OR tail_run <> :run OR tail_until <> next_start)",
+            ),
+        ),
+        (false, _) => (
+            "tail_run = :run, tail_from = :now, tail_until = :first_next",
+            None,
+        ),
+    }
+}
+
+/// The condition that keeps a failing site to one fetch at a time: the site is not failing,
+/// or none of its first `slots` slots is held.
+fn one_probe(slots: u32) -> String {
+    let free: Vec<String> = (0..slots)
+        .map(|i| format!("(attribute_not_exists(#s{i}) OR #s{i} <= :now)"))
+        .collect();
+    let mut condition = "(attribute_not_exists(failing_until) OR failing_until <= :now".to_owned();
+    if !free.is_empty() {
+        condition.push_str(&format!(" OR ({})", free.join(" AND ")));
+    }
+    condition.push(')');
+    condition
+}
+
 /// A fetch's end at a host. Its slot is given back, if the fetch still holds it. If the
 /// fetch got an answer, the host's answer times are written too, to a tenth of a millisecond.
 pub(crate) fn host_leave(slot: Slot, answers: Option<(f64, f64)>) -> Expression {
@@ -90,8 +117,9 @@ pub(crate) fn host_leave(slot: Slot, answers: Option<(f64, f64)>) -> Expression 
             .name("#slot", &format!("slot_{slot}"))
             .value(":mine", n(until));
     };
+    // An answer closes a failing site's breaker.
     Expression::new(
-        "REMOVE #slot SET answer_ms = :mean, floor_ms = :floor".into(),
+        "REMOVE #slot, failing_until SET answer_ms = :mean, floor_ms = :floor".into(),
         "#slot = :mine",
     )
     .name("#slot", &format!("slot_{slot}"))
@@ -117,6 +145,10 @@ pub(crate) fn host_push_back(read: &HostState, trouble: Trouble, now: u64) -> Ex
     if let Some(length) = trouble.cooldown_ms {
         sets.push("cooldown_ms = :length");
         values.push((":length", n(length)));
+    }
+    if let Some(until) = trouble.failing_until {
+        sets.push("failing_until = :failing");
+        values.push((":failing", n(until)));
     }
     if let Some(slowdown) = trouble.slowdown {
         sets.extend(["slowdown = :slowdown", "slowdown_at = :now"]);
