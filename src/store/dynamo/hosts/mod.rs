@@ -374,6 +374,7 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
     })
 }
 
+pub mod operator;
 pub(crate) mod writes;
 
 #[cfg(test)]
