@@ -659,3 +659,34 @@ async fn a_host_without_items_is_refused_as_bad_input_and_nothing_is_written() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn after_a_host_reset_a_start_booked_before_it_takes_a_turn_of_the_new_schedule() {
+    // Arrange: the troubled host, for a job at 1 a second; a copy of a task parked before
+    // the reset, for a start 1.5 s from now.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    troubled_host(&stack, &host, "allow_all").await;
+    stack.put_polite_job(JOB, 1.0).await;
+    stack.put_counted_run(JOB, RUN, 10).await;
+    stack.put_task("t1", &site.url("/page/t1"), "pending").await;
+    let start = now_ms() + 1_500;
+    let parked = format!(
+        r#"{{"job_id":"{JOB}","run_id":"{RUN}","task_id":"t1","polite_start":{start},"polite_waits":1,"copied_at":{}}}"#,
+        now_ms() - 1_000
+    );
+    let worker = stack.worker_with(|t| {
+        t.politeness = crate::polite_defaults::production_defaults();
+    });
+
+    // Act
+    succeeded(&ops(&stack, &["host", "reset", &host]).await);
+    let reply = run_batch(&worker, vec![record("m1", &parked, 1)]).await;
+
+    // Assert: fetched, on a turn of the cleared schedule, which it moved on (a booked start
+    // kept would have taken its slot alone).
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    let next = stack.host_item(&host, "HOST").await.n("next_start");
+    assert!(next.is_some_and(|next| next > start), "{next:?}");
+}
