@@ -188,7 +188,11 @@ fn schedule_lines(item: &ScheduleItem, now: Millis) -> Vec<String> {
         lines.push(row("tail", format!("run {} booked {stretch}", tail.run)));
     }
     if let Some((from, at)) = state.given_back {
-        let given = format!("starts from {}, {}", when(from, now), when(at, now));
+        let given = format!(
+            "the schedule from {} on, {}: starts in it booked before then are void",
+            when(from, now),
+            when(at, now)
+        );
         lines.push(row("given back", given));
     }
     lines.push(row("slowdown", slowdown(state, now)));
