@@ -78,6 +78,36 @@ impl Host {
         Self(format!("address:{ip}"))
     }
 
+    /// The host a URL or a key names, as the worker keys it. A URL is keyed by
+    /// [`Host::of`]. A key is `name:port`, `domain:<domain>` or `address:<ip>`, spelled in
+    /// any case. The error says what is wrong.
+    pub fn parse_key(text: &str) -> Result<Self, &'static str> {
+        if text.contains("://") {
+            let url = url::Url::parse(text).map_err(|_| "not a URL")?;
+            return Self::of(&url).ok_or("not an http(s) URL with a host");
+        }
+        if let Some(ip) = text.strip_prefix("address:") {
+            let ip = ip
+                .parse()
+                .map_err(|_| "not an IP address after `address:`")?;
+            return Ok(Self::address(ip));
+        }
+        if let Some(domain) = text.strip_prefix("domain:") {
+            let url = url::Url::parse(&format!("http://{domain}/")).map_err(|_| "not a domain")?;
+            let key = Self::domain_of(&url).ok_or("not a registrable domain")?;
+            return match key.0 == format!("domain:{}", domain.to_ascii_lowercase()) {
+                true => Ok(key),
+                false => Err("not a registrable domain (a subdomain, or a suffix)"),
+            };
+        }
+        let port = text.rsplit_once(':').map(|(_, port)| port);
+        if port.is_none_or(|p| p.parse::<u16>().is_err()) {
+            return Err("no port: write `name:port` (example.com:443), or give a URL");
+        }
+        let url = url::Url::parse(&format!("http://{text}/")).map_err(|_| "not `name:port`")?;
+        Self::of(&url).ok_or("not `name:port`")
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -609,6 +639,32 @@ mod tests {
         );
         assert_eq!(PoliteKey::parse("domain"), Some(PoliteKey::Domain));
         assert_eq!(PoliteKey::parse("Domain"), None);
+    }
+
+    #[test]
+    fn an_operators_url_or_key_names_the_host_as_the_worker_keys_it() {
+        let keyed = |text: &str| Host::parse_key(text).map(|h| h.0);
+
+        assert_eq!(
+            keyed("https://Example.com./a?b").as_deref(),
+            Ok("example.com:443")
+        );
+        assert_eq!(keyed("example.com:443").as_deref(), Ok("example.com:443"));
+        assert_eq!(keyed("EXAMPLE.com:80").as_deref(), Ok("example.com:80"));
+        assert_eq!(keyed("[::1]:8080").as_deref(), Ok("[::1]:8080"));
+        assert_eq!(
+            keyed("domain:Example.co.uk").as_deref(),
+            Ok("domain:example.co.uk")
+        );
+        assert_eq!(
+            keyed("address:192.0.2.1").as_deref(),
+            Ok("address:192.0.2.1")
+        );
+        assert!(keyed("example.com").is_err(), "no port");
+        assert!(keyed("[::1]").is_err(), "no port");
+        assert!(keyed("domain:a.example.com").is_err(), "a subdomain");
+        assert!(keyed("address:example.com").is_err());
+        assert!(keyed("mailto:a@example.com").is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The operator's routines, one file each. Each routine gets only the stores it uses.
 //! `conveyor-ops` (src/bin) runs them.
 
+pub mod hosts;
 pub mod local_mapping;
 pub mod progress;
 pub mod redrive;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::store::dynamo::keys;
+use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::wiring::config::DuplicatePolicy;
 use tokio::process::Command;
 
@@ -500,4 +500,193 @@ async fn a_requeue_stopped_by_an_error_has_sent_a_message_for_every_task_it_rese
     }
     assert!(pending >= 1, "t00 was reset");
     assert_eq!(queue.depth(&stack).await, pending, "{stdout}");
+}
+
+/// Milliseconds since the Unix epoch, as the host items keep their times.
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A host's items as the worker writes them when its schedule is booked a minute ahead by
+/// the test run, it pushed back (a cooldown of 30 s, a slowdown of 4 with a knee of 2), one
+/// fetch is in flight and one slot lapsed; its robots.txt is `robots` for 10 more minutes,
+/// and a sandbox holds the lease on its next fetch.
+async fn troubled_host(stack: &Stack, host: &str, robots: &str) {
+    let now = now_ms();
+    let mut schedule = keys::host_key(host, "HOST");
+    for (name, value) in [
+        ("next_start", now + 60_000),
+        ("tail_from", now - 1_000),
+        ("tail_until", now + 60_000),
+        ("cooldown_until", now + 30_000),
+        ("slowdown_at", now),
+        ("slot_0", now + 20_000),
+        ("slot_1", now - 5_000),
+        ("touched_at", now - 3_000),
+    ] {
+        schedule.insert(name.into(), attributes::n(value));
+    }
+    for (name, value) in [("slowdown", 4.0), ("slowdown_knee", 2.0)] {
+        schedule.insert(name.into(), attributes::n(value));
+    }
+    schedule.insert("answer_ms".into(), attributes::n(120.5));
+    schedule.insert("floor_ms".into(), attributes::n(80.0));
+    schedule.insert("tail_run".into(), attributes::s(&format!("{JOB}/{RUN}")));
+    stack.put_item(schedule).await;
+    let mut kept = keys::host_key(host, "ROBOTS");
+    kept.insert("status".into(), attributes::s(robots));
+    kept.insert("expires_at".into(), attributes::n(now + 600_000));
+    kept.insert("lease_until".into(), attributes::n(now + 20_000));
+    stack.put_item(kept).await;
+}
+
+#[tokio::test]
+async fn host_show_says_the_booked_schedule_the_cooldown_the_slots_and_robots_txt() {
+    // Arrange: the host of https://Show.Example/, keyed `show.example:443`.
+    let stack = Stack::new().await;
+    troubled_host(&stack, "show.example:443", "allow_all").await;
+    let url = "https://Show.Example./a/page";
+
+    // Act
+    let text = succeeded(&ops(&stack, &["host", "show", url]).await);
+    let json = succeeded(&ops(&stack, &["host", "show", "show.example:443", "--json"]).await);
+
+    // Assert
+    let has = |start: &str, part: &str| {
+        let line = text.lines().find(|l| l.trim_start().starts_with(start));
+        assert!(
+            line.is_some_and(|l| l.contains(part)),
+            "{start}: {part:?}\n{text}"
+        );
+    };
+    assert!(text.starts_with("host show.example:443\n"), "{text}");
+    has("next start", "booked that far ahead");
+    has("tail", &format!("run {JOB}/{RUN} booked from "));
+    has("slowdown", "x4.00 set ");
+    has("slowdown", "knee x2.00");
+    has("cooldown", " left");
+    has("in-flight slots", "1 held: slot 0 until in ");
+    has("in-flight slots", "(1 lapsed, free)");
+    has("answer time", "120.5 ms on average, floor 80.0 ms");
+    has("status", "allow_all");
+    has("expires", "in ");
+    has("fetch lease", "a sandbox is fetching it");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+    let ahead = json["schedule"]["booked_ahead_ms"].as_u64().expect("ms");
+    assert!((50_000..=60_000).contains(&ahead), "{json}");
+    let left = json["schedule"]["cooldown_left_ms"].as_u64().expect("ms");
+    assert!((20_000..=30_000).contains(&left), "{json}");
+    assert_eq!(json["schedule"]["slots_held"][0]["index"], 0, "{json}");
+    assert_eq!(json["robots"]["status"], "allow_all", "{json}");
+}
+
+#[tokio::test]
+async fn host_reset_clears_the_schedule_and_robots_txt_and_the_next_fetch_starts_at_once() {
+    // Arrange: a host cooling down, booked a minute ahead, a slot held, robots.txt
+    // unavailable (every path disallowed) for 10 minutes.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    troubled_host(&stack, &host, "unavailable").await;
+    stack.put_active_run().await;
+    stack.put_task("t1", &site.url("/page/t1"), "pending").await;
+    let worker = stack.worker_with(|t| {
+        t.politeness = crate::polite_defaults::production_defaults();
+    });
+
+    // Act
+    let url = site.url("/page/t1");
+    let out = succeeded(&ops(&stack, &["host", "reset", &url, "--robots"]).await);
+    let cleared = stack.host_item(&host, "HOST").await;
+    let reply = run_batch(&worker, vec![delivery("t1")]).await;
+
+    // Assert: what was cleared is said; the task was fetched on this delivery.
+    for part in [
+        "next start",
+        "tail",
+        "slowdown",
+        "cooldown",
+        "in-flight slots",
+    ] {
+        assert!(out.contains(part), "{part}: {out}");
+    }
+    assert!(out.contains("deleted (unavailable)"), "{out}");
+    for name in [
+        "next_start",
+        "cooldown_until",
+        "slowdown",
+        "tail_run",
+        "slot_0",
+    ] {
+        assert_eq!(cleared.0.get(name), None, "{name} is still set");
+    }
+    let answers = cleared.0.get("answer_ms").and_then(|a| a.as_n().ok());
+    assert_eq!(
+        answers.map(String::as_str),
+        Some("120.5"),
+        "answer times are kept"
+    );
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    assert_eq!(site.hits("/page/t1"), 1);
+    let robots = stack.host_item(&host, "ROBOTS").await;
+    assert_eq!(robots.s("status"), Some("allow_all"), "fetched again (404)");
+}
+
+#[tokio::test]
+async fn a_host_without_items_is_refused_as_bad_input_and_nothing_is_written() {
+    // Arrange
+    let stack = Stack::new().await;
+
+    // Act
+    let shown = ops(&stack, &["host", "show", "nobody.example:443"]).await;
+    let reset = ops(&stack, &["host", "reset", "nobody.example:443", "--robots"]).await;
+
+    // Assert
+    for out in [&shown, &reset] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("host nobody.example:443 has no "),
+            "{stderr}"
+        );
+    }
+    assert!(
+        stack
+            .host_item("nobody.example:443", "HOST")
+            .await
+            .0
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn after_a_host_reset_a_start_booked_before_it_takes_a_turn_of_the_new_schedule() {
+    // Arrange: the troubled host, for a job at 1 a second; a copy of a task parked before
+    // the reset, for a start 1.5 s from now.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    let host = site.url("").trim_start_matches("http://").to_owned();
+    troubled_host(&stack, &host, "allow_all").await;
+    stack.put_polite_job(JOB, 1.0).await;
+    stack.put_counted_run(JOB, RUN, 10).await;
+    stack.put_task("t1", &site.url("/page/t1"), "pending").await;
+    let start = now_ms() + 1_500;
+    let parked = format!(
+        r#"{{"job_id":"{JOB}","run_id":"{RUN}","task_id":"t1","polite_start":{start},"polite_waits":1,"copied_at":{}}}"#,
+        now_ms() - 1_000
+    );
+    let worker = stack.worker_with(|t| {
+        t.politeness = crate::polite_defaults::production_defaults();
+    });
+
+    // Act
+    succeeded(&ops(&stack, &["host", "reset", &host]).await);
+    let reply = run_batch(&worker, vec![record("m1", &parked, 1)]).await;
+
+    // Assert: fetched, on a turn of the cleared schedule, which it moved on (a booked start
+    // kept would have taken its slot alone).
+    assert!(retried(&reply).is_empty());
+    assert_eq!(stack.task("t1").await.status(), Some("successful"));
+    let next = stack.host_item(&host, "HOST").await.n("next_start");
+    assert!(next.is_some_and(|next| next > start), "{next:?}");
 }

@@ -1,7 +1,8 @@
 //! The operator's tool: the producer's half (submit a list of URLs, read a run's results),
 //! the runbook's routines (progress, re-queue failed tasks, replay the poison quarantine),
-//! and the worker run against a queue the way Lambda's event source mapping would. One file
-//! per command; the routines themselves are in the library's `ops`.
+//! a host's politeness state shown or reset, and the worker run against a queue the way
+//! Lambda's event source mapping would. One file per command; the routines themselves are
+//! in the library's `ops`.
 
 /// `println!` for what a command reports: a reader that went away (`| head -1`) ends the
 /// process quietly, with the status a shell gives a writer killed by SIGPIPE (141), instead
@@ -13,6 +14,7 @@ macro_rules! say {
 }
 
 mod exit;
+mod host;
 mod poll;
 mod progress;
 mod redrive;
@@ -44,7 +46,8 @@ use lambda_runtime::tracing::subscriber::{EnvFilter, fmt};
     version,
     after_help = "Exit codes: 0 done, 1 failed, 2 bad input, 3 incomplete, 4 dead-lettered, \
                   5 AWS out of reach or refusing (docs/runbook.md)",
-    about = "Operate conveyor-worker: submit runs, watch them, read results, re-queue, replay"
+    about = "Operate conveyor-worker: submit runs, watch them, read results, re-queue, replay, \
+             show or reset a host"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +63,7 @@ enum Command {
     ReplayQuarantine(replay::ReplayArgs),
     Redrive(redrive::RedriveArgs),
     Poll(poll::PollArgs),
+    Host(host::HostArgs),
 }
 
 impl Command {
@@ -74,6 +78,7 @@ impl Command {
             Self::ReplayQuarantine(a) => (None, Some(&a.bucket), Some(&a.queue_url)),
             Self::Redrive(a) => (None, None, Some(&a.queue_url)),
             Self::Poll(a) => (None, None, Some(&a.queue_url)),
+            Self::Host(a) => (Some(a.action.table()), None, None),
         };
         Named {
             table: table.cloned().or_else(|| env("TABLE_NAME")),
@@ -143,6 +148,7 @@ async fn main() -> ExitCode {
         Command::ReplayQuarantine(args) => replay::run(args).await,
         Command::Redrive(args) => redrive::run(args).await,
         Command::Poll(args) => poll::run(args).await,
+        Command::Host(args) => host::run(args).await,
     };
     if let Some(traces) = traces {
         traces.shutdown();

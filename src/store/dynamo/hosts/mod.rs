@@ -375,6 +375,7 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
     })
 }
 
+pub mod operator;
 pub(crate) mod writes;
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The host item's writes: take the schedule and a slot for a fetch, give the slot back,
-//! record a push-back, and keep robots.txt.
+//! record a push-back, keep robots.txt, and the operator's reset.
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
@@ -184,6 +184,26 @@ pub(crate) fn host_push_back(read: &HostState, trouble: Trouble, now: u64) -> Ex
         .fold(Expression::new(update, &condition), |e, (name, value)| {
             e.value(name, value)
         })
+}
+
+/// Clears a host's schedule, if it has an item: the next start and its tail, the slowdown
+/// and its knee, the cooldown and its length, and every in-flight slot up to `slots`. The
+/// answer times are kept. A start booked before `now` for a later time is void (the same
+/// mark as a stretch given back), so a parked task asks the schedule again at its start
+/// instead of going on top of the new schedule.
+pub(crate) fn host_reset(now: u64, slots: u32) -> Expression {
+    let slots = (0..slots)
+        .map(|i| format!(", slot_{i}"))
+        .collect::<String>();
+    Expression::new(
+        format!(
+            "SET given_back_from = :now, given_back_at = :now \
+             REMOVE next_start, tail_run, tail_from, tail_until, slowdown, slowdown_at, \
+             slowdown_knee, cooldown_until, cooldown_ms{slots}"
+        ),
+        "attribute_exists(pk)",
+    )
+    .value(":now", n(now))
 }
 
 /// Marks a robots item that cannot be read as expired, if its expiry is still `seen`.
