@@ -167,6 +167,9 @@ fn cleared(state: &HostState, now: Millis) -> String {
         state
             .cooldown_ms
             .map(|ms| format!("failing cooldown length ({})", span(ms))),
+        state
+            .failing_until
+            .map(|u| format!("one probe at a time ({})", when(u, now))),
         (!state.slots.is_empty()).then(|| format!("in-flight slots ({held} held)")),
     ];
     let parts = parts.into_iter().flatten().collect::<Vec<_>>();
@@ -232,7 +235,13 @@ fn cooldown(state: &HostState, now: Millis) -> String {
     let last = state
         .cooldown_ms
         .map(|ms| format!(" (a failing one last lasted {})", span(ms)));
-    let last = last.unwrap_or_default();
+    let mut last = last.unwrap_or_default();
+    if let Some(until) = state.failing_until.filter(|until| *until > now) {
+        last.push_str(&format!(
+            "; failing: one fetch at a time for {}",
+            span(until - now)
+        ));
+    }
     match state.cooldown_until {
         Some(until) if until > now => format!("{} left{last}", span(until - now)),
         Some(until) => format!("none (the last ended {}){last}", when(until, now)),
@@ -302,6 +311,7 @@ fn schedule_json(item: &ScheduleItem, now: Millis) -> Value {
         "cooldown_until": state.cooldown_until,
         "cooldown_left_ms": state.cooldown_until.map_or(0, |u| u.saturating_sub(now)),
         "cooldown_ms": state.cooldown_ms,
+        "failing_until": state.failing_until,
         "slots_held": slots,
         "answer_ms": state.answers.map(|(mean, _)| mean),
         "floor_ms": state.answers.map(|(_, floor)| floor),

@@ -199,7 +199,7 @@ pub(crate) fn host_reset(now: u64, slots: u32) -> Expression {
         format!(
             "SET given_back_from = :now, given_back_at = :now \
              REMOVE next_start, tail_run, tail_from, tail_until, slowdown, slowdown_at, \
-             slowdown_knee, cooldown_until, cooldown_ms{slots}"
+             slowdown_knee, cooldown_until, cooldown_ms, failing_until{slots}"
         ),
         "attribute_exists(pk)",
     )
