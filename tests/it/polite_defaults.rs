@@ -322,7 +322,7 @@ async fn a_cancelled_run_gives_its_hosts_bookings_back_to_the_next_runs_tasks() 
         (booked_until, submitted)
     };
     let fleet = drain_with(&stack, &queue, production_defaults(), FLEET);
-    let (_, (booked_until, (submitted, submitted_ms))) = tokio::join!(fleet, act);
+    let (drained, (booked_until, (submitted, submitted_ms))) = tokio::join!(fleet, act);
 
     // Assert: the cancelled run had booked its host far ahead, and the second run did not
     // wait behind those starts.
@@ -334,7 +334,12 @@ async fn a_cancelled_run_gives_its_hosts_bookings_back_to_the_next_runs_tasks() 
         let task = stack.task_in(JOB, "second", &format!("s{i:02}")).await;
         assert_eq!(task.status(), Some("successful"), "s{i:02}");
     }
-    assert_eq!(site.hits("/second/"), 10, "each page once");
+    // Once, but for a message the queue handed two pollers at once (moto's SQS does this).
+    let fetched = site.hits("/second/");
+    assert!(
+        (10..=10 + drained.doubled).contains(&fetched),
+        "{fetched} fetches of 10 pages"
+    );
     let last = (site.visits().iter())
         .filter(|v| v.path.starts_with("/second/"))
         .map(|v| v.started.saturating_duration_since(submitted))
