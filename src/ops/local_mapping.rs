@@ -54,6 +54,9 @@ pub struct MappingStats {
     /// now. SQS delivers at least once, and under `DUPLICATE_POLICY=converge` both scrape.
     pub doubled: AtomicU64,
     held: Mutex<HashMap<String, usize>>,
+    /// Those deliveries by the task their message names (its message id if the body names
+    /// none), so a test can tell which pages may have been fetched more than once.
+    doubled_tasks: Mutex<HashMap<String, u64>>,
     /// What the records came to: tasks that ended successful (by this mapping's
     /// deliveries), tasks that failed, and records acknowledged without work (already ended,
     /// not wanted, poison). Also the bytes stored.
@@ -65,16 +68,35 @@ pub struct MappingStats {
 
 impl MappingStats {
     /// The batch's messages are held by a poller until `release`. A message that another
-    /// poller holds too is counted as doubled.
+    /// poller holds too is counted as doubled, under the task it names.
     fn hold(&self, messages: &[Message]) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        for id in messages.iter().filter_map(|m| m.message_id()) {
+        for message in messages {
+            let Some(id) = message.message_id() else {
+                continue;
+            };
             let holders = held.entry(id.to_owned()).or_default();
             if *holders > 0 {
                 self.doubled.fetch_add(1, Ordering::Relaxed);
+                let mut tasks = self
+                    .doubled_tasks
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                *tasks.entry(task_of(message, id)).or_default() += 1;
             }
             *holders += 1;
         }
+    }
+
+    /// The tasks whose messages were delivered to a poller while another held them, each
+    /// with how many such deliveries it had. Each delivery may fetch the task's page once
+    /// more than a single delivery would.
+    pub fn doubled_tasks(&self) -> HashMap<String, u64> {
+        let tasks = self
+            .doubled_tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        tasks.clone()
     }
 
     fn release(&self, messages: &[Message]) {
@@ -142,6 +164,14 @@ impl MappingStats {
             load(&self.without_work),
             count(load(&self.bytes_stored), "byte"),
         )
+    }
+}
+
+/// The task id a message's body names, or the message's id `id` if it names none.
+fn task_of(message: &Message, id: &str) -> String {
+    match crate::domain::message::parse_body(message.body()) {
+        Ok(task) => task.task_id.as_str().to_owned(),
+        Err(_) => id.to_owned(),
     }
 }
 
@@ -364,4 +394,42 @@ async fn failed(stats: &MappingStats, err: &StoreError) {
     }
     let pause = Duration::from_millis(200).saturating_add(streak / 4);
     tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(id: &str, task: &str) -> Message {
+        let body = format!(r#"{{"job_id":"j","run_id":"r","task_id":"{task}"}}"#);
+        Message::builder().message_id(id).body(body).build()
+    }
+
+    #[test]
+    fn a_message_held_by_two_pollers_at_once_is_recorded_under_its_task() {
+        let stats = MappingStats::default();
+        let first = [message("m1", "t1"), message("m2", "t2")];
+        let second = [message("m2", "t2"), message("m3", "t3")];
+
+        stats.hold(&first);
+        stats.hold(&second);
+        stats.release(&first);
+        stats.hold(&[message("m1", "t1")]);
+
+        assert_eq!(stats.doubled.load(Ordering::Relaxed), 1);
+        let doubled = stats.doubled_tasks();
+        assert_eq!(doubled, HashMap::from([("t2".to_owned(), 1)]));
+    }
+
+    #[test]
+    fn a_doubled_message_without_a_task_is_recorded_under_its_message_id() {
+        let stats = MappingStats::default();
+        let poison = Message::builder().message_id("m9").body("not JSON").build();
+
+        stats.hold(std::slice::from_ref(&poison));
+        stats.hold(std::slice::from_ref(&poison));
+        stats.hold(&[poison]);
+
+        assert_eq!(stats.doubled_tasks(), HashMap::from([("m9".to_owned(), 2)]));
+    }
 }

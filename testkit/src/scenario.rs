@@ -871,11 +871,12 @@ impl Prepared {
         (all, most)
     }
 
-    /// A task whose message is in the dead-letter queue was tried (it has a claim) and is
-    /// open (its tries spent on failures of ours), unless more than one message was sent for
-    /// it (a copy may meet the task's end and still be dead-lettered), or AWS faults hit the
-    /// worker's SQS calls (a final attempt's copy not sent leaves its message to the redrive
-    /// policy): then it is printed.
+    /// A task whose message is in the dead-letter queue was tried (it has a claim), with or
+    /// without AWS faults: the worker never lets its own waits spend a task's receives. It
+    /// is open (its tries spent on failures of ours), unless more than one message was sent
+    /// for it (a copy may meet the task's end and still be dead-lettered), or AWS faults hit
+    /// the worker's SQS calls (a final attempt's copy not sent leaves its message to the
+    /// redrive policy): then it is printed.
     fn dead_letters_are_open_or_duplicates(
         &self,
         stored: &[(String, super::TaskItem)],
@@ -887,12 +888,10 @@ impl Prepared {
             let status = item.and_then(|t| t.status());
             let terminal = matches!(status, Some("successful" | "failed"));
             let tried = item.and_then(|t| t.n("attempts")).unwrap_or(0) > 0;
-            if dead.contains(id) && !terminal && !tried {
-                // A copy's send or a hold the fault layer failed burns a receive untried.
-                let untried = format!("{id} is {status:?} and dead-lettered untried");
-                assert!(self.faulty, "{untried}");
-                println!("{untried} (a copy's send or a hold failed?)");
-            }
+            assert!(
+                tried || !dead.contains(id),
+                "{id} is {status:?} and dead-lettered untried (no claim)"
+            );
             if dead.contains(id) && terminal && sends == 1 && self.faulty {
                 println!(
                     "{id} is {status:?} and its one message is in the dead-letter queue (a copy's send failed?)"

@@ -2,6 +2,7 @@
 //! the emulator's queue with 16 records in flight) against logged local sites, with the
 //! hosts' shared state in the emulator's table.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
 use conveyor_testkit::polite_site::{self, Behaviour, PoliteSite};
@@ -90,8 +91,31 @@ async fn drain(stack: &Stack, queue: &Queue, politeness: Politeness) -> Duration
 pub(crate) struct Drained {
     pub took: Duration,
     pub backlog_read: Option<Duration>,
-    /// Messages the queue delivered to two pollers at once (both may scrape).
-    pub doubled: usize,
+    /// The tasks whose messages the queue delivered to a poller while another held them
+    /// (both may scrape), each with how many such deliveries.
+    pub doubled: HashMap<String, u64>,
+}
+
+/// Asserts that each task's page was fetched (or its message dead-lettered: `what`)
+/// exactly once, but a task whose message the queue handed to two pollers at once, which
+/// may have been so once more for each such delivery. `counts`: every task's, by task id.
+pub(crate) fn assert_once_each_but_doubled(
+    what: &str,
+    counts: &BTreeMap<String, usize>,
+    doubled: &HashMap<String, u64>,
+) {
+    let wrong: Vec<String> = counts
+        .iter()
+        .filter_map(|(task, &times)| {
+            let most = 1 + doubled.get(task).copied().unwrap_or(0) as usize;
+            let fine = (1..=most).contains(&times);
+            (!fine).then(|| format!("{task} {what} {times} times, at most {most}"))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{wrong:?}; delivered twice at once: {doubled:?}"
+    );
 }
 
 /// Drains the queue with `fleet`'s sandboxes at once, each a worker with its own caches and
@@ -159,7 +183,7 @@ pub(crate) async fn drain_tuned(
     Drained {
         took: started.elapsed(),
         backlog_read: backlog_read.get().copied(),
-        doubled: stats.doubled.load(std::sync::atomic::Ordering::Relaxed) as usize,
+        doubled: stats.doubled_tasks(),
     }
 }
 
@@ -263,7 +287,7 @@ async fn invocations_that_end_mid_fetch_keep_the_hosts_in_flight_limit() {
     let doubled = drained.doubled;
     assert!(
         dead.is_empty(),
-        "dead-lettered {dead:?}; {doubled} deliveries doubled"
+        "dead-lettered {dead:?}; delivered twice at once: {doubled:?}"
     );
     let visits = site.visits();
     let fetched = visits
@@ -609,4 +633,27 @@ async fn a_job_keyed_by_domain_gives_two_subdomains_of_a_site_one_schedule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_keyed_by_address_gives_two_sites_of_one_address_one_schedule() {
     two_names_of_one_host_share_a_schedule("address", ["one.test", "another.test"]).await;
+}
+
+#[test]
+#[should_panic(expected = "t007 fetched 2 times, at most 1")]
+fn a_page_fetched_twice_fails_the_count_unless_its_own_message_was_doubled() {
+    // One doubled delivery, and one page fetched twice: the total (301 of 300) is within
+    // the old bound of "N + doubled", but the page fetched twice is not the doubled one.
+    let fetches: BTreeMap<String, usize> = (0..300)
+        .map(|i| (format!("t{i:03}"), if i == 7 { 2 } else { 1 }))
+        .collect();
+    let doubled = HashMap::from([("t005".to_owned(), 1)]);
+
+    assert_once_each_but_doubled("fetched", &fetches, &doubled);
+}
+
+#[test]
+fn a_page_fetched_twice_passes_the_count_when_its_message_was_doubled() {
+    let fetches: BTreeMap<String, usize> = (0..300)
+        .map(|i| (format!("t{i:03}"), if i == 5 { 2 } else { 1 }))
+        .collect();
+    let doubled = HashMap::from([("t005".to_owned(), 1)]);
+
+    assert_once_each_but_doubled("fetched", &fetches, &doubled);
 }
