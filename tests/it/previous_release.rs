@@ -10,9 +10,12 @@ use std::time::{Duration, SystemTime};
 
 use conveyor_testkit::*;
 use conveyor_worker::domain::bounds::Reason;
+use conveyor_worker::domain::health::{self, Sign};
 use conveyor_worker::domain::ids::RunRef;
+use conveyor_worker::domain::limits::{Ask, Booker, Host, HostState, Slot};
 use conveyor_worker::domain::model::{Counting, Lease, TriesFrom};
 use conveyor_worker::domain::spend::{PaidLease, Reservation, Spend, TierSpend};
+use conveyor_worker::ports::hosts::HostStore;
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::TaskStore;
 use conveyor_worker::store::dynamo::attributes::Item;
@@ -87,6 +90,18 @@ const RUN_COUNTERS: PreviousReads = PreviousReads(&[
     ("paid_tier_budget_bytes", As::N),
     ("paid_tier_reserved_bytes", As::N),
     ("paid_tier_spent_bytes", As::N),
+]);
+
+/// A host's schedule item, at bf0ec71: `host_state` reads these as numbers (absent: none),
+/// and its takes compare `next_start`, `cooldown_until` and the slots with numbers. It reads
+/// nothing else, so the tail, the given-back stretch and `failing_until` are ignored by it.
+const HOST: PreviousReads = PreviousReads(&[
+    ("next_start", As::N),
+    ("slot_0", As::N),
+    ("slot_1", As::N),
+    ("cooldown_until", As::N),
+    ("slowdown_at", As::N),
+    ("cooldown_ms", As::N),
 ]);
 
 impl PreviousReads {
@@ -263,4 +278,47 @@ fn a_field_the_previous_release_would_misread_is_a_fault() {
         faults[1].starts_with("expires_at_ms: not a number"),
         "{faults:?}"
     );
+}
+
+#[tokio::test]
+async fn a_host_item_this_release_booked_gave_back_and_marked_failing_is_read_by_the_previous_release()
+ {
+    // Arrange: a host, a run of this release.
+    let stack = Stack::new().await;
+    let store = store(&stack);
+    let host = Host::of(&url::Url::parse("http://site.test/").expect("a URL")).expect("a host");
+    let booker = Booker::parse("job/cancelled").expect("ids");
+    let now = now_ms();
+    let booking = Ask {
+        now,
+        interval: Some(500),
+        horizon: now + 60_000,
+        slot: Some(Slot::new(1, now + 10_000)),
+        slots: 2,
+    };
+
+    // Act: this release takes a start and a slot for the run, books ahead for it, gives the
+    // stretch back, and records a failure (the breaker's `failing_until`).
+    let seen = HostState::default();
+    let (_, after, _) =
+        (store.take_host(&host, &booking, &seen, Some(&booker)).await).expect("taken");
+    let ahead = Ask {
+        slot: None,
+        ..booking
+    };
+    let (_, after, _) =
+        (store.take_host(&host, &ahead, &after, Some(&booker)).await).expect("booked");
+    let tail = after.tail.clone().expect("the run's stretch");
+    let given = store.give_back(&host, &tail, now, now).await;
+    assert!(given.expect("given back"), "{after:?}");
+    let trouble = health::trouble(&after, (Sign::Failing, None), (now, now), Some(2.0));
+    let trouble = trouble.expect("a failure is trouble");
+    (store.push_back(&host, &after, trouble, now))
+        .await
+        .expect("recorded");
+    let item = stack.host_item(host.as_str(), "HOST").await;
+
+    // Assert: what this release added is there, and the previous release reads the rest.
+    assert!(item.n("given_back_from").is_some() && item.n("failing_until").is_some());
+    assert_eq!(HOST.faults(&item.0), Vec::<String>::new(), "{item:?}");
 }
