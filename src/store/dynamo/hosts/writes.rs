@@ -101,8 +101,11 @@ fn one_probe(slots: u32) -> String {
         .map(|i| format!("(attribute_not_exists(#s{i}) OR #s{i} <= :now)"))
         .collect();
     let mut condition = "(attribute_not_exists(failing_until) OR failing_until <= :now".to_owned();
-    if !free.is_empty() {
-        condition.push_str(&format!(" OR ({})", free.join(" AND ")));
+    // DynamoDB refuses redundant parentheses: one slot's term is already in its own.
+    match free.as_slice() {
+        [] => {}
+        [one] => condition.push_str(&format!(" OR {one}")),
+        all => condition.push_str(&format!(" OR ({})", all.join(" AND "))),
     }
     condition.push(')');
     condition
@@ -221,4 +224,27 @@ pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
     )
     .value(":now", n(now))
     .value(":until", n(until))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_sites_one_probe_condition_has_no_redundant_parentheses_at_any_slot_count() {
+        for slots in [0, 1, 2, 8] {
+            let condition = one_probe(slots);
+
+            assert!(!condition.contains("(("), "{slots} slots: {condition}");
+            assert_eq!(
+                condition.matches('(').count(),
+                condition.matches(')').count()
+            );
+        }
+        assert_eq!(
+            one_probe(1),
+            "(attribute_not_exists(failing_until) OR failing_until <= :now \
+             OR (attribute_not_exists(#s0) OR #s0 <= :now))"
+        );
+    }
 }
