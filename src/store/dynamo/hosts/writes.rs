@@ -235,10 +235,15 @@ mod tests {
         for slots in [0, 1, 2, 8] {
             let condition = one_probe(slots);
 
-            assert!(!condition.contains("(("), "{slots} slots: {condition}");
             assert_eq!(
                 condition.matches('(').count(),
                 condition.matches(')').count()
+            );
+            // Two slots' terms are joined by AND inside one pair: needed, not redundant.
+            assert_eq!(
+                condition.contains("(("),
+                slots >= 2,
+                "{slots} slots: {condition}"
             );
         }
         assert_eq!(
