@@ -52,6 +52,11 @@ const MOST_ROUND_MS: Millis = 2_000;
 /// within twice its length of the last, up to `MOST_COOLDOWN_MS`.
 const FIRST_COOLDOWN_MS: Millis = MIN_COOLDOWN_MS;
 const MOST_COOLDOWN_MS: Millis = 30_000;
+/// A failure keeps a site to one fetch at a time until an answer, or until this long after
+/// its cooldown ends if none comes (no fetch went, or its answer was not recorded). It
+/// outlasts the longest cooldown and a probe's timeout, so each probe's failure extends it
+/// before it lapses.
+const BREAKER_OPEN_MS: Millis = 2 * MOST_COOLDOWN_MS;
 
 /// The host's answer times after one more answer: `(average, floor)`, in milliseconds.
 pub fn learn(state: &HostState, answer_ms: Millis) -> (f64, f64) {
@@ -87,8 +92,8 @@ pub struct Trouble {
     pub next_start: Option<Millis>,
     pub cooldown_ms: Option<Millis>,
     /// A failing site's breaker is open until then: one fetch at a time goes to it, as a
-    /// circuit breaker's half-open probe, until an answer closes it. Set by a failure to
-    /// the end of the window in which the next failure doubles the cooldown.
+    /// circuit breaker's half-open probe, until an answer closes it. Set by a failure to a
+    /// minute past its cooldown's end ([`BREAKER_OPEN_MS`]).
     pub failing_until: Option<Millis>,
 }
 
@@ -144,7 +149,7 @@ pub fn trouble(
                 cooldown_until: Some(until),
                 cooldown_ms: Some(length),
                 knee: None,
-                failing_until: Some(until.saturating_add(2 * length)),
+                failing_until: Some(until.saturating_add(BREAKER_OPEN_MS)),
                 ..drop
             })
         }
