@@ -27,7 +27,8 @@ impl Gate {
     /// unless this sandbox's view already shows a cooldown or a schedule full past the
     /// horizon (those only move later). The record then sleeps until the start. If the
     /// schedule is full past the sleep, the next start is booked if it is before `far`.
-    /// With no `far`, nothing is booked.
+    /// With no `far`, nothing is booked. Before booking behind another run's stretch, that
+    /// stretch is given back if its run no longer wants work (`gave_back_for`).
     pub(super) async fn take<S: HostStore>(
         &self,
         store: &S,
