@@ -18,6 +18,7 @@
 //! `Scraped`), or ends the delivery with its [`Outcome`].
 
 mod admit;
+mod blocked;
 pub mod converge;
 mod fetch;
 pub mod guard;

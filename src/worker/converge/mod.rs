@@ -5,7 +5,6 @@
 
 mod stores;
 
-pub(super) use stores::stored_block;
 pub use stores::{Converged, Stores};
 
 use std::time::Duration;

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::blocks::{BODY_WINDOW, Detection};
+use crate::domain::blocks::Detection;
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
@@ -16,6 +16,8 @@ use crate::ports::error::StoreError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
 use crate::ports::tasks::{Finish, TaskStore};
 use crate::pushback::retry::{FINISH_THROTTLED, Patience};
+
+use crate::worker::blocked;
 
 /// What the terminal write recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,7 +274,7 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         stored: &StoredResult,
     ) -> Result<Option<String>, StoreError> {
-        stored_block(self.results, &self.detection, key, stored).await
+        blocked::stored_block(self.results, &self.detection, key, stored).await
     }
 
     /// The terminal write, retried on conflicts. If DynamoDB refuses the record as invalid
@@ -319,28 +321,6 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             .retry_throttled(finish, FINISH_THROTTLED)
             .await
     }
-}
-
-/// The version of the object under `key`, described by `stored`, if `detection` finds it a
-/// block page. Neither adopted nor carried forward then.
-pub(crate) async fn stored_block<R: ResultStore>(
-    results: &R,
-    detection: &Detection,
-    key: &ResultKey,
-    stored: &StoredResult,
-) -> Result<Option<String>, StoreError> {
-    if detection.is_off() {
-        return Ok(None);
-    }
-    let Some(opening) = results.opening(key, BODY_WINDOW).await? else {
-        return Ok(None);
-    };
-    let typed = Some(stored.content_type.as_str()).filter(|t| !t.is_empty());
-    let Some(block) = detection.by_body(typed, &opening.bytes) else {
-        return Ok(None);
-    };
-    tracing::warn!(%key, %block, "the stored object is a block page: never a result");
-    Ok(Some(opening.etag))
 }
 
 /// The smallest record of an end state: the object's identity, or why it failed.

@@ -30,7 +30,7 @@ use crate::scraper::{Ask, FetchError, Fetched, Fetcher, health_sign};
 use crate::trace;
 
 use super::admit::{Admitted, Pass};
-use super::converge::stored_block;
+use super::blocked::stored_block;
 use super::guard::Claimed;
 use super::parents::Wanted;
 use super::parse::Delivery;
