@@ -79,13 +79,9 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
     // scrape under the default DUPLICATE_POLICY=converge; moto's SQS does this at times):
     // its page, and no other, may have been fetched twice.
     let visits = site.visits();
-    let fetches: BTreeMap<String, usize> = (0..tasks)
-        .map(|i| {
-            let path = format!("/page/{i}");
-            let fetched = visits.iter().filter(|v| v.path == path).count();
-            (format!("t{i:03}"), fetched)
-        })
-        .collect();
+    let fetches = fetches_by_task(&visits, 0..tasks, |i| {
+        (format!("/page/{i}"), format!("t{i:03}"))
+    });
     assert_once_each_but_doubled("fetched", &fetches, &drained.doubled);
     assert_eq!(
         site.hits("/page"),
@@ -348,13 +344,9 @@ async fn a_cancelled_run_gives_its_hosts_bookings_back_to_the_next_runs_tasks() 
     }
     // Once, but for a message the queue handed two pollers at once (moto's SQS does this).
     let visits = site.visits();
-    let fetches: BTreeMap<String, usize> = (0..10)
-        .map(|i| {
-            let path = format!("/second/{i}");
-            let fetched = visits.iter().filter(|v| v.path == path).count();
-            (format!("s{i:02}"), fetched)
-        })
-        .collect();
+    let fetches = fetches_by_task(&visits, 0..10, |i| {
+        (format!("/second/{i}"), format!("s{i:02}"))
+    });
     assert_once_each_but_doubled("fetched", &fetches, &drained.doubled);
     let last = (site.visits().iter())
         .filter(|v| v.path.starts_with("/second/"))
@@ -439,13 +431,9 @@ async fn a_fifo_group_cut_by_the_deadline_drains_at_its_hosts_rate_without_misse
         .collect();
     // (A record held on the receive before its last goes to the back of its group, so the
     // order may change; a page is still fetched once.)
-    let fetches: BTreeMap<String, usize> = (0..tasks)
-        .map(|i| {
-            let path = format!("/page/{i}");
-            let fetched = visits.iter().filter(|v| v.path == path).count();
-            (format!("t{i:03}"), fetched)
-        })
-        .collect();
+    let fetches = fetches_by_task(&visits, 0..tasks, |i| {
+        (format!("/page/{i}"), format!("t{i:03}"))
+    });
     assert_once_each_but_doubled("fetched", &fetches, &drained.doubled);
     let host = site.url("").trim_start_matches("http://").to_owned();
     let item = stack.host_item(&host, "HOST").await;
@@ -461,4 +449,19 @@ async fn a_fifo_group_cut_by_the_deadline_drains_at_its_hosts_rate_without_misse
         booked_past <= 1_000,
         "nothing is booked past the group's last fetch: {booked_past} ms ahead"
     );
+}
+
+/// How many times each task's page was fetched, by task id: `names` gives the page's path and
+/// the task's id for each of `tasks`.
+fn fetches_by_task(
+    visits: &[conveyor_testkit::polite_site::Visit],
+    tasks: std::ops::Range<usize>,
+    names: impl Fn(usize) -> (String, String),
+) -> BTreeMap<String, usize> {
+    tasks
+        .map(|i| {
+            let (path, task) = names(i);
+            (task, visits.iter().filter(|v| v.path == path).count())
+        })
+        .collect()
 }
