@@ -16,6 +16,12 @@ patched here without changing what any request returns:
   ReceiveMessage returns (to check its retention period). `compute_queue_attributes_once`
   computes them once per GetQueueAttributes and reads the retention period directly.
 
+Two more costs are per request, not per item, and patched the same way: moto finds the
+service a request is for by listing its own package folder and matching a few hundred URL
+patterns (`remember_backends` keeps each answer), and SQS reads the clock through datetime
+arithmetic for every message of a queue on every receive, send and count (`fast_sqs_clock`
+reads it once per scan, as a float).
+
 CopyObject's conditions (`If-None-Match` and `If-Match` on the destination,
 `x-amz-copy-source-if-match` on the source), which moto ignores, are applied here as S3
 applies them.
@@ -34,6 +40,7 @@ import copy
 import os
 import sys
 import threading
+import time
 import types
 
 import prodlike
@@ -218,8 +225,65 @@ def compute_queue_attributes_once():
     )
 
 
+def remember_backends():
+    import moto.backends
+
+    modules = tuple(moto.backends.list_of_moto_modules())
+    moto.backends.list_of_moto_modules = lambda: modules
+    find = DomainDispatcherApplication.get_backend_for_host
+    found = {}
+
+    def get_backend_for_host(self, host):
+        if host not in found:
+            found[host] = find(self, host)
+        return found[host]
+
+    DomainDispatcherApplication.get_backend_for_host = get_backend_for_host
+
+
+def fast_sqs_clock():
+    """The same comparisons as moto's Message.visible and .delayed, with the clock read once
+    per scan of a queue (moto converts datetimes twice per message)."""
+    from moto.sqs.models import Message, Queue
+
+    def now_ms():
+        return time.time() * 1000.0
+
+    def visible_at(message, now):
+        return now > message.visible_at
+
+    def delayed_at(message, now):
+        return now < message.delayed_until
+
+    Message.visible = property(lambda m: visible_at(m, now_ms()))
+    Message.delayed = property(lambda m: delayed_at(m, now_ms()))
+
+    def messages(queue):
+        now = now_ms()
+        return [m for m in queue._messages if visible_at(m, now) and not delayed_at(m, now)]
+
+    def delayed(queue):
+        now = now_ms()
+        return sum(1 for m in queue._messages if delayed_at(m, now))
+
+    def not_visible(queue):
+        now = now_ms()
+        return sum(1 for m in queue._messages if not visible_at(m, now))
+
+    Queue.messages = property(messages)
+    Queue.approximate_number_of_messages_delayed = property(delayed)
+    Queue.approximate_number_of_messages_not_visible = property(not_visible)
+
+
+class QuietHandler(MotoRequestHandler):
+    """moto's handler without its line on stderr for every request."""
+
+    def log_request(self, *args, **kwargs):
+        pass
+
+
 def serve(port, app):
-    return make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
+    return make_server("127.0.0.1", port, app, threaded=True, request_handler=QuietHandler)
 
 
 def main():
@@ -227,6 +291,8 @@ def main():
     count_write_units()
     conditional_copies()
     compute_queue_attributes_once()
+    remember_backends()
+    fast_sqs_clock()
     ports = [int(p) for p in sys.argv[1:3]] + [0, 0]
     app = one_at_a_time(prodlike.Recording(DomainDispatcherApplication(create_backend_app)))
     server = serve(ports[0], app)
