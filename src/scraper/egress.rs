@@ -19,8 +19,8 @@ use super::route::Route;
 use super::spans;
 use super::wire::{self, Conn, Relay};
 use super::{
-    AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, Lookup, Refused, classify,
-    header_text, refusal_block, refusal_of,
+    AddressPolicy, Ask, FetchError, FetchSettings, Fetched, HttpFetcher, LOOKUP_TIMEOUT, Lookup,
+    Refused, classify, header_text, refusal_block, refusal_of,
 };
 use crate::domain::blocks::Detection;
 use crate::domain::model::Page;
@@ -31,9 +31,6 @@ use crate::domain::spend::{Spend, TierSpend};
 /// The reason a task fails when only the paid tier could fetch it and the run's budget for
 /// that tier is spent.
 pub const PAID_TIER_SPENT: &str = "the run's budget for the paid proxy tier is spent";
-
-/// How long a target's name may take to resolve here before it counts as not resolving.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most of an error or redirect body read (and metered) before the connection is let go.
 pub(super) const DRAIN_BYTES: usize = 64 * 1024;
@@ -203,9 +200,8 @@ impl Routes {
             return Some(vec![ip]);
         }
         let name = url.host_str()?.to_owned();
-        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup.lookup(name));
-        match resolved.await {
-            Ok(Ok(ips)) if !ips.is_empty() => Some(ips),
+        match self.lookup.lookup(name).await {
+            Ok(ips) if !ips.is_empty() => Some(ips),
             _ => None,
         }
     }

@@ -17,7 +17,9 @@ mod spans;
 mod wire;
 
 pub use classify::{classify_status, retry_after};
-pub use policy::{AddressPolicy, GuardedResolver, Lookup, Refused, SystemLookup};
+pub use policy::{
+    AddressPolicy, Bounded, GuardedResolver, LOOKUP_TIMEOUT, Lookup, Refused, SystemLookup,
+};
 
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
@@ -113,13 +115,14 @@ impl HttpFetcher {
     }
 
     /// A direct fetcher with its own policy and resolver (tests use a trusted address and a
-    /// table).
+    /// table). Every lookup through it is [`Bounded`].
     pub fn with_policy(
         settings: &FetchSettings,
         policy: AddressPolicy,
         lookup: Arc<dyn Lookup>,
     ) -> Result<Self, reqwest::Error> {
         let policy = Arc::new(policy);
+        let lookup: Arc<dyn Lookup> = Arc::new(Bounded(lookup));
         let resolver = Arc::new(GuardedResolver {
             policy: policy.clone(),
             lookup: lookup.clone(),
@@ -447,7 +450,59 @@ impl Fetcher for HttpFetcher {
 
 #[cfg(test)]
 mod tests {
-    use super::host_of;
+    use std::net::IpAddr;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::future::BoxFuture;
+    use url::Url;
+
+    use super::{
+        AddressPolicy, FetchSettings, Fetcher, HttpFetcher, LOOKUP_TIMEOUT, Lookup, host_of,
+    };
+    use crate::domain::proxy::Tiers;
+
+    /// A DNS server that never answers.
+    struct Silent;
+
+    impl Lookup for Silent {
+        fn lookup(&self, _host: String) -> BoxFuture<'static, std::io::Result<Vec<IpAddr>>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn settings() -> FetchSettings {
+        FetchSettings {
+            connect_timeout: Duration::from_secs(5),
+            max_redirects: 5,
+            max_body_bytes: 1024,
+            user_agent: "conveyor-test".into(),
+            allow_private_networks: false,
+            allowed_ports: None,
+            proxies: Tiers::default(),
+            proxy_session: Duration::from_secs(60),
+            proxy_refuses_private: false,
+            extra_roots: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_address_key_whose_name_never_resolves_is_unknown_after_the_lookup_bound() {
+        // Arrange: a fetcher whose DNS server never answers.
+        let policy = AddressPolicy::new(false, None);
+        let fetcher =
+            HttpFetcher::with_policy(&settings(), policy, Arc::new(Silent)).expect("a fetcher");
+        let url = Url::parse("https://slow-dns.example/page").expect("a URL");
+        let started = tokio::time::Instant::now();
+
+        // Act
+        let asked = tokio::time::timeout(Duration::from_secs(60), fetcher.address_of(&url));
+        let address = asked.await.expect("the lookup gave up");
+
+        // Assert: no address, after exactly the bound (on tokio's paused clock).
+        assert_eq!(address, None);
+        assert_eq!(started.elapsed(), LOOKUP_TIMEOUT);
+    }
 
     #[test]
     fn a_urls_host_for_spans_has_no_credentials_path_or_query() {

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use http_acl::HttpAcl;
@@ -143,6 +144,27 @@ impl Lookup for SystemLookup {
         Box::pin(async move {
             let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
             Ok(addrs.map(|a| a.ip()).collect())
+        })
+    }
+}
+
+/// How long a name may take to resolve before it counts as not resolving. A slow or hostile
+/// DNS server costs a record this much, never its whole time.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A lookup that gives up after [`LOOKUP_TIMEOUT`] with `TimedOut`. The fetcher wraps its
+/// resolver in it, so every lookup is bounded: address keys, robots.txt, the proxy check,
+/// and the HTTP client's own. (The system resolver's thread finishes by itself.)
+pub struct Bounded(pub Arc<dyn Lookup>);
+
+impl Lookup for Bounded {
+    fn lookup(&self, host: String) -> BoxFuture<'static, io::Result<Vec<IpAddr>>> {
+        let resolving = self.0.lookup(host);
+        Box::pin(async move {
+            match tokio::time::timeout(LOOKUP_TIMEOUT, resolving).await {
+                Ok(resolved) => resolved,
+                Err(_) => Err(io::ErrorKind::TimedOut.into()),
+            }
         })
     }
 }
