@@ -9,6 +9,7 @@ pub mod demo;
 pub mod fixtures;
 pub mod forward_proxy;
 pub mod fresh_site;
+pub mod host_watch;
 pub mod logs;
 pub mod lose;
 pub mod matrix;
