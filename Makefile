@@ -14,18 +14,19 @@ export SAM_CLI_TELEMETRY := 0
 
 .PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy nginx
 
-## test: fmt, clippy, the template's linters and rules, and all tests against a fresh emulator
-## (the emulator's venv installs from the network while the Rust checks and build use the CPU)
+## test: fmt, clippy, the template's linters and rules, and all tests in three groups side by
+## side, each against a fresh emulator of its own (the emulator's venv installs from the
+## network while the Rust checks and build use the CPU)
 test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
 	{ $(MAKE) --no-print-directory lint-rust && cargo test --locked --workspace --no-run; } \
 	  || built=$$?; wait $$venv && exit $$built
 	$(MAKE) --no-print-directory lint-template
 	scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) & heavy=$$!; \
+	scripts/with-moto cargo test --locked --workspace --test it -- $(LONG_TESTS) & long=$$!; \
 	rest=0; scripts/with-moto cargo test --locked --workspace -- \
-	  $(QUIET_TESTS:%=--skip %) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
-	wait $$heavy && exit $$rest
-	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads=1 $(QUIET_TESTS)
+	  $(LONG_TESTS:%=--skip %) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
+	failed=$$rest; wait $$heavy || failed=1; wait $$long || failed=1; exit $$failed
 	$(MAKE) bench-quick
 
 ## bench-quick: every benchmark at small sizes, with its assertions (part of `make test`):
@@ -43,11 +44,10 @@ bench-quick: $(VENV)/.test tinyproxy nginx
 # matches any part of one.)
 HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500 matrix::
 
-# Tests whose bound is wall-clock time at a host's rate (N/r plus 10%, starts within a
-# second on two hosts, a site's pace, a run at the default two in flight draining in time):
-# on a 2-CPU machine the tests beside them move the emulator's answers by seconds, so they
-# run alone after the rest, with the same bounds.
-QUIET_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
+# The longest tests (a site's pace for a minute or more, mostly waiting on it), also
+# against an emulator of their own, beside the two other groups. Their bounds count what the
+# fleet decided (starts booked, the slowdown it set), not how fast this machine is.
+LONG_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
   politeness::the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart \
   adaptive::
 
