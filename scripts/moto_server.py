@@ -29,6 +29,9 @@ applies them.
 It also counts the write units DynamoDB would bill for every write (moto answers a constant
 ConsumedCapacity), read back as `write_units` in the production-like layer's stats.
 
+Requests signed as the worker's role are checked against what template.yaml grants it, on
+both ports (`iam_role.py`).
+
 The same moto is also served behind `prodlike.py` (conflicts, stale reads, S3 limits, as
 production has them) on a second port, for the tests that ask for it.
 
@@ -43,6 +46,7 @@ import threading
 import time
 import types
 
+import iam_role
 import prodlike
 
 import moto.dynamodb.models as dynamodb_models
@@ -294,7 +298,8 @@ def main():
     remember_backends()
     fast_sqs_clock()
     ports = [int(p) for p in sys.argv[1:3]] + [0, 0]
-    app = one_at_a_time(prodlike.Recording(DomainDispatcherApplication(create_backend_app)))
+    moto = one_at_a_time(prodlike.Recording(DomainDispatcherApplication(create_backend_app)))
+    app = iam_role.Enforce(moto)
     server = serve(ports[0], app)
     layer = serve(ports[1], prodlike.ProdLike(app))
     os.environ["MOTO_PORT"] = str(server.port)

@@ -137,11 +137,20 @@ pub fn prodlike_endpoint() -> String {
 /// SDK config for the emulator, with fake credentials: nothing leaves 127.0.0.1. The HTTP
 /// client is the worker's own.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
+    sdk_config_as(endpoint, "test").await
+}
+
+/// The access key the worker's requests are signed with. The emulator checks each of them
+/// against what the function's role in template.yaml grants (`scripts/iam_role.py`).
+pub const WORKER_KEY: &str = "conveyor-worker";
+
+/// Clients' configuration for `endpoint`, signing with the access key `key`.
+pub async fn sdk_config_as(endpoint: &str, key: &str) -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
         .http_client(conveyor_worker::wiring::aws::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .credentials_provider(Credentials::new(key, "test", None, None, "tests"))
         .load()
         .await
 }
@@ -198,7 +207,7 @@ impl Stack {
             s3: aws_sdk_s3::Client::from_conf(s3_config(&admin).build()),
             sqs: aws_sdk_sqs::Client::new(&admin),
             calls: CallLog::default(),
-            sdk: sdk_config(worker_endpoint).await,
+            sdk: sdk_config_as(worker_endpoint, WORKER_KEY).await,
             worker_endpoint: worker_endpoint.to_owned(),
         };
         stack.create_table().await;
@@ -916,6 +925,23 @@ pub async fn layer_stats() -> serde_json::Value {
         .await
         .expect("read the stats");
     serde_json::from_slice(&body).expect("stats are JSON")
+}
+
+impl Stack {
+    /// The worker's requests on this stack's table or bucket that its role does not grant,
+    /// as "<table or bucket> <action>" (`scripts/iam_role.py` refused them as AWS would).
+    pub async fn denied(&self) -> Vec<String> {
+        let stats = layer_stats().await;
+        let ours = |key: &&String| {
+            [&self.table, &self.bucket]
+                .iter()
+                .any(|name| key.starts_with(&format!("{name} ")))
+        };
+        match stats.get("denied").and_then(|d| d.as_object()) {
+            Some(denied) => denied.keys().filter(ours).cloned().collect(),
+            None => Vec::new(),
+        }
+    }
 }
 
 /// A key as the production-like layer's admin paths take it (DynamoDB JSON).

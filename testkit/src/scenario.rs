@@ -716,6 +716,8 @@ impl Prepared {
             0,
             "{policy:?}: nothing left behind"
         );
+        let denied = stack.denied().await;
+        assert!(denied.is_empty(), "{policy:?}: the role refused {denied:?}");
 
         // Where every message went: deleted after an ack, or in the dead-letter queue.
         let dead: Vec<_> = dlq.take_all(stack).await;

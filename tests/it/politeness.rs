@@ -180,6 +180,8 @@ pub(crate) async fn drain_tuned(
     });
     let ended = futures_util::future::join_all(sandboxes).await;
     assert!(ended.iter().all(|e| *e == Ended::Drained), "{ended:?}");
+    let denied = stack.denied().await;
+    assert!(denied.is_empty(), "the worker's role refused {denied:?}");
     Drained {
         took: started.elapsed(),
         backlog_read: backlog_read.get().copied(),

@@ -667,7 +667,13 @@ async fn a_duplicate_fetch_is_spend_counted_and_a_redelivery_that_adopts_adds_no
     let after = run_batch(&worker, vec![record("m3", &body("t1"), 2)]).await;
     let adopted = run_batch(&worker, vec![record("m4", &body("t2"), 2)]).await;
 
-    // Assert: two fetches, both paid for, both counted; the redeliveries fetched nothing.
+    // Assert: two fetches, both paid for, both counted (the second by a transaction whose
+    // check needs the role's ConditionCheckItem); the redeliveries fetched nothing.
+    assert_eq!(
+        stack.denied().await,
+        Vec::<String>::new(),
+        "the role grants every call"
+    );
     assert!(retried(&both).is_empty() && retried(&after).is_empty());
     assert!(retried(&adopted).is_empty());
     assert_eq!(stack.task("t2").await.status(), Some("successful"));
