@@ -13,6 +13,10 @@ use futures_util::{FutureExt, StreamExt, stream};
 use tokio::time::Instant;
 use tracing::{Instrument, Span, field};
 
+mod handoffs;
+
+pub use handoffs::{Handoffs, NotSent};
+
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
 use crate::pushback::pressure::Pressure;
@@ -63,6 +67,8 @@ pub struct Invocation {
     pub cutoff: Instant,
     /// Fetch latencies and bytes stored, for the invocation's metrics.
     pub measures: Measures,
+    /// The copies records sent to carry their message on.
+    pub handoffs: Handoffs,
 }
 
 impl Invocation {
@@ -84,6 +90,7 @@ impl Invocation {
             deadline,
             cutoff: Instant::now() + left.saturating_sub(margin),
             measures: Measures::default(),
+            handoffs: Handoffs::default(),
         }
     }
 }
@@ -191,17 +198,39 @@ async fn run_records<P: ProcessRecord>(
             }
         }
     });
-    if tokio::time::timeout_at(invocation.cutoff, run)
-        .await
-        .is_err()
     {
-        tracing::warn!("the invocation deadline is near: unfinished records go back to the queue");
+        let mut run = std::pin::pin!(run);
+        if tokio::time::timeout_at(invocation.cutoff, &mut run)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the invocation deadline is near: unfinished records go back to the queue"
+            );
+            let_copies_land(&mut run, invocation).await;
+        }
     }
     let outcomes = outcomes
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
     let spans = spans.into_inner().unwrap_or_else(PoisonError::into_inner);
     finish_cut(processor, records, (outcomes, spans), invocation, limits).await
+}
+
+/// At the cutoff, no copy starts, and the records sending one run on until it is sent (or
+/// fails), within half the time kept for the cut records: a send is never cut in half.
+async fn let_copies_land(run: &mut (impl Future<Output = ()> + Unpin), invocation: &Invocation) {
+    invocation.handoffs.cut();
+    let until = Instant::now() + remaining(invocation).saturating_sub(LAST_WORDS) / 2;
+    let landed = async {
+        tokio::select! {
+            () = run => {}
+            () = invocation.handoffs.settled() => {}
+        }
+    };
+    if tokio::time::timeout_at(until, landed).await.is_err() {
+        tracing::warn!("a copy was still being sent at the deadline");
+    }
 }
 
 /// The outcomes, with those the cutoff stopped decided in their records' spans.
@@ -254,6 +283,14 @@ async fn out_of_time<P: ProcessRecord>(
     invocation: &Invocation,
 ) -> Outcome {
     let message_id = record.message_id.as_deref().unwrap_or("");
+    if let Some(outcome) = invocation.handoffs.outcome_of(message_id) {
+        tracing::info!(
+            message_id,
+            "cut after its copy was sent: the copy carries it on"
+        );
+        traced(&outcome);
+        return outcome;
+    }
     tracing::warn!(
         message_id,
         outcome = "out_of_time",
@@ -524,6 +561,79 @@ mod tests {
 
         assert!(ids(&reply).is_empty());
         assert_eq!(processor.most_at_once.load(Ordering::SeqCst), 3);
+    }
+
+    /// Sends one copy of its record in the middle of its work: `before` ms of work, a send
+    /// of `sending` ms (the copy is on its way from the send's first moment, as a request
+    /// SQS may take however it ends here), then `after` ms more.
+    struct Copying {
+        before: u64,
+        sending: u64,
+        after: u64,
+        copies: AtomicUsize,
+    }
+
+    impl ProcessRecord for Copying {
+        async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
+            let ms = Duration::from_millis;
+            tokio::time::sleep(ms(self.before)).await;
+            let send = async {
+                self.copies.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(ms(self.sending)).await;
+                Ok::<(), ()>(())
+            };
+            let then = || Outcome::PoliteRequeued {
+                delay: Duration::ZERO,
+            };
+            let id = record.message_id.as_deref().unwrap_or_default();
+            let outcome = match invocation.handoffs.send(id, send, then).await {
+                Ok(requeued) => requeued,
+                Err(_) => Outcome::OutOfTime,
+            };
+            tokio::time::sleep(ms(self.after)).await;
+            outcome
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_cut_at_any_moment_of_its_copys_send_leaves_one_live_message() {
+        // Arrange: 40 ms of work, a 30 ms send, 40 ms more; the cutoff at every 5 ms.
+        let (before, sending, after) = (40, 30, 40);
+        for cut_at in (0..=before + sending + after + 10).step_by(5) {
+            let processor = Copying {
+                before,
+                sending,
+                after,
+                copies: AtomicUsize::new(0),
+            };
+            let deadline = SystemTime::now() + Duration::from_millis(cut_at) + MARGIN;
+
+            // Act
+            let reply = run_copying(&processor, &[record(Some("m"), "wait")], deadline).await;
+
+            // Assert: the copy, or the record back in the queue, never both nor neither.
+            let copies = processor.copies.load(Ordering::SeqCst);
+            let live = copies + ids(&reply).len();
+            assert_eq!(
+                live, 1,
+                "cut at {cut_at} ms: {copies} copies, reply {reply:?}"
+            );
+        }
+    }
+
+    /// The deployed margin: 2 s before the deadline.
+    const MARGIN: Duration = Duration::from_secs(2);
+
+    async fn run_copying(
+        processor: &Copying,
+        records: &[SqsMessage],
+        deadline: SystemTime,
+    ) -> SqsBatchResponse {
+        let limits = BatchLimits {
+            max_concurrency: 1,
+            deadline_margin: MARGIN,
+        };
+        process_batch(processor, records, "req", deadline, limits).await
     }
 
     #[tokio::test]

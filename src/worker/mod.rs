@@ -127,7 +127,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let outcome = match self.stages(&delivery, invocation).await {
             Ok(outcome) | Err(outcome) => outcome,
         };
-        self.park(record, &delivery, outcome).await
+        let handoffs = &invocation.handoffs;
+        self.park(record, (&delivery, handoffs), outcome).await
     }
 
     /// Stages 2 to 5: each hands the delivery on to the next, or ends it with its outcome.

@@ -3,6 +3,7 @@
 //! visibility timeout. A poison body goes to quarantine. A lease, or a claim's attempt, may
 //! be given back.
 
+use crate::batch::{Handoffs, NotSent};
 use crate::contract::{Outcome, Reply};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
@@ -43,18 +44,24 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     pub(super) async fn park(
         &self,
         record: &SqsMessage,
-        delivery: &Delivery,
+        (delivery, handoffs): (&Delivery, &Handoffs),
         outcome: Outcome,
     ) -> Outcome {
-        let (message, receives) = (&delivery.message, delivery.receives);
-        let outcome = self.requeue_politely(record, message, outcome).await;
+        let (message, receives, handoffs) = (&delivery.message, delivery.receives, Some(handoffs));
+        let outcome = self
+            .requeue_politely(record, message, outcome, handoffs)
+            .await;
         if let Some(owner) = delivery.owner.as_deref()
             && ends_without_terminal_write(&outcome)
         {
             self.release(delivery.task(), owner).await;
         }
-        let outcome = self.send_again(record, message, outcome, receives).await;
-        let outcome = self.to_back_of_group(record, message, outcome).await;
+        let outcome = self
+            .send_again(record, (message, handoffs), outcome, receives)
+            .await;
+        let outcome = self
+            .to_back_of_group(record, (message, handoffs), outcome)
+            .await;
         if let Some(delay) = self.hold_for(&outcome, receives, message.carried.copies) {
             self.hold(record, delay).await;
         }
@@ -74,6 +81,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         record: &SqsMessage,
         message: &Message,
         outcome: Outcome,
+        handoffs: Option<&Handoffs>,
     ) -> Outcome {
         let Outcome::PoliteHeld {
             delay,
@@ -101,8 +109,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             false => message.parked(booked, now),
         };
         let copy = copy_of(record, body, delay);
-        match self.visibility.requeue(&queue, &copy).await {
-            Ok(()) => Outcome::PoliteRequeued { delay },
+        let then = move || Outcome::PoliteRequeued { delay };
+        match self.carry_on(record, handoffs, (&queue, copy), then).await {
+            Ok(requeued) => requeued,
             Err(err) => {
                 tracing::warn!(error = %err, "could not send the held record again; held back instead");
                 outcome
@@ -121,7 +130,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let outcome = match Message::parse(record.body.as_deref(), sent_at(record)) {
             Ok(message) => {
                 name_span(&message.task);
-                self.move_to_back(record, message.moved(now), Outcome::GroupHeld)
+                self.move_to_back(record, (message.moved(now), None), Outcome::GroupHeld)
                     .await
             }
             Err(_) => Outcome::GroupHeld,
@@ -141,7 +150,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn to_back_of_group(
         &self,
         record: &SqsMessage,
-        message: &Message,
+        (message, handoffs): (&Message, Option<&Handoffs>),
         outcome: Outcome,
     ) -> Outcome {
         let retry = outcome.reply() == Reply::Retry;
@@ -150,26 +159,29 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
         let now = epoch_millis(SystemTime::now()) as u64;
         let spent = message.carried.receives_before;
-        self.move_to_back(record, message.another_try(spent, None, now), outcome)
-            .await
+        let body = message.another_try(spent, None, now);
+        self.move_to_back(record, (body, handoffs), outcome).await
     }
 
     /// On the receive before its last (the next would move it to the dead-letter queue),
     /// sends `body` to the back of the record's FIFO group. Otherwise, or if it cannot be
     /// sent, `outcome` stays as it is.
-    async fn move_to_back(&self, record: &SqsMessage, body: String, outcome: Outcome) -> Outcome {
+    async fn move_to_back(
+        &self,
+        record: &SqsMessage,
+        (body, handoffs): (String, Option<&Handoffs>),
+        outcome: Outcome,
+    ) -> Outcome {
         let arn = record.event_source_arn.as_deref().unwrap_or_default();
         let (Some(queue), true) = (QueueRef::from_arn(arn), self.at_last_receive(record)) else {
             return outcome;
         };
-        match self
-            .visibility
-            .requeue(&queue, &copy_of(record, body, Duration::ZERO))
-            .await
-        {
-            Ok(()) => Outcome::SentAgain {
-                delay: Duration::ZERO,
-            },
+        let copy = copy_of(record, body, Duration::ZERO);
+        let then = || Outcome::SentAgain {
+            delay: Duration::ZERO,
+        };
+        match self.carry_on(record, handoffs, (&queue, copy), then).await {
+            Ok(moved) => moved,
             Err(err) => {
                 tracing::warn!(error = %err, "could not move the record to the back of its group");
                 outcome
@@ -193,7 +205,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return Outcome::OutOfTime;
         };
         let receives = receive_count(record) + message.carried.receives_before;
-        self.send_again(record, &message, Outcome::OutOfTime, receives)
+        self.send_again(record, (&message, None), Outcome::OutOfTime, receives)
             .await
     }
 
@@ -208,7 +220,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn send_again(
         &self,
         record: &SqsMessage,
-        message: &Message,
+        (message, handoffs): (&Message, Option<&Handoffs>),
         outcome: Outcome,
         receives: u32,
     ) -> Outcome {
@@ -238,16 +250,37 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         // This receive did not try the page: it is not counted.
         let body = message.another_try(receives.saturating_sub(1), pressed.then_some(now), now);
-        match self
-            .visibility
-            .requeue(&queue, &copy_of(record, body, delay))
-            .await
-        {
-            Ok(()) => Outcome::SentAgain { delay },
+        let copy = copy_of(record, body, delay);
+        let then = move || Outcome::SentAgain { delay };
+        match self.carry_on(record, handoffs, (&queue, copy), then).await {
+            Ok(sent) => sent,
             Err(err) => {
                 tracing::warn!(error = %err, "could not send the final attempt again");
                 outcome
             }
+        }
+    }
+
+    /// Sends the copy that carries the record's message on; `then` is the outcome that gives
+    /// the record. Within an invocation the send goes through its handoffs: once the copy is
+    /// sent, that outcome holds even if the cutoff stops the record, and after the cutoff no
+    /// copy starts. `Err`: not sent, and why.
+    async fn carry_on(
+        &self,
+        record: &SqsMessage,
+        handoffs: Option<&Handoffs>,
+        (queue, copy): (&QueueRef, MessageCopy),
+        then: impl Fn() -> Outcome + Send + Sync + 'static,
+    ) -> Result<Outcome, String> {
+        let send = self.visibility.requeue(queue, &copy);
+        let Some(handoffs) = handoffs else {
+            return send.await.map(|()| then()).map_err(|err| err.to_string());
+        };
+        let message_id = record.message_id.as_deref().unwrap_or_default();
+        match handoffs.send(message_id, send, then).await {
+            Ok(outcome) => Ok(outcome),
+            Err(NotSent::Cut) => Err("the invocation's cutoff passed".into()),
+            Err(NotSent::Failed(err)) => Err(err.to_string()),
         }
     }
 
