@@ -28,50 +28,67 @@ pub struct Redriven {
     pub seen: Vec<DeadLetter>,
     /// Messages sent back to the task queue and deleted from the dead-letter queue.
     pub moved: usize,
+    /// Messages sent back whose deletion from the dead-letter queue failed: they are in
+    /// both queues (the worker absorbs the duplicate; a second redrive moves them again).
+    pub sent_not_deleted: usize,
+    /// What stopped the move part way: the rest were left in the dead-letter queue,
+    /// visible again at once.
+    pub stopped: Option<StoreError>,
 }
 
-/// How long a message read by a redrive stays hidden. The listing makes every one visible
-/// again at its end. A message that comes back before then, because the listing took
-/// longer, is recognised by its id.
+/// How long a message read by a redrive stays hidden. The redrive makes every one it did
+/// not move visible again at its end, also after a failure. A message that comes back
+/// before then, because the listing took longer, is recognised by its id.
 const HIDDEN_SECONDS: i32 = 300;
 
 /// Reads up to `most` messages of `dead`, each once. With `to`, it sends each one there and
 /// deletes it from `dead`. The send comes first, so a crash in between leaves a duplicate,
-/// which the worker absorbs. Without `to`, it makes them visible again, as they were. It
-/// stops when the queue has none left to read, or returns only messages it read already.
+/// which the worker absorbs. A send or delete that fails stops the move: what moved is
+/// counted, and the rest is made visible again. Without `to`, it makes them visible again,
+/// as they were. It stops when the queue has none left to read, or returns only messages it
+/// read already. Reading a message counts a receive on it (SQS's `ApproximateReceiveCount`).
 pub async fn redrive(
     dead: &SqsQueue,
     to: Option<&SqsQueue>,
     most: usize,
 ) -> Result<Redriven, StoreError> {
     let mut redriven = Redriven::default();
-    // Each message read, by id, with its latest receipt handle. Only that one releases it.
+    // Each message read and not moved, by id, with its latest receipt handle. Only that one
+    // releases it.
     let mut held: HashMap<String, Message> = HashMap::new();
+    let read = read_all(dead, to, most, &mut redriven, &mut held).await;
+    let held: Vec<&Message> = held.values().collect();
+    for chunk in held.chunks(10) {
+        dead.release(chunk).await?;
+    }
+    read.map(|()| redriven)
+}
+
+/// The reading loop of [`redrive`]: moves what it reads (with `to`) or holds it in `held`.
+/// A failed move stops it with `redriven.stopped`; a failed read is its error.
+async fn read_all(
+    dead: &SqsQueue,
+    to: Option<&SqsQueue>,
+    most: usize,
+    redriven: &mut Redriven,
+    held: &mut HashMap<String, Message>,
+) -> Result<(), StoreError> {
     let mut read: HashSet<String> = HashSet::new();
-    while redriven.seen.len() < most {
+    while redriven.seen.len() < most && redriven.stopped.is_none() {
         let batch = dead.receive_hidden(10, 1, Some(HIDDEN_SECONDS)).await?;
         let mut new = 0;
         for message in batch {
             let id = message.message_id().unwrap_or_default().to_owned();
-            if !read.insert(id.clone()) {
-                // Back already: moved (its deletion did not take), or still listed.
-                match to {
-                    Some(_) => dead.delete(&[&message]).await?,
-                    None => {
-                        held.insert(id, message);
-                    }
-                }
-                continue;
+            let first_read = read.insert(id.clone());
+            if first_read {
+                new += 1;
+                redriven.seen.push(described(&message));
             }
-            new += 1;
-            redriven.seen.push(described(&message));
             match to {
-                Some(to) => {
-                    to.send_copy(&moved(&message, to.is_fifo())).await?;
-                    dead.delete(&[&message]).await?;
-                    redriven.moved += 1;
+                Some(to) if redriven.stopped.is_none() => {
+                    move_one(dead, to, message, first_read, redriven, held).await;
                 }
-                None => {
+                _ => {
                     held.insert(id, message);
                 }
             }
@@ -80,11 +97,35 @@ pub async fn redrive(
             break;
         }
     }
-    let held: Vec<&Message> = held.values().collect();
-    for chunk in held.chunks(10) {
-        dead.release(chunk).await?;
+    Ok(())
+}
+
+/// Sends one message to `to` and deletes it from `dead` (one read before is only deleted:
+/// it was moved, and its deletion did not take). On a failure the move stops, and a message
+/// not deleted is held, to be made visible again.
+async fn move_one(
+    dead: &SqsQueue,
+    to: &SqsQueue,
+    message: Message,
+    first_read: bool,
+    redriven: &mut Redriven,
+    held: &mut HashMap<String, Message>,
+) {
+    let id = message.message_id().unwrap_or_default().to_owned();
+    if first_read {
+        if let Err(err) = to.send_copy(&moved(&message, to.is_fifo())).await {
+            redriven.stopped = Some(err);
+            held.insert(id, message);
+            return;
+        }
+        redriven.moved += 1;
     }
-    Ok(redriven)
+    if let Err(err) = dead.delete(&[&message]).await {
+        redriven.moved -= usize::from(first_read);
+        redriven.sent_not_deleted += usize::from(first_read);
+        redriven.stopped = Some(err);
+        held.insert(id, message);
+    }
 }
 
 /// What goes back to the task queue for a dead-lettered message. It carries the producer's

@@ -9,6 +9,8 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::domain::message::{Carried, Message};
+use conveyor_worker::ops::redrive;
+use conveyor_worker::store::sqs::SqsQueue;
 use tokio::process::Command;
 
 use crate::ops::{list, ops, ops_command, quarantined, succeeded};
@@ -562,6 +564,42 @@ async fn redrive_lists_each_dead_letter_once_though_the_queue_shows_it_again_at_
     }
     assert_eq!(shown.lines().count(), 3, "{shown}");
     assert_eq!(dlq.depth(&stack).await, 3);
+}
+
+#[tokio::test]
+async fn a_redrive_move_that_fails_part_way_says_what_moved_and_leaves_nothing_hidden() {
+    // Arrange: three dead letters, and a task queue that is gone when they are sent back.
+    let stack = Stack::new().await;
+    let dlq = Queue::create(&stack, 30).await;
+    let gone = Queue::create(&stack, 30).await;
+    stack
+        .sqs
+        .delete_queue()
+        .queue_url(&gone.url)
+        .send()
+        .await
+        .expect("delete the queue");
+    for task in ["t1", "t2", "t3"] {
+        dlq.send(&stack, &body(task)).await;
+    }
+    let (dead, to) = (
+        SqsQueue::new(stack.sqs.clone(), &dlq.url),
+        SqsQueue::new(stack.sqs.clone(), &gone.url),
+    );
+
+    // Act
+    let redriven = redrive::redrive(&dead, Some(&to), 100)
+        .await
+        .expect("the dead-letter queue is read");
+    let again = redrive::redrive(&dead, None, 100)
+        .await
+        .expect("the dead-letter queue is read");
+
+    // Assert: the move stopped at the failed send, none counted as moved, and all three
+    // are there to read again at once (not hidden for the listing's 300 s).
+    assert!(redriven.stopped.is_some(), "{redriven:?}");
+    assert_eq!((redriven.moved, redriven.sent_not_deleted), (0, 0));
+    assert_eq!(again.seen.len(), 3, "{again:?}");
 }
 
 #[tokio::test]

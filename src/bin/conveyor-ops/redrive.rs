@@ -39,6 +39,7 @@ pub async fn run(args: RedriveArgs) -> Outcome {
         return Err(stop(Exit::BadInput, why));
     };
     let to = args.move_back.then_some(&tasks);
+    let held = dead.depth().await?;
     let redriven = redrive::redrive(&dead, to, args.most).await?;
     for letter in &redriven.seen {
         if args.json {
@@ -52,10 +53,33 @@ pub async fn run(args: RedriveArgs) -> Outcome {
             );
         }
     }
-    match (args.move_back, redriven.seen.len()) {
+    let seen = redriven.seen.len();
+    match (args.move_back, seen) {
         (_, 0) => eprintln!("the dead-letter queue is empty"),
         (true, _) => eprintln!("{} moved back to {}", redriven.moved, args.queue_url),
-        (false, n) => eprintln!("{n} dead-lettered; --move sends them back to the task queue"),
+        (false, n) => eprintln!(
+            "{n} dead-lettered (listing counts a receive on each); --move sends them back to \
+             the task queue"
+        ),
     }
-    Ok(())
+    let unlisted = held.saturating_sub(seen as u64);
+    if !args.move_back && unlisted > 0 && seen < args.most {
+        eprintln!(
+            "about {unlisted} more not listed: on a FIFO queue a group's later messages wait \
+             behind the ones listed (--move moves them all)"
+        );
+    }
+    let Some(err) = redriven.stopped else {
+        return Ok(());
+    };
+    let left = seen - redriven.moved - redriven.sent_not_deleted;
+    let also = match redriven.sent_not_deleted {
+        0 => String::new(),
+        n => format!(", {n} sent back but still in it too (a second redrive moves them again)"),
+    };
+    let why = format!(
+        "the move stopped: {} moved, {left} left in the dead-letter queue (visible again){also}: {err}",
+        redriven.moved
+    );
+    Err(stop(Exit::Aws, why))
 }
