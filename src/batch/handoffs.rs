@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
+use super::lock;
 use crate::contract::Outcome;
 
 /// The outcome a sent copy gives its record.
@@ -102,10 +103,4 @@ impl Drop for Sending<'_> {
         self.0.sending.fetch_sub(1, Ordering::SeqCst);
         self.0.settled.notify_waiters();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -112,19 +112,18 @@ async fn move_one(
     held: &mut HashMap<String, Message>,
 ) {
     let id = message.message_id().unwrap_or_default().to_owned();
-    if first_read {
-        if let Err(err) = to.send_copy(&moved(&message, to.is_fifo())).await {
-            redriven.stopped = Some(err);
-            held.insert(id, message);
-            return;
-        }
-        redriven.moved += 1;
-    }
-    if let Err(err) = dead.delete(&[&message]).await {
-        redriven.moved -= usize::from(first_read);
-        redriven.sent_not_deleted += usize::from(first_read);
+    if first_read && let Err(err) = to.send_copy(&moved(&message, to.is_fifo())).await {
         redriven.stopped = Some(err);
         held.insert(id, message);
+        return;
+    }
+    match dead.delete(&[&message]).await {
+        Ok(()) => redriven.moved += usize::from(first_read),
+        Err(err) => {
+            redriven.sent_not_deleted += usize::from(first_read);
+            redriven.stopped = Some(err);
+            held.insert(id, message);
+        }
     }
 }
 

@@ -254,6 +254,21 @@ impl Stack {
         Self::at(&prodlike_endpoint()).await
     }
 
+    /// The worker's requests on this stack's table or bucket that its role does not grant,
+    /// as "<table or bucket> <action>" (`scripts/iam_role.py` refused them as AWS would).
+    pub async fn denied(&self) -> Vec<String> {
+        let stats = layer_stats().await;
+        let ours = |key: &&String| {
+            [&self.table, &self.bucket]
+                .iter()
+                .any(|name| key.starts_with(&format!("{name} ")))
+        };
+        match stats.get("denied").and_then(|d| d.as_object()) {
+            Some(denied) => denied.keys().filter(ours).cloned().collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// For `seconds` from now, the production-like layer refuses a `share` of the writes to
     /// this stack's table as throttled (`ProvisionedThroughputExceededException`).
     pub async fn throttle_writes(&self, share: f64, seconds: f64) {
@@ -925,23 +940,6 @@ pub async fn layer_stats() -> serde_json::Value {
         .await
         .expect("read the stats");
     serde_json::from_slice(&body).expect("stats are JSON")
-}
-
-impl Stack {
-    /// The worker's requests on this stack's table or bucket that its role does not grant,
-    /// as "<table or bucket> <action>" (`scripts/iam_role.py` refused them as AWS would).
-    pub async fn denied(&self) -> Vec<String> {
-        let stats = layer_stats().await;
-        let ours = |key: &&String| {
-            [&self.table, &self.bucket]
-                .iter()
-                .any(|name| key.starts_with(&format!("{name} ")))
-        };
-        match stats.get("denied").and_then(|d| d.as_object()) {
-            Some(denied) => denied.keys().filter(ours).cloned().collect(),
-            None => Vec::new(),
-        }
-    }
 }
 
 /// A key as the production-like layer's admin paths take it (DynamoDB JSON).

@@ -112,7 +112,7 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
     // one a task: a start missed and booked again), plus the mapping's polling delay: the
     // time it took to first read its backlog, the pollers' pauses, and the three empty
     // checks that end the drain.
-    let booked = tasks as f64 + (copies - 1.0).max(0.0) * tasks as f64;
+    let booked = tasks as f64 * copies.max(1.0);
     let bound = Duration::from_secs_f64(booked / rate * 1.1 + 5.0) + backlog_read;
     assert!(
         took <= bound,
