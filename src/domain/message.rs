@@ -7,6 +7,7 @@
 //! | a copy parked for its host's turn | `copied_at` about when SQS took it | the booked start, the wait count plus one, when the first wait began; the rest unchanged |
 //! | a copy parked for its run's paid budget | as above | as a copy parked for its host, and the paid waits plus one: it goes straight to the paid tier |
 //! | a copy sent because AWS pushed back, or for a final attempt | as above | the receives used so far, the copy count plus one, when AWS first pushed back (kept from earlier copies); the rest unchanged |
+//! | a copy sent part way through the task's redirects (any of the copies above) | as above | as above, and `hops`: the next URL, the URLs before it, whether it is fetched in full (`domain::hops`) |
 //! | a copy moved to the back of its FIFO group (to wait, or because it is held behind its group, on its second-to-last receive) | as a parked copy | what it carried |
 //! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
 //! | `conveyor-ops redrive --move` | [`Message::redriven`]: the task's fields alone | nothing |
@@ -21,6 +22,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::domain::hops::{HOPS, Hops};
 use crate::domain::ids::{Id, MAX_SPREAD, TaskRef};
 
 /// A body that can never name a task. Redelivering it would only use up receives.
@@ -94,6 +96,9 @@ pub struct Message {
     pub carried: Carried,
     /// SQS took it again long after the worker wrote it, so what it carried was dropped.
     pub redriven: bool,
+    /// Where the task's redirects have led, when a copy was sent part way through them.
+    /// The worker's copies of this message carry it as it is set when they are sent.
+    pub hops: Option<Hops>,
     /// The body's fields as they came, the producer's own ones included.
     fields: Map<String, Value>,
 }
@@ -104,16 +109,18 @@ impl Message {
         let fields = object(body)?;
         let task = task_of(&fields)?;
         let mut carried = Carried::of(&fields);
+        let mut hops = Hops::of(&fields);
         let redriven = matches!((carried.copied_at, sent_at),
             (Some(copied), Some(sent)) if sent > copied.saturating_add(REDRIVE_GAP_MS));
         if redriven {
-            carried = Carried::default();
+            (carried, hops) = (Carried::default(), None);
         }
         carried.tries_since = carried.tries_since.or(sent_at);
         Ok(Self {
             task,
             carried,
             redriven,
+            hops,
             fields,
         })
     }
@@ -171,14 +178,21 @@ impl Message {
     /// The body an operator's redrive sends: the producer's fields alone, for a fresh set of
     /// tries.
     pub fn redriven(&self) -> String {
-        self.with(Carried::default())
+        Self {
+            hops: None,
+            ..self.clone()
+        }
+        .with(Carried::default())
     }
 
     /// The body with the producer's fields as they came and `carried` as the worker's.
     fn with(&self, carried: Carried) -> String {
         let mut fields = self.fields.clone();
-        for name in CARRIED {
+        for name in CARRIED.into_iter().chain([HOPS]) {
             fields.remove(name);
+        }
+        if let Some(hops) = &self.hops {
+            fields.insert(HOPS.into(), hops.to_value());
         }
         let numbers = [
             (BOOKING, carried.booking),
@@ -518,6 +532,36 @@ mod tests {
         assert_eq!((written.paid_waits, written.waits), (1, 3));
         assert_eq!(written.polite_since, Some(1_764_745_200_000));
         assert_eq!(read(fixture, None).fields["tenant"], "acme");
+    }
+
+    #[test]
+    fn a_copy_sent_part_way_through_redirects_carries_its_hops_and_reads_as_written() {
+        // Arrange: the fixture of such a copy as this release writes it, and a producer's
+        // body whose task was redirected once.
+        let fixture = include_str!("../../tests/fixtures/messages/redirect_copy.json");
+        let mut producer = read(BODY, None);
+        producer.hops = Some(Hops {
+            next: "https://b.example/".into(),
+            before: vec!["http://a.example/".into()],
+            in_full: false,
+        });
+
+        // Act
+        let parked = read(&producer.parked(Some(9), 1_000), None);
+        let again = read(&parked.another_try(2, None, 2_000), None);
+        let moved = read(&again.moved(3_000), None);
+        let redriven = read(&moved.redriven(), None);
+
+        // Assert: every copy carries the chain on; an operator's redrive starts afresh.
+        assert_eq!(moved.hops, producer.hops);
+        assert_eq!(redriven.hops, None);
+        let written = read(fixture, Some(1_764_748_700_000));
+        let hops = written.hops.expect("the fixture's hops");
+        assert_eq!(hops.next, "https://shop.example/page/1");
+        assert_eq!(hops.before, ["http://sho.rt/x1"]);
+        assert_eq!(written.carried.booking, Some(1_764_748_800_000));
+        assert_eq!(written.fields["tenant"], "acme");
+        assert_eq!(read(BODY, None).hops, None, "a producer's body has none");
     }
 
     /// What the previous release (bf0ec71) reads of a body: the task's three ids (strings),

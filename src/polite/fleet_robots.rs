@@ -179,6 +179,7 @@ async fn robots_fetched<F: Fetcher>(
     let robots_url = robots::robots_url(url).unwrap_or_default();
     let ask = scraper::Ask {
         keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
+        redirects: robots::ROBOTS_REDIRECTS,
         ..scraper::Ask::within(fetch_time)
     };
     let fetched = fetcher.fetch(&robots_url, ask).await;

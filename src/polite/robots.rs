@@ -10,6 +10,10 @@ use crate::scraper::{FetchError, Retry};
 
 pub use crate::domain::limits::MAX_ROBOTS_BYTES;
 
+/// The redirects a robots.txt fetch follows itself, as RFC 9309 asks (at least five). A
+/// robots.txt redirect serves every task of its host, so it takes no turn of its own.
+pub const ROBOTS_REDIRECTS: usize = 5;
+
 /// robots.txt as a sandbox keeps it: parsed once.
 #[derive(Clone)]
 pub enum Parsed {

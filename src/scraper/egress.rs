@@ -1,6 +1,6 @@
 //! Fetching through proxy tiers. The target is checked here before anything is sent. Each
-//! host sticks to one proxy in each tier. Redirects are followed hop by hop, and each hop is
-//! checked again. A block moves the fetch up to the next tier. The proxy's own failures are
+//! host sticks to one proxy in each tier. A redirect ends a page's fetch (the worker takes
+//! its target's turn); robots.txt's are followed here, hop by hop, each checked again. A block moves the fetch up to the next tier. The proxy's own failures are
 //! kept apart from the site's. Every request, body byte and wire byte is metered (wire
 //! bytes through each proxy's relay, `wire`).
 
@@ -222,7 +222,7 @@ impl Routes {
         (page, meter)
     }
 
-    /// The request and its redirects, each hop metered into `meter`.
+    /// The request and the redirects `ask` follows, each hop metered into `meter`.
     async fn hops(
         &self,
         fetcher: &HttpFetcher,
@@ -234,7 +234,7 @@ impl Routes {
         let (requested, started) = (url.to_string(), Instant::now());
         let conditional = ask.if_changed.is_some();
         let (client, relay) = route.client(&self.settings, &self.lookup)?;
-        for _ in 0..=self.settings.max_redirects {
+        for followed in 0..=ask.redirects {
             if let Some(most) = ask.wire_most.filter(|most| meter.wire_bytes >= *most) {
                 return Err(over_wire_most(most, None));
             }
@@ -256,11 +256,15 @@ impl Routes {
                 Hop::Page(response) => {
                     return read_page(fetcher, response, (requested, ask), wire, meter).await;
                 }
-                Hop::Redirect(next) => url = next,
+                Hop::Redirect(_, next) if followed < ask.redirects => url = next,
+                Hop::Redirect(status, next) if ask.redirects == 0 => {
+                    return Err(FetchError::moved(status, next));
+                }
+                Hop::Redirect(..) => break,
                 Hop::Failed(err) => return Err(err),
             }
         }
-        let refused = Refused::TooManyRedirects(self.settings.max_redirects);
+        let refused = Refused::TooManyRedirects(ask.redirects);
         Err(FetchError::permanent(refused.to_string()))
     }
 
@@ -276,9 +280,10 @@ impl Routes {
         meter: &mut Meter,
     ) -> Hop {
         if let Some(next) = redirect_target(&response) {
+            let status = response.status().as_u16();
             discard(response, wire, meter).await;
             return match self.check_target(&next).await {
-                Ok(()) => Hop::Redirect(next),
+                Ok(()) => Hop::Redirect(status, next),
                 Err(refused) => Hop::Failed(refused.failure()),
             };
         }
@@ -291,10 +296,11 @@ impl Routes {
     }
 }
 
-/// What one hop's answer is: the page, a redirect to follow, or the end of the fetch.
+/// What one hop's answer is: the page, a redirect (its status and target), or the end of
+/// the fetch.
 enum Hop {
     Page(reqwest::Response),
-    Redirect(Url),
+    Redirect(u16, Url),
     Failed(FetchError),
 }
 
@@ -426,7 +432,7 @@ fn closed_unanswered(err: &reqwest::Error) -> bool {
 
 /// Where a redirect that can be followed goes: a 301, 302, 303, 307 or 308 whose `Location`
 /// is an http(s) URL (relative to the response's).
-fn redirect_target(response: &reqwest::Response) -> Option<Url> {
+pub(super) fn redirect_target(response: &reqwest::Response) -> Option<Url> {
     let followed = [301, 302, 303, 307, 308];
     if !followed.contains(&response.status().as_u16()) {
         return None;

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use url::Url;
+
 use crate::domain::blocks::{BLOCK_STATUSES, Block, Detection};
 use crate::domain::health::Sign;
 
@@ -38,6 +40,10 @@ pub struct FetchError {
     pub blocked: bool,
     /// The answer was a bot manager's block or challenge page (`domain::blocks`).
     pub block: Option<Block>,
+    /// The answer was a redirect the fetch did not follow, to this URL (http or https,
+    /// checked as the first URL was). The worker follows it as a request of its own.
+    /// Boxed: redirects are few, and every fetch's result carries this field.
+    pub moved_to: Option<Box<Url>>,
 }
 
 /// What a fetch's result, after `took`, says about the site's health. `None`: nothing,
@@ -84,6 +90,16 @@ impl FetchError {
             timed_out: false,
             blocked: false,
             block: None,
+            moved_to: None,
+        }
+    }
+
+    /// A redirect with status `http_status` to `to`, not followed by the fetch.
+    pub fn moved(http_status: u16, to: Url) -> Self {
+        Self {
+            http_status: Some(http_status),
+            moved_to: Some(Box::new(to)),
+            ..Self::permanent(format!("HTTP {http_status} (redirect not followed)"))
         }
     }
 

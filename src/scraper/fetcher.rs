@@ -35,6 +35,10 @@ pub struct Ask<'a> {
     /// The most bytes on the wire the fetch may use through a proxy (a paid fetch's hold).
     /// The proxy's relay cuts the connection there, and the fetch fails as a page too large.
     pub wire_most: Option<u64>,
+    /// How many redirects the fetcher follows itself (robots.txt's, up to
+    /// `MAX_REDIRECTS`). A page's are none: a redirect past them ends the fetch with
+    /// [`FetchError::moved_to`], and the worker takes the target host's turn for the next.
+    pub redirects: usize,
 }
 
 impl Ask<'_> {
@@ -48,6 +52,7 @@ impl Ask<'_> {
             if_changed: None,
             wire_most: None,
             detection: &TABLE_ONLY,
+            redirects: 0,
         }
     }
 }

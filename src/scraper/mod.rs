@@ -54,14 +54,12 @@ pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
     bodies.saturating_add(framing)
 }
 
-/// The longest task URL fetched: longer ones fail for good (browsers and CDNs stop near 8 KB).
-pub const MAX_URL_BYTES: usize = 8 * 1024;
+pub use crate::domain::hops::MAX_URL_BYTES;
 
 /// Fetch limits, made from the configuration by the wiring (`wiring/settings.rs`).
 #[derive(Debug, Clone)]
 pub struct FetchSettings {
     pub connect_timeout: Duration,
-    pub max_redirects: usize,
     pub max_body_bytes: u64,
     pub user_agent: String,
     pub allow_private_networks: bool,
@@ -127,10 +125,11 @@ impl HttpFetcher {
             policy: policy.clone(),
             lookup: lookup.clone(),
         });
-        let (direct, hops) = (settings.clone(), policy.clone());
+        let direct = settings.clone();
         let build = move || {
             client_builder(&direct)
-                .redirect(redirects(hops.clone(), direct.max_redirects))
+                // Redirects are followed here, hop by hop (`fetch_direct`).
+                .redirect(redirect::Policy::none())
                 .dns_resolver(resolver.clone())
                 .no_proxy()
                 .build()
@@ -287,13 +286,30 @@ impl HttpFetcher {
             .map_err(|e| FetchError::ours(format!("no HTTP client: {e}")))
     }
 
-    async fn fetch_direct(&self, parsed: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
-        let requested = parsed.to_string();
+    /// A direct fetch, and the redirects `ask` follows, each checked as the first URL was
+    /// (its address by the resolver, at connect).
+    async fn fetch_direct(&self, mut url: Url, ask: Ask<'_>) -> Result<Page, FetchError> {
+        let (requested, started) = (url.to_string(), tokio::time::Instant::now());
         let client = (self.direct()?, &*self.answered);
-        let response = egress::send(client, (&parsed, ask.if_changed), ask.time, &mut 0)
-            .await
-            .map_err(|e| classify::classify_error(&e))?;
-        self.page_of(response, (requested, ask), &mut 0).await
+        for hop in 0..=ask.redirects {
+            let left = ask.time.saturating_sub(started.elapsed());
+            let response = egress::send(client, (&url, ask.if_changed), left, &mut 0)
+                .await
+                .map_err(|e| classify::classify_error(&e))?;
+            let Some(next) = egress::redirect_target(&response) else {
+                return self.page_of(response, (requested, ask), &mut 0).await;
+            };
+            self.policy.check_url(&next).map_err(|r| r.failure())?;
+            match hop < ask.redirects {
+                true => url = next,
+                false if ask.redirects == 0 => {
+                    return Err(FetchError::moved(response.status().as_u16(), next));
+                }
+                false => break,
+            }
+        }
+        let refused = Refused::TooManyRedirects(ask.redirects);
+        Err(FetchError::permanent(refused.to_string()))
     }
 
     /// One fetch through the proxies, or direct.
@@ -368,19 +384,6 @@ fn refusal_of(response: &reqwest::Response, conditional: bool) -> Option<FetchEr
     refusal(response).filter(|_| !not_modified)
 }
 
-/// Redirects followed by reqwest, each hop checked by the address policy, at most `most`.
-fn redirects(hops: Arc<AddressPolicy>, most: usize) -> redirect::Policy {
-    redirect::Policy::custom(move |attempt| {
-        if attempt.previous().len() > most {
-            attempt.error(Refused::TooManyRedirects(most))
-        } else if let Err(refused) = hops.check_url(attempt.url()) {
-            attempt.error(refused)
-        } else {
-            attempt.follow()
-        }
-    })
-}
-
 /// What every client shares: the user agent, the connect timeout, and Mozilla's root
 /// certificates, compiled in. With compiled-in roots, the system's certificate store is not
 /// read and parsed at every cold start, and every host gets the same trust.
@@ -403,33 +406,7 @@ impl Fetcher for HttpFetcher {
             Ok(parsed) => parsed,
             Err(refused) => return Fetched::unspent(Err(refused)),
         };
-        let started = tokio::time::Instant::now();
-        let first = self.fetch_once(parsed.clone(), ask).await;
-        let (Some(sent), Ok(page)) = (ask.if_changed, &first.page) else {
-            return first;
-        };
-        if !page.not_modified() || sent.confirmed_by(&page.validators) {
-            return first;
-        }
-        // A 304 for some other representation (RFC 9111 4.3.4): fetch the page in full.
-        let answered = &page.validators;
-        tracing::info!(
-            ?answered,
-            "a 304 that does not confirm what was sent: fetched in full"
-        );
-        let ask = Ask {
-            if_changed: None,
-            time: ask.time.saturating_sub(started.elapsed()),
-            wire_most: ask
-                .wire_most
-                .map(|most| most.saturating_sub(first.spend.billed())),
-            ..ask
-        };
-        let again = self.fetch_once(parsed, ask).await;
-        Fetched {
-            spend: first.spend.plus(&again.spend),
-            ..again
-        }
+        self.fetch_once(parsed, ask).await
     }
 
     fn refuses(&self, url: &str) -> Option<FetchError> {
@@ -474,7 +451,6 @@ mod tests {
     fn settings() -> FetchSettings {
         FetchSettings {
             connect_timeout: Duration::from_secs(5),
-            max_redirects: 5,
             max_body_bytes: 1024,
             user_agent: "conveyor-test".into(),
             allow_private_networks: false,

@@ -3,6 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::domain::hops::MOST_REDIRECTS;
 use crate::domain::limits::{HostLimits, MAX_SLOTS};
 use crate::domain::proxy::Tiers;
 use crate::polite::Politeness;
@@ -151,7 +152,7 @@ impl Config {
             scrape_timeout: env.millis("SCRAPE_TIMEOUT_MS", 30_000)?,
             store_reserve: env.millis("STORE_RESERVE_MS", 3_000)?,
             connect_timeout: env.millis("CONNECT_TIMEOUT_MS", 5_000)?,
-            max_redirects: env.parsed("MAX_REDIRECTS", 10, "a whole number")?,
+            max_redirects: env.redirects()?,
             max_body_bytes: env.positive("MAX_BODY_BYTES", 10 * 1024 * 1024)?,
             user_agent: env.text(
                 "USER_AGENT",
@@ -248,6 +249,22 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 expected: EXPECTED,
             })
         }
+    }
+
+    /// `MAX_REDIRECTS`: at most [`MOST_REDIRECTS`], so a copy carrying its hops stays small.
+    fn redirects(&self) -> Result<usize, ConfigError> {
+        const EXPECTED: &str = "a whole number from 0 to 20";
+        let most = self.parsed("MAX_REDIRECTS", 10, EXPECTED)?;
+        if most <= MOST_REDIRECTS {
+            return Ok(most);
+        }
+        let value = self.get("MAX_REDIRECTS").unwrap_or_default();
+        let expected = EXPECTED;
+        Err(ConfigError::Invalid {
+            name: "MAX_REDIRECTS",
+            value,
+            expected,
+        })
     }
 
     fn tracing(&self) -> Result<TraceSettings, ConfigError> {

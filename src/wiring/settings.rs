@@ -32,7 +32,6 @@ impl From<&Config> for FetchSettings {
     fn from(config: &Config) -> Self {
         Self {
             connect_timeout: config.connect_timeout,
-            max_redirects: config.max_redirects,
             max_body_bytes: config.max_body_bytes,
             user_agent: config.user_agent.clone(),
             allow_private_networks: config.allow_private_networks,
@@ -61,6 +60,7 @@ impl From<&Config> for RecordSettings {
             results_prefix: config.results_prefix.clone(),
             quarantine_prefix: config.quarantine_prefix.clone(),
             max_attempts: config.max_attempts,
+            max_redirects: config.max_redirects,
             scrape_timeout: config.scrape_timeout,
             store_reserve: config.store_reserve,
             conflict_retries: RetryPolicy::default(),

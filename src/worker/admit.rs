@@ -7,7 +7,7 @@ use crate::contract::Outcome;
 use crate::domain::health::Sign;
 use crate::domain::limits::Booker;
 use crate::domain::refresh::Prior;
-use crate::polite::{self, Admission, GatePorts, Later, Permit, Visit, Waited};
+use crate::polite::{self, Admission, DISALLOWED, Entry, GatePorts, Later, Permit, Visit, Waited};
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
@@ -151,6 +151,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let job = &guarded.wanted.politeness;
         let measures = &invocation.measures;
         let entry = self.gate.enter(ports, visit, job, time, measures).await?;
+        if guarded.redirected && matches!(entry, Entry::Disallowed) {
+            // A redirect's target: the task's result would be that page, so say which.
+            let reason = format!("{DISALLOWED}: {url}");
+            return Ok(Pass::Refused(FetchError::permanent(reason)));
+        }
         let waited = Waited {
             waits: carried.waits,
             wait_left: delivery.wait_left,

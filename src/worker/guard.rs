@@ -40,6 +40,8 @@ pub(super) struct Guarded {
     pub spent: bool,
     /// The claim of a booked copy, made as its guard.
     pub claim: Option<Claimed>,
+    /// `url` is where a redirect led, not the task's own URL (`hops`).
+    pub redirected: bool,
 }
 
 /// A claim this delivery made: its try of the task.
@@ -102,6 +104,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             spent: !tries.fresh && current.tries.spent,
             tries,
             claim: None,
+            redirected: false,
         })
     }
 
@@ -142,6 +145,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             tries: delivery.tries(),
             spent: claim.spent,
             claim: Some(claim),
+            redirected: false,
         })
     }
 

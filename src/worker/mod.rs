@@ -9,6 +9,8 @@
 //!    claimed.
 //! 4. `fetch`: a page already stored is adopted, or the record sleeps until the host's
 //!    start and fetches the page (`fetch/paid`: the paid proxy tier).
+//!    A redirect, or a `304` that does not confirm the validators sent, leads to another
+//!    request: it goes through admit and fetch again (`hops`).
 //! 5. `converge`: the page is stored, then the single terminal write is made
 //!    (`converge/stores`).
 //! 6. `park`: a record not finished here is sent again as a copy or held back, and its
@@ -22,6 +24,7 @@ mod blocked;
 pub mod converge;
 mod fetch;
 pub mod guard;
+mod hops;
 pub mod parents;
 mod park;
 mod parse;
@@ -35,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::batch::{Invocation, ProcessRecord};
 use crate::contract::Outcome;
+use crate::domain::hops::Hops;
 use crate::domain::model::DuplicatePolicy;
 use crate::paid::PaidAllowances;
 use crate::polite::{Gate, Politeness};
@@ -59,6 +63,8 @@ pub struct RecordSettings {
     pub results_prefix: String,
     pub quarantine_prefix: String,
     pub max_attempts: u32,
+    /// Redirects followed before the task fails for good, counted across its copies.
+    pub max_redirects: usize,
     pub scrape_timeout: Duration,
     /// Time kept free before the cutoff for storing a fetched page.
     pub store_reserve: Duration,
@@ -120,22 +126,38 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Runs one record through the stages within the invocation. Never fails: every end is
     /// an outcome.
     pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
-        let delivery = match self.parse(record, invocation) {
+        let mut delivery = match self.parse(record, invocation) {
             Ok(delivery) => delivery,
             Err(poison) => return self.quarantine(record, poison).await,
         };
-        let outcome = match self.stages(&delivery, invocation).await {
+        let mut chain = delivery.message.hops.clone();
+        let outcome = match self.stages(&delivery, &mut chain, invocation).await {
             Ok(outcome) | Err(outcome) => outcome,
         };
+        // A copy sent from here on goes on from where the redirects led.
+        delivery.message.hops = chain;
         let handoffs = &invocation.handoffs;
         self.park(record, (&delivery, handoffs), outcome).await
     }
 
     /// Stages 2 to 5: each hands the delivery on to the next, or ends it with its outcome.
-    async fn stages(&self, delivery: &Delivery, invocation: &Invocation) -> Step<Outcome> {
+    /// A redirect (`hops`) is another request, so it goes through admit and fetch again;
+    /// `chain` is where the redirects have led.
+    async fn stages(
+        &self,
+        delivery: &Delivery,
+        chain: &mut Option<Hops>,
+        invocation: &Invocation,
+    ) -> Step<Outcome> {
         let guarded = self.guard(delivery, invocation).await?;
+        let guarded = hops::resumed(guarded, chain.as_ref());
         let admitted = self.admit(delivery, guarded, invocation).await?;
-        let scraped = self.scrape(delivery, admitted, invocation).await?;
+        let mut scraped = self.scrape(delivery, admitted, invocation).await?;
+        let most = self.settings.max_redirects;
+        while let Some(next) = hops::next_hop(&mut scraped, chain.as_ref(), most) {
+            let next = chain.insert(next);
+            scraped = self.hop(delivery, scraped, next, invocation).await?;
+        }
         Ok(self.converge(delivery, scraped, invocation).await)
     }
 

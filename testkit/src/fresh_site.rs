@@ -31,6 +31,8 @@ struct Pages {
     not_modified: usize,
     /// Requests of each page.
     hits: HashMap<String, usize>,
+    /// When each request came, in order.
+    starts: Vec<std::time::Instant>,
     /// The page whose next conditional request waits for the test ([`FreshSite::hold`]).
     hold: Option<(String, Hold)>,
 }
@@ -117,6 +119,11 @@ impl FreshSite {
     /// How often the page `name` was asked for.
     pub fn hits(&self, name: &str) -> usize {
         lock(&self.pages).hits.get(name).copied().unwrap_or(0)
+    }
+
+    /// When each request so far came, in order.
+    pub fn starts(&self) -> Vec<std::time::Instant> {
+        lock(&self.pages).starts.clone()
     }
 
     /// (full answers, 304s) so far.
@@ -214,6 +221,7 @@ fn answer(
     }
     let mut pages = lock(pages);
     *pages.hits.entry(name.to_owned()).or_default() += 1;
+    pages.starts.push(std::time::Instant::now());
     let mut response = if unchanged && honour {
         pages.not_modified += 1;
         StatusCode::NOT_MODIFIED.into_response()

@@ -371,7 +371,6 @@ impl Stack {
         let bucket = tuning.bucket.clone().unwrap_or_else(|| self.bucket.clone());
         let settings = FetchSettings {
             connect_timeout: Duration::from_secs(2),
-            max_redirects: 3,
             max_body_bytes: tuning.max_body_bytes,
             user_agent: "conveyor-worker-tests".into(),
             allow_private_networks: tuning.allow_private_networks,
@@ -866,6 +865,7 @@ impl WorkerTuning {
             results_prefix: PREFIX.into(),
             quarantine_prefix: "quarantine/".into(),
             max_attempts: MAX_ATTEMPTS,
+            max_redirects: 3,
             scrape_timeout: self.scrape_timeout,
             store_reserve: self.store_reserve,
             conflict_retries: self.conflict_retries,

@@ -1,6 +1,6 @@
 //! A local site that keeps a log of its requests, to check what the fleet does to it: when
 //! each started and ended, how many were in flight at once, and a robots.txt and push-backs
-//! a test sets.
+//! a test sets. Its `/to/<host:port>/<path>` redirects there, as a link shortener does.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -74,6 +74,11 @@ impl PoliteSite {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The URL on this site (a shortener) that redirects to `target`'s `path`.
+    pub fn link_to(&self, target: &PoliteSite, path: &str) -> String {
+        self.url(&format!("/to/{}{path}", target.addr))
     }
 
     pub fn set(&self, change: impl FnOnce(&mut Behaviour)) {
@@ -171,6 +176,11 @@ async fn answer(path: &str, behaviour: &Behaviour) -> Response {
         let (status, body) = &behaviour.robots;
         let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
         return (status, body.clone()).into_response();
+    }
+    // A shortener: `/to/<host:port>/<path>` answers 301 to `http://<host:port>/<path>`.
+    if let Some(target) = path.strip_prefix("/to/") {
+        let location = [(header::LOCATION, format!("http://{target}"))];
+        return (StatusCode::MOVED_PERMANENTLY, location).into_response();
     }
     if let (1.., seconds) = behaviour.refuse_next {
         let retry_after = [(header::RETRY_AFTER, seconds.to_string())];

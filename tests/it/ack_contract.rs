@@ -249,7 +249,8 @@ async fn permanent_scrape_failures_fail_the_task_and_ack() {
             "loop",
             site.url("/redirect/10"),
             "more than 3 redirects",
-            None,
+            // The status of the redirect past the limit.
+            Some(303),
         ),
     ];
     for (task, url, _, _) in &cases {

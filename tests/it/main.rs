@@ -21,6 +21,7 @@ mod producer;
 mod production;
 mod proxies;
 mod races;
+mod redirects;
 mod refresh_runs;
 mod retry_timing;
 mod run_progress;

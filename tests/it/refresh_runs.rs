@@ -305,6 +305,40 @@ async fn changed_pages_and_earlier_objects_gone_or_altered_are_fetched_in_full_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_304_that_does_not_confirm_is_fetched_in_full_at_a_turn_of_its_own() {
+    // Arrange: four pages of a site whose 304 names another entity tag, stored by a first
+    // run; then the job's limit for its hosts is one request at a time, two a second.
+    let site = FreshSite::start().await;
+    let urls: Vec<String> = (0..4).map(|i| site.url(&format!("/liar/p{i}"))).collect();
+    let stack = Stack::new().await;
+    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), false).await;
+    fast_job(&stack).await;
+    submit_and_drain(&stack, &proxy, (FIRST, None), &urls).await;
+    job_with_limits(&stack, (2, 1)).await;
+    let first_run = site.starts().len();
+
+    // Act
+    submit_and_drain(&stack, &proxy, (REFRESH, Some(FIRST)), &urls).await;
+
+    // Assert: each page asked "changed since?", then in full, each request at its own
+    // start of the host's schedule (1/2 s apart; 0.4 s allows the sleep's slack).
+    let starts = site.starts().split_off(first_run);
+    assert_eq!(
+        site.answers(),
+        (8, 4),
+        "the first run, then a 304 and a full page each"
+    );
+    let closest = starts.windows(2).map(|w| w[1] - w[0]).min();
+    println!("refresh: the closest two requests of the 304s and their full fetches: {closest:?}");
+    assert!(closest >= Some(Duration::from_millis(400)), "{closest:?}");
+    let now = results(&stack, REFRESH).await;
+    assert!(
+        now.iter()
+            .all(|r| r["status"] == "successful" && r["not_modified"] != true)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicates_of_refresh_tasks_converge_each_task_carried_forward_and_counted_once() {
     // Arrange: 20 unchanged pages refreshed, every message of the refresh sent twice.
     let site = FreshSite::start().await;

@@ -192,7 +192,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// without counters, or a write whose answer was lost (the store counts it once per
     /// delivery). If recording fails after the SDK's retries, the spend is logged with the
     /// error.
-    async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
+    pub(super) async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
         let spend = &stores.spend;
         if spend.is_zero() {
             return;

@@ -41,6 +41,9 @@ use paid::Leg;
 #[derive(Debug)]
 pub(super) struct Scraped {
     pub claim: Claimed,
+    /// The URL fetched, and the earlier result it asked with (a refresh's).
+    pub url: Option<String>,
+    pub prior: Option<Prior>,
     pub wanted: Wanted,
     pub final_attempt: bool,
     /// The time the fetch (its paid leg, if it ran) was given. It is shorter than
@@ -139,6 +142,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let (page, spend) = (leg.fetched.page, leg.fetched.spend);
         Ok(Scraped {
             claim,
+            url,
+            prior,
             wanted,
             final_attempt,
             time: leg.time,

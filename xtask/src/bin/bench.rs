@@ -176,7 +176,6 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn http_fetcher() -> HttpFetcher {
     let fetch = FetchSettings {
         connect_timeout: Duration::from_secs(5),
-        max_redirects: 10,
         max_body_bytes: CAP_BYTES,
         user_agent: "conveyor-worker-bench".into(),
         allow_private_networks: true,
