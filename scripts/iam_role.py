@@ -5,7 +5,10 @@ The role is told by the access key id in the request's signature:
 - `conveyor-worker`: the function's role, `WorkerRole` in template.yaml, every statement
   (those under a condition too: the proxies' secret). testkit signs the worker's requests
   with it, so every test that runs the worker runs it under its role.
-- any other key (the tests' own clients, seeding and checking, `conveyor-ops`) is not checked.
+- `conveyor-ops`: the operator's tool, against docs/conveyor-ops-policy.json, the policy the
+  runbook gives its users (`poll` runs the worker on the operator's machine, under it too).
+  The tests run the real binary with this key.
+- any other key (the tests' own clients, seeding and checking) is not checked.
 
 AWS authorizes each item of a transaction by its own action: a TransactWriteItems needs
 PutItem, UpdateItem, DeleteItem or ConditionCheckItem for each of its items, a
@@ -25,7 +28,10 @@ from urllib.parse import parse_qs
 import prodlike
 
 WORKER_KEY = "conveyor-worker"
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "template.yaml")
+OPS_KEY = "conveyor-ops"
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TEMPLATE = os.path.join(ROOT, "template.yaml")
+OPS_POLICY = os.path.join(ROOT, "docs", "conveyor-ops-policy.json")
 
 TRANSACT_ITEM_ACTIONS = {
     "Put": "PutItem",
@@ -53,6 +59,18 @@ def role_actions(template_path, role_name):
                 if isinstance(branch, dict) and branch.get("Effect") == "Allow":
                     named = branch.get("Action", [])
                     actions.update(named if isinstance(named, list) else [named])
+    return actions
+
+
+def policy_actions(path):
+    """Every action an Allow statement of a policy document (JSON) names."""
+    with open(path) as f:
+        statements = json.load(f)["Statement"]
+    actions = set()
+    for statement in statements:
+        if statement.get("Effect") == "Allow":
+            named = statement.get("Action", [])
+            actions.update(named if isinstance(named, list) else [named])
     return actions
 
 
@@ -120,9 +138,9 @@ def resource_of(environ):
     return request.get("TableName") or next(iter(request.get("RequestItems", {})), "")
 
 
-def denied(environ, start_response, action):
+def denied(environ, start_response, key, action):
     resource = resource_of(environ)
-    message = f"User: {WORKER_KEY} is not authorized to perform: {action} on resource: {resource}"
+    message = f"User: {key} is not authorized to perform: {action} on resource: {resource}"
     prodlike.STATE.count("denied", f"{resource} {action}")
     if prodlike.region_and_service(environ)[1] == "s3":
         return prodlike.s3_error(start_response, "403 Forbidden", "AccessDenied", message)
@@ -133,16 +151,23 @@ def denied(environ, start_response, action):
 
 
 class Enforce:
-    """Refuses what the worker's role does not grant; everything else goes to `app`."""
+    """Refuses what the worker's role, or the operator's policy, does not grant; everything
+    else goes to `app`."""
 
-    def __init__(self, app, template_path=TEMPLATE):
+    def __init__(self, app, template_path=TEMPLATE, ops_policy=OPS_POLICY):
         self.app = app
-        self.granted = role_actions(template_path, "WorkerRole")
+        self.granted = {
+            WORKER_KEY: role_actions(template_path, "WorkerRole"),
+            OPS_KEY: policy_actions(ops_policy),
+        }
 
     def __call__(self, environ, start_response):
-        if access_key(environ) != WORKER_KEY:
+        key = access_key(environ)
+        granted = self.granted.get(key)
+        if granted is None:
             return self.app(environ, start_response)
         for action in actions_of(environ):
-            if action not in self.granted:
-                return denied(environ, start_response, action)
+            if action not in granted:
+                return denied(environ, start_response, key, action)
+            prodlike.STATE.count("used", f"{key} {action}")
         return self.app(environ, start_response)

@@ -143,6 +143,9 @@ pub async fn sdk_config(endpoint: &str) -> SdkConfig {
 /// The access key the worker's requests are signed with. The emulator checks each of them
 /// against what the function's role in template.yaml grants (`scripts/iam_role.py`).
 pub const WORKER_KEY: &str = "conveyor-worker";
+/// The access key id `conveyor-ops` signs with in the tests: the emulator checks its calls
+/// against the operator's policy (scripts/iam_role.py).
+pub const OPS_KEY: &str = "conveyor-ops";
 
 /// Clients' configuration for `endpoint`, signing with the access key `key`.
 pub async fn sdk_config_as(endpoint: &str, key: &str) -> SdkConfig {

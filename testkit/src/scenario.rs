@@ -368,6 +368,15 @@ pub fn unlimited_env(stack: &Stack) -> Vec<(&'static str, String)> {
     env
 }
 
+/// The environment `conveyor-ops` runs with against `stack`: [`unlimited_env`], signed as
+/// the operator ([`crate::OPS_KEY`]), so the emulator checks each call against the policy
+/// the runbook gives its users (docs/conveyor-ops-policy.json).
+pub fn ops_env(stack: &Stack) -> Vec<(&'static str, String)> {
+    let mut env = unlimited_env(stack);
+    env.push(("AWS_ACCESS_KEY_ID", crate::OPS_KEY.into()));
+    env
+}
+
 /// Runs the scenario in process, checks every invariant (panicking on the first broken one)
 /// and reports the figures.
 pub async fn run(scenario: Scenario) -> Report {

@@ -16,7 +16,7 @@ pub(crate) fn ops_command(stack: &Stack, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
     command
         .args(args)
-        .envs(scenario::unlimited_env(stack))
+        .envs(scenario::ops_env(stack))
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
@@ -114,7 +114,7 @@ async fn poll_until_drained_ends_every_task_of_a_run_exactly_once() {
         ])
         .args(["--limit", "2m", "--timeout", "10s", "--wait-seconds", "1"])
         .args(["--progress-every", "1s"])
-        .envs(scenario::unlimited_env(&prepared.stack))
+        .envs(scenario::ops_env(&prepared.stack))
         // What each record came to, told if an assertion fails.
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -266,7 +266,7 @@ async fn requeue_waits_out_a_transaction_on_the_run_instead_of_skipping_the_task
     // Act: through the production-like layer.
     let out = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
         .args(requeue_failed(&queue.url))
-        .envs(scenario::unlimited_env(&stack))
+        .envs(scenario::ops_env(&stack))
         .env("AWS_ENDPOINT_URL", prodlike_endpoint())
         .kill_on_drop(true)
         .output()

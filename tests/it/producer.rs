@@ -91,7 +91,7 @@ async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
     args.extend(["--progress-every", "0s"]);
     let mut first = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
         .args(&args)
-        .envs(scenario::unlimited_env(&stack))
+        .envs(scenario::ops_env(&stack))
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

@@ -842,7 +842,7 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
             "--until-drained",
         ])
         .args(["--limit", "2m", "--wait-seconds", "1"])
-        .envs(scenario::unlimited_env(&prepared.stack))
+        .envs(scenario::ops_env(&prepared.stack))
         .env("PROXY_URLS", proxy.url())
         .env("PROXY_SECRET_ARN", secret)
         // Dead pages dead-letter in two seconds rather than eight.

@@ -409,6 +409,8 @@ fn function(stack: &Stack, api: &RuntimeApi, endpoint: Option<String>) -> tokio:
     let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_conveyor-worker"));
     let tracing = if endpoint.is_some() { "on" } else { "off" };
     worker.envs(scenario::unlimited_env(stack)).envs([
+        // Signed as the function's role, which the emulator checks each call against.
+        ("AWS_ACCESS_KEY_ID", WORKER_KEY.into()),
         ("AWS_LAMBDA_RUNTIME_API", api.addr.to_string()),
         ("AWS_LAMBDA_FUNCTION_NAME", "conveyor-worker".into()),
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".into()),
