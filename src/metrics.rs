@@ -48,6 +48,8 @@ pub struct PoliteMeasures {
     pub robots_fetches: AtomicU64,
     /// URLs robots.txt forbids (their tasks failed).
     pub robots_disallowed: AtomicU64,
+    /// Bytes robots.txt fetches spent on the paid proxy tier (the fleet's, no run's).
+    pub robots_paid_bytes: AtomicU64,
 }
 
 impl Measures {
@@ -131,6 +133,7 @@ pub struct Tally {
     pub host_cooldowns: u64,
     pub robots_fetches: u64,
     pub robots_disallowed: u64,
+    pub robots_paid_bytes: u64,
     /// Requests and body bytes through each proxy tier.
     pub spend: Spend,
     /// Spans the trace exporter could not send since the last invocation's metrics (it
@@ -155,6 +158,7 @@ impl Tally {
             host_cooldowns: measures.polite.cooldowns.into_inner(),
             robots_fetches: measures.polite.robots_fetches.into_inner(),
             robots_disallowed: measures.polite.robots_disallowed.into_inner(),
+            robots_paid_bytes: measures.polite.robots_paid_bytes.into_inner(),
             spend: measures
                 .spend
                 .into_inner()
@@ -216,6 +220,7 @@ impl Tally {
             ("BytesStored", "Bytes", json!(self.bytes_stored)),
             ("BytesNotFetched", "Bytes", json!(self.bytes_not_fetched)),
             ("PoliteWait", "Milliseconds", json!(self.polite_slept_ms)),
+            ("RobotsPaidBytes", "Bytes", json!(self.robots_paid_bytes)),
         ];
         first.extend(counts.map(|(name, n)| (name, "Count", json!(n))));
         for (tier, spend) in self.spend.spent() {
@@ -433,6 +438,7 @@ mod tests {
             host_cooldowns: 1,
             robots_fetches: 1,
             robots_disallowed: 1,
+            robots_paid_bytes: 0,
             spend: spend.plus(&spend),
             trace_spans_dropped: 0,
         };

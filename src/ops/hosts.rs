@@ -2,14 +2,15 @@
 //! schedule, slowdown, cooldown, in-flight slots and robots.txt), in plain words, and its
 //! reset so the host's work flows at once.
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
 use crate::domain::limits::{Host, HostState, Millis};
+use crate::domain::time::rfc3339;
 use crate::ports::error::StoreError;
 use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::hosts::operator::{RobotsItem, ScheduleItem};
+use crate::store::dynamo::hosts::operator::{RobotsItem, RobotsSpend, ScheduleItem};
 
 /// A host's items, read at `now`.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +19,8 @@ pub struct HostReport {
     pub now: Millis,
     pub schedule: Option<ScheduleItem>,
     pub robots: Option<RobotsItem>,
+    /// What robots.txt spent on the paid proxy tier today (UTC).
+    pub robots_paid: Option<RobotsSpend>,
 }
 
 /// What a reset cleared: the schedule item as it was, and the robots.txt item deleted (only
@@ -41,11 +44,14 @@ pub async fn show(
     if schedule.is_none() && robots.is_none() {
         return Err(no_items(host, "no items"));
     }
+    let today = rfc3339(UNIX_EPOCH + Duration::from_millis(now));
+    let robots_paid = store.robots_spend(host, &today[..10]).await?;
     Ok(HostReport {
         host: host.clone(),
         now,
         schedule,
         robots,
+        robots_paid,
     })
 }
 
@@ -100,6 +106,16 @@ impl HostReport {
             Some(robots) => lines.extend(robots_lines(robots, self.now)),
             None => lines.push(row("item", "none: fetched by the host's next task")),
         }
+        let paid = self.robots_paid.unwrap_or_default();
+        let held = match paid.held {
+            0 => String::new(),
+            held => format!(", {held} held"),
+        };
+        let today = format!(
+            "{} bytes in {} fetches today (UTC){held}",
+            paid.spent, paid.fetches
+        );
+        lines.push(row("paid tier", today));
         lines
     }
 
@@ -110,6 +126,9 @@ impl HostReport {
             "now": self.now,
             "schedule": self.schedule.as_ref().map(|s| schedule_json(s, self.now)),
             "robots": self.robots.as_ref().map(robots_json),
+            "robots_paid_today": self.robots_paid.map(|paid| json!({
+                "spent_bytes": paid.spent, "held_bytes": paid.held, "fetches": paid.fetches,
+            })),
         })
     }
 }
@@ -289,6 +308,13 @@ fn robots_lines(robots: &RobotsItem, now: Millis) -> Vec<String> {
         _ => "none held".into(),
     };
     lines.push(row("fetch lease", lease));
+    if robots.failures > 0 {
+        let failed = format!(
+            "{} in a row: each asked again after a longer gap",
+            robots.failures
+        );
+        lines.push(row("failed fetches", failed));
+    }
     lines
 }
 
@@ -326,6 +352,7 @@ fn robots_json(robots: &RobotsItem) -> Value {
         "expires_at": robots.expires_at,
         "lease_until": robots.lease_until,
         "gzipped_bytes": robots.gzipped_bytes,
+        "failures": robots.failures,
     })
 }
 

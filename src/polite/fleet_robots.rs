@@ -3,6 +3,7 @@
 //! 500 KiB only) while the host's other records wait.
 
 use crate::domain::limits::{Host, HostLimits, Millis};
+use crate::domain::time::rfc3339;
 use crate::metrics::Measures;
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, RobotsRecord};
@@ -47,10 +48,14 @@ impl Gate {
         if let Some((parsed, until)) = kept.as_ref().filter(|(_, until)| *until > now) {
             return Ok(says(parsed, url).or_until(*until, now));
         }
-        let record = match store.robots(host).await?.filter(|r| r.expires_at > now) {
+        let stored = store.robots(host).await?;
+        // The fetches that failed in a row so far, for the gap before the next.
+        let failed = stored.as_ref().map_or(0, |r| r.failures);
+        let record = match stored.filter(|r| r.expires_at > now) {
             Some(record) => record,
             None => {
-                let fetched = self.fetch_robots(ports, host, url, limits, fetch_time, measures);
+                let asked = (limits, failed);
+                let fetched = self.fetch_robots(ports, host, url, asked, fetch_time, measures);
                 match fetched.await? {
                     Ok(record) => record,
                     Err(RobotsSays::Wait(wait)) => {
@@ -67,19 +72,20 @@ impl Gate {
         Ok(says(&parsed, url).or_until(record.expires_at, now_ms()))
     }
 
-    /// The fleet's single fetch of a host's robots.txt, stored for every sandbox. If another
-    /// sandbox is already fetching it, what to do meanwhile.
+    /// The fleet's single fetch of a host's robots.txt, stored for every sandbox, after
+    /// `failed` fetches that failed in a row. If another sandbox is already fetching it,
+    /// what to do meanwhile.
     #[tracing::instrument(target = "conveyor_step", name = "robots", skip_all)]
     pub(super) async fn fetch_robots<S: HostStore, F: Fetcher>(
         &self,
         ports: GatePorts<'_, S, F>,
         host: &Host,
         url: &url::Url,
-        limits: HostLimits,
+        (limits, failed): (HostLimits, u32),
         fetch_time: Duration,
         measures: &Measures,
     ) -> Result<Result<RobotsRecord, RobotsSays>, StoreError> {
-        let GatePorts { store, fetcher } = ports;
+        let store = ports.store;
         let timeout = self.settings.robots_timeout;
         // The cooldown is read before the fleet's lease is taken. So a host in cooldown
         // holds no lease that other records must wait out.
@@ -101,7 +107,10 @@ impl Gate {
             ..Permit::default()
         };
         let started = std::time::Instant::now();
-        let fetched = robots_fetched(fetcher, url, fetch_time.min(timeout), measures).await;
+        let time = fetch_time.min(timeout);
+        let fetched = self
+            .robots_fetched(ports, (host, url), time, measures)
+            .await;
         // A fetch cut short by this record's time, not by the robots.txt timeout, says
         // nothing about the site. A record with enough time comes back for it; the lease
         // expires meanwhile.
@@ -111,7 +120,9 @@ impl Gate {
         if cut_short {
             return Ok(Err(RobotsSays::Wait(jittered(ROBOTS_SHORT_WAIT_MS))));
         }
-        self.keep_robots(store, host, &fetched).await.map(Ok)
+        self.keep_robots(store, host, &fetched, failed)
+            .await
+            .map(Ok)
     }
 
     /// Stores the fetched robots.txt, or its failure, for the fleet: its rules until they
@@ -121,10 +132,11 @@ impl Gate {
         store: &S,
         host: &Host,
         fetched: &Result<crate::domain::model::Page, scraper::FetchError>,
+        failed: u32,
     ) -> Result<RobotsRecord, StoreError> {
         let ttl = millis(self.settings.robots_ttl);
         let retry = millis(self.settings.robots_retry);
-        let record = robots::record_of(fetched, now_ms(), (ttl, retry));
+        let record = robots::record_of(fetched, now_ms(), (ttl, retry), failed);
         let record = store.put_robots(host, record).await?;
         let rules = record.rules.kind();
         tracing::info!(
@@ -168,24 +180,86 @@ impl Gate {
     }
 }
 
-/// Fetches the robots.txt of `url`'s host (first 500 KiB only) within `fetch_time`. It is
-/// metered for the fleet, not charged to a run, since one robots.txt serves all runs.
-async fn robots_fetched<F: Fetcher>(
-    fetcher: &F,
-    url: &url::Url,
-    fetch_time: Duration,
-    measures: &Measures,
-) -> Result<crate::domain::model::Page, scraper::FetchError> {
-    let robots_url = robots::robots_url(url).unwrap_or_default();
-    let ask = scraper::Ask {
-        keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
-        redirects: robots::ROBOTS_REDIRECTS,
-        ..scraper::Ask::within(fetch_time)
-    };
-    let fetched = fetcher.fetch(&robots_url, ask).await;
-    measures.spent(&fetched.spend);
-    measures.polite.robots_fetches.fetch_add(1, ORDER);
-    fetched.page
+impl Gate {
+    /// Fetches the robots.txt of `url`'s host (first 500 KiB only) within `fetch_time`,
+    /// as a page is fetched: the free proxy tiers first, each fetch capped on the wire. The
+    /// paid tier gets it only within the host's robots.txt budget for the day
+    /// (`ROBOTS_PAID_BUDGET_BYTES`), held while it runs and settled with what it spent. One
+    /// robots.txt serves every run, so its spend is the fleet's, in the metrics and on the
+    /// host (`conveyor-ops host show`), not a run's.
+    async fn robots_fetched<S: HostStore, F: Fetcher>(
+        &self,
+        ports: GatePorts<'_, S, F>,
+        (host, url): (&Host, &url::Url),
+        fetch_time: Duration,
+        measures: &Measures,
+    ) -> Result<crate::domain::model::Page, scraper::FetchError> {
+        let robots_url = robots::robots_url(url).unwrap_or_default();
+        let paid = self.settings.robots_paid;
+        let ask = scraper::Ask {
+            keep_first: Some(robots::MAX_ROBOTS_BYTES as u64),
+            redirects: robots::ROBOTS_REDIRECTS,
+            paid_tier: paid.tier == 0,
+            wire_most: Some(robots::ROBOTS_WIRE_MOST),
+            ..scraper::Ask::within(fetch_time)
+        };
+        let started = tokio::time::Instant::now();
+        let mut fetched = ports.fetcher.fetch(&robots_url, ask).await;
+        measures.polite.robots_fetches.fetch_add(1, ORDER);
+        if fetched.wants_paid_tier {
+            let ask = scraper::Ask {
+                first_tier: paid.tier,
+                paid_tier: true,
+                time: fetch_time.saturating_sub(started.elapsed()),
+                ..ask
+            };
+            let first = fetched.spend;
+            let paid = self.robots_paid(ports, host, (&robots_url, ask), measures);
+            fetched = paid.await.unwrap_or(fetched);
+            fetched.spend = first.plus(&fetched.spend);
+        }
+        measures.spent(&fetched.spend);
+        fetched.page
+    }
+
+    /// The paid tier's fetch of a robots.txt, if the host's budget for the day has room for
+    /// its hold. `None` when it has not, or the budget could not be read.
+    async fn robots_paid<S: HostStore, F: Fetcher>(
+        &self,
+        ports: GatePorts<'_, S, F>,
+        host: &Host,
+        (robots_url, ask): (&str, scraper::Ask<'_>),
+        measures: &Measures,
+    ) -> Option<scraper::Fetched> {
+        let (hold, budget) = (robots::ROBOTS_WIRE_MOST, self.settings.robots_paid.budget);
+        let day = rfc3339(std::time::SystemTime::now())[..10].to_owned();
+        match ports
+            .store
+            .hold_robots_paid(host, &day, (hold, budget))
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(
+                    budget,
+                    "the host's robots.txt budget on the paid tier is spent today"
+                );
+                return None;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "the host's robots.txt budget could not be read");
+                return None;
+            }
+        }
+        let fetched = ports.fetcher.fetch(robots_url, ask).await;
+        let spent = fetched.spend.tier(ask.first_tier).billed();
+        measures.polite.robots_paid_bytes.fetch_add(spent, ORDER);
+        let settled = ports.store.settle_robots_paid(host, &day, (hold, spent));
+        if let Err(err) = settled.await {
+            tracing::warn!(error = %err, spent, "the paid robots.txt fetch's spend could not be settled");
+        }
+        Some(fetched)
+    }
 }
 
 fn says(parsed: &Parsed, url: &url::Url) -> RobotsSays {

@@ -54,6 +54,17 @@ pub struct Politeness {
     pub max_wait: Duration,
     /// The product token robots.txt groups are matched against.
     pub agent: String,
+    /// The paid proxy tier for robots.txt: which tier it is (the last of `PROXY_URLS`; 0:
+    /// none), and how many bytes a host's robots.txt may use on it a day
+    /// (`ROBOTS_PAID_BUDGET_BYTES`). robots.txt asks the other tiers first.
+    pub robots_paid: RobotsPaid,
+}
+
+/// The paid tier's share for robots.txt (`Politeness::robots_paid`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RobotsPaid {
+    pub tier: usize,
+    pub budget: u64,
 }
 
 impl Politeness {
@@ -68,6 +79,10 @@ impl Politeness {
             max_sleep: Duration::from_secs(1),
             max_wait: Duration::from_secs(48 * 3_600),
             agent: "*".into(),
+            robots_paid: RobotsPaid {
+                tier: 0,
+                budget: robots::ROBOTS_PAID_BUDGET,
+            },
         }
     }
 }

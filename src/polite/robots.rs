@@ -14,6 +14,16 @@ pub use crate::domain::limits::MAX_ROBOTS_BYTES;
 /// robots.txt redirect serves every task of its host, so it takes no turn of its own.
 pub const ROBOTS_REDIRECTS: usize = 5;
 
+/// A host's robots.txt may use 1 MiB a day on the paid proxy tier
+/// (`ROBOTS_PAID_BUDGET_BYTES`): a fetch holds [`ROBOTS_WIRE_MOST`] while it runs, and gives
+/// back what it did not spend; most files are far smaller.
+pub const ROBOTS_PAID_BUDGET: u64 = 1024 * 1024;
+
+/// The most bytes on the wire a robots.txt fetch may use through a proxy: its first 500 KiB,
+/// its redirects and framing. It is also what a fetch on the paid tier holds of its host's
+/// budget while it runs.
+pub const ROBOTS_WIRE_MOST: u64 = 640 * 1024;
+
 /// robots.txt as a sandbox keeps it: parsed once.
 #[derive(Clone)]
 pub enum Parsed {
@@ -76,16 +86,25 @@ impl Parsed {
     }
 }
 
-/// The record of a robots.txt fetch. A file is obeyed for `ttl`. A 4xx other than 429, or a
-/// fetch our own rules refuse, means no rules, for `ttl`. A 429, a 5xx or no answer means
-/// nothing is allowed, until `retry`. An answer made by the proxy itself (a 407, a gateway
-/// error, a refused CONNECT) is not the site's answer. Then nothing is known until `retry`,
-/// and the records that meet it fail for a reason on our side.
+/// The longest gap before a robots.txt that keeps failing is asked again: an hour.
+pub const ROBOTS_MOST_RETRY: Millis = 3_600_000;
+
+/// The record of a robots.txt fetch, after `failed` fetches that failed in a row. A file is
+/// obeyed for `ttl`. A 4xx other than 429, or a fetch our own rules refuse, means no rules,
+/// for `ttl`. A 429, a 5xx or no answer means nothing is allowed until it is asked again. An
+/// answer made by the proxy itself (a 407, a gateway error, a refused CONNECT) is not the
+/// site's answer: nothing is known until then, and the records that meet it fail for a
+/// reason on our side. A failure is asked again after `retry`, doubled for each failure
+/// before it, up to [`ROBOTS_MOST_RETRY`].
 pub fn record_of(
     fetched: &Result<Page, FetchError>,
     now: Millis,
     (ttl, retry): (Millis, Millis),
+    failed: u32,
 ) -> RobotsRecord {
+    let retry = retry
+        .saturating_mul(1 << failed.min(20))
+        .min(ROBOTS_MOST_RETRY.max(retry));
     let (rules, lasts) = match fetched {
         Ok(page) => (Robots::Rules(page.body.to_vec()), ttl),
         Err(err) if err.retry == Retry::Ours => (Robots::ProxyFailed, retry),
@@ -99,9 +118,14 @@ pub fn record_of(
             _ => (Robots::Unavailable, retry),
         },
     };
+    let failures = match rules {
+        Robots::Unavailable | Robots::ProxyFailed => failed.saturating_add(1),
+        Robots::Rules(_) | Robots::AllowAll => 0,
+    };
     RobotsRecord {
         rules,
         expires_at: now + lasts,
+        failures,
     }
 }
 
@@ -147,7 +171,7 @@ mod tests {
     fn rules_for_our_agent_decide_and_crawl_delay_is_read() {
         let file = "User-agent: conveyor-worker\nDisallow: /private\nCrawl-delay: 2\n\n\
                     User-agent: *\nDisallow: /\n";
-        let record = record_of(&page(file), 0, (100, 10));
+        let record = record_of(&page(file), 0, (100, 10), 0);
         let parsed = Parsed::of(&record.rules, "conveyor-worker");
 
         assert_eq!(parsed.verdict("http://h/private/a"), Verdict::Disallowed);
@@ -162,18 +186,20 @@ mod tests {
 
     #[test]
     fn a_missing_file_allows_all_and_an_unavailable_one_allows_nothing_until_retry_ours_or_not() {
-        let missing = record_of(&status(404), 0, (100, 10));
-        let failing = record_of(&status(503), 0, (100, 10));
-        let throttled = record_of(&status(429), 0, (100, 10));
+        let missing = record_of(&status(404), 0, (100, 10), 0);
+        let failing = record_of(&status(503), 0, (100, 10), 0);
+        let throttled = record_of(&status(429), 0, (100, 10), 0);
         let unreachable = record_of(
             &Err(FetchError::transient("connection refused")),
             0,
             (100, 10),
+            0,
         );
         let refused = record_of(
             &Err(FetchError::permanent("address is not public")),
             0,
             (100, 10),
+            0,
         );
         let proxy_407 = record_of(
             &Err(FetchError {
@@ -182,6 +208,7 @@ mod tests {
             }),
             0,
             (100, 10),
+            0,
         );
 
         assert_eq!(
@@ -197,6 +224,29 @@ mod tests {
             (Robots::ProxyFailed, 10),
             "ours, not the site's"
         );
+    }
+
+    #[test]
+    fn a_robots_txt_that_keeps_failing_is_asked_again_after_doubling_gaps_up_to_an_hour() {
+        // Arrange: a 429 without Retry-After, at every ask, with a minute between asks.
+        let minute = 60_000;
+        let mut failed = 0;
+        let mut gaps = Vec::new();
+
+        // Act: the asks of two days.
+        let mut at = 0;
+        while at < 48 * 3_600_000 {
+            let record = record_of(&status(429), at, (86_400_000, minute), failed);
+            gaps.push(record.expires_at - at);
+            (at, failed) = (record.expires_at, record.failures);
+        }
+
+        // Assert: 1, 2, 4 ... 32 minutes, then an hour each: 53 asks, not 2,880.
+        assert_eq!(gaps[..6], [1, 2, 4, 8, 16, 32].map(|m| m * minute));
+        assert!(gaps[6..].iter().all(|gap| *gap == ROBOTS_MOST_RETRY));
+        assert_eq!(gaps.len(), 53);
+        let fetched = record_of(&page("User-agent: *\n"), at, (86_400_000, minute), failed);
+        assert_eq!(fetched.failures, 0, "a file ends the run of failures");
     }
 
     #[test]

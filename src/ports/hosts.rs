@@ -12,6 +12,9 @@ use crate::ports::error::StoreError;
 pub struct RobotsRecord {
     pub rules: Robots,
     pub expires_at: Millis,
+    /// The fetches that failed in a row before this one's record (0 after a file or a
+    /// 4xx): each failure is asked again after a longer gap.
+    pub failures: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,4 +132,24 @@ pub trait HostStore: Send + Sync {
         host: &Host,
         record: RobotsRecord,
     ) -> impl Future<Output = Result<RobotsRecord, StoreError>> + Send;
+
+    /// Holds `hold` bytes of the host's paid-tier budget for robots.txt on `day` (UTC,
+    /// `YYYY-MM-DD`), if what the day used so far leaves room for them under `budget`
+    /// (`hold_of_budget` is the two).
+    /// False when it does not. A hold not settled (its sandbox died) stays used until the
+    /// day ends.
+    fn hold_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        hold_of_budget: (u64, u64),
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Ends a hold: `hold_spent` is its bytes, and those the fetch spent of them.
+    fn settle_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        hold_spent: (u64, u64),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

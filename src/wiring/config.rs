@@ -6,8 +6,8 @@ use std::time::Duration;
 use crate::domain::hops::MOST_REDIRECTS;
 use crate::domain::limits::{HostLimits, MAX_SLOTS};
 use crate::domain::proxy::Tiers;
-use crate::polite::Politeness;
-use crate::polite::robots::agent_token;
+use crate::polite::robots::{ROBOTS_PAID_BUDGET, agent_token};
+use crate::polite::{Politeness, RobotsPaid};
 
 /// Why the cold start cannot go on.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -331,6 +331,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             max_sleep: self.millis("POLITE_SLEEP_MAX_MS", 1_000)?,
             max_wait: self.millis("POLITE_MAX_WAIT_MS", POLITE_MAX_WAIT_MS)?,
             agent: agent_token(&user_agent),
+            // The tier is set from `PROXY_URLS` (`wiring/settings.rs`).
+            robots_paid: RobotsPaid {
+                tier: 0,
+                budget: self.parsed("ROBOTS_PAID_BUDGET_BYTES", ROBOTS_PAID_BUDGET, "bytes")?,
+            },
         })
     }
 

@@ -3,6 +3,7 @@
 
 use crate::batch::BatchLimits;
 use crate::metrics::MetricsSettings;
+use crate::polite::{Politeness, RobotsPaid};
 use crate::pushback::backoff::Backoff;
 use crate::pushback::retry::RetryPolicy;
 use crate::scraper::FetchSettings;
@@ -67,7 +68,13 @@ impl From<&Config> for RecordSettings {
             parents_ttl: config.parents_ttl,
             backoff: config.into(),
             duplicate_policy: config.duplicate_policy,
-            politeness: config.politeness.clone(),
+            politeness: Politeness {
+                robots_paid: RobotsPaid {
+                    tier: config.proxies.len(),
+                    ..config.politeness.robots_paid
+                },
+                ..config.politeness.clone()
+            },
             proxy_tiers: config.proxies.len(),
             paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes, config.max_redirects),
             paid_lease: crate::paid::LEASE,

@@ -38,6 +38,8 @@ pub(super) struct Admitted {
     /// A transient failure of this try is final, because the message's receives or the
     /// task's claims reached `MAX_ATTEMPTS`.
     pub final_attempt: bool,
+    /// A hop this record followed (`Guarded::followed`).
+    pub followed: bool,
 }
 
 /// Whether the fetch goes ahead.
@@ -105,6 +107,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             wanted: guarded.wanted,
             pass,
             final_attempt,
+            followed: guarded.followed,
         })
     }
 

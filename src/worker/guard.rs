@@ -42,6 +42,9 @@ pub(super) struct Guarded {
     pub claim: Option<Claimed>,
     /// `url` is where a redirect led, not the task's own URL (`hops`).
     pub redirected: bool,
+    /// `url` is a hop this record followed, after a fetch of its own. A copy's paid wait
+    /// (straight to the paid tier) was for its first fetch, not for this one.
+    pub followed: bool,
 }
 
 /// A claim this delivery made: its try of the task.
@@ -105,6 +108,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             tries,
             claim: None,
             redirected: false,
+            followed: false,
         })
     }
 
@@ -146,6 +150,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             spent: claim.spent,
             claim: Some(claim),
             redirected: false,
+            followed: false,
         })
     }
 

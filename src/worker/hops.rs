@@ -95,6 +95,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             tries: delivery.tries(),
             spent: before.claim.spent,
             redirected: !chain.before.is_empty(),
+            followed: true,
             claim: Some(before.claim),
         };
         let wanted = guarded.wanted.clone();

@@ -47,7 +47,7 @@ use conveyor_worker::batch::{BatchLimits, ProcessRecord, process_batch};
 use conveyor_worker::domain::ids::{Id, RunRef, TaskRef};
 use conveyor_worker::domain::model::{ShardSizes, Sharding};
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
-use conveyor_worker::polite::Politeness;
+use conveyor_worker::polite::{Politeness, RobotsPaid};
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::pushback::retry::RetryPolicy;
 use conveyor_worker::scraper::{AddressPolicy, FetchSettings, HttpFetcher, Lookup, SystemLookup};
@@ -875,7 +875,14 @@ impl WorkerTuning {
             parents_ttl: self.parents_ttl,
             backoff: self.backoff,
             duplicate_policy: self.duplicate_policy,
-            politeness: self.politeness.clone(),
+            // The last proxy tier is the paid one for robots.txt, as the wiring sets it.
+            politeness: Politeness {
+                robots_paid: RobotsPaid {
+                    tier: self.proxies.len(),
+                    ..self.politeness.robots_paid
+                },
+                ..self.politeness.clone()
+            },
             proxy_tiers: self.proxies.len(),
             paid_fetch_cap: conveyor_worker::scraper::most_spent(self.max_body_bytes, 3),
             paid_lease: self.paid_lease,

@@ -81,6 +81,8 @@ pub struct MemoryTasks {
     tasks: Mutex<HashMap<TaskRef, MemoryTask>>,
     hosts: Mutex<HashMap<Host, HostState>>,
     robots: Mutex<HashMap<Host, (RobotsRecord, Millis)>>,
+    /// Each host's paid-tier bytes used on robots.txt (held and spent), by day.
+    robots_paid: Mutex<HashMap<(Host, String), u64>>,
     /// Requests served, like the adapter's one request per method.
     pub requests: AtomicU64,
     /// Spend recorded, by delivery (each counted once).
@@ -552,6 +554,7 @@ impl HostStore for MemoryTasks {
             let stale = RobotsRecord {
                 rules: Robots::Unavailable,
                 expires_at: 0,
+                failures: 0,
             };
             let record = robots.get(host).map_or(stale, |(r, _)| r.clone());
             robots.insert(host.clone(), (record, until));
@@ -567,6 +570,35 @@ impl HostStore for MemoryTasks {
         self.served();
         lock(&self.robots).insert(host.clone(), (record.clone(), 0));
         Ok(record)
+    }
+
+    async fn hold_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        (hold, budget): (u64, u64),
+    ) -> Result<bool, StoreError> {
+        self.served();
+        let mut paid = lock(&self.robots_paid);
+        let used = paid.entry((host.clone(), day.to_owned())).or_default();
+        let room = used.saturating_add(hold) <= budget;
+        if room {
+            *used += hold;
+        }
+        Ok(room)
+    }
+
+    async fn settle_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        (hold, spent): (u64, u64),
+    ) -> Result<(), StoreError> {
+        self.served();
+        let mut paid = lock(&self.robots_paid);
+        let used = paid.entry((host.clone(), day.to_owned())).or_default();
+        *used = used.saturating_sub(hold).saturating_add(spent);
+        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ use conveyor_worker::domain::ids::RunRef;
 use conveyor_worker::domain::limits::{Ask, Booker, Host, HostState, Slot};
 use conveyor_worker::domain::model::{Counting, Lease, TriesFrom};
 use conveyor_worker::domain::spend::{PaidLease, Reservation, Spend, TierSpend};
-use conveyor_worker::ports::hosts::HostStore;
+use conveyor_worker::ports::hosts::{HostStore, Robots, RobotsRecord};
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::TaskStore;
 use conveyor_worker::store::dynamo::attributes::Item;
@@ -321,4 +321,37 @@ async fn a_host_item_this_release_booked_gave_back_and_marked_failing_is_read_by
     // Assert: what this release added is there, and the previous release reads the rest.
     assert!(item.n("given_back_from").is_some() && item.n("failing_until").is_some());
     assert_eq!(HOST.faults(&item.0), Vec::<String>::new(), "{item:?}");
+}
+
+/// A robots.txt item, at bf0ec71: `robots_record` reads `status` (one of three) and
+/// `expires_at`, `ours` and the body; `robots_take` compares `expires_at` and `lease_until`
+/// with numbers. It reads nothing else, so `failures` is ignored by it.
+const ROBOTS: PreviousReads = PreviousReads(&[
+    ("status", As::RequiredS),
+    ("expires_at", As::RequiredN),
+    ("lease_until", As::N),
+]);
+
+#[tokio::test]
+async fn a_robots_item_this_release_wrote_after_failures_is_read_by_the_previous_release() {
+    // Arrange: a host whose robots.txt failed twice before.
+    let stack = Stack::new().await;
+    let store = store(&stack);
+    let host = Host::of(&url::Url::parse("http://site.test/").expect("a URL")).expect("a host");
+    let record = RobotsRecord {
+        rules: Robots::Unavailable,
+        expires_at: now_plus(Duration::from_secs(240)),
+        failures: 3,
+    };
+
+    // Act: this release stores the failure, as its fleet fetch does.
+    store.put_robots(&host, record).await.expect("stored");
+    let item = stack.host_item(host.as_str(), "ROBOTS").await;
+
+    // Assert: the count is there, and the previous release reads the rest as a failure.
+    assert_eq!(item.n("failures"), Some(3));
+    assert_eq!(item.s("status"), Some("unavailable"));
+    assert_eq!(ROBOTS.faults(&item.0), Vec::<String>::new(), "{item:?}");
+    let read = store.robots(&host).await.expect("read").expect("the item");
+    assert_eq!(read.failures, 3, "this release reads its own count");
 }

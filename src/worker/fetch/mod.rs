@@ -121,6 +121,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             wanted,
             pass,
             final_attempt,
+            followed,
         } = admitted;
         let (prior, earlier) = match self.earlier(prior, &wanted.detection).await {
             Ok(checked) => checked,
@@ -133,7 +134,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let target = Target {
             task: delivery.task(),
             delivery: &delivery.id,
-            paid_next: delivery.message.carried.paid_waits > 0,
+            paid_next: delivery.message.carried.paid_waits > 0 && !followed,
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),

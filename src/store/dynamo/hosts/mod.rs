@@ -252,6 +252,9 @@ impl HostStore for DynamoTaskStore {
         let mut item = host_key(host.as_str(), "ROBOTS");
         item.insert("status".into(), s(record.rules.kind()));
         item.insert("expires_at".into(), n(record.expires_at));
+        if record.failures > 0 {
+            item.insert("failures".into(), n(record.failures));
+        }
         if record.rules == Robots::ProxyFailed {
             item.insert("ours".into(), AttributeValue::Bool(true));
         }
@@ -275,6 +278,51 @@ impl HostStore for DynamoTaskStore {
             .map_err(|e| StoreError::from_sdk("PutItem(robots)", e))?;
         Ok(record)
     }
+
+    async fn hold_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        (hold, budget): (u64, u64),
+    ) -> Result<bool, StoreError> {
+        let Some(write) = writes::robots_paid_hold(hold, budget) else {
+            return Ok(false);
+        };
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(robots_spend_key(host, day)));
+        match write.apply_to(request).send().await {
+            Ok(_) => Ok(true),
+            Err(err) if is_condition_failure(&err) => Ok(false),
+            Err(err) => Err(StoreError::from_sdk("UpdateItem(robots spend)", err)),
+        }
+    }
+
+    async fn settle_robots_paid(
+        &self,
+        host: &Host,
+        day: &str,
+        (hold, spent): (u64, u64),
+    ) -> Result<(), StoreError> {
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(robots_spend_key(host, day)));
+        let settled = writes::robots_paid_settle(hold, spent).apply_to(request);
+        settled
+            .send()
+            .await
+            .map_err(|e| StoreError::from_sdk("UpdateItem(robots spend)", e))?;
+        Ok(())
+    }
+}
+
+/// The item of a host's paid-tier spend on robots.txt for one UTC day.
+pub(crate) fn robots_spend_key(host: &Host, day: &str) -> Item {
+    host_key(host.as_str(), &format!("ROBOTS_SPEND#{day}"))
 }
 
 impl DynamoTaskStore {
@@ -372,6 +420,9 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
     Some(RobotsRecord {
         rules,
         expires_at: number(item, "expires_at")?,
+        // The previous release writes no count: a failure it wrote counts as the first.
+        failures: number::<u64>(item, "failures")
+            .map_or(0, |f| u32::try_from(f).unwrap_or(u32::MAX)),
     })
 }
 
@@ -398,7 +449,8 @@ mod tests {
             read,
             Some(RobotsRecord {
                 rules: Robots::Rules(file),
-                expires_at: 1_000
+                expires_at: 1_000,
+                failures: 0,
             })
         );
         assert_eq!(robots_record(&item), None, "no body: cannot be read");

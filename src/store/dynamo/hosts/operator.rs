@@ -32,6 +32,19 @@ pub struct RobotsItem {
     pub lease_until: Option<Millis>,
     /// The kept file's size, gzipped.
     pub gzipped_bytes: Option<usize>,
+    /// Fetches that failed in a row: the next is asked after a longer gap.
+    pub failures: u32,
+}
+
+/// A host's paid-tier spend on robots.txt for one UTC day (sk `ROBOTS_SPEND#<day>`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RobotsSpend {
+    /// Bytes spent, as the proxy bills them.
+    pub spent: u64,
+    /// Bytes held by fetches in flight, or never settled (their sandbox died).
+    pub held: u64,
+    /// Fetches that took a hold.
+    pub fetches: u64,
 }
 
 impl DynamoTaskStore {
@@ -45,6 +58,25 @@ impl DynamoTaskStore {
     pub async fn robots_item(&self, host: &Host) -> Result<Option<RobotsItem>, StoreError> {
         let item = self.host_item(host, "ROBOTS", "GetItem(robots)").await?;
         Ok(item.as_ref().map(robots_item))
+    }
+
+    /// The host's paid-tier spend on robots.txt on `day` (UTC, `YYYY-MM-DD`), if any.
+    pub async fn robots_spend(
+        &self,
+        host: &Host,
+        day: &str,
+    ) -> Result<Option<RobotsSpend>, StoreError> {
+        let sort = format!("ROBOTS_SPEND#{day}");
+        let item = self.host_item(host, &sort, "GetItem(robots spend)").await?;
+        Ok(item.map(|item| {
+            let count = |name| number::<u64>(&item, name).unwrap_or(0);
+            let spent = count("spent");
+            RobotsSpend {
+                spent,
+                held: count("used").saturating_sub(spent),
+                fetches: count("fetches"),
+            }
+        }))
     }
 
     /// Clears the host's schedule so its next fetch starts at once (`writes::host_reset`).
@@ -122,5 +154,6 @@ fn robots_item(item: &Item) -> RobotsItem {
         gzipped_bytes: gzipped
             .and_then(|b| b.as_b().ok())
             .map(|b| b.as_ref().len()),
+        failures: number(item, "failures").unwrap_or(0),
     }
 }

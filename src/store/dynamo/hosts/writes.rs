@@ -226,6 +226,30 @@ pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
     .value(":until", n(until))
 }
 
+/// Holds `hold` bytes of a host's robots.txt budget for one day: `used` (held and spent)
+/// grows by the hold while it stays within the budget (`:most` is the budget less the hold).
+pub(crate) fn robots_paid_hold(hold: u64, budget: u64) -> Option<Expression> {
+    let most = budget.checked_sub(hold)?;
+    let expression = Expression::new(
+        "ADD used :hold, fetches :one".into(),
+        "attribute_not_exists(used) OR used <= :most",
+    );
+    Some(
+        expression
+            .value(":hold", n(hold))
+            .value(":one", n(1))
+            .value(":most", n(most)),
+    )
+}
+
+/// Settles a hold: what was not spent leaves `used`, and the spend is added to `spent`.
+pub(crate) fn robots_paid_settle(hold: u64, spent: u64) -> Expression {
+    let unspent = i128::from(spent) - i128::from(hold);
+    Expression::new("ADD used :unspent, spent :spent".into(), "")
+        .value(":unspent", n(unspent))
+        .value(":spent", n(spent))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
