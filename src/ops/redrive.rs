@@ -1,5 +1,6 @@
 //! `conveyor-ops redrive`: what the dead-letter queue holds, each message with its task and
-//! receive count. When asked, it moves every one back to the task queue.
+//! receive count. When asked, it moves every one back to the task queue. A FIFO queue is
+//! listed whole by moving each message to the back of its group.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -56,7 +57,10 @@ pub async fn redrive(
     // Each message read and not moved, by id, with its latest receipt handle. Only that one
     // releases it.
     let mut held: HashMap<String, Message> = HashMap::new();
-    let read = read_all(dead, to, most, &mut redriven, &mut held).await;
+    let read = match (to, dead.is_fifo()) {
+        (None, true) => list_fifo(dead, most, &mut redriven, &mut held).await,
+        _ => read_all(dead, to, most, &mut redriven, &mut held).await,
+    };
     let held: Vec<&Message> = held.values().collect();
     for chunk in held.chunks(10) {
         dead.release(chunk).await?;
@@ -98,6 +102,70 @@ async fn read_all(
         }
     }
     Ok(())
+}
+
+/// The deduplication id of a FIFO listing's copies starts with this, the listing's name and
+/// `#`, then names the message it copies.
+const LISTED: &str = "list#";
+
+/// Lists a FIFO dead-letter queue whole. SQS returns nothing more of a message group while
+/// its earlier messages are hidden, so each message listed is moved to the back of its group:
+/// sent again as it is (body, group, attributes), then deleted. A group ends when the first
+/// copy this listing made of it comes round; that copy stays hidden until the end. The
+/// order within each group is kept; the message ids change, and receive counts start again.
+/// A send or delete that fails stops the listing with `redriven.stopped`.
+async fn list_fifo(
+    dead: &SqsQueue,
+    most: usize,
+    redriven: &mut Redriven,
+    held: &mut HashMap<String, Message>,
+) -> Result<(), StoreError> {
+    let listing = format!("{LISTED}{:016x}#", fastrand::u64(..));
+    while redriven.seen.len() < most && redriven.stopped.is_none() {
+        let batch = dead.receive_hidden(10, 1, Some(HIDDEN_SECONDS)).await?;
+        let mut new = 0;
+        for message in batch {
+            let id = message.message_id().unwrap_or_default().to_owned();
+            if copied_by(&message, &listing) || redriven.stopped.is_some() {
+                held.insert(id, message);
+                continue;
+            }
+            new += 1;
+            redriven.seen.push(described(&message));
+            if let Err(err) = to_back(dead, &message, &listing).await {
+                redriven.stopped = Some(err);
+                held.insert(id, message);
+            }
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `message` is a copy made by the listing named `listing`.
+fn copied_by(message: &Message, listing: &str) -> bool {
+    let dedup = message
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageDeduplicationId));
+    dedup.is_some_and(|id| id.starts_with(listing))
+}
+
+/// Moves `message` to the back of its group in `dead`: a copy as it is, then the delete.
+async fn to_back(dead: &SqsQueue, message: &Message, listing: &str) -> Result<(), StoreError> {
+    let record = to_record(message, "");
+    let id = message.message_id().unwrap_or_default();
+    let copy = MessageCopy {
+        body: message.body().unwrap_or_default().to_owned(),
+        delay: Duration::ZERO,
+        group: record.attributes.get("MessageGroupId").cloned(),
+        deduplication: Some(format!("{listing}{id}")),
+        attributes: Attribute::all_of(&record),
+        trace_header: trace::carried(&record).map(str::to_owned),
+    };
+    dead.send_copy(&copy).await?;
+    dead.delete(&[message]).await
 }
 
 /// Sends one message to `to` and deletes it from `dead` (one read before is only deleted:

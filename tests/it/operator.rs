@@ -8,7 +8,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::MessageAttributeValue;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::domain::message::{Carried, Message};
+use conveyor_worker::domain::message::{Carried, Message, parse_body};
 use conveyor_worker::ops::redrive;
 use conveyor_worker::store::sqs::SqsQueue;
 use tokio::process::Command;
@@ -679,4 +679,57 @@ async fn redrive_moves_each_dead_letter_back_with_its_group_and_attributes() {
     assert_eq!(kept.string_value.as_deref(), Some("acme"));
     let [ordered] = <[_; 1]>::try_from(fifo.drain(&stack).await).expect("one message");
     assert_eq!(ordered.attributes["MessageGroupId"], "group-b");
+}
+
+#[tokio::test]
+async fn a_fifo_dead_letter_queue_is_listed_whole_and_keeps_each_groups_order() {
+    // Arrange: a FIFO dead-letter queue holding 15 messages of one group and 3 of another:
+    // SQS gives out at most 10 of a group while they are being read.
+    let stack = Stack::new().await;
+    let dlq = Queue::create_fifo(&stack, 30, None).await;
+    let fifo = Queue::create_fifo(&stack, 30, Some((&dlq, 1))).await;
+    let long: Vec<String> = (0..15).map(|i| format!("a{i:02}")).collect();
+    let short: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
+    let grouped = |tasks: &[String], group: &str| -> Vec<(String, Option<String>)> {
+        let group = Some(group.to_owned());
+        tasks.iter().map(|t| (body(t), group.clone())).collect()
+    };
+    for chunk in grouped(&long, "group-a").chunks(10) {
+        dlq.send_grouped(&stack, chunk).await;
+    }
+    dlq.send_grouped(&stack, &grouped(&short, "group-b")).await;
+    let list = ["redrive", "--queue-url", fifo.url.as_str()];
+
+    // Act: listed twice.
+    let first = ops(&stack, &list).await;
+    let second = ops(&stack, &list).await;
+
+    // Assert: every message, each once, both times; still there, each group in its order.
+    for listed in [&first, &second] {
+        let printed = succeeded(listed);
+        let tasks: Vec<&str> = printed
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(1))
+            .collect();
+        assert_eq!(tasks.len(), 18, "{printed}");
+        for task in long.iter().chain(&short) {
+            let named = format!("{JOB}/{RUN}/{task}");
+            assert_eq!(tasks.iter().filter(|t| **t == named).count(), 1, "{task}");
+        }
+    }
+    assert!(
+        stderr(&second).contains("back of its group"),
+        "{}",
+        stderr(&second)
+    );
+    let kept = dlq.take_all(&stack).await;
+    let order = |group: &str| -> Vec<String> {
+        let in_group = kept
+            .iter()
+            .filter(|m| m.attributes["MessageGroupId"] == group);
+        let tasks = in_group.map(|m| parse_body(m.body.as_deref()).expect("a task"));
+        tasks.map(|t| t.task_id.to_string()).collect()
+    };
+    assert_eq!(order("group-a"), long);
+    assert_eq!(order("group-b"), short);
 }

@@ -21,11 +21,13 @@ use conveyor_worker::domain::model::{Counting, Failure, Page, Terminal};
 use conveyor_worker::domain::spend::{CountedIn, DeliverySpend, PaidLease, Reservation, Spend};
 use conveyor_worker::ports::error::{StoreError, StoreFault};
 use conveyor_worker::ports::results::{NewResult, ResultStore};
+use conveyor_worker::ports::secrets::Secrets;
 use conveyor_worker::ports::spend::SpendStore;
 use conveyor_worker::ports::tasks::{Claim, Finish, TaskStore, TriesFrom};
 use conveyor_worker::pushback::retry::{Patience, RetryPolicy};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
+use conveyor_worker::store::secrets::SecretsManager;
 use conveyor_worker::worker::converge::{Converged, Stores};
 use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
@@ -443,4 +445,40 @@ fn run_counted() -> CountedIn<'static> {
         counting: Counting::Run,
         spend: no_spend(),
     }
+}
+
+/// A TCP server that takes connections and never answers.
+async fn silent_server() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let addr = listener.local_addr().expect("a bound address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_proxy_secret_read_that_is_never_answered_fails_as_timed_out() {
+    // Arrange: Secrets Manager behind a server that takes the connection and never answers.
+    let addr = silent_server().await;
+    let sdk = conveyor_testkit::sdk_config_as(&format!("http://{addr}"), "test").await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let secrets = SecretsManager::new(client).within(std::time::Duration::from_millis(300));
+    let arn = "arn:aws:secretsmanager:us-east-1:000000000000:secret:proxies";
+
+    // Act: bounded here too, so a read without its own bound fails the test, not hangs it.
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        secrets.proxy_secret(arn),
+    );
+    let read = read.await.expect("the read gave up by its own bound");
+
+    // Assert
+    let err = read.expect_err("no answer, no secret");
+    assert_eq!(err.fault(), Some(&StoreFault::TimedOut), "{err}");
 }

@@ -9,6 +9,11 @@ use crate::{Outcome, queue, sdk};
 /// Show what the task queue's dead-letter queue holds (each message's task and receives),
 /// and with --move send every one back to the task queue.
 ///
+/// Listing a standard queue counts a receive on each message. A FIFO queue is listed whole
+/// by moving each message to the back of its group, in order (SQS shows nothing more of a
+/// group while its first messages are being read): the message ids change, and the
+/// receives start again.
+///
 /// Fix what made them fail first (progress shows why the tasks failed): a message moved
 /// back whose task fails again returns to the dead-letter queue after maxReceiveCount.
 #[derive(Args)]
@@ -57,6 +62,10 @@ pub async fn run(args: RedriveArgs) -> Outcome {
     match (args.move_back, seen) {
         (_, 0) => eprintln!("the dead-letter queue is empty"),
         (true, _) => eprintln!("{} moved back to {}", redriven.moved, args.queue_url),
+        (false, n) if dead.is_fifo() => eprintln!(
+            "{n} dead-lettered (each moved to the back of its group to be read, in order); \
+             --move sends them back to the task queue"
+        ),
         (false, n) => eprintln!(
             "{n} dead-lettered (listing counts a receive on each); --move sends them back to \
              the task queue"
@@ -64,14 +73,18 @@ pub async fn run(args: RedriveArgs) -> Outcome {
     }
     let unlisted = held.saturating_sub(seen as u64);
     if !args.move_back && unlisted > 0 && seen < args.most {
-        eprintln!(
-            "about {unlisted} more not listed: on a FIFO queue a group's later messages wait \
-             behind the ones listed (--move moves them all)"
-        );
+        eprintln!("about {unlisted} more not listed: being read by someone else");
     }
     let Some(err) = redriven.stopped else {
         return Ok(());
     };
+    if !args.move_back {
+        let why = format!(
+            "the listing stopped after {seen}: {err}; every message is still in the \
+             dead-letter queue (one whose delete failed, twice)"
+        );
+        return Err(stop(Exit::Aws, why));
+    }
     let left = seen - redriven.moved - redriven.sent_not_deleted;
     let also = match redriven.sent_not_deleted {
         0 => String::new(),
