@@ -361,15 +361,19 @@ async fn a_cancelled_run_gives_its_hosts_bookings_back_to_the_next_runs_tasks() 
     println!(
         "booked ahead by the cancelled run: {ahead} ms; the second run's last start: {last:?}"
     );
-    assert!(
-        last < Duration::from_millis(ahead / 2),
-        "the second run's last page started {last:?} after it was sent; the cancelled run \
-         had booked {ahead} ms ahead"
-    );
+    // What the fleet decided, not how fast this machine served it: the stretch was given
+    // back, and the second run's starts were booked inside it, so the schedule now ends
+    // before the cancelled run's bookings would have (10 starts at 4 a second; had the
+    // second run booked behind them, it would end 2.5 s after).
     let item = stack.host_item(&host, "HOST").await;
     assert!(
         item.n("given_back_from").is_some(),
         "the stretch was given back"
+    );
+    let (booked_until, next) = (booked_until.unwrap_or(0), item.n("next_start"));
+    assert!(
+        next.is_some_and(|next| next < booked_until),
+        "the schedule ends at {next:?}, the cancelled run's at {booked_until}"
     );
     assert_eq!(dlq.depth(&stack).await, 0, "nothing dead-lettered");
 }
