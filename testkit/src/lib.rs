@@ -86,13 +86,19 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub const MAX_BODY_BYTES: u64 = 16 * 1024;
 pub const MAX_ATTEMPTS: u32 = 5;
 
-/// Every request (attempt) a client sent, by operation name.
+/// Every request (attempt) a client sent, by operation name, and the visibility timeouts
+/// the worker set (`ChangeMessageVisibility`): what it decided, whatever the machine's speed.
 #[derive(Debug, Clone, Default)]
-pub struct CallLog(Arc<Mutex<Vec<String>>>);
+pub struct CallLog(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<u64>>>);
 
 impl CallLog {
     pub fn calls(&self) -> Vec<String> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The holds set with `ChangeMessageVisibility`, in seconds, in order.
+    pub fn holds(&self) -> Vec<u64> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn count(&self, operation: &str) -> usize {
@@ -101,6 +107,7 @@ impl CallLog {
 
     pub fn clear(&self) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -111,11 +118,18 @@ impl Intercept for CallLog {
 
     fn read_before_transmit(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
         _components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let name = cfg.load::<Metadata>().map_or("?", |m| m.name()).to_owned();
+        if name == "ChangeMessageVisibility" {
+            let body = context.request().body().bytes().unwrap_or_default();
+            let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            if let Some(hold) = request["VisibilityTimeout"].as_u64() {
+                self.1.lock().unwrap_or_else(|p| p.into_inner()).push(hold);
+            }
+        }
         self.0.lock().unwrap_or_else(|p| p.into_inner()).push(name);
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Retry timing against the emulator's SQS: a transiently failed message is held back for
 //! as long as the site asked, or for a backoff that grows with every receive; when holding
-//! it back fails, it is still retried. (Our own AWS errors are retried without a hold-back:
+//! it back fails, it is still retried. The bounds are the holds the worker set, and that SQS
+//! gave nothing back before them: a slow machine only comes back later. (Our own AWS errors are retried without a hold-back:
 //! `tests/ack_contract.rs`.)
 
 use std::time::Duration;
@@ -40,12 +41,9 @@ async fn a_429_with_retry_after_comes_back_after_the_wait_and_not_before() {
     let (again, after) = queue
         .wait_for_redelivery(&stack, Duration::from_secs(8))
         .await;
+    assert_eq!(stack.calls.holds(), [2], "held for the 2 s the site asked");
     assert!(
         after >= Duration::from_millis(1500),
-        "back after {after:?}, asked for 2 s"
-    );
-    assert!(
-        after <= Duration::from_secs(4),
         "back after {after:?}, asked for 2 s"
     );
     assert_eq!(receives(&again), "2");
@@ -77,14 +75,9 @@ async fn a_503_backs_off_longer_on_every_receive() {
     let [first, second] = waits[..] else {
         unreachable!("two waits")
     };
-    assert!(
-        first >= Duration::from_millis(700) && first <= Duration::from_secs(3),
-        "{waits:?}"
-    );
-    assert!(
-        second >= first + Duration::from_millis(600),
-        "the second hold is longer: {waits:?}"
-    );
+    assert_eq!(stack.calls.holds(), [1, 2], "1 s doubling: {waits:?}");
+    assert!(first >= Duration::from_millis(700), "{waits:?}");
+    assert!(second >= Duration::from_millis(1_700), "{waits:?}");
     assert_eq!(receives(&message), "3");
     assert_eq!(stack.task("t1").await.status(), Some("processing"));
 }
