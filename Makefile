@@ -15,8 +15,8 @@ export SAM_CLI_TELEMETRY := 0
 .PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy nginx
 
 ## test: fmt, clippy, the template's linters and rules, and all tests in three groups side by
-## side, each against a fresh emulator of its own, the template's linters beside them (the venv installs from the
-## network while the Rust checks and build use the CPU)
+## side, each against a fresh emulator of its own, the template's linters beside them (the
+## emulator's venv installs from the network while the Rust checks and build use the CPU)
 test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
 	{ $(MAKE) --no-print-directory lint-rust && cargo test --locked --workspace --no-run; } \
