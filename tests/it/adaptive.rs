@@ -14,7 +14,7 @@ use conveyor_testkit::troubled_site::{PageVisit, Trouble, TroubledSite};
 use conveyor_testkit::*;
 
 use crate::polite_defaults::production_defaults;
-use crate::politeness::{Fleet, drain_tuned, statuses, tasks_at};
+use crate::politeness::{Drained, Fleet, drain_tuned, statuses, tasks_at};
 
 /// Three sandboxes of two pollers each, as in `polite_defaults`, with time for a run at a
 /// site's learned pace.
@@ -26,13 +26,13 @@ const FLEET: Fleet = Fleet {
 };
 
 /// Drains the queue with [`FLEET`] at the production defaults, fetches cut at `timeout`.
-async fn drain(stack: &Stack, queue: &Queue, timeout: Duration) {
+async fn drain(stack: &Stack, queue: &Queue, timeout: Duration) -> Drained {
     init_logs();
     let tune = |t: &mut WorkerTuning| {
         t.politeness = production_defaults();
         t.scrape_timeout = timeout;
     };
-    drain_tuned(stack, queue, &tune, FLEET).await;
+    drain_tuned(stack, queue, &tune, FLEET).await
 }
 
 /// The tasks of a run at a troubled site, for a job with its own ceiling (and in-flight
@@ -250,7 +250,7 @@ async fn a_healthy_fast_site_runs_at_its_ceiling() {
     let started = Instant::now();
 
     // Act
-    drain(&stack, &queue, Duration::from_secs(30)).await;
+    let drained = drain(&stack, &queue, Duration::from_secs(30)).await;
 
     // Assert: the fleet never slowed the host, cooled it down or took it for failing, and
     // fetched each page once. (The pace the site saw is printed: it also measures how fast
@@ -261,13 +261,14 @@ async fn a_healthy_fast_site_runs_at_its_ceiling() {
     println!(
         "healthy 20 ms, ceiling 10/s: {tasks} pages at {:.2}/s over the middle 80% \
          ({:.2}/s from the first request to the last page), {} requests, drained in {:?}, \
-         {} looks at the host, the most slowdown {:.2}",
+         {} looks at the host, the most slowdown {:.2}; {:.1} deliveries a task",
         steady_pace(&visits),
         pages_a_second(&visits),
         visits.len(),
         started.elapsed(),
         looks.len(),
-        most_slowdown(&looks)
+        most_slowdown(&looks),
+        drained.received as f64 / tasks as f64
     );
     assert_eq!(visits.len(), tasks, "each page once");
     assert!(looks.len() >= 10, "{} looks", looks.len());

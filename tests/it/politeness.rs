@@ -52,7 +52,9 @@ pub(crate) async fn tasks_of(stack: &Stack, pages: &[(&PoliteSite, String)]) -> 
 }
 
 /// A counted run of a task per URL for the job in place, and its queue (dead-letter after
-/// the worker's attempts), every task sent once.
+/// the worker's attempts), every task sent once. A message stays hidden longer than any
+/// fleet's invocation runs, as template.yaml's six times the function's timeout keeps it in
+/// production: a slow batch is not delivered again while it runs.
 pub(crate) async fn tasks_at(stack: &Stack, urls: &[String]) -> (Queue, Queue) {
     stack.put_counted_run(JOB, RUN, urls.len() as u32).await;
     let mut bodies = Vec::new();
@@ -62,12 +64,16 @@ pub(crate) async fn tasks_at(stack: &Stack, urls: &[String]) -> (Queue, Queue) {
         bodies.push(body(&id));
     }
     let dlq = Queue::create(stack, 30).await;
-    let queue = Queue::create_with_dlq(stack, 10, &dlq, MAX_ATTEMPTS).await;
+    let queue = Queue::create_with_dlq(stack, HIDDEN_SECONDS, &dlq, MAX_ATTEMPTS).await;
     for chunk in bodies.chunks(10) {
         queue.send_batch(stack, chunk).await;
     }
     (queue, dlq)
 }
+
+/// How long a received message stays hidden: more than [`Fleet::timeout`] of every fleet
+/// here (20 s at most).
+const HIDDEN_SECONDS: u32 = 30;
 
 /// How many sandboxes drain a queue, each with how many pollers, and how long each
 /// invocation may take.
@@ -97,6 +103,8 @@ async fn drain(stack: &Stack, queue: &Queue, politeness: Politeness) -> Duration
 pub(crate) struct Drained {
     pub took: Duration,
     pub backlog_read: Option<Duration>,
+    /// Messages the fleet received: the tasks', their copies and their redeliveries.
+    pub received: u64,
     /// The tasks whose messages the queue delivered to a poller while another held them
     /// (both may scrape), each with how many such deliveries.
     pub doubled: HashMap<String, u64>,
@@ -191,6 +199,7 @@ pub(crate) async fn drain_tuned(
     Drained {
         took: started.elapsed(),
         backlog_read: backlog_read.get().copied(),
+        received: stats.received.load(std::sync::atomic::Ordering::Relaxed),
         doubled: stats.doubled_tasks(),
     }
 }
