@@ -19,16 +19,24 @@ export SAM_CLI_TELEMETRY := 0
 ## emulator's venv installs from the network while the Rust checks and build use the CPU)
 test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
-	{ $(MAKE) --no-print-directory lint-rust && cargo test --locked --workspace --no-run; } \
+	{ cargo fmt --all -- --check && cargo test --locked --workspace --no-run; } \
 	  || built=$$?; wait $$venv && exit $$built
 	$(MAKE) --no-print-directory lint-template & template=$$!; \
-	scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) & heavy=$$!; \
 	scripts/with-moto cargo test --locked --workspace --test it -- $(LONG_TESTS) & long=$$!; \
-	rest=0; scripts/with-moto cargo test --locked --workspace -- \
+	nice -n 5 scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) \
+	  & heavy=$$!; \
+	rest=0; nice -n 10 scripts/with-moto cargo test --locked --workspace -- \
 	  $(LONG_TESTS:%=--skip %) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
 	failed=$$rest; wait $$heavy || failed=1; wait $$long || failed=1; \
 	wait $$template || failed=1; exit $$failed
 	$(MAKE) bench-quick
+
+# In `make test`, clippy lints the workspace's crates while the test build compiles them (as
+# `cargo clippy` itself runs it: rustc's workspace wrapper), so no crate is compiled twice.
+# Its warnings fail the build, as `make lint` does. The bench is linted when bench-quick
+# builds it.
+test bench-quick: export RUSTC_WORKSPACE_WRAPPER := $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+test bench-quick: export CLIPPY_ARGS := -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 
 ## bench-quick: every benchmark at small sizes, with its assertions (part of `make test`):
 ## criterion's benches once each, then every figure of `make bench` (nothing written)
@@ -49,7 +57,9 @@ HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500 matrix:: \
 
 # The longest tests (a site's pace for a minute or more, mostly waiting on it), also
 # against an emulator of their own, beside the two other groups. Their bounds count what the
-# fleet decided (starts booked, the slowdown it set), not how fast this machine is.
+# fleet decided (starts booked, the slowdown it set), not how fast this machine is. The other
+# two groups run at a lower CPU priority (nice): they keep the CPU busy, and these tests get
+# it the moment their fleet needs it, as a fleet on Lambda gets its own CPU.
 LONG_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
   politeness::the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart \
   adaptive::
