@@ -36,17 +36,17 @@ async fn drain(stack: &Stack, queue: &Queue, timeout: Duration) -> Drained {
 }
 
 /// The tasks of a run at a troubled site, for a job with its own ceiling (and in-flight
-/// limit, if given), and the run's queue.
+/// limit, if given), and the run's queue and dead-letter queue.
 async fn troubled_run(
     trouble: Trouble,
     (tasks, max_rps, max_inflight): (usize, f64, Option<u32>),
-) -> (Stack, TroubledSite, Queue) {
+) -> (Stack, TroubledSite, (Queue, Queue)) {
     let stack = Stack::new().await;
     let site = TroubledSite::start(trouble).await;
     stack.put_limited_job(JOB, max_rps, max_inflight).await;
     let urls: Vec<String> = (0..tasks).map(|i| site.page_url(i)).collect();
-    let (queue, _dlq) = tasks_at(&stack, &urls).await;
-    (stack, site, queue)
+    let queues = tasks_at(&stack, &urls).await;
+    (stack, site, queues)
 }
 
 /// Pages a second over the site's log: the pages it served, from its first request to the
@@ -85,8 +85,12 @@ fn trouble_after(site: &TroubledSite, after: usize, start: fn(&TroubledSite)) {
     });
 }
 
-async fn all_successful(stack: &Stack, tasks: usize) {
+/// Every task ended successful, and no message of the run was dead-lettered (its bodies
+/// are printed if one was).
+async fn all_successful(stack: &Stack, dlq: &Queue, tasks: usize) {
+    let dead: Vec<_> = dlq.drain(stack).await.into_iter().map(|m| m.body).collect();
     let ended = statuses(stack, tasks).await;
+    assert!(dead.is_empty(), "dead-lettered: {dead:?}");
     assert!(ended.iter().all(|s| s == "successful"), "{ended:?}");
 }
 
@@ -100,7 +104,7 @@ async fn a_real_nginx_limiting_to_2_a_second_is_learned_and_run_at_most_of_its_r
     let site = RateLimitedSite::start(2, 5, tasks).await;
     stack.put_limited_job(JOB, 10.0, None).await;
     let urls: Vec<String> = (0..tasks).map(|i| site.page_url(i)).collect();
-    let (queue, _dlq) = tasks_at(&stack, &urls).await;
+    let (queue, dlq) = tasks_at(&stack, &urls).await;
     let watch = HostWatch::start(&stack, &urls[0]);
 
     // Act
@@ -109,7 +113,7 @@ async fn a_real_nginx_limiting_to_2_a_second_is_learned_and_run_at_most_of_its_r
     // Assert: after the first 20 s at most 5% of answers are 429, and the pace the fleet
     // decided on is >= 80% of 2/s (the pace the site saw is printed: it also measures this
     // machine).
-    all_successful(&stack, tasks).await;
+    all_successful(&stack, &dlq, tasks).await;
     let looks = watch.looks();
     let answers = site.answers();
     let first = answers.first().expect("answers").at;
@@ -153,7 +157,7 @@ async fn a_site_serving_one_request_at_a_time_is_run_near_its_capacity_with_few_
         page_time: Duration::from_millis(200),
         queue: 2,
     };
-    let (stack, site, queue) = troubled_run(serial, (tasks, 20.0, Some(10))).await;
+    let (stack, site, (queue, dlq)) = troubled_run(serial, (tasks, 20.0, Some(10))).await;
     let watch = HostWatch::start(&stack, &site.page_url(0));
 
     // Act
@@ -161,7 +165,7 @@ async fn a_site_serving_one_request_at_a_time_is_run_near_its_capacity_with_few_
 
     // Assert: at most 5% errors; over the run the fleet decided on a pace of at least
     // capacity / 1.5 (the pace the site saw is printed: it also measures this machine).
-    all_successful(&stack, tasks).await;
+    all_successful(&stack, &dlq, tasks).await;
     let looks = watch.looks();
     let visits = site.visits();
     let errors = site.status_share(503);
@@ -193,14 +197,14 @@ async fn a_storm_of_500s_is_asked_a_few_times_and_every_task_succeeds_after_it()
         lasting: Duration::from_secs(15),
         page_time: Duration::from_millis(50),
     };
-    let (stack, site, queue) = troubled_run(storm, (tasks, 10.0, None)).await;
+    let (stack, site, (queue, dlq)) = troubled_run(storm, (tasks, 10.0, None)).await;
     trouble_after(&site, 30, TroubledSite::storm_now);
 
     // Act
     drain(&stack, &queue, Duration::from_secs(30)).await;
 
     // Assert: at most 30% of the ceiling's 150 requests reach it in the storm.
-    all_successful(&stack, tasks).await;
+    all_successful(&stack, &dlq, tasks).await;
     let (from, to) = site.storm_window().expect("the storm came");
     let in_storm = site.arrivals_within(from, to);
     println!(
@@ -220,14 +224,14 @@ async fn a_site_that_stops_answering_is_asked_little_until_it_answers_again() {
         lasting: Duration::from_secs(20),
         page_time: Duration::from_millis(50),
     };
-    let (stack, site, queue) = troubled_run(silent, (tasks, 10.0, Some(8))).await;
+    let (stack, site, (queue, dlq)) = troubled_run(silent, (tasks, 10.0, Some(8))).await;
     trouble_after(&site, 30, TroubledSite::silence_now);
 
     // Act
     drain(&stack, &queue, Duration::from_secs(3)).await;
 
     // Assert: at most 20 requests reach it while it is silent; then everything succeeds.
-    all_successful(&stack, tasks).await;
+    all_successful(&stack, &dlq, tasks).await;
     let (from, to) = site.silence_window().expect("the silence came");
     let in_silence = site.arrivals_within(from, to);
     println!(
@@ -245,7 +249,7 @@ async fn a_healthy_fast_site_runs_at_its_ceiling() {
     let healthy = Trouble::Healthy {
         page_time: Duration::from_millis(20),
     };
-    let (stack, site, queue) = troubled_run(healthy, (tasks, 10.0, None)).await;
+    let (stack, site, (queue, dlq)) = troubled_run(healthy, (tasks, 10.0, None)).await;
     let watch = HostWatch::start(&stack, &site.page_url(0));
     let started = Instant::now();
 
@@ -255,7 +259,7 @@ async fn a_healthy_fast_site_runs_at_its_ceiling() {
     // Assert: the fleet never slowed the host, cooled it down or took it for failing, and
     // fetched each page once. (The pace the site saw is printed: it also measures how fast
     // this machine carries the records, which the worker does not decide.)
-    all_successful(&stack, tasks).await;
+    all_successful(&stack, &dlq, tasks).await;
     let looks = watch.looks();
     let visits = site.visits();
     println!(
