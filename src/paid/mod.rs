@@ -1,11 +1,11 @@
 //! The paid proxy tier's budget, as one sandbox sees it. The sandbox reserves chunks of a
 //! run's budget from the run's item, under its own lease. That is one write per chunk, not
-//! one per fetch. While a paid fetch runs, it holds the most bytes it may use on the wire
-//! (its body, its redirect hops, their headers and TLS) from those chunks. So concurrent
-//! fetches cannot spend more than was reserved. What is left unspent goes back to the run at
-//! the end of each invocation. If a sandbox dies before that, the bytes are stuck only until
-//! its lease expires. Then another sandbox that finds the budget held takes them back for
-//! the run.
+//! one per fetch. While a paid fetch runs, it holds the most bytes its one request may use
+//! on the wire (body, headers and TLS; a redirect is a fetch of its own) from those chunks.
+//! So concurrent fetches cannot spend more than was reserved. What is left unspent goes
+//! back to the run at the end of each invocation. If a sandbox dies before that, the bytes
+//! are stuck only until its lease expires. Then another sandbox that finds the budget held
+//! takes them back for the run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

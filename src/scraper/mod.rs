@@ -42,15 +42,14 @@ pub use error::{FetchError, Retry, health_sign};
 pub use fetcher::{Ask, Fetched, Fetcher};
 
 /// The most bytes on the wire one paid fetch may use, as its proxy bills them. This is the
-/// hold it takes from its run's budget, and where its relay cuts it off. It covers the page
-/// (`max_body_bytes`, as sent uncompressed), and the bodies of its redirect hops and of a
-/// refusal, each read up to a limit before the connection is dropped. On top of that come
-/// a 64th for framing (TLS records, chunks) and each hop's headers, `CONNECT` and TLS
-/// handshake.
-pub fn most_spent(max_body_bytes: u64, max_redirects: usize) -> u64 {
-    let hops = max_redirects as u64 + 1;
-    let bodies = max_body_bytes.saturating_add(egress::DRAIN_BYTES as u64 * hops);
-    let framing = bodies / 64 + egress::HOP_OVERHEAD * hops;
+/// hold it takes from its run's budget, and where its relay cuts it off. A fetch is one
+/// request (a redirect is a hop of its own, with a fetch of its own: docs/fetching.md). It
+/// covers the page (`max_body_bytes`, as sent uncompressed) and the body of a redirect or a
+/// refusal, read up to a limit before the connection is dropped. On top of that come a 64th
+/// for framing (TLS records, chunks) and the request's headers, `CONNECT` and TLS handshake.
+pub fn most_spent(max_body_bytes: u64) -> u64 {
+    let bodies = max_body_bytes.saturating_add(egress::DRAIN_BYTES as u64);
+    let framing = bodies / 64 + egress::HOP_OVERHEAD;
     bodies.saturating_add(framing)
 }
 

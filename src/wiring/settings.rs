@@ -76,7 +76,7 @@ impl From<&Config> for RecordSettings {
                 ..config.politeness.clone()
             },
             proxy_tiers: config.proxies.len(),
-            paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes, config.max_redirects),
+            paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes),
             paid_lease: crate::paid::LEASE,
         }
     }

@@ -898,7 +898,7 @@ impl WorkerTuning {
                 ..self.politeness.clone()
             },
             proxy_tiers: self.proxies.len(),
-            paid_fetch_cap: conveyor_worker::scraper::most_spent(self.max_body_bytes, 3),
+            paid_fetch_cap: conveyor_worker::scraper::most_spent(self.max_body_bytes),
             paid_lease: self.paid_lease,
         }
     }

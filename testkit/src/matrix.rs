@@ -383,7 +383,7 @@ pub async fn run(draw: &Draw) -> Figures {
     };
     let mut proxies = proxies(draw.proxy).await;
     let mut prepared = scenario::prepare_on(stack, scenario).await;
-    let cap = conveyor_worker::scraper::most_spent(MAX_BODY_BYTES, 3);
+    let cap = conveyor_worker::scraper::most_spent(MAX_BODY_BYTES);
     // About three pages' wire bytes: some blocked pages get the paid tier, the rest fail
     // for the budget.
     let budget = 800;
