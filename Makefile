@@ -14,7 +14,7 @@ export SAM_CLI_TELEMETRY := 0
 
 .PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy nginx
 
-## test: fmt, clippy, the template's linters and rules, and all tests in three groups side by
+## test: fmt, clippy, the template's linters and rules, and all tests in four groups side by
 ## side, each against a fresh emulator of its own, the template's linters beside them (the
 ## emulator's venv installs from the network while the Rust checks and build use the CPU)
 test: tinyproxy nginx
@@ -22,12 +22,16 @@ test: tinyproxy nginx
 	{ cargo fmt --all -- --check && cargo test --locked --workspace --no-run; } \
 	  || built=$$?; wait $$venv && exit $$built
 	$(MAKE) --no-print-directory lint-template & template=$$!; \
-	scripts/with-moto cargo test --locked --workspace --test it -- $(LONG_TESTS) & long=$$!; \
+	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads 1 $(LONG_A) \
+	  & long_a=$$!; \
+	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads 1 $(LONG_B) \
+	  & long_b=$$!; \
 	nice -n 5 scripts/with-moto cargo test --locked --workspace --test it -- $(HEAVY_TESTS) \
 	  & heavy=$$!; \
 	rest=0; nice -n 10 scripts/with-moto cargo test --locked --workspace -- \
 	  $(LONG_TESTS:%=--skip %) $(HEAVY_TESTS:%=--skip %) || rest=$$?; \
-	failed=$$rest; wait $$heavy || failed=1; wait $$long || failed=1; \
+	failed=$$rest; wait $$heavy || failed=1; wait $$long_a || failed=1; \
+	wait $$long_b || failed=1; \
 	wait $$template || failed=1; exit $$failed
 	$(MAKE) bench-quick
 
@@ -55,14 +59,18 @@ bench-quick: $(VENV)/.test tinyproxy nginx
 HEAVY_TESTS := chaos:: refresh_runs::a_refresh_of_500 matrix:: \
   polite_defaults::a_cancelled_run_gives_its_hosts_bookings_back
 
-# The longest tests (a site's pace for a minute or more, mostly waiting on it), also
-# against an emulator of their own, beside the two other groups. Their bounds count what the
-# fleet decided (starts booked, the slowdown it set), not how fast this machine is. The other
-# two groups run at a lower CPU priority (nice): they keep the CPU busy, and these tests get
-# it the moment their fleet needs it, as a fleet on Lambda gets its own CPU.
-LONG_TESTS := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
-  politeness::the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart \
-  adaptive::
+# The longest tests (a site's pace for a minute or more, mostly waiting on it) run in two
+# lines beside the two other groups, one test at a time each, against an emulator of its
+# own: one fleet's emulator serves no other fleet, as a fleet's DynamoDB and SQS are not
+# slowed by another test's. Their bounds count what the fleet decided (starts booked, the
+# slowdown it set), not how fast this machine is. The other two groups run at a lower CPU
+# priority (nice): they keep the CPU busy, and these fleets get it the moment they need it,
+# as a fleet on Lambda has its own.
+LONG_A := adaptive::a_real_nginx adaptive::a_storm_of_500s adaptive::a_healthy_fast_site \
+  politeness::the_fleet_keeps_each_hosts_rate_and_in_flight_limits_and_two_hosts_apart
+LONG_B := polite_defaults::a_run_of_300_pages_of_one_host_drains_at_its_rate \
+  adaptive::a_site_serving_one_request_at_a_time adaptive::a_site_that_stops_answering
+LONG_TESTS := $(LONG_A) $(LONG_B)
 
 ## chaos: the matrix (tests/it/matrix.rs) on SEEDS random seeds (default 20), each a drawn
 ## configuration of the whole system; a failing seed prints how to replay it
