@@ -110,7 +110,8 @@ lint-rust:
 lint-template: $(VENV)/.test
 	cfn-lint template.yaml
 	sam validate --lint --template template.yaml
-	python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs
+	python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs \
+	  docs/deploying.md
 	python scripts/check_package.py --self-test
 
 ## tinyproxy: the forward proxy the proxy tests run against (Debian's tinyproxy-bin)

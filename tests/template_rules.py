@@ -1,7 +1,7 @@
 """The deployment rules of template.yaml that linters do not check (they do not look inside
 SAM event sources or weigh one resource against another). Run by `make test`:
 
-    python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs
+    python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs docs/deploying.md
 
 Each rule returns the problems it finds. The template must have none, and each rule must
 find its problem in a copy of the template broken on purpose (so no rule passes vacuously).
@@ -259,6 +259,29 @@ def function_settings_are_ones_the_worker_reads(template, config_rs):
     return problems
 
 
+def documented_parameters(deploying):
+    """The parameters deploying.md's table names: each row's first cell, one or more names
+    in backticks."""
+    table = deploying.split("## Parameters", 1)[-1].split("\n## ", 1)[0]
+    names = set()
+    for line in table.splitlines():
+        cells = line.split("|")
+        if len(cells) > 2 and "`" in cells[1]:
+            names.update(re.findall(r"`([A-Za-z]+)`", cells[1]))
+    return names
+
+
+def parameters_are_documented(template, deploying):
+    """Every parameter of the template has its row in docs/deploying.md, and every row names
+    a parameter the template has."""
+    parameters = set(template.get("Parameters", {}))
+    documented = documented_parameters(deploying)
+    return ([f"parameter {name} has no row in docs/deploying.md"
+             for name in sorted(parameters - documented)]
+            + [f"docs/deploying.md names {name}, which the template does not take"
+               for name in sorted(documented - parameters)])
+
+
 def constant(config_rs, name):
     """A `const NAME: u64 = a * b * c;` of config.rs, evaluated."""
     found = re.search(rf"const {name}: u64 = ([0-9_ *]+);", config_rs)
@@ -363,6 +386,7 @@ RULES = [
     metrics_survive_every_log_level,
     a_dashboard_shows_what_the_runbook_watches,
     sam_builds_the_worker_for_arm64,
+    parameters_are_documented,
 ]
 
 
@@ -419,6 +443,8 @@ BREAKAGES = {
             "ApplicationLogLevel", {"Ref": "LogLevel"}),
     sam_builds_the_worker_for_arm64:
         lambda t: t["Resources"]["WorkerFunction"].pop("Metadata"),
+    parameters_are_documented:
+        lambda t: t["Parameters"].__setitem__("Undocumented", {"Type": "String"}),
     a_dashboard_shows_what_the_runbook_watches:
         lambda t: resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"].__setitem__(
             0, resource(t, "Dashboard")["DashboardBody"]["Fn::Sub"][0].replace(
@@ -426,11 +452,13 @@ BREAKAGES = {
 }
 
 
-def main(template_path, runbook_path, config_path):
+def main(template_path, runbook_path, config_path, deploying_path):
     template = cfn_yaml.load(template_path)
     runbook = open(runbook_path, encoding="utf-8").read()
     config_rs = open(config_path, encoding="utf-8").read()
+    deploying = open(deploying_path, encoding="utf-8").read()
     context = {
+        parameters_are_documented: deploying,
         outputs_feed_the_runbook: runbook,
         function_settings_are_ones_the_worker_reads: config_rs,
         memory_holds_the_records_in_flight: config_rs,
@@ -451,4 +479,4 @@ def main(template_path, runbook_path, config_path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))
