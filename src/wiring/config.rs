@@ -549,4 +549,93 @@ mod tests {
             assert!(err.starts_with(&format!("{name}={value:?}")), "{err}");
         }
     }
+
+    /// The settings table of docs/configuration.md: each row's names (the first cell's
+    /// backticked words in capitals) and its default cell.
+    fn documented() -> Vec<(Vec<String>, String)> {
+        let doc = include_str!("../../docs/configuration.md");
+        doc.lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let names: Vec<String> = cells
+                    .get(1)?
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .filter(|n| n.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+                    .map(str::to_owned)
+                    .collect();
+                (!names.is_empty()).then(|| (names, cells.get(2).copied().unwrap_or("").to_owned()))
+            })
+            .collect()
+    }
+
+    /// What the runtime sets or reads itself, beside the worker's own settings: Lambda's
+    /// variables and the ones logging reads before the configuration (`wiring/traces.rs`).
+    const READ_ELSEWHERE: [&str; 5] = [
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_LAMBDA_LOG_FORMAT",
+        "AWS_LAMBDA_LOG_LEVEL",
+        "RUST_LOG",
+    ];
+
+    #[test]
+    fn every_setting_read_is_documented_with_its_default_and_every_documented_one_is_read() {
+        // Arrange: every name the configuration asks for, with the required ones given.
+        let asked = std::sync::Mutex::new(std::collections::BTreeSet::new());
+        let required = |name: &str| {
+            asked.lock().unwrap().insert(name.to_owned());
+            matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "set".to_owned())
+        };
+        let defaults = format!("{:?}", Config::from_lookup(required).expect("the defaults"));
+        let asked = asked.into_inner().unwrap();
+        let rows = documented();
+        let names: std::collections::BTreeSet<&str> = rows
+            .iter()
+            .flat_map(|(n, _)| n.iter().map(String::as_str))
+            .collect();
+
+        // Act: each documented default that is one plain value, given as the setting.
+        let wrong_defaults: Vec<String> = rows
+            .iter()
+            .filter(|(names, _)| names.len() == 1 && asked.contains(&names[0]))
+            .filter_map(|(names, default)| {
+                let value = default.strip_prefix('`')?.strip_suffix('`')?;
+                if value.contains(['`', '<']) {
+                    return None;
+                }
+                let given = |name: &str| match name {
+                    "TABLE_NAME" | "RESULTS_BUCKET" => Some("set".to_owned()),
+                    name if name == names[0] => Some(value.to_owned()),
+                    _ => None,
+                };
+                let config = Config::from_lookup(given).map(|c| format!("{c:?}"));
+                (config.as_ref() != Ok(&defaults)).then(|| format!("{} = {value}", names[0]))
+            })
+            .collect();
+
+        // Assert
+        let undocumented: Vec<_> = asked
+            .iter()
+            .filter(|n| !names.contains(n.as_str()) && *n != "AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+            .collect();
+        let unread: Vec<_> = names
+            .iter()
+            .filter(|n| !asked.contains(**n) && !READ_ELSEWHERE.contains(n))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "read, not in configuration.md: {undocumented:?}"
+        );
+        assert!(
+            unread.is_empty(),
+            "in configuration.md, never read: {unread:?}"
+        );
+        assert!(
+            wrong_defaults.is_empty(),
+            "not the default: {wrong_defaults:?}"
+        );
+        assert!(asked.len() >= 30, "{} settings asked for", asked.len());
+    }
 }
