@@ -68,12 +68,11 @@ pub enum Outcome {
     /// As [`Outcome::PoliteRequeued`], but the message is held back through its visibility
     /// timeout instead. This happens on a FIFO queue, where a copy would break the order, or
     /// when the copy could not be sent. `booked` is the start time the host's schedule booked
-    /// for it, carried by the copy. `for_paid`: it waits for its run's paid budget, held
-    /// elsewhere, not for its host; its copy goes straight to the paid tier.
+    /// for it, carried by the copy. `waits_for`: its host, or its run's paid budget.
     PoliteHeld {
         delay: Duration,
         booked: Option<u64>,
-        for_paid: bool,
+        waits_for: WaitFor,
     },
     /// A final attempt ended for a reason on our side (no time left, a store error). It was
     /// sent again as a fresh copy, delayed by `delay`, that carries the receive count so far.
@@ -83,6 +82,16 @@ pub enum Outcome {
     /// page was not fetched, or the fetch stopped at its deadline. The message is made visible
     /// again at once, for an invocation with time to spare.
     NoTimeLeft,
+}
+
+/// What a record parked by a wait waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    /// Its host's turn (rate, slots, cooldown) or its host's robots.txt.
+    Host,
+    /// Its run's paid budget, held by fetches elsewhere. Its copy goes straight to the paid
+    /// tier.
+    PaidBudget,
 }
 
 impl Outcome {

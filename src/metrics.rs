@@ -295,7 +295,7 @@ pub fn emit(out: &mut impl Write, documents: &[Value]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::NotWanted;
+    use crate::contract::{NotWanted, WaitFor};
     use crate::domain::message::Poison;
     use crate::domain::spend::TierSpend;
 
@@ -387,7 +387,7 @@ mod tests {
             Outcome::PoliteHeld {
                 delay: Duration::from_secs(3),
                 booked: None,
-                for_paid: false,
+                waits_for: WaitFor::Host,
             },
         ];
         let measures = Measures::default();

@@ -3,7 +3,7 @@
 //! that our own rules or robots.txt refuse is admitted too, and fails without a request.
 
 use crate::batch::Invocation;
-use crate::contract::Outcome;
+use crate::contract::{Outcome, WaitFor};
 use crate::domain::health::Sign;
 use crate::domain::limits::Booker;
 use crate::domain::refresh::Prior;
@@ -170,7 +170,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             Admission::Wait(Later { delay, booked }) => Err(Outcome::PoliteHeld {
                 delay,
                 booked,
-                for_paid: false,
+                waits_for: WaitFor::Host,
             }),
             Admission::HeldBack => Err(Outcome::ScrapeTransient {
                 reason: TRIES_SPENT.into(),

@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use crate::batch::Invocation;
-use crate::contract::{NotWanted, Outcome};
+use crate::contract::{NotWanted, Outcome, WaitFor};
 use crate::domain::ids::TaskRef;
 use crate::domain::message::REDRIVE_GAP_MS;
 use crate::domain::model::{TaskStatus, Tries};
@@ -128,7 +128,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return Err(Outcome::PoliteHeld {
                 delay,
                 booked,
-                for_paid: false,
+                waits_for: WaitFor::Host,
             });
         }
         let wanted = self.parents.wanted(&self.tasks, delivery.task()).await?;

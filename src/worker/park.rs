@@ -4,7 +4,7 @@
 //! be given back.
 
 use crate::batch::{Handoffs, NotSent};
-use crate::contract::{Outcome, Reply};
+use crate::contract::{Outcome, Reply, WaitFor};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
 use crate::domain::model::TaskStatus;
@@ -86,7 +86,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let Outcome::PoliteHeld {
             delay,
             booked,
-            for_paid,
+            waits_for,
         } = outcome
         else {
             return outcome;
@@ -104,9 +104,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             return outcome;
         }
         let now = epoch_millis(SystemTime::now()) as u64;
-        let body = match for_paid {
-            true => message.parked_for_paid(now),
-            false => message.parked(booked, now),
+        let body = match waits_for {
+            WaitFor::PaidBudget => message.parked_for_paid(now),
+            WaitFor::Host => message.parked(booked, now),
         };
         let copy = copy_of(record, body, delay);
         let then = move || Outcome::PoliteRequeued { delay };

@@ -10,7 +10,7 @@ pub use stores::{Converged, Stores};
 use std::time::Duration;
 
 use crate::batch::Invocation;
-use crate::contract::Outcome;
+use crate::contract::{Outcome, WaitFor};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Failure, Page};
@@ -237,7 +237,7 @@ fn held_for_paid(this_try: Try<'_>) -> Option<Result<Outcome, FetchError>> {
         Some(delay) => Ok(Outcome::PoliteHeld {
             delay,
             booked: None,
-            for_paid: true,
+            waits_for: WaitFor::PaidBudget,
         }),
         None => Err(FetchError::permanent(WAITED_TOO_LONG_FOR_PAID)),
     })

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::batch::Invocation;
-use crate::contract::Outcome;
+use crate::contract::{Outcome, WaitFor};
 use crate::domain::blocks::Detection;
 use crate::domain::health::Sign;
 use crate::domain::ids::TaskRef;
@@ -194,7 +194,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
                 let held = Outcome::PoliteHeld {
                     delay,
                     booked,
-                    for_paid: false,
+                    waits_for: WaitFor::Host,
                 };
                 Err(self.unclaimed(delivery, &admitted.claim, held).await)
             }
