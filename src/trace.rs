@@ -3,6 +3,13 @@
 //! carries the trace on. Spans are plain `tracing` spans; the wiring exports them by OTLP
 //! when tracing is on. With tracing off, each call here is a cheap no-op, and a copy carries
 //! the producer's header on unchanged.
+//!
+//! Every file of the traces feature: here (the trace a message carries); the exporter and
+//! its settings in `wiring/traces.rs` and `wiring/aws.rs`; the `record` span in
+//! `batch/mod.rs`; the step spans in `worker/parse.rs`, `worker/admit.rs`,
+//! `worker/fetch/mod.rs` and `scraper/spans.rs`; an error marked on its span in
+//! `store/error.rs`; a copy's header in `ports/queue.rs` and `worker/park.rs`, and a
+//! redriven message's in `ops/redrive.rs`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

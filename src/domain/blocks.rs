@@ -2,6 +2,13 @@
 //! as one table where each row names its source. It also holds a job's own signatures, and
 //! the check of one response against both.
 //!
+//! Every file of the block pages feature: here (the rule); the check of each response in
+//! `scraper/egress.rs`, `scraper/fetcher.rs` and `scraper/error.rs` (a block is a reason to
+//! climb a tier); a job's own signatures read in `store/dynamo/jobs.rs` and
+//! `worker/parents.rs`; a stored object checked before it is adopted in
+//! `worker/blocked.rs`; the task's failure in `worker/converge/stores.rs`; the operator's
+//! count in `bin/conveyor-ops/results.rs`.
+//!
 //! A bot manager answers a scraper with a challenge or block page instead of the real page,
 //! often with status `200`. Headers are checked first, with one lookup each. Then the body's
 //! first [`BODY_WINDOW`] bytes are checked, by the document's title. A row whose title

@@ -2,6 +2,13 @@
 //! asks the site whether the page changed since, with an RFC 9110 conditional request. On
 //! "304 Not Modified" it carries the earlier object forward instead of paying for the page
 //! again.
+//!
+//! Every file of the refresh feature: here (the rule); the task's earlier result read in
+//! `store/dynamo/tasks/mod.rs` (port `ports/tasks.rs`) and `worker/guard.rs`; the
+//! conditional request in `scraper/egress.rs` and `scraper/fetcher.rs`; the earlier object
+//! checked and carried forward in `worker/fetch/mod.rs`, `worker/converge/` and
+//! `store/s3.rs` (port `ports/results.rs`); a refresh run made by `ops/submit.rs` and
+//! `store/dynamo/runs/`.
 
 use crate::domain::ids::ResultKey;
 

@@ -6,6 +6,15 @@
 //! back to the run at the end of each invocation. If a sandbox dies before that, the bytes
 //! are stuck only until its lease expires. Then another sandbox that finds the budget held
 //! takes them back for the run.
+//!
+//! Every file of the proxies and the paid tier: here (a run's budget); the rules in
+//! `domain/proxy.rs` (tiers, credentials, sessions) and `domain/spend.rs` (bytes by tier);
+//! the fetch through the tiers in `scraper/route.rs`, `scraper/own_proxies.rs`,
+//! `scraper/wire.rs` (bytes on the wire), `scraper/answers.rs` (what a proxy's answer
+//! means) and `scraper/egress.rs`; the record's paid leg in `worker/fetch/paid.rs`; the
+//! ports `ports/spend.rs` and `ports/secrets.rs` and their adapters `store/dynamo/spend/`
+//! and `store/secrets.rs`; the spend counted with the terminal write in
+//! `worker/converge/stores.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

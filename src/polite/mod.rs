@@ -5,6 +5,15 @@
 //! room is not fetched. It waits instead, and the wait does not use up an attempt. This file
 //! holds what a record brings to the gate and what the gate answers. The host's schedule and
 //! slots are in `schedule`; the fleet's robots.txt is in `fleet_robots`.
+//!
+//! Every file of the politeness feature: here, `admission.rs` (a wait or a failure),
+//! `schedule.rs` (starts, slots, bookings), `start.rs` (the sleep to a start),
+//! `fleet_robots.rs` and `robots.rs` (robots.txt); the rules in `domain/limits.rs` (the
+//! schedule) and `domain/health.rs` (the adaptive pace); the port `ports/hosts.rs` and its
+//! adapter `store/dynamo/hosts/`; in the record's path `worker/admit.rs` (the gate),
+//! `worker/fetch/mod.rs` (the start), `worker/hops.rs` (a redirect's turn) and
+//! `worker/park.rs` (the parked copy); the operator's `ops/hosts.rs` and
+//! `bin/conveyor-ops/host.rs`; the settings in `wiring/config.rs`.
 
 mod admission;
 mod fleet_robots;

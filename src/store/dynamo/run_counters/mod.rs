@@ -2,6 +2,13 @@
 //! run item's count go in one transaction, and the last task's transaction also completes
 //! the run. A success that replaces a failure without a result is counted again, as a
 //! success. This module also holds the run's side of a re-queue.
+//!
+//! Every file of the run progress feature: the rules in `domain/model.rs` (`Counting`,
+//! `Sharding`); the counts written with the terminal write here (v1) and in `../shards/`
+//! (v2, v3); the run's item in `../runs/`; the count chosen per task in
+//! `worker/converge/stores.rs`; the operator's view in `ops/progress.rs` and
+//! `bin/conveyor-ops/progress.rs`, its counters made by `ops/submit.rs` and re-queued by
+//! `ops/requeue.rs`. docs/design.md#run-progress says why it completes once.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
