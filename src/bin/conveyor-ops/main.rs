@@ -212,3 +212,119 @@ fn objects(sdk: &aws_config::SdkConfig, bucket: String) -> S3ResultStore {
         bucket,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::collections::BTreeSet;
+
+    const RUNBOOK: &str = include_str!("../../../docs/runbook.md");
+
+    /// The rows of the runbook's table that follows `heading` (a bold line): each row's
+    /// first cell.
+    fn first_cells(heading: &str) -> Vec<String> {
+        let after = RUNBOOK.split(heading).nth(1).expect("the heading");
+        after
+            .lines()
+            .skip_while(|line| !line.starts_with('|'))
+            .take_while(|line| line.starts_with('|'))
+            .skip(2)
+            .filter_map(|line| line.split('|').nth(1).map(|c| c.trim().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_runbooks_commands_are_the_tools_and_every_command_is_in_the_runbook() {
+        let cli = Cli::command();
+        let commands: BTreeSet<String> = cli
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        let listed: BTreeSet<String> = first_cells("**Commands**")
+            .iter()
+            .filter_map(|cell| cell.trim_matches('`').split(' ').next().map(str::to_owned))
+            .collect();
+
+        assert_eq!(listed, commands, "the runbook's commands, and the tool's");
+    }
+
+    /// The flags the runbook names for the tool: in code that starts with `conveyor-ops`
+    /// or a command's name, or that is a flag alone (not the AWS CLI's or cargo's).
+    fn flags_named(commands: &BTreeSet<String>) -> BTreeSet<String> {
+        let ours = |line: &str| {
+            let first = line.split_whitespace().next().unwrap_or_default();
+            first == "conveyor-ops" || first.starts_with("--") || commands.contains(first)
+        };
+        // Fenced blocks hold a command a line (continued with `\`); in the prose, a code
+        // span may wrap across lines.
+        let mut code: Vec<String> = Vec::new();
+        for (i, part) in RUNBOOK.split("```").enumerate() {
+            if i % 2 == 1 {
+                code.push(part.replace("\\\n", " "));
+            } else {
+                let spans = part.split('`').skip(1).step_by(2);
+                code.extend(spans.map(|span| span.replace('\n', " ")));
+            }
+        }
+        code.iter()
+            .flat_map(|code| code.lines())
+            .filter(|line| ours(line.trim()))
+            .flat_map(str::split_whitespace)
+            .filter_map(|word| word.strip_prefix("--"))
+            .map(|flag| flag.split('=').next().unwrap_or(flag).to_owned())
+            .filter(|flag| !flag.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn every_flag_the_runbook_names_is_a_flag_of_the_tool() {
+        let cli = Cli::command();
+        let mut flags = BTreeSet::new();
+        let mut commands = BTreeSet::new();
+        for command in cli.get_subcommands() {
+            commands.insert(command.get_name().to_owned());
+            let nested = command.get_subcommands().chain(std::iter::once(command));
+            for command in nested {
+                for arg in command.get_arguments() {
+                    flags.extend(arg.get_long().map(str::to_owned));
+                    flags.extend(
+                        arg.get_all_aliases()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(str::to_owned),
+                    );
+                }
+            }
+        }
+
+        let named = flags_named(&commands);
+
+        let unknown: Vec<_> = named
+            .iter()
+            .filter(|flag| !flags.contains(*flag) && !["help", "version"].contains(&flag.as_str()))
+            .collect();
+        assert!(named.len() >= 10, "{named:?}");
+        assert!(
+            unknown.is_empty(),
+            "the runbook names {unknown:?}, which no command takes"
+        );
+    }
+
+    #[test]
+    fn the_runbooks_exit_codes_are_the_tools() {
+        let exits = [
+            Exit::Done,
+            Exit::Failed,
+            Exit::BadInput,
+            Exit::Incomplete,
+            Exit::DeadLettered,
+            Exit::Aws,
+        ];
+        let mut codes: Vec<String> = exits.iter().map(|e| (*e as u8).to_string()).collect();
+        // A reader that went away (`| head -1`): the shell's status for SIGPIPE (`said`).
+        codes.push("141".into());
+
+        assert_eq!(first_cells("**Exit codes**"), codes);
+    }
+}
