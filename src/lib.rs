@@ -5,16 +5,18 @@
 //! | | modules |
 //! |---|---|
 //! | one record, start to end | [`worker`]: one file per stage, in this order: `parse` -> [`worker::guard`] (the one read) -> `admit` (wait for the host's turn through [`polite`], then claim the task) -> `fetch` ([`scraper`]; [`paid`] keeps the paid proxy tier within budget) -> [`worker::converge`] (store the page, then the one terminal write) -> `park` (send a fresh copy or hold the message back) |
+//! | the front door | [`handler`]: the Lambda handler, one SQS batch in and its reply out |
 //! | a batch | [`batch`] runs a batch within its deadline and builds the partial batch response. [`contract`] is the ack contract, as one table |
 //! | around the records | [`pushback`]: [`pushback::retry`] (retry conflicting writes), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (how many records run at once while AWS throttles). [`metrics`]: CloudWatch EMF. [`trace`]: one trace per task, carried from the producer through every copy |
 //! | the stores | [`ports`]: the storage traits the stages call, in domain types. [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, with each item type's write expressions next to it and AWS errors sorted into kinds |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
-//! | wiring | [`wiring`]: [`wiring::config`] (the environment variables), [`wiring::settings`] (each stage's settings, read from them once), [`wiring::aws`] (SDK config and clients, the production worker, the Lambda handler) |
+//! | wiring | [`wiring`]: [`wiring::config`] (the environment variables), [`wiring::settings`] (each stage's settings, read from them once), [`wiring::aws`] (SDK config and clients, the production worker), [`wiring::init_error`] (a cold start that fails, reported) |
 //! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
 
 pub mod batch;
 pub mod contract;
 pub mod domain;
+pub mod handler;
 pub mod metrics;
 pub mod ops;
 pub mod paid;

@@ -1,23 +1,18 @@
 //! AWS wiring: SDK configuration, clients and the production worker, built once per cold start.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use aws_config::environment::EnvironmentVariableCredentialsProvider;
 use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
 };
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use lambda_runtime::LambdaEvent;
 
-use crate::batch::{self, BatchLimits, ProcessRecord};
 use crate::domain::proxy::ProxySecret;
-use crate::metrics::{self, MetricsSettings};
 use crate::ports::error::StoreError;
 use crate::ports::secrets::Secrets;
 use crate::scraper::{FetchSettings, HttpFetcher};
@@ -26,7 +21,6 @@ use crate::store::lazy::Lazy;
 use crate::store::s3::S3ResultStore;
 use crate::store::secrets::SecretsManager;
 use crate::store::sqs::SqsVisibility;
-use crate::trace;
 use crate::wiring::config::Config;
 use crate::worker::Worker;
 
@@ -204,59 +198,4 @@ impl AwsWorker {
             config.into(),
         ))
     }
-}
-
-/// The Lambda handler: one SQS batch in, the partial batch response out, and the
-/// invocation's metrics (EMF) on stdout.
-pub async fn handle<P: ProcessRecord>(
-    processor: &P,
-    limits: BatchLimits,
-    metrics: &MetricsSettings,
-    event: LambdaEvent<SqsEvent>,
-) -> SqsBatchResponse {
-    let deadline = event.context.deadline();
-    let request_id = &event.context.request_id;
-    let records = &event.payload.records;
-    let mut run = batch::run_batch(processor, records, request_id, deadline, limits).await;
-    run.tally.trace_spans_dropped = trace::take_dropped();
-    let documents = run.tally.documents(metrics, request_id, SystemTime::now());
-    if let Err(err) = metrics::emit(&mut std::io::stdout().lock(), &documents) {
-        tracing::warn!(error = %err, "could not write the invocation's metrics");
-    }
-    run.response
-}
-
-/// A cold start that cannot go on. It is logged, and reported to the Runtime API's init
-/// error endpoint (`Runtime.InitError` with the reason). So whoever invoked the function
-/// (Lambda's console and logs, `cargo lambda invoke`) sees why, rather than a bare exit.
-/// Returns the error to end `main` with.
-pub async fn fail_init<E>(kind: &'static str, err: E) -> lambda_runtime::Error
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    tracing::error!(error = %err, "cold start failed");
-    if let Err(report) = report_init_error(kind, &err.to_string()).await {
-        tracing::warn!(error = %report, "could not report the cold start's failure");
-    }
-    Box::new(err)
-}
-
-/// `POST /2018-06-01/runtime/init/error` with a Diagnostic body.
-async fn report_init_error(kind: &str, message: &str) -> Result<(), lambda_runtime::Error> {
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_none() {
-        return Ok(()); // not under a Lambda runtime: the log line is all there is
-    }
-    let client = lambda_runtime_api_client::Client::builder().build()?;
-    let body = serde_json::json!({ "errorType": kind, "errorMessage": message });
-    let request = lambda_runtime_api_client::build_request()
-        .method("POST")
-        .uri("/2018-06-01/runtime/init/error")
-        .header("Lambda-Runtime-Function-Error-Type", "Runtime.InitError")
-        .header("Content-Type", "application/json")
-        .body(body.to_string().into())?;
-    let response = client.call(request).await?;
-    if !response.status().is_success() {
-        return Err(format!("the runtime API answered {}", response.status()).into());
-    }
-    Ok(())
 }
