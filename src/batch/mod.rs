@@ -19,7 +19,6 @@ pub use handoffs::{Handoffs, NotSent};
 
 use crate::contract::{Outcome, Reply};
 use crate::metrics::{Measures, Tally};
-use crate::pushback::pressure::Pressure;
 use crate::trace;
 
 /// Processes one record into an outcome. The worker implements it, and so do fakes in tests.
@@ -40,12 +39,6 @@ pub trait ProcessRecord: Sync {
     /// retried. By default it goes back to the queue with the group.
     fn held_in_group(&self, _record: &SqsMessage) -> impl Future<Output = Outcome> + Send {
         std::future::ready(Outcome::GroupHeld)
-    }
-
-    /// The sandbox's concurrency limit under AWS push-back, if it keeps one. Each record
-    /// waits for its turn, and each outcome tells the limit how AWS is coping.
-    fn pressure(&self) -> Option<&Pressure> {
-        None
     }
 
     /// Runs after the batch's records and before its response. It settles what a sandbox
@@ -188,7 +181,7 @@ async fn run_records<P: ProcessRecord>(
                         .instrument(span)
                         .await
                 } else {
-                    run_in_turn(processor, &records[index], invocation)
+                    run_one(processor, &records[index], invocation)
                         .instrument(span)
                         .await
                 };
@@ -257,22 +250,6 @@ async fn finish_cut<P: ProcessRecord>(
         .buffered(limits.max_concurrency.max(1))
         .collect()
         .await
-}
-
-/// One record. If the sandbox keeps a pressure limit, the record waits for its turn, and the
-/// limit then learns from its outcome.
-async fn run_in_turn<P: ProcessRecord>(
-    processor: &P,
-    record: &SqsMessage,
-    invocation: &Invocation,
-) -> Outcome {
-    let Some(pressure) = processor.pressure() else {
-        return run_one(processor, record, invocation).await;
-    };
-    let _turn = pressure.admit().await;
-    let outcome = run_one(processor, record, invocation).await;
-    pressure.learn(&outcome);
-    outcome
 }
 
 /// A record the cutoff stopped. The processor decides its outcome within the deadline.

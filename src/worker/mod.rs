@@ -186,13 +186,18 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 /// store error ends it as [`Outcome::Store`].
 type Step<T> = Result<T, Outcome>;
 
-/// The worker as the batch runs it: each record to its outcome, the sandbox's pressure, and
-/// the paid-tier bytes given back after the batch.
+/// The worker as the batch runs it: each record to its outcome, and the paid-tier bytes
+/// given back after the batch.
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
     for Worker<T, R, F, V>
 {
+    /// A record waits for its turn under the sandbox's pressure limit (AWS push-back), and
+    /// the limit then learns from its outcome.
     async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
-        Worker::process(self, record, invocation).await
+        let _turn = self.pressure.admit().await;
+        let outcome = Worker::process(self, record, invocation).await;
+        self.pressure.learn(&outcome);
+        outcome
     }
 
     async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
@@ -201,10 +206,6 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
         Worker::held_in_group(self, record).await
-    }
-
-    fn pressure(&self) -> Option<&Pressure> {
-        Some(&self.pressure)
     }
 
     /// Gives the paid-tier bytes reserved and not spent back to their runs.
