@@ -89,8 +89,17 @@ async fn a_run_of_300_pages_of_one_host_drains_at_its_rate_with_nothing_dead_let
         "no other page"
     );
     assert_eq!(site.hits("/robots.txt"), 1, "once for the fleet");
-    let most = site.most_started_within(Duration::from_secs(1));
-    assert!(most <= 6, "{most} starts in a second: 5 a second, +1");
+    // The host's rate over any 5 s. The fleet books a start every 200 ms; a start the machine
+    // makes late (a wake-up, a connection) may land beside the next one, so a single
+    // second's count measures the machine too (7 once, on a loaded clean run). Over 5 s that
+    // lateness is worth at most a second's starts; two schedules for one host would be 50.
+    let most = site.most_started_within(Duration::from_secs(5));
+    let in_a_second = site.most_started_within(Duration::from_secs(1));
+    println!("the host's most starts: {most} in 5 s, {in_a_second} in a second");
+    assert!(
+        most <= 30,
+        "{most} starts in 5 s: 5 a second, and a second's more"
+    );
     assert!(site.most_in_flight() <= 2, "the default in-flight limit");
     let calls = stack.calls.calls();
     let per_task = |n: usize| n as f64 / tasks as f64;
