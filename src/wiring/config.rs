@@ -254,17 +254,13 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
     /// `MAX_REDIRECTS`: at most [`MOST_REDIRECTS`], so a copy carrying its hops stays small.
     fn redirects(&self) -> Result<usize, ConfigError> {
         const EXPECTED: &str = "a whole number from 0 to 20";
+        // The message names the bound: the build fails if the bound moves without it.
+        const _: () = assert!(MOST_REDIRECTS == 20);
         let most = self.parsed("MAX_REDIRECTS", 10, EXPECTED)?;
         if most <= MOST_REDIRECTS {
             return Ok(most);
         }
-        let value = self.get("MAX_REDIRECTS").unwrap_or_default();
-        let expected = EXPECTED;
-        Err(ConfigError::Invalid {
-            name: "MAX_REDIRECTS",
-            value,
-            expected,
-        })
+        Err(self.invalid("MAX_REDIRECTS", EXPECTED))
     }
 
     fn tracing(&self) -> Result<TraceSettings, ConfigError> {
