@@ -89,16 +89,24 @@ pub const MAX_ATTEMPTS: u32 = 5;
 /// Every request (attempt) a client sent, by operation name, and the visibility timeouts
 /// the worker set (`ChangeMessageVisibility`): what it decided, whatever the machine's speed.
 #[derive(Debug, Clone, Default)]
-pub struct CallLog(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<u64>>>);
+pub struct CallLog {
+    /// Each request's operation, in order.
+    operations: Arc<Mutex<Vec<String>>>,
+    /// Each `ChangeMessageVisibility`'s timeout, in seconds, in order.
+    holds: Arc<Mutex<Vec<u64>>>,
+}
 
 impl CallLog {
     pub fn calls(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.operations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The holds set with `ChangeMessageVisibility`, in seconds, in order.
     pub fn holds(&self) -> Vec<u64> {
-        self.1.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn count(&self, operation: &str) -> usize {
@@ -106,8 +114,11 @@ impl CallLog {
     }
 
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.1.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.operations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -127,10 +138,16 @@ impl Intercept for CallLog {
             let body = context.request().body().bytes().unwrap_or_default();
             let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
             if let Some(hold) = request["VisibilityTimeout"].as_u64() {
-                self.1.lock().unwrap_or_else(|p| p.into_inner()).push(hold);
+                self.holds
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(hold);
             }
         }
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+        self.operations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(name);
         Ok(())
     }
 }

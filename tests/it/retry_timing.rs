@@ -1,8 +1,8 @@
 //! Retry timing against the emulator's SQS: a transiently failed message is held back for
 //! as long as the site asked, or for a backoff that grows with every receive; when holding
 //! it back fails, it is still retried. The bounds are the holds the worker set, and that SQS
-//! gave nothing back before them: a slow machine only comes back later. (Our own AWS errors are retried without a hold-back:
-//! `tests/ack_contract.rs`.)
+//! gave nothing back before them: a slow machine only comes back later. (Our own AWS errors
+//! get holds of their own: `tests/it/ack_contract.rs` and `tests/it/production.rs`.)
 
 use std::time::Duration;
 

@@ -108,12 +108,15 @@ fn parse_id(raw: &str) -> Result<Id, String> {
 
 type Outcome = Result<(), Box<dyn Error>>;
 
+/// The status a shell gives a writer killed by SIGPIPE: what a closed pipe exits with.
+const CLOSED_PIPE: i32 = 141;
+
 /// One line to stdout ([`say!`]).
 fn said(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
     if let Err(err) = writeln!(std::io::stdout().lock(), "{line}") {
         if err.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(141);
+            std::process::exit(CLOSED_PIPE);
         }
         eprintln!("conveyor-ops: cannot write to stdout: {err}");
     }
@@ -234,13 +237,31 @@ mod tests {
             .collect()
     }
 
+    /// The tool's commands.
+    fn commands() -> BTreeSet<String> {
+        let cli = Cli::command();
+        cli.get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect()
+    }
+
+    /// Every long flag of every command (a command's own commands too), and their aliases.
+    fn flags() -> BTreeSet<String> {
+        let cli = Cli::command();
+        let commands = cli
+            .get_subcommands()
+            .flat_map(|c| c.get_subcommands().chain([c]));
+        let args = commands.flat_map(|c| c.get_arguments());
+        args.flat_map(|arg| {
+            let aliases = arg.get_all_aliases().unwrap_or_default();
+            arg.get_long().into_iter().chain(aliases).map(str::to_owned)
+        })
+        .collect()
+    }
+
     #[test]
     fn the_runbooks_commands_are_the_tools_and_every_command_is_in_the_runbook() {
-        let cli = Cli::command();
-        let commands: BTreeSet<String> = cli
-            .get_subcommands()
-            .map(|c| c.get_name().to_owned())
-            .collect();
+        let commands = commands();
         let listed: BTreeSet<String> = first_cells("**Commands**")
             .iter()
             .filter_map(|cell| cell.trim_matches('`').split(' ').next().map(str::to_owned))
@@ -279,24 +300,7 @@ mod tests {
 
     #[test]
     fn every_flag_the_runbook_names_is_a_flag_of_the_tool() {
-        let cli = Cli::command();
-        let mut flags = BTreeSet::new();
-        let mut commands = BTreeSet::new();
-        for command in cli.get_subcommands() {
-            commands.insert(command.get_name().to_owned());
-            let nested = command.get_subcommands().chain(std::iter::once(command));
-            for command in nested {
-                for arg in command.get_arguments() {
-                    flags.extend(arg.get_long().map(str::to_owned));
-                    flags.extend(
-                        arg.get_all_aliases()
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(str::to_owned),
-                    );
-                }
-            }
-        }
+        let (commands, flags) = (commands(), flags());
 
         let named = flags_named(&commands);
 
@@ -322,8 +326,8 @@ mod tests {
             Exit::Aws,
         ];
         let mut codes: Vec<String> = exits.iter().map(|e| (*e as u8).to_string()).collect();
-        // A reader that went away (`| head -1`): the shell's status for SIGPIPE (`said`).
-        codes.push("141".into());
+        // A reader that went away (`| head -1`).
+        codes.push(CLOSED_PIPE.to_string());
 
         assert_eq!(first_cells("**Exit codes**"), codes);
     }
