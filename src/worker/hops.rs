@@ -1,24 +1,15 @@
 //! A page's redirects, each a request of its own host. A fetch that answers with a redirect
-//! (or with a `304` that does not confirm the validators sent) is followed by another trip
-//! through admit and fetch: the target's robots.txt, its host's turn and slot, and a fetch.
+//! (or with a `304` that does not confirm the validators sent) is followed by another
+//! request: the target's robots.txt, its host's turn and slot, and a fetch.
 //! A wait on the way parks the record like any wait; its copy carries the chain
 //! (`domain::hops`) and goes on from there.
 
-use crate::batch::Invocation;
 use crate::domain::hops::Hops;
-use crate::domain::spend::Spend;
-use crate::ports::hosts::HostStore;
-use crate::ports::queue::Visibility;
-use crate::ports::results::ResultStore;
-use crate::ports::spend::SpendStore;
-use crate::ports::tasks::TaskStore;
-use crate::scraper::{FetchError, Fetcher};
+use crate::scraper::FetchError;
 
+use super::context::Ctx;
 use super::fetch::Scraped;
 use super::guard::Guarded;
-use super::parents::Wanted;
-use super::parse::Delivery;
-use super::{Step, Worker};
 
 /// A delivery that carries a chain goes on with its next hop: that URL, without the
 /// earlier result's validators if it is to be fetched in full.
@@ -74,59 +65,17 @@ pub(super) fn next_hop(scraped: &mut Scraped, chain: Option<&Hops>, most: usize)
     Some(Hops::in_full(chain, fetched))
 }
 
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
-    Worker<T, R, F, V>
-{
-    /// The next hop of the chain, through admit and fetch as any request. What the hops
-    /// before it spent is added to its own, or recorded if the record ends here.
-    pub(super) async fn hop(
-        &self,
-        delivery: &Delivery,
-        before: Scraped,
-        chain: &Hops,
-        invocation: &Invocation,
-    ) -> Step<Scraped> {
-        let spent = before.spend;
-        let guarded = Guarded {
-            url: Some(chain.next.clone()),
-            prior: before.prior.filter(|_| !chain.in_full),
-            wanted: before.wanted,
-            booked: None,
-            tries: delivery.tries(),
-            spent: before.claim.spent,
-            redirected: !chain.before.is_empty(),
-            followed: true,
-            claim: Some(before.claim),
-        };
-        let wanted = guarded.wanted.clone();
-        let scraped = match self.admit(delivery, guarded, invocation).await {
-            Ok(admitted) => self.scrape(delivery, admitted, invocation).await,
-            Err(ended) => Err(ended),
-        };
-        match scraped {
-            Ok(scraped) => Ok(Scraped {
-                spend: spent.plus(&scraped.spend),
-                ..scraped
-            }),
-            Err(ended) => {
-                self.spent_on_the_way(delivery, &wanted, spent, invocation)
-                    .await;
-                Err(ended)
-            }
-        }
-    }
-
-    /// Records what the hops before a record's end spent, since no terminal write counts it.
-    async fn spent_on_the_way(
-        &self,
-        delivery: &Delivery,
-        wanted: &Wanted,
-        spend: Spend,
-        invocation: &Invocation,
-    ) {
-        let mut stores = self.stores(wanted, false, invocation);
-        stores.delivery = delivery.id.clone();
-        stores.spend = spend;
-        self.record_spend(delivery.task(), &stores).await;
+/// The request for the chain's next hop, after the request `before`. `spent`: the task's
+/// tries were spent (the claim said so).
+pub(super) fn follow(ctx: &Ctx<'_>, before: Scraped, chain: &Hops, spent: bool) -> Guarded {
+    Guarded {
+        url: Some(chain.next.clone()),
+        prior: before.prior.filter(|_| !chain.in_full),
+        wanted: before.wanted,
+        booked: None,
+        tries: ctx.delivery.tries(),
+        spent,
+        redirected: !chain.before.is_empty(),
+        followed: true,
     }
 }

@@ -1,91 +1,68 @@
-//! One record, start to end, in six stages, a file each, run in this order by
-//! [`Worker::process`]:
+//! One record, start to end. [`Worker::process`] reads top to bottom as the record's path,
+//! and it (with `request`, `hop` and `converge` below it) is the only caller of the stages.
+//! No stage calls another; each is a function or a type of its own, over the record's
+//! context (`context`: its delivery, invocation and settings) and the ports it names.
 //!
 //! 1. `parse`: the SQS record becomes a delivery of one task. A poison body goes to
 //!    quarantine.
 //! 2. `guard`: one read says whether the task still wants work (`parents` caches the
 //!    job's and run's "yes").
-//! 3. `admit`: the politeness gate gives the fetch its host's turn, then the task is
-//!    claimed.
-//! 4. `fetch`: a page already stored is adopted, or the record sleeps until the host's
-//!    start and fetches the page (`fetch/paid`: the paid proxy tier).
-//!    A redirect, or a `304` that does not confirm the validators sent, leads to another
-//!    request: it goes through admit and fetch again (`hops`).
-//! 5. `converge`: the page is stored, then the single terminal write is made
+//! 3. `claim`: the delivery makes the task its try. A booked copy claims first, as its
+//!    guard; any other after its host's turn.
+//! 4. `admit`: the politeness gate gives the request its host's turn.
+//! 5. a redelivery adopts the page an earlier delivery stored (`converge`), instead of
+//!    fetching it again.
+//! 6. `fetch`: the request sleeps until the host's start and fetches the page
+//!    (`fetch/paid`: the paid proxy tier). A redirect, or a `304` that does not confirm the
+//!    validators sent, leads to another request (`hops`): admit, claim and fetch again.
+//! 7. `converge`: the page is stored, then the single terminal write is made
 //!    (`converge/stores`).
-//! 6. `park`: a record not finished here is sent again as a copy or held back, and its
+//! 8. `park`: a record not finished here is sent again as a copy or held back, and its
 //!    outcome goes into the batch's reply.
 //!
-//! Each stage hands the next a value of its own type (`Delivery`, `Guarded`, `Admitted`,
-//! `Scraped`), or ends the delivery with its [`Outcome`].
+//! A stage hands the next a value of its own type (`Delivery`, `Guarded`, `Claimed`,
+//! `Admitted`, `Scraped`), or ends the record with its [`Outcome`]. What a request took
+//! and did not use (the claim's attempt, the host's permit) is given back here, by
+//! [`Worker::process`]'s functions, not by the stages.
 
 mod admit;
 mod blocked;
+mod claim;
+mod context;
 pub mod converge;
 mod fetch;
-pub mod guard;
+mod guard;
 mod hops;
 pub mod parents;
 mod park;
 mod parse;
 
+pub use context::RecordSettings;
 pub use park::MAX_COPIES;
 
-use std::time::Duration;
-
 use aws_lambda_events::event::sqs::SqsMessage;
-use tokio::time::Instant;
 
 use crate::batch::{Invocation, ProcessRecord};
 use crate::contract::Outcome;
 use crate::domain::hops::Hops;
-use crate::domain::model::DuplicatePolicy;
+use crate::domain::model::TaskStatus;
 use crate::paid::PaidAllowances;
-use crate::polite::{Gate, Politeness};
+use crate::polite::{Gate, Permit};
 use crate::ports::hosts::HostStore;
 use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::pushback::backoff::Backoff;
 use crate::pushback::pressure::Pressure;
-use crate::pushback::retry::{Patience, RetryPolicy};
 use crate::scraper::Fetcher;
+use admit::{Admit, Admitted};
+use claim::Claimed;
+use context::{Ctx, Step};
+use converge::Converge;
+use fetch::{Fetch, PaidTurn, Scraped};
+use guard::{Guard, Guarded};
 use parents::ParentsCache;
-use parse::Delivery;
-
-pub use crate::domain::time::MIN_FETCH;
-
-/// The settings one record needs, made from the configuration by the wiring
-/// (`wiring/settings.rs`).
-#[derive(Debug, Clone)]
-pub struct RecordSettings {
-    pub results_prefix: String,
-    pub quarantine_prefix: String,
-    pub max_attempts: u32,
-    /// Redirects followed before the task fails for good, counted across its copies.
-    pub max_redirects: usize,
-    pub scrape_timeout: Duration,
-    /// Time kept free before the cutoff for storing a fetched page.
-    pub store_reserve: Duration,
-    /// How a write that meets a concurrent one is tried again.
-    pub conflict_retries: RetryPolicy,
-    /// How long a sandbox keeps a run's "job active, run running" (`parents::ParentsCache`).
-    pub parents_ttl: Duration,
-    pub backoff: Backoff,
-    pub duplicate_policy: DuplicatePolicy,
-    /// Per-host limits shared by the fleet, and robots.txt.
-    pub politeness: Politeness,
-    /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
-    pub proxy_tiers: usize,
-    /// The most bytes on the wire one paid fetch may use ([`crate::scraper::most_spent`]).
-    /// It is what the fetch holds of its run's budget while it runs, and where its relay
-    /// cuts it off.
-    pub paid_fetch_cap: u64,
-    /// How long this sandbox's lease on its paid-tier reservations lasts
-    /// ([`crate::paid::LEASE`]).
-    pub paid_lease: Duration,
-}
+use park::Park;
 
 /// The worker's ports and settings, built once per cold start, and what a sandbox keeps
 /// between invocations (the parents cache, the hosts' views and robots.txt).
@@ -126,65 +103,234 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Runs one record through the stages within the invocation. Never fails: every end is
     /// an outcome.
     pub async fn process(&self, record: &SqsMessage, invocation: &Invocation) -> Outcome {
-        let mut delivery = match self.parse(record, invocation) {
+        let settings = &self.settings;
+        let mut delivery = match parse::delivery(record, settings, invocation) {
             Ok(delivery) => delivery,
-            Err(poison) => return self.quarantine(record, poison).await,
+            Err(poison) => return self.parking().quarantine(record, poison).await,
         };
         let mut chain = delivery.message.hops.clone();
-        let outcome = match self.stages(&delivery, &mut chain, invocation).await {
+        let ctx = Ctx {
+            delivery: &delivery,
+            invocation,
+            settings,
+        };
+        let outcome = match self.stages(&ctx, &mut chain).await {
             Ok(outcome) | Err(outcome) => outcome,
         };
         // A copy sent from here on goes on from where the redirects led.
         delivery.message.hops = chain;
         let handoffs = &invocation.handoffs;
-        self.park(record, (&delivery, handoffs), outcome).await
+        let park = self.parking();
+        park.park(record, (&delivery, handoffs), outcome).await
     }
 
-    /// Stages 2 to 5: each hands the delivery on to the next, or ends it with its outcome.
-    /// A redirect (`hops`) is another request, so it goes through admit and fetch again;
-    /// `chain` is where the redirects have led.
-    async fn stages(
-        &self,
-        delivery: &Delivery,
-        chain: &mut Option<Hops>,
-        invocation: &Invocation,
-    ) -> Step<Outcome> {
-        let guarded = self.guard(delivery, invocation).await?;
+    /// Stages 2 to 7: each hands the record on to the next, or ends it with its outcome.
+    /// A redirect is another request; `chain` is where the redirects have led.
+    async fn stages(&self, ctx: &Ctx<'_>, chain: &mut Option<Hops>) -> Step<Outcome> {
+        let guard = Guard {
+            tasks: &self.tasks,
+            parents: &self.parents,
+            gate: &self.gate,
+        };
+        let guarded = guard.check(ctx).await?;
+        let (guarded, claim) = match guarded.booked {
+            Some(_) => {
+                let claim = claim::booked(ctx, &self.tasks).await?;
+                (found_by(guarded, &claim), Some(claim))
+            }
+            None => (guarded, None),
+        };
         let guarded = hops::resumed(guarded, chain.as_ref());
-        let admitted = self.admit(delivery, guarded, invocation).await?;
-        let mut scraped = self.scrape(delivery, admitted, invocation).await?;
+        let (mut claim, mut scraped) = self.request(ctx, guarded, claim).await?;
         let most = self.settings.max_redirects;
         while let Some(next) = hops::next_hop(&mut scraped, chain.as_ref(), most) {
             let next = chain.insert(next);
-            scraped = self.hop(delivery, scraped, next, invocation).await?;
+            (claim, scraped) = self.hop(ctx, (claim, scraped), next).await?;
         }
-        Ok(self.converge(delivery, scraped, invocation).await)
+        Ok(self.converge(ctx, claim, scraped).await)
     }
 
-    /// How conflicting writes are retried. On the final attempt, a conflict that persists
-    /// would send the message to the dead-letter queue with the task unfinished. So on the
-    /// final attempt the write is retried until the cutoff.
-    fn patience<'i>(&self, final_attempt: bool, invocation: &'i Invocation) -> Patience<'i> {
-        let mut policy = self.settings.conflict_retries;
-        if final_attempt {
-            policy.attempts = u32::MAX;
-        }
-        Patience::new(invocation.cutoff, policy, &invocation.measures.conflicts)
+    /// One request: the host's turn, the claim (unless the record holds one already), then
+    /// the fetch.
+    async fn request(
+        &self,
+        ctx: &Ctx<'_>,
+        guarded: Guarded,
+        claim: Option<Claimed>,
+    ) -> Step<(Claimed, Scraped)> {
+        let (claim, admitted) = self.admit(ctx, guarded, claim).await?;
+        let scraped = self.fetch(ctx, &claim, admitted).await?;
+        Ok((claim, scraped))
     }
 
-    /// Time for a fetch: the smaller of `SCRAPE_TIMEOUT_MS` and what is left before the
-    /// cutoff after keeping `STORE_RESERVE_MS` for storing the page. `None` when that is
-    /// under [`MIN_FETCH`] (the page would be fetched again on redelivery).
-    fn fetch_time(&self, invocation: &Invocation) -> Option<Duration> {
-        let left = invocation.cutoff.saturating_duration_since(Instant::now());
-        let left = left.checked_sub(self.settings.store_reserve)?;
-        (left >= MIN_FETCH).then(|| left.min(self.settings.scrape_timeout))
+    /// Stages 3 and 4: the host's turn, then the claim. A claim the record holds already (a
+    /// booked copy's, or the one before a hop) gives its attempt back if the turn does not
+    /// come; the permit is given back if the claim does not go through.
+    async fn admit(
+        &self,
+        ctx: &Ctx<'_>,
+        guarded: Guarded,
+        claim: Option<Claimed>,
+    ) -> Step<(Claimed, Admitted)> {
+        let admit = Admit {
+            tasks: &self.tasks,
+            fetcher: &self.fetcher,
+            gate: &self.gate,
+        };
+        let pass = match admit.host_turn(ctx, &guarded).await {
+            Ok(pass) => pass,
+            Err(ended) => return Err(self.give_back(ctx, claim.as_ref(), None, ended).await),
+        };
+        let claim = match claim {
+            Some(claim) => claim,
+            None => match claim::take(ctx, &self.tasks, guarded.tries).await {
+                Ok(claim) => claim,
+                Err(ended) => return Err(self.give_back(ctx, None, pass.permit(), ended).await),
+            },
+        };
+        let admitted = Admitted::new(ctx, guarded, &claim, pass);
+        Ok((claim, admitted))
+    }
+
+    /// Stages 5 and 6: a redelivery adopts a page already stored; otherwise the request
+    /// sleeps until its host's start and fetches. The claim's attempt is given back when no
+    /// fetch follows it (a wait, or no time left).
+    async fn fetch(&self, ctx: &Ctx<'_>, claim: &Claimed, admitted: Admitted) -> Step<Scraped> {
+        if claim.redelivery {
+            let converge = self.converging();
+            let adopted = converge.adopted(ctx, &admitted.wanted, admitted.final_attempt);
+            if let Some(adopted) = adopted.await {
+                let permit = admitted.pass.permit();
+                return Err(self.give_back(ctx, None, permit, adopted).await);
+            }
+        }
+        let fetch = self.fetching();
+        let pass = match fetch.at_start(ctx, admitted.pass).await {
+            Ok(pass) => pass,
+            Err(wait @ Outcome::PoliteHeld { .. }) => {
+                return Err(self.give_back(ctx, Some(claim), None, wait).await);
+            }
+            Err(ended) => return Err(ended),
+        };
+        let Some(time) = ctx.fetch_time() else {
+            let ended = Outcome::NoTimeLeft;
+            return Err(self.give_back(ctx, Some(claim), pass.permit(), ended).await);
+        };
+        fetch.fetch(ctx, Admitted { pass, ..admitted }, time).await
+    }
+
+    /// The chain's next hop, a request of its own under the record's claim. What the hops
+    /// before it spent is added to its own, or recorded if the record ends here (no terminal
+    /// write counts it then).
+    async fn hop(
+        &self,
+        ctx: &Ctx<'_>,
+        (claim, before): (Claimed, Scraped),
+        chain: &Hops,
+    ) -> Step<(Claimed, Scraped)> {
+        let (spent, counting) = (before.spend, before.wanted.counting);
+        let guarded = hops::follow(ctx, before, chain, claim.spent);
+        match self.request(ctx, guarded, Some(claim)).await {
+            Ok((claim, scraped)) => {
+                let spend = spent.plus(&scraped.spend);
+                Ok((claim, Scraped { spend, ..scraped }))
+            }
+            Err(ended) => {
+                let (task, delivery) = (ctx.task(), &ctx.delivery.id);
+                let converge = self.converging();
+                converge
+                    .record_spend(task, counting, &spent, delivery)
+                    .await;
+                Err(ended)
+            }
+        }
+    }
+
+    /// Stage 7: stores the page, or records a final failure. A wait for the run's paid budget,
+    /// or a paid leg with no time to start, was not a try of the task: the claim's attempt is
+    /// given back.
+    async fn converge(&self, ctx: &Ctx<'_>, claim: Claimed, scraped: Scraped) -> Outcome {
+        let paid = scraped.paid;
+        let outcome = self.converging().run(ctx, claim.redelivery, scraped).await;
+        let unfetched = paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
+        match outcome {
+            Outcome::PoliteHeld { .. } => self.give_back(ctx, Some(&claim), None, outcome).await,
+            _ if unfetched => self.give_back(ctx, Some(&claim), None, outcome).await,
+            outcome => outcome,
+        }
+    }
+
+    /// Gives back what a request took and did not use, then returns `ended`: the claim's
+    /// attempt, when no fetch followed it, and the host's permit.
+    async fn give_back(
+        &self,
+        ctx: &Ctx<'_>,
+        claim: Option<&Claimed>,
+        permit: Option<Permit>,
+        ended: Outcome,
+    ) -> Outcome {
+        if let Some(claim) = claim {
+            self.unclaim(ctx, claim).await;
+        }
+        if let Some(permit) = permit {
+            self.gate
+                .leave(&self.tasks, permit, None, ctx.measures())
+                .await;
+        }
+        ended
+    }
+
+    /// Gives back the attempt of a claim that no fetch followed. It also restores the status
+    /// the claim found, so the next delivery is not mistaken for a redelivery. A failure is
+    /// only logged: the task then counts one more attempt than it was fetched.
+    async fn unclaim(&self, ctx: &Ctx<'_>, claim: &Claimed) {
+        let was = match claim.redelivery {
+            true => TaskStatus::Processing,
+            false => TaskStatus::Pending,
+        };
+        let owner = claim.owner.as_deref();
+        if let Err(err) = self.tasks.unclaim(ctx.task(), was, owner).await {
+            tracing::warn!(error = %err, "could not give the claim's attempt back");
+        }
+    }
+
+    fn fetching(&self) -> Fetch<'_, T, R, F> {
+        Fetch {
+            tasks: &self.tasks,
+            results: &self.results,
+            fetcher: &self.fetcher,
+            gate: &self.gate,
+            paid: &self.paid,
+        }
+    }
+
+    fn converging(&self) -> Converge<'_, T, R> {
+        Converge {
+            tasks: &self.tasks,
+            results: &self.results,
+        }
+    }
+
+    fn parking(&self) -> Park<'_, T, R, V> {
+        Park {
+            tasks: &self.tasks,
+            results: &self.results,
+            visibility: &self.visibility,
+            settings: &self.settings,
+            pressure: &self.pressure,
+        }
     }
 }
 
-/// What a stage returns: the delivery for its next stage, or the outcome it ended with. A
-/// store error ends it as [`Outcome::Store`].
-type Step<T> = Result<T, Outcome>;
+/// A booked copy's request, with what its claim found: the task's URL and earlier result.
+fn found_by(guarded: Guarded, claim: &Claimed) -> Guarded {
+    Guarded {
+        url: claim.url.clone(),
+        prior: claim.prior.clone(),
+        spent: claim.spent,
+        ..guarded
+    }
+}
 
 /// The worker as the batch runs it: each record to its outcome, and the paid-tier bytes
 /// given back after the batch.
@@ -201,11 +347,11 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     }
 
     async fn out_of_time(&self, record: &SqsMessage) -> Outcome {
-        Worker::out_of_time(self, record).await
+        self.parking().out_of_time(record).await
     }
 
     async fn held_in_group(&self, record: &SqsMessage) -> Outcome {
-        Worker::held_in_group(self, record).await
+        self.parking().held_in_group(record).await
     }
 
     /// Gives the paid-tier bytes reserved and not spent back to their runs.

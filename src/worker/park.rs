@@ -1,29 +1,24 @@
-//! Where a record goes when it is not finished here. It may be sent again as a fresh copy,
-//! to wait for its host's turn or for a last try. It may be held back through its
-//! visibility timeout. A poison body goes to quarantine. A lease, or a claim's attempt, may
-//! be given back.
+//! Stage 8, park: where a record goes when it is not finished here. It may be sent again as
+//! a fresh copy, to wait for its host's turn or for a last try. It may be held back through
+//! its visibility timeout. A poison body goes to quarantine. A lease may be given back.
 
 use crate::batch::{Handoffs, NotSent};
 use crate::contract::{Outcome, Reply, WaitFor};
 use crate::domain::ids::{QuarantineKey, REPLAYED_FROM, TaskRef};
 use crate::domain::message::{Carried, Message, Poison};
-use crate::domain::model::TaskStatus;
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::polite::MAX_POLITE_HOLD;
 use crate::ports::error::StoreFault;
-use crate::ports::hosts::HostStore;
 use crate::ports::queue::{Attribute, MessageCopy, QueueRef, SQS_MAX_DELAY, Visibility};
 use crate::ports::results::ResultStore;
-use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::scraper::Fetcher;
+use crate::pushback::pressure::Pressure;
 use crate::trace;
 use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
-use super::Worker;
-use super::guard::Claimed;
+use super::context::RecordSettings;
 use super::parse::{Delivery, name_span, on_fifo, receive_count, sent_at};
 
 /// How many copies a message may get after final attempts that ended for reasons on our
@@ -35,13 +30,21 @@ pub const MAX_COPIES: u32 = 10;
 /// minutes each), or for a hot key to split.
 pub const PRESSED_COPIES_FOR: Duration = Duration::from_secs(2 * 3_600);
 
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
-    Worker<T, R, F, V>
-{
+/// What parking a record uses: the queue, the task's lease, the quarantine, and the
+/// sandbox's pressure (AWS push-back).
+pub(super) struct Park<'a, T, R, V> {
+    pub tasks: &'a T,
+    pub results: &'a R,
+    pub visibility: &'a V,
+    pub settings: &'a RecordSettings,
+    pub pressure: &'a Pressure,
+}
+
+impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
     /// Where the record goes after its outcome: a parked copy for its host's turn, the
     /// lease given up, a copy for a last try, the back of its FIFO group, or a hold through
     /// its visibility timeout. The outcome, updated with what was done, goes into the reply.
-    pub(super) async fn park(
+    pub async fn park(
         &self,
         record: &SqsMessage,
         (delivery, handoffs): (&Delivery, &Handoffs),
@@ -295,7 +298,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// Keeps a poison message in S3 before it is acknowledged; if that fails, it is retried
     /// rather than lost.
-    pub(super) async fn quarantine(&self, record: &SqsMessage, poison: Poison) -> Outcome {
+    pub async fn quarantine(&self, record: &SqsMessage, poison: Poison) -> Outcome {
         let prefix = &self.settings.quarantine_prefix;
         let replayed = record
             .message_attributes
@@ -341,33 +344,6 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if let Err(err) = self.tasks.release(task, owner).await {
             tracing::warn!(error = %err, "could not release the lease; it expires at the deadline");
         }
-    }
-
-    /// Gives back the attempt of a claim that no fetch followed. It also restores the status
-    /// the claim found, so the next delivery is not mistaken for a redelivery. A failure is
-    /// only logged: the task then counts one more attempt than it was fetched.
-    async fn unclaim(&self, task: &TaskRef, claim: &Claimed) {
-        let was = if claim.redelivery {
-            TaskStatus::Processing
-        } else {
-            TaskStatus::Pending
-        };
-        let owner = claim.owner.as_deref();
-        if let Err(err) = self.tasks.unclaim(task, was, owner).await {
-            tracing::warn!(error = %err, "could not give the claim's attempt back");
-        }
-    }
-
-    /// Gives back the attempt of the delivery's claim, which no fetch followed, then returns
-    /// `ended`.
-    pub(super) async fn unclaimed(
-        &self,
-        delivery: &Delivery,
-        claim: &Claimed,
-        ended: Outcome,
-    ) -> Outcome {
-        self.unclaim(delivery.task(), claim).await;
-        ended
     }
 
     /// The hold for a record AWS pushed back on. It grows with the receives and copies while

@@ -1,5 +1,5 @@
 //! Stage 1, parse: an SQS record becomes one delivery of a task, or a poison message for
-//! the quarantine (stage 6).
+//! the quarantine (`park`).
 
 use std::time::{Duration, SystemTime};
 
@@ -13,7 +13,7 @@ use crate::domain::model::{DuplicatePolicy, TriesFrom};
 use crate::domain::time::epoch_millis;
 use crate::trace::STEP;
 
-use super::Worker;
+use super::context::RecordSettings;
 
 /// One delivery of a task: its message, how many times the message was received, and a
 /// name for the delivery.
@@ -51,55 +51,57 @@ impl Delivery {
     }
 }
 
-impl<T, R, F, V> Worker<T, R, F, V> {
-    /// Parses the record's body and reads its SQS attributes.
-    pub(super) fn parse(
-        &self,
-        record: &SqsMessage,
-        invocation: &Invocation,
-    ) -> Result<Delivery, Poison> {
-        let body = record.body.as_deref();
-        let parsed = tracing::info_span!(target: STEP, "parse")
-            .in_scope(|| Message::parse(body, sent_at(record)));
-        let message = parsed?;
-        name_span(&message.task);
-        if message.redriven {
-            tracing::info!("sent again long after its copy was written: a fresh set of tries");
-        }
-        let receives = receive_count(record) + message.carried.receives_before;
-        Ok(Delivery {
-            counted_receives: if on_fifo(record) { 1 } else { receives },
-            wait_left: self.wait_left(message.carried.polite_since),
-            id: delivery_id(record, receives),
-            owner: self.lease_owner(invocation, record),
-            fifo: on_fifo(record),
-            receives,
-            message,
-        })
+/// Parses the record's body and reads its SQS attributes.
+pub(super) fn delivery(
+    record: &SqsMessage,
+    settings: &RecordSettings,
+    invocation: &Invocation,
+) -> Result<Delivery, Poison> {
+    let body = record.body.as_deref();
+    let parsed = tracing::info_span!(target: STEP, "parse")
+        .in_scope(|| Message::parse(body, sent_at(record)));
+    let message = parsed?;
+    name_span(&message.task);
+    if message.redriven {
+        tracing::info!("sent again long after its copy was written: a fresh set of tries");
     }
+    let receives = receive_count(record) + message.carried.receives_before;
+    Ok(Delivery {
+        counted_receives: if on_fifo(record) { 1 } else { receives },
+        wait_left: wait_left(settings, message.carried.polite_since),
+        id: delivery_id(record, receives),
+        owner: lease_owner(settings, invocation, record),
+        fifo: on_fifo(record),
+        receives,
+        message,
+    })
+}
 
-    /// Under `DUPLICATE_POLICY=lease`, the lease owner for this delivery: the invocation's
-    /// request id plus the message id. So two copies of a task in one batch do not share a
-    /// lease either.
-    fn lease_owner(&self, invocation: &Invocation, record: &SqsMessage) -> Option<String> {
-        match self.settings.duplicate_policy {
-            DuplicatePolicy::Converge => None,
-            DuplicatePolicy::Lease => Some(format!(
-                "{}/{}",
-                invocation.request_id,
-                record.message_id.as_deref().unwrap_or_default()
-            )),
-        }
+/// Under `DUPLICATE_POLICY=lease`, the lease owner for this delivery: the invocation's
+/// request id plus the message id. So two copies of a task in one batch do not share a
+/// lease either.
+fn lease_owner(
+    settings: &RecordSettings,
+    invocation: &Invocation,
+    record: &SqsMessage,
+) -> Option<String> {
+    match settings.duplicate_policy {
+        DuplicatePolicy::Converge => None,
+        DuplicatePolicy::Lease => Some(format!(
+            "{}/{}",
+            invocation.request_id,
+            record.message_id.as_deref().unwrap_or_default()
+        )),
     }
+}
 
-    /// How much longer this task may wait for its host: `POLITE_MAX_WAIT_MS` from its first
-    /// wait (which a copy's body carries).
-    fn wait_left(&self, polite_since: Option<u64>) -> Duration {
-        let now = epoch_millis(SystemTime::now()) as u64;
-        let waited = polite_since.map_or(0, |since| now.saturating_sub(since));
-        let max_wait = self.settings.politeness.max_wait;
-        max_wait.saturating_sub(Duration::from_millis(waited))
-    }
+/// How much longer this task may wait for its host: `POLITE_MAX_WAIT_MS` from its first
+/// wait (which a copy's body carries).
+fn wait_left(settings: &RecordSettings, polite_since: Option<u64>) -> Duration {
+    let now = epoch_millis(SystemTime::now()) as u64;
+    let waited = polite_since.map_or(0, |since| now.saturating_sub(since));
+    let max_wait = settings.politeness.max_wait;
+    max_wait.saturating_sub(Duration::from_millis(waited))
 }
 
 /// Names the task in the record's span, so each of its log lines says which task it is of.

@@ -12,6 +12,7 @@ use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::Outcome;
+use conveyor_worker::batch::ProcessRecord;
 use conveyor_worker::domain::message::{Carried, Message, REDRIVE_GAP};
 use conveyor_worker::domain::model::TaskStatus;
 use conveyor_worker::domain::proxy::Tiers;

@@ -1,5 +1,6 @@
-//! Stage 5, converge: the page is stored under the task's key, then the single terminal
-//! write that can win is made (`stores`). A failure worth a retry ends without a terminal
+//! Stage 7, converge: the page is stored under the task's key, then the single terminal
+//! write that can win is made (`stores`). A redelivery adopts a page an earlier delivery
+//! stored instead of fetching it again. A failure worth a retry ends without a terminal
 //! write. What the fetch spent through proxies is counted in that write, or recorded on its
 //! own.
 
@@ -9,73 +10,66 @@ pub use stores::{Converged, Stores};
 
 use std::time::Duration;
 
-use crate::batch::Invocation;
 use crate::contract::{Outcome, WaitFor};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
-use crate::domain::model::{Failure, Page};
+use crate::domain::model::{Counting, Failure, Page};
+use crate::domain::spend::Spend;
 use crate::metrics::Measures;
+use crate::paid::{WAITED_TOO_LONG_FOR_PAID, paid_wait};
 use crate::ports::error::StoreError;
-use crate::ports::hosts::HostStore;
-use crate::ports::queue::Visibility;
 use crate::ports::results::{Earlier, ResultStore};
 use crate::ports::spend::SpendStore;
 use crate::ports::tasks::TaskStore;
-use crate::scraper::{FetchError, Fetcher, Retry};
+use crate::scraper::{FetchError, Retry};
 
-use super::Worker;
-use super::admit::Admitted;
+use super::context::Ctx;
 use super::fetch::{PaidTurn, Scraped};
 use super::parents::Wanted;
-use super::parse::Delivery;
-use crate::paid::{WAITED_TOO_LONG_FOR_PAID, paid_wait};
 
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
-    Worker<T, R, F, V>
-{
-    /// Stores the page, or records a final failure. A wait for the run's paid budget gives
-    /// the claim's attempt back, since it was not a try of the task.
-    pub(super) async fn converge(
-        &self,
-        delivery: &Delivery,
-        scraped: Scraped,
-        invocation: &Invocation,
-    ) -> Outcome {
-        let mut stores = self.stores(&scraped.wanted, scraped.final_attempt, invocation);
+/// The stores a task converges in.
+pub(super) struct Converge<'a, T, R> {
+    pub tasks: &'a T,
+    pub results: &'a R,
+}
+
+impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
+    /// Stores the page, or records the fetch's failure. `redelivery`: an earlier delivery
+    /// had claimed the task.
+    pub async fn run(&self, ctx: &Ctx<'_>, redelivery: bool, scraped: Scraped) -> Outcome {
+        let (delivery, task) = (ctx.delivery, ctx.task());
+        let mut stores = self.stores(ctx, &scraped.wanted, scraped.final_attempt);
         stores.delivery = delivery.id.clone();
         stores.spend = scraped.spend;
         let this_try = Try {
-            redelivery: scraped.claim.redelivery,
+            redelivery,
             final_attempt: scraped.final_attempt,
             time: scraped.time,
             paid: scraped.paid,
             waited: (delivery.message.carried.paid_waits, delivery.wait_left),
             earlier: scraped.earlier.as_ref(),
-            measures: &invocation.measures,
+            measures: ctx.measures(),
         };
-        let converged = self.converge_page(&stores, delivery.task(), scraped.page, this_try);
+        let converged = self.converge_page(ctx, &stores, scraped.page, this_try);
         let outcome = converged.await.unwrap_or_else(Outcome::Store);
         if !stores.spend_counted() {
-            self.record_spend(delivery.task(), &stores).await;
+            let (counting, spend) = (stores.counting, &stores.spend);
+            self.record_spend(task, counting, spend, &stores.delivery)
+                .await;
         }
-        let unfetched = scraped.paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
-        match outcome {
-            Outcome::PoliteHeld { .. } => self.unclaimed(delivery, &scraped.claim, outcome).await,
-            _ if unfetched => self.unclaimed(delivery, &scraped.claim, outcome).await,
-            outcome => outcome,
-        }
+        outcome
     }
 
     /// For a redelivery: the page an earlier delivery already stored, converged instead of
     /// fetched again. A block page stored by an earlier release is not adopted.
-    pub(super) async fn adopted(
+    pub async fn adopted(
         &self,
-        delivery: &Delivery,
-        admitted: &Admitted,
-        invocation: &Invocation,
+        ctx: &Ctx<'_>,
+        wanted: &Wanted,
+        final_attempt: bool,
     ) -> Option<Outcome> {
-        let (task, key) = (delivery.task(), self.result_key(delivery.task()));
-        let stores = self.stores(&admitted.wanted, admitted.final_attempt, invocation);
+        let (task, key) = (ctx.task(), ctx.result_key());
+        let stores = self.stores(ctx, wanted, final_attempt);
         match stores.adopt_stored(task, &key).await {
             Ok(adopted) => adopted.map(|converged| outcome_of(converged, true, false)),
             Err(err) => Some(Outcome::Store(err)),
@@ -86,12 +80,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// failure.
     async fn converge_page(
         &self,
+        ctx: &Ctx<'_>,
         stores: &Stores<'_, T, R>,
-        task: &TaskRef,
         page: Result<Page, FetchError>,
         this_try: Try<'_>,
     ) -> Result<Outcome, StoreError> {
-        let key = &self.result_key(task);
+        let (task, key) = (ctx.task(), &ctx.result_key());
         let (measures, redelivery) = (this_try.measures, this_try.redelivery);
         let err = match (page, this_try.earlier) {
             (Ok(page), Some(earlier)) if page.not_modified() => {
@@ -113,7 +107,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
             (Err(err), _) => err,
         };
-        self.failed(stores, task, key, err, this_try).await
+        self.failed(ctx, stores, key, err, this_try).await
     }
 
     /// A fetch that brought no page ends as a wait (the paid budget is held elsewhere, while
@@ -121,12 +115,13 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// final attempt), or the task's failure.
     async fn failed(
         &self,
+        ctx: &Ctx<'_>,
         stores: &Stores<'_, T, R>,
-        task: &TaskRef,
         key: &ResultKey,
         err: FetchError,
         this_try: Try<'_>,
     ) -> Result<Outcome, StoreError> {
+        let task = ctx.task();
         let err = match held_for_paid(this_try) {
             Some(Ok(held)) => return Ok(held),
             Some(Err(waited_too_long)) => waited_too_long,
@@ -134,7 +129,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         };
         // Our own deadline ended the fetch (or its paid leg), not the site's slowness, so it is
         // not the page's failure. A paid leg left for lack of time did not start at all.
-        let cut_short = err.timed_out && this_try.time < self.settings.scrape_timeout;
+        let cut_short = err.timed_out && this_try.time < ctx.settings.scrape_timeout;
         if cut_short || this_try.paid == PaidTurn::NoTime {
             return Ok(Outcome::NoTimeLeft);
         }
@@ -162,21 +157,16 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// The stores as this try writes to them: conflicts retried with the try's patience,
     /// the run's counters updated the way the run counts, and a stored block page never
     /// adopted.
-    pub(super) fn stores<'a>(
+    fn stores<'a>(
         &'a self,
+        ctx: &Ctx<'a>,
         wanted: &Wanted,
         final_attempt: bool,
-        invocation: &'a Invocation,
     ) -> Stores<'a, T, R> {
-        let patience = self.patience(final_attempt, invocation);
-        let mut stores = Stores::new(&self.tasks, &self.results, patience, wanted.counting);
+        let patience = ctx.patience(final_attempt);
+        let mut stores = Stores::new(self.tasks, self.results, patience, wanted.counting);
         stores.detection = wanted.detection.clone();
         stores
-    }
-
-    /// The key the task's result is stored under.
-    pub(super) fn result_key(&self, task: &TaskRef) -> ResultKey {
-        ResultKey::for_task(&self.settings.results_prefix, task)
     }
 
     /// Marks the task's tries as used up. A failure is only logged; the task is then
@@ -192,14 +182,17 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// without counters, or a write whose answer was lost (the store counts it once per
     /// delivery). If recording fails after the SDK's retries, the spend is logged with the
     /// error.
-    pub(super) async fn record_spend(&self, task: &TaskRef, stores: &Stores<'_, T, R>) {
-        let spend = &stores.spend;
+    pub async fn record_spend(
+        &self,
+        task: &TaskRef,
+        counting: Counting,
+        spend: &Spend,
+        delivery: &str,
+    ) {
         if spend.is_zero() {
             return;
         }
-        let recorded = self
-            .tasks
-            .record_spend(task, stores.counting, spend, &stores.delivery);
+        let recorded = self.tasks.record_spend(task, counting, spend, delivery);
         if let Err(err) = recorded.await {
             tracing::error!(error = %err, ?spend, "the fetch's spend could not be recorded");
         }

@@ -1,7 +1,6 @@
-//! Stage 4, fetch: a redelivery whose page is already stored adopts it instead of fetching.
-//! Otherwise the delivery sleeps until its host's start and fetches. The sleep comes after
-//! the claim, so the claim's time is not added to it. The paid proxy tier is held back
-//! while the run has a budget for it.
+//! Stage 6, fetch: the request sleeps until its host's start, then fetches. The sleep comes
+//! after the claim, so the claim's time is not added to it. The paid proxy tier is held
+//! back while the run has a budget for it (`paid`).
 
 mod paid;
 
@@ -11,7 +10,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::Invocation;
 use crate::contract::{Outcome, WaitFor};
 use crate::domain::blocks::Detection;
 use crate::domain::health::Sign;
@@ -19,28 +17,24 @@ use crate::domain::ids::TaskRef;
 use crate::domain::model::Page;
 use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
-use crate::polite::{Later, Permit};
+use crate::paid::PaidAllowances;
+use crate::polite::{Gate, Later, Permit};
 use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
-use crate::ports::queue::Visibility;
 use crate::ports::results::{Earlier, EarlierCheck, ResultStore};
 use crate::ports::spend::SpendStore;
-use crate::ports::tasks::TaskStore;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher, health_sign};
 use crate::trace;
 
 use super::admit::{Admitted, Pass};
 use super::blocked::stored_block;
-use super::guard::Claimed;
+use super::context::{Ctx, Step};
 use super::parents::Wanted;
-use super::parse::Delivery;
-use super::{Step, Worker};
 use paid::Leg;
 
 /// A delivery after its fetch: what the fetch brought, and what the converge stage needs.
 #[derive(Debug)]
 pub(super) struct Scraped {
-    pub claim: Claimed,
     /// The URL fetched, and the earlier result it asked with (a refresh's).
     pub url: Option<String>,
     pub prior: Option<Prior>,
@@ -73,49 +67,21 @@ pub(super) struct Target<'a> {
     pub prior: Option<&'a Prior>,
 }
 
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
-    Worker<T, R, F, V>
-{
-    /// Adopts a stored page, or sleeps until the host's start and fetches. The claim's
-    /// attempt is given back when no fetch follows it.
-    pub(super) async fn scrape(
-        &self,
-        delivery: &Delivery,
-        admitted: Admitted,
-        invocation: &Invocation,
-    ) -> Step<Scraped> {
-        if admitted.claim.redelivery
-            && let Some(adopted) = self.adopted(delivery, &admitted, invocation).await
-        {
-            let permit = admitted.pass.permit();
-            return Err(self.without_permit(permit, adopted, invocation).await);
-        }
-        let admitted = self.at_start(delivery, admitted, invocation).await?;
-        match self.fetch_time(invocation) {
-            Some(time) => {
-                self.fetch_admitted(delivery, admitted, time, invocation)
-                    .await
-            }
-            None => {
-                let ended = self.unclaimed(delivery, &admitted.claim, Outcome::NoTimeLeft);
-                let ended = ended.await;
-                Err(self
-                    .without_permit(admitted.pass.permit(), ended, invocation)
-                    .await)
-            }
-        }
-    }
+/// What a fetch uses: the host's schedule and item, the fetcher, the results (a refresh's
+/// earlier one), and this sandbox's shares of the runs' paid budgets.
+pub(super) struct Fetch<'a, T, R, F> {
+    pub tasks: &'a T,
+    pub results: &'a R,
+    pub fetcher: &'a F,
+    pub gate: &'a Gate,
+    pub paid: &'a PaidAllowances,
+}
 
-    /// Fetches, within `time`, what the delivery was admitted for.
-    async fn fetch_admitted(
-        &self,
-        delivery: &Delivery,
-        admitted: Admitted,
-        time: Duration,
-        invocation: &Invocation,
-    ) -> Step<Scraped> {
+impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
+    /// Fetches, within `time`, what the request was admitted for. The host's permit is
+    /// given back, with what the fetch said of the host's health.
+    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted, time: Duration) -> Step<Scraped> {
         let Admitted {
-            claim,
             url,
             prior,
             wanted,
@@ -123,26 +89,25 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             final_attempt,
             followed,
         } = admitted;
-        let (prior, earlier) = match self.earlier(prior, &wanted.detection).await {
+        let (prior, earlier) = match self.earlier(ctx, prior, &wanted.detection).await {
             Ok(checked) => checked,
             Err(err) => {
-                return Err(self
-                    .without_permit(pass.permit(), err.into(), invocation)
-                    .await);
+                self.leave(ctx, pass.permit(), None).await;
+                return Err(err.into());
             }
         };
+        let carried = &ctx.delivery.message.carried;
         let target = Target {
-            task: delivery.task(),
-            delivery: &delivery.id,
-            paid_next: delivery.message.carried.paid_waits > 0 && !followed,
+            task: ctx.task(),
+            delivery: &ctx.delivery.id,
+            paid_next: carried.paid_waits > 0 && !followed,
             url: url.as_deref(),
             wanted: &wanted,
             prior: prior.as_ref(),
         };
-        let leg = self.fetch_polite(target, pass, time, invocation).await;
+        let leg = self.fetch_polite(ctx, target, pass, time).await;
         let (page, spend) = (leg.fetched.page, leg.fetched.spend);
         Ok(Scraped {
-            claim,
             url,
             prior,
             wanted,
@@ -155,49 +120,34 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         })
     }
 
-    /// The delivery once its host's start has come. A cooldown set meanwhile (by any
-    /// sandbox's fetch) gives the permit and the claim's attempt back, and the delivery
-    /// waits.
+    /// The host's permit once its start has come. A cooldown set meanwhile (by any
+    /// sandbox's fetch) ends the request with a wait: the permit is given back, and the
+    /// record gives back its claim's attempt.
     #[tracing::instrument(
         target = "conveyor_step",
         name = "host_start",
         skip_all,
         fields(waited_ms)
     )]
-    async fn at_start(
-        &self,
-        delivery: &Delivery,
-        admitted: Admitted,
-        invocation: &Invocation,
-    ) -> Step<Admitted> {
-        let permit = match admitted.pass {
+    pub async fn at_start(&self, ctx: &Ctx<'_>, pass: Pass) -> Step<Pass> {
+        let permit = match pass {
             Pass::Go(permit) => permit,
-            refused => {
-                return Ok(Admitted {
-                    pass: refused,
-                    ..admitted
-                });
-            }
+            refused => return Ok(refused),
         };
-        let ends = invocation.cutoff.checked_sub(self.settings.store_reserve);
-        let ends = ends.unwrap_or(invocation.cutoff).into_std();
-        let (measures, started) = (&invocation.measures, Instant::now());
-        let ready = self.gate.ready(&self.tasks, permit, ends, measures).await;
+        let cutoff = ctx.invocation.cutoff;
+        let ends = cutoff.checked_sub(ctx.settings.store_reserve);
+        let ends = ends.unwrap_or(cutoff).into_std();
+        let (measures, started) = (ctx.measures(), Instant::now());
+        let ready = self.gate.ready(self.tasks, permit, ends, measures).await;
         let waited = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         tracing::Span::current().record("waited_ms", waited);
         match ready? {
-            Ok(permit) => Ok(Admitted {
-                pass: Pass::Go(permit),
-                ..admitted
+            Ok(permit) => Ok(Pass::Go(permit)),
+            Err(Later { delay, booked }) => Err(Outcome::PoliteHeld {
+                delay,
+                booked,
+                waits_for: WaitFor::Host,
             }),
-            Err(Later { delay, booked }) => {
-                let held = Outcome::PoliteHeld {
-                    delay,
-                    booked,
-                    waits_for: WaitFor::Host,
-                };
-                Err(self.unclaimed(delivery, &admitted.claim, held).await)
-            }
         }
     }
 
@@ -206,19 +156,20 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// those). Otherwise the prior is dropped and the page is fetched in full.
     async fn earlier(
         &self,
+        ctx: &Ctx<'_>,
         prior: Option<Prior>,
         detection: &Detection,
     ) -> Result<(Option<Prior>, Option<Earlier>), StoreError> {
         let Some(prior) = prior else {
             return Ok((None, None));
         };
-        if !prior.is_under(&self.settings.results_prefix) {
+        if !prior.is_under(&ctx.settings.results_prefix) {
             tracing::warn!(key = %prior.key, "the earlier result is not one of the results: fetched in full");
             return Ok((None, None));
         }
         let why = match self.results.check_earlier(&prior).await? {
             EarlierCheck::Usable(earlier) => {
-                let block = stored_block(&self.results, detection, &prior.key, &earlier.stored);
+                let block = stored_block(self.results, detection, &prior.key, &earlier.stored);
                 match Box::pin(block).await? {
                     None => return Ok((Some(prior), Some(earlier))),
                     Some(_) => "the earlier result is a block page".to_owned(),
@@ -235,10 +186,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// request.
     async fn fetch_polite(
         &self,
+        ctx: &Ctx<'_>,
         target: Target<'_>,
         pass: Pass,
         time: Duration,
-        invocation: &Invocation,
     ) -> Leg {
         let permit: Permit = match pass {
             Pass::Go(permit) => permit,
@@ -251,7 +202,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
         };
         let started = Instant::now();
-        let leg = self.fetch_paid_held_back(target, time, invocation).await;
+        let leg = self.fetch_paid_held_back(ctx, target, time).await;
         let fetched = &leg.fetched;
         // The last tier asked (0: direct), once the paid tier had its turn too.
         let tier = fetched.spend.spent().last().map_or(0, |(tier, _)| tier);
@@ -260,26 +211,35 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         // that our own deadline cut short (the invocation's end, not the site's slowness):
         // the time of its last leg, the paid one if it ran, tells.
         let cut_short = fetched.page.as_ref().is_err_and(|e| e.timed_out)
-            && leg.time < self.settings.scrape_timeout;
+            && leg.time < ctx.settings.scrape_timeout;
         // A block page on any tier means the site is refusing us. The fleet slows down, as
         // for a 429, even when a later tier got the page.
         let sign = match fetched.spend.blocks() {
             0 => health_sign(&fetched.page, started.elapsed()).filter(|_| !cut_short),
             _ => Some(Sign::PushedBack(None)),
         };
-        self.return_permit(Some(permit), sign, invocation).await;
+        self.leave(ctx, Some(permit), sign).await;
         leg
     }
 
     /// One fetch through the scraper, measured.
-    async fn fetch(&self, url: Option<&str>, ask: Ask<'_>, invocation: &Invocation) -> Fetched {
+    async fn fetch_once(&self, ctx: &Ctx<'_>, url: Option<&str>, ask: Ask<'_>) -> Fetched {
         let Some(url) = url else {
             return Fetched::unspent(Err(FetchError::permanent("task has no url")));
         };
         let started = Instant::now();
         let fetched = self.fetcher.fetch(url, ask).await;
-        invocation.measures.fetched(started.elapsed());
-        invocation.measures.spent(&fetched.spend);
+        ctx.measures().fetched(started.elapsed());
+        ctx.measures().spent(&fetched.spend);
         fetched
+    }
+
+    /// Gives the host's permit back, with what the fetch said of the host's health.
+    async fn leave(&self, ctx: &Ctx<'_>, permit: Option<Permit>, sign: Option<Sign>) {
+        if let Some(permit) = permit {
+            self.gate
+                .leave(self.tasks, permit, sign, ctx.measures())
+                .await;
+        }
     }
 }

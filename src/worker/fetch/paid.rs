@@ -6,17 +6,14 @@
 
 use std::time::Duration;
 
-use crate::batch::Invocation;
 use crate::paid::{PAID_BUDGET_HELD, PaidAnswer, PaidHold};
 use crate::ports::hosts::HostStore;
-use crate::ports::queue::Visibility;
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
-use crate::ports::tasks::TaskStore;
 use crate::scraper::{Ask, FetchError, Fetched, Fetcher};
 
-use super::super::Worker;
-use super::Target;
+use super::super::context::Ctx;
+use super::{Fetch, Target};
 
 /// The reason of a record whose paid fetch was not started, for lack of time.
 const NO_TIME_FOR_PAID: &str = "no time left for the paid tier";
@@ -47,46 +44,43 @@ pub enum PaidTurn {
     Held,
 }
 
-impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility>
-    Worker<T, R, F, V>
-{
+impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
     /// The fetch. The paid tier is tried last, and only with a hold on the run's budget and
     /// time for a fetch of its own. A copy that waited for the budget goes straight to it.
     pub(super) async fn fetch_paid_held_back(
         &self,
+        ctx: &Ctx<'_>,
         target: Target<'_>,
         time: Duration,
-        invocation: &Invocation,
     ) -> Leg {
-        let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, self.settings.proxy_tiers)
+        let (Some(run_budget), paid @ 1..) = (target.wanted.paid_budget, ctx.settings.proxy_tiers)
         else {
-            let fetched = self
-                .fetch(target.url, within(target, time), invocation)
-                .await;
+            let fetched = self.fetch_once(ctx, target.url, within(target, time)).await;
             return Leg::done(fetched, time);
         };
-        let first = self.before_paid(target, time, invocation).await;
+        let first = self.before_paid(ctx, target, time).await;
         if !first.wants_paid_tier {
             return Leg::done(first, time);
         }
         // The time the paid fetch gets, as any fetch does, now.
-        let Some(paid_time) = self.fetch_time(invocation) else {
+        let Some(paid_time) = ctx.fetch_time() else {
             let page = Err(FetchError::ours(NO_TIME_FOR_PAID));
             return Leg::ended(Fetched { page, ..first }, time, PaidTurn::NoTime);
         };
-        let (hold, first) = match self.paid_hold(target, run_budget, first).await {
+        let cap = ctx.settings.paid_fetch_cap;
+        let (hold, first) = match self.paid_hold(target, (run_budget, cap), first).await {
             Ok(held) => held,
             Err((ended, turn)) => return Leg::ended(ended, time, turn),
         };
         let ask = Ask {
             first_tier: paid,
-            wire_most: Some(self.settings.paid_fetch_cap),
+            wire_most: Some(cap),
             ..within(target, paid_time)
         };
-        let last = self.fetch(target.url, ask, invocation).await;
+        let last = self.fetch_once(ctx, target.url, ask).await;
         let spent = last.spend.tier(paid).billed();
         self.paid
-            .settle(&self.tasks, hold, spent, target.delivery)
+            .settle(self.tasks, hold, spent, target.delivery)
             .await;
         let spend = first.spend.plus(&last.spend);
         Leg::done(Fetched { spend, ..last }, paid_time)
@@ -94,12 +88,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// The fetch through the tiers before the paid one. A copy that waited for the run's
     /// paid budget skips it: those tiers are known to block its page.
-    async fn before_paid(
-        &self,
-        target: Target<'_>,
-        time: Duration,
-        invocation: &Invocation,
-    ) -> Fetched {
+    async fn before_paid(&self, ctx: &Ctx<'_>, target: Target<'_>, time: Duration) -> Fetched {
         if target.paid_next {
             let page = Err(FetchError::permanent(BLOCKED_BEFORE));
             return Fetched {
@@ -111,7 +100,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             paid_tier: false,
             ..within(target, time)
         };
-        self.fetch(target.url, withheld, invocation).await
+        self.fetch_once(ctx, target.url, withheld).await
     }
 
     /// A hold on the paid tier's most bytes from the run's budget, returned with the first
@@ -121,11 +110,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     async fn paid_hold(
         &self,
         target: Target<'_>,
-        run_budget: u64,
+        (run_budget, cap): (u64, u64),
         first: Fetched,
     ) -> Result<(PaidHold, Fetched), (Fetched, PaidTurn)> {
-        let cap = self.settings.paid_fetch_cap;
-        let held = self.paid.hold(&self.tasks, target.task, run_budget, cap);
+        let held = self.paid.hold(self.tasks, target.task, run_budget, cap);
         let (reason, turn) = match held.await {
             Ok(PaidAnswer::Go(hold)) => return Ok((hold, first)),
             Ok(PaidAnswer::Spent) => return Err((first, PaidTurn::Done)),
