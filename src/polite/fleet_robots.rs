@@ -116,7 +116,7 @@ impl Gate {
         // expires meanwhile.
         let cut_short = fetch_time < timeout && fetched.as_ref().is_err_and(|e| e.timed_out);
         let sign = health_sign(&fetched, started.elapsed()).filter(|_| !cut_short);
-        self.leave(store, permit, sign, measures).await;
+        self.schedule.leave(store, permit, sign, measures).await;
         if cut_short {
             return Ok(Err(RobotsSays::Wait(jittered(ROBOTS_SHORT_WAIT_MS))));
         }

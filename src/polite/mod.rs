@@ -25,6 +25,7 @@ pub use admission::{
     Admission, DISALLOWED, MAX_POLITE_HOLD, ROBOTS_PROXY_FAILED, WAITED_TOO_LONG, Waited, admission,
 };
 use fleet_robots::RobotsSays;
+pub use schedule::Schedule;
 
 /// The host limits and their rules live in the domain. They are re-exported here, where the
 /// gate uses them.
@@ -35,7 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::domain::limits::{Booker, Host, HostLimits, HostState, Millis, PoliteKey, Slot};
+use crate::domain::limits::{Booker, Host, HostLimits, Millis, PoliteKey, Slot};
 use robots::Parsed;
 
 use crate::domain::time::epoch_millis;
@@ -115,7 +116,7 @@ impl<S, F> Copy for GatePorts<'_, S, F> {}
 /// What the gate says of a record.
 #[derive(Debug)]
 pub enum Entry {
-    /// Fetch now; give the permit back with [`Gate::leave`].
+    /// Fetch now; give the permit back with [`Schedule::leave`].
     Go(Permit),
     /// Not now: come back after this long. The reason is for logs and metrics.
     Hold(Duration, HoldReason),
@@ -137,7 +138,7 @@ pub enum HoldReason {
 }
 
 /// A fetch the gate let through: its host, its slot, and the earliest time it may start. The
-/// sleep until the start happens in [`Gate::ready`], after the claim, so the claim's time is
+/// sleep until the start happens in [`Schedule::ready`], after the claim, so the claim's time is
 /// not added to the start.
 #[derive(Debug, Default)]
 pub struct Permit {
@@ -197,15 +198,9 @@ pub struct Visit<'a> {
 #[derive(Debug)]
 pub struct Gate {
     settings: Politeness,
-    views: Mutex<HashMap<Host, HostState>>,
-    turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
+    /// The hosts' schedules as this sandbox sees them: starts, slots and bookings.
+    pub schedule: Schedule,
     robots: Mutex<HashMap<Host, Arc<KeptRobots>>>,
-    /// Runs read as wanting work, and when: a run that books behind one of them does not
-    /// read it again for a while.
-    working: Mutex<HashMap<Booker, Millis>>,
-    /// How long the check at a start takes in this sandbox. The check is made that much
-    /// ahead of the start.
-    check: CheckTime,
 }
 
 /// The average time, in ms, that the check at a start takes in this sandbox. Each new answer
@@ -299,12 +294,9 @@ const BOOKING_LEAD_MS: Millis = 1_500;
 impl Gate {
     pub fn new(settings: Politeness) -> Self {
         Self {
+            schedule: Schedule::new(settings.max_sleep),
             settings,
-            views: Mutex::default(),
-            turns: Mutex::default(),
             robots: Mutex::default(),
-            working: Mutex::default(),
-            check: CheckTime::default(),
         }
     }
 
@@ -322,7 +314,7 @@ impl Gate {
     }
 
     /// Whether the visit's URL may be fetched now, or else when to come back. A short wait
-    /// for the host's schedule is slept later, in [`Gate::ready`].
+    /// for the host's schedule is slept later, in [`Schedule::ready`].
     pub async fn enter<S: HostStore, F: Fetcher>(
         &self,
         ports: GatePorts<'_, S, F>,
@@ -359,7 +351,9 @@ impl Gate {
             Some(entry) => entry,
             None => {
                 let booking = (far, visit.booker);
-                self.take(store, &key, limits, fetch_time, booking).await?
+                self.schedule
+                    .take(store, &key, limits, fetch_time, booking)
+                    .await?
             }
         };
         let booker = visit.booker.cloned();
@@ -406,7 +400,7 @@ impl Gate {
     }
 
     /// A booked start, checked without a request: come back nearer to it, or go at it. The
-    /// slot is asked for at the start, in [`Gate::ready`]. `None`: the booking was missed and
+    /// slot is asked for at the start, in [`Schedule::ready`]. `None`: the booking was missed and
     /// is void, so the record asks again like any other.
     fn booked(
         &self,
@@ -423,7 +417,7 @@ impl Gate {
             return Some(Entry::Booked { start, delay });
         }
         // A cooldown this sandbox already knows of holds the record without a request.
-        if let Some(until) = self.view(host).cooldown_until.filter(|u| *u > now) {
+        if let Some(until) = self.schedule.view(host).cooldown_until.filter(|u| *u > now) {
             return Some(Entry::Hold(jittered(until - now), HoldReason::Host));
         }
         Some(Entry::Go(Permit {
@@ -484,6 +478,7 @@ const ORDER: std::sync::atomic::Ordering = std::sync::atomic::Ordering::Relaxed;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::limits::HostState;
 
     #[test]
     fn the_longest_durations_saturate_in_milliseconds_and_in_a_jittered_wait() {
@@ -514,10 +509,7 @@ mod tests {
 
     #[test]
     fn a_start_is_slept_for_only_while_the_hosts_usual_answer_still_fits_the_fetchs_time() {
-        let gate = Gate::new(Politeness {
-            max_sleep: Duration::from_secs(5),
-            ..Politeness::off()
-        });
+        let schedule = Schedule::new(Duration::from_secs(5));
         let slow_site = HostState {
             answers: Some((1_500.0, 1_400.0)),
             ..HostState::default()
@@ -525,8 +517,8 @@ mod tests {
         let limits = HostLimits::none();
         let fetch_time = Duration::from_millis(2_500);
 
-        let unknown = gate.ask(&HostState::default(), limits, fetch_time);
-        let known = gate.ask(&slow_site, limits, fetch_time);
+        let unknown = schedule.ask(&HostState::default(), limits, fetch_time);
+        let known = schedule.ask(&slow_site, limits, fetch_time);
 
         assert!((1_450..=1_550).contains(&(unknown.horizon - unknown.now)));
         assert!((950..=1_050).contains(&(known.horizon - known.now)));

@@ -9,20 +9,49 @@ use crate::metrics::Measures;
 use crate::ports::error::StoreError;
 use crate::ports::hosts::{HostStore, PushedBack, Taken};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{
-    BOOKING_LEAD_MS, Entry, GIVE_BACK_PAST_MS, Gate, HoldReason, HostTurn, MOST_BOOKED_TOGETHER,
-    MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, WANTS_WORK_KEPT_MS, jittered, limits, millis,
-    now_ms,
+    BOOKING_LEAD_MS, CheckTime, Entry, GIVE_BACK_PAST_MS, HoldReason, HostTurn,
+    MOST_BOOKED_TOGETHER, MOST_HOSTS, ORDER, Permit, SLOT_MARGIN_MS, WANTS_WORK_KEPT_MS, jittered,
+    limits, millis, now_ms,
 };
 
 /// How many times a push-back write is tried when other sandboxes' push-backs keep landing
 /// between its read and its write. Each try starts from the item as the refusal returned it.
 const PUSH_BACK_TRIES: usize = 4;
 
-impl Gate {
+/// The hosts' schedules as this sandbox sees them, and what it remembers between
+/// invocations: each host's view (refreshed by every answer from the host's item), whose
+/// turn it is to ask, the runs read as wanting work, and how long the check at a start
+/// takes here.
+#[derive(Debug)]
+pub struct Schedule {
+    /// The longest wait for a start that is slept inside the invocation
+    /// (`Politeness::max_sleep`).
+    max_sleep: Duration,
+    views: Mutex<HashMap<Host, HostState>>,
+    turns: Mutex<HashMap<Host, Arc<HostTurn>>>,
+    /// Runs read as wanting work, and when: a run that books behind one of them does not
+    /// read it again for a while.
+    working: Mutex<HashMap<Booker, Millis>>,
+    /// How long the check at a start takes in this sandbox. The check is made that much
+    /// ahead of the start.
+    pub(super) check: CheckTime,
+}
+
+impl Schedule {
+    pub fn new(max_sleep: Duration) -> Self {
+        Self {
+            max_sleep,
+            views: Mutex::default(),
+            turns: Mutex::default(),
+            working: Mutex::default(),
+            check: CheckTime::default(),
+        }
+    }
+
     /// The host's schedule and a slot for one fetch. They are asked of the host's item,
     /// unless this sandbox's view already shows a cooldown or a schedule full past the
     /// horizon (those only move later). The record then sleeps until the start. If the
@@ -163,7 +192,6 @@ impl Gate {
         let now = now_ms();
         let answer = seen.usual_answer().unwrap_or_default();
         let sleep = self
-            .settings
             .max_sleep
             .min(fetch_time.saturating_sub(answer.max(crate::domain::time::MIN_FETCH)));
         let horizon = now + millis(sleep);

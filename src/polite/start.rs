@@ -11,11 +11,11 @@ use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 
 use super::{
-    AGAIN_TIME, Entry, FRESH_GRANT_MS, Gate, Later, ORDER, Permit, jittered, missed_once_checked,
-    now_ms,
+    AGAIN_TIME, Entry, FRESH_GRANT_MS, Later, ORDER, Permit, Schedule, jittered,
+    missed_once_checked, now_ms,
 };
 
-impl Gate {
+impl Schedule {
     /// Sleeps until the permit's start, then checks the host's item again. The check is made
     /// ahead of the start by its usual time, so the fetch starts on time. A booked start
     /// takes its slot in one write, which also checks the cooldown. Any other start reads the

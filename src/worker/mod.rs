@@ -273,7 +273,8 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             self.unclaim(ctx, claim).await;
         }
         if let Some(permit) = permit {
-            self.gate
+            let schedule = &self.gate.schedule;
+            schedule
                 .leave(&self.tasks, permit, None, ctx.measures())
                 .await;
         }
@@ -299,7 +300,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             tasks: &self.tasks,
             results: &self.results,
             fetcher: &self.fetcher,
-            gate: &self.gate,
+            schedule: &self.gate.schedule,
             paid: &self.paid,
         }
     }

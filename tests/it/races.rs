@@ -585,7 +585,10 @@ async fn a_push_back_never_lowers_a_slowdown_another_sandbox_raised_between_its_
     let answer = Some(Sign::PushedBack(Some(30_000)));
     let sandbox = worker.clone();
     let answered = tokio::spawn(async move {
-        let left = sandbox.gate.leave(&hosts, permit, answer, &measures);
+        let left = sandbox
+            .gate
+            .schedule
+            .leave(&hosts, permit, answer, &measures);
         left.await;
     });
 
@@ -620,8 +623,13 @@ async fn a_start_asked_again_after_a_missed_one_is_held_by_a_push_back_recorded_
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let ends = std::time::Instant::now() + Duration::from_secs(10);
     let sandbox = worker.clone();
-    let ready =
-        tokio::spawn(async move { sandbox.gate.ready(&hosts, permit, ends, &measures).await });
+    let ready = tokio::spawn(async move {
+        sandbox
+            .gate
+            .schedule
+            .ready(&hosts, permit, ends, &measures)
+            .await
+    });
 
     // Act: before that check, another sandbox records a push-back with a 2 s cooldown.
     paused.reached().await;

@@ -18,7 +18,7 @@ use crate::domain::model::Page;
 use crate::domain::refresh::Prior;
 use crate::domain::spend::Spend;
 use crate::paid::PaidAllowances;
-use crate::polite::{Gate, Later, Permit};
+use crate::polite::{Later, Permit, Schedule};
 use crate::ports::error::StoreError;
 use crate::ports::hosts::HostStore;
 use crate::ports::results::{Earlier, EarlierCheck, ResultStore};
@@ -73,7 +73,7 @@ pub(super) struct Fetch<'a, T, R, F> {
     pub tasks: &'a T,
     pub results: &'a R,
     pub fetcher: &'a F,
-    pub gate: &'a Gate,
+    pub schedule: &'a Schedule,
     pub paid: &'a PaidAllowances,
 }
 
@@ -138,7 +138,10 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         let ends = cutoff.checked_sub(ctx.settings.store_reserve);
         let ends = ends.unwrap_or(cutoff).into_std();
         let (measures, started) = (ctx.measures(), Instant::now());
-        let ready = self.gate.ready(self.tasks, permit, ends, measures).await;
+        let ready = self
+            .schedule
+            .ready(self.tasks, permit, ends, measures)
+            .await;
         let waited = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         tracing::Span::current().record("waited_ms", waited);
         match ready? {
@@ -237,8 +240,9 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
     /// Gives the host's permit back, with what the fetch said of the host's health.
     async fn leave(&self, ctx: &Ctx<'_>, permit: Option<Permit>, sign: Option<Sign>) {
         if let Some(permit) = permit {
-            self.gate
-                .leave(self.tasks, permit, sign, ctx.measures())
+            let measures = ctx.measures();
+            self.schedule
+                .leave(self.tasks, permit, sign, measures)
                 .await;
         }
     }
