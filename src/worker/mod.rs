@@ -120,8 +120,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         // A copy sent from here on goes on from where the redirects led.
         delivery.message.hops = chain;
         let handoffs = &invocation.handoffs;
-        let park = self.parking();
-        park.park(record, (&delivery, handoffs), outcome).await
+        self.parking()
+            .park(record, (&delivery, handoffs), outcome)
+            .await
     }
 
     /// Stages 2 to 7: each hands the record on to the next, or ends it with its outcome.
@@ -194,7 +195,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// Stages 5 and 6: a redelivery adopts a page already stored; otherwise the request
     /// sleeps until its host's start and fetches. The claim's attempt is given back when no
-    /// fetch follows it (a wait, or no time left).
+    /// fetch followed it (a wait, or no time left); the fetch stage gives back the permit.
     async fn fetch(&self, ctx: &Ctx<'_>, claim: &Claimed, admitted: Admitted) -> Step<Scraped> {
         if claim.redelivery {
             let converge = self.converging();
@@ -205,18 +206,12 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
         }
         let fetch = self.fetching();
-        let pass = match fetch.at_start(ctx, admitted.pass).await {
-            Ok(pass) => pass,
-            Err(wait @ Outcome::PoliteHeld { .. }) => {
-                return Err(self.give_back(ctx, Some(claim), None, wait).await);
+        match fetch.fetch(ctx, admitted).await {
+            Err(ended @ (Outcome::PoliteHeld { .. } | Outcome::NoTimeLeft)) => {
+                Err(self.give_back(ctx, Some(claim), None, ended).await)
             }
-            Err(ended) => return Err(ended),
-        };
-        let Some(time) = ctx.fetch_time() else {
-            let ended = Outcome::NoTimeLeft;
-            return Err(self.give_back(ctx, Some(claim), pass.permit(), ended).await);
-        };
-        fetch.fetch(ctx, Admitted { pass, ..admitted }, time).await
+            scraped => scraped,
+        }
     }
 
     /// The chain's next hop, a request of its own under the record's claim. What the hops

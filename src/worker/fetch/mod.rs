@@ -78,9 +78,27 @@ pub(super) struct Fetch<'a, T, R, F> {
 }
 
 impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
-    /// Fetches, within `time`, what the request was admitted for. The host's permit is
-    /// given back, with what the fetch said of the host's health.
-    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted, time: Duration) -> Step<Scraped> {
+    /// Sleeps until the host's start, then fetches what the request was admitted for. The
+    /// stage holds the host's permit from here, and gives it back on every way out: with
+    /// what the fetch said of the host's health, or without a fetch (a cooldown set
+    /// meanwhile by any sandbox's fetch is a wait; too little time left ends it).
+    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted) -> Step<Scraped> {
+        let pass = self.at_start(ctx, admitted.pass).await?;
+        let Some(time) = ctx.fetch_time() else {
+            self.leave(ctx, pass.permit(), None).await;
+            return Err(Outcome::NoTimeLeft);
+        };
+        let admitted = Admitted { pass, ..admitted };
+        self.fetch_admitted(ctx, admitted, time).await
+    }
+
+    /// Fetches, within `time`, what the request was admitted for.
+    async fn fetch_admitted(
+        &self,
+        ctx: &Ctx<'_>,
+        admitted: Admitted,
+        time: Duration,
+    ) -> Step<Scraped> {
         let Admitted {
             url,
             prior,
@@ -121,15 +139,14 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
     }
 
     /// The host's permit once its start has come. A cooldown set meanwhile (by any
-    /// sandbox's fetch) ends the request with a wait: the permit is given back, and the
-    /// record gives back its claim's attempt.
+    /// sandbox's fetch) ends the request with a wait; the schedule takes the permit back.
     #[tracing::instrument(
         target = "conveyor_step",
         name = "host_start",
         skip_all,
         fields(waited_ms)
     )]
-    pub async fn at_start(&self, ctx: &Ctx<'_>, pass: Pass) -> Step<Pass> {
+    async fn at_start(&self, ctx: &Ctx<'_>, pass: Pass) -> Step<Pass> {
         let permit = match pass {
             Pass::Go(permit) => permit,
             refused => return Ok(refused),
