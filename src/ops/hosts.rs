@@ -10,6 +10,7 @@ use crate::domain::limits::{Host, HostState, Millis};
 use crate::domain::time::rfc3339;
 use crate::ports::error::StoreError;
 use crate::store::dynamo::DynamoTaskStore;
+use crate::store::dynamo::hosts::operator;
 use crate::store::dynamo::hosts::operator::{RobotsItem, RobotsSpend, ScheduleItem};
 
 /// A host's items, read at `now`.
@@ -39,13 +40,13 @@ pub async fn show(
     host: &Host,
     now: Millis,
 ) -> Result<HostReport, StoreError> {
-    let schedule = store.schedule_item(host).await?;
-    let robots = store.robots_item(host).await?;
+    let schedule = operator::schedule_item(store, host).await?;
+    let robots = operator::robots_item(store, host).await?;
     if schedule.is_none() && robots.is_none() {
         return Err(no_items(host, "no items"));
     }
     let today = rfc3339(UNIX_EPOCH + Duration::from_millis(now));
-    let robots_paid = store.robots_spend(host, &today[..10]).await?;
+    let robots_paid = operator::robots_spend(store, host, &today[..10]).await?;
     Ok(HostReport {
         host: host.clone(),
         now,
@@ -63,9 +64,9 @@ pub async fn reset(
     robots: bool,
     now: Millis,
 ) -> Result<Reset, StoreError> {
-    let schedule = store.reset_schedule(host, now).await?;
+    let schedule = operator::reset_schedule(store, host, now).await?;
     let forgotten = match robots {
-        true => store.forget_robots(host).await?,
+        true => operator::forget_robots(store, host).await?,
         false => None,
     };
     if schedule.is_none() && forgotten.is_none() {

@@ -451,8 +451,7 @@ async fn a_robots_txt_answering_429_asks_the_free_tier_first_and_the_paid_one_wi
     let today = &conveyor_worker::domain::time::rfc3339(SystemTime::now())[..10];
     let store =
         conveyor_worker::store::dynamo::DynamoTaskStore::new(stack.dynamodb.clone(), &stack.table);
-    let spend = store
-        .robots_spend(&host, today)
+    let spend = conveyor_worker::store::dynamo::hosts::operator::robots_spend(&store, &host, today)
         .await
         .expect("read")
         .expect("the day's spend");

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure, Update};
 
-use crate::store::dynamo::attributes::Item;
+use crate::domain::model::Terminal;
+use crate::store::dynamo::attributes::{Item, n};
 
 /// An update with its condition, names and values.
 pub(crate) struct Expression {
@@ -81,6 +82,24 @@ impl Expression {
             .set_condition_expression(condition)
             .set_expression_attribute_names(non_empty(self.names))
             .set_expression_attribute_values(non_empty(self.values))
+    }
+
+    /// Counts a success carried forward on a `304 Not Modified` on the counter item (the run
+    /// or a shard): one more page not modified, and its bytes as not fetched.
+    pub(crate) fn with_not_modified(self, terminal: &Terminal) -> Self {
+        let Terminal::Succeeded(stored) = terminal else {
+            return self;
+        };
+        if !stored.not_modified {
+            return self;
+        }
+        let adds = [
+            ("pages_not_modified".to_owned(), ":nm_pages".to_owned()),
+            ("bytes_not_fetched".to_owned(), ":nm_bytes".to_owned()),
+        ];
+        self.value(":nm_pages", n(1))
+            .value(":nm_bytes", n(stored.size))
+            .with_adds(&adds)
     }
 }
 

@@ -1,4 +1,10 @@
 //! The task store's table in DynamoDB: tasks, jobs, runs, counter shards, hosts and spend.
+//!
+//! One type, [`DynamoTaskStore`], over the whole table. It implements the worker's ports in
+//! the folder of the item kind each serves (`TaskStore` in `tasks/`, `HostStore` in
+//! `hosts/`, `SpendStore` in `spend/`). Its own methods are here (the shared requests) and
+//! in `runs/` (what producers and operators read and write about a run); every other
+//! helper is a function of its item kind's folder that takes the store.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::SdkError;

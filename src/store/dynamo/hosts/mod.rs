@@ -16,6 +16,7 @@ use crate::ports::hosts::{HostStore, PushedBack, Robots, RobotsRecord, Taken};
 use crate::store::dynamo::attributes::{Item, n, number, s, string};
 
 use crate::store::dynamo::keys::host_key;
+use crate::store::dynamo::tasks;
 use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
 
 pub use crate::domain::limits::MAX_SLOTS;
@@ -139,7 +140,7 @@ impl HostStore for DynamoTaskStore {
     }
 
     async fn booker_wants_work(&self, booker: &Booker) -> Result<bool, StoreError> {
-        let parents = self.parents_of(&booker.job_id, &booker.run_id).await?;
+        let parents = tasks::parents_of(self, &booker.job_id, &booker.run_id).await?;
         Ok(parents.want_work())
     }
 
@@ -217,7 +218,7 @@ impl HostStore for DynamoTaskStore {
         };
         let record = robots_record(&item);
         if record.is_none() {
-            self.expire_robots(host, &item).await?;
+            expire_robots(self, host, &item).await?;
         }
         Ok(record)
     }
@@ -325,37 +326,6 @@ pub(crate) fn robots_spend_key(host: &Host, day: &str) -> Item {
     host_key(host.as_str(), &format!("ROBOTS_SPEND#{day}"))
 }
 
-impl DynamoTaskStore {
-    /// A robots item this release cannot read (an unknown status, or a body missing or not
-    /// gzip) would hold its host's records until it expired. So its expiry is removed, if
-    /// the item still has the expiry that was read. Then the next sandbox takes the fetch
-    /// and writes the item anew.
-    async fn expire_robots(&self, host: &Host, item: &Item) -> Result<(), StoreError> {
-        let Some(seen) = item.get("expires_at") else {
-            return Ok(());
-        };
-        tracing::warn!(
-            host = host.as_str(),
-            "the host's robots.txt item cannot be read: fetched again"
-        );
-        let request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(host_key(host.as_str(), "ROBOTS")));
-        match writes::robots_expire(seen.clone())
-            .apply_to(request)
-            .send()
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Written anew (or expired) by another sandbox since it was read.
-            Err(err) if is_condition_failure(&err) => Ok(()),
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(robots)", err)),
-        }
-    }
-}
-
 /// The host item as it was when a conditional write was refused (`ALL_OLD`).
 fn refused_state<R>(err: &SdkError<UpdateItemError, R>) -> HostState {
     let old = err.as_service_error().and_then(|e| match e {
@@ -428,6 +398,39 @@ fn robots_record(item: &Item) -> Option<RobotsRecord> {
 
 pub mod operator;
 pub(crate) mod writes;
+
+/// A robots item this release cannot read (an unknown status, or a body missing or not
+/// gzip) would hold its host's records until it expired. So its expiry is removed, if
+/// the item still has the expiry that was read. Then the next sandbox takes the fetch
+/// and writes the item anew.
+async fn expire_robots(
+    store: &DynamoTaskStore,
+    host: &Host,
+    item: &Item,
+) -> Result<(), StoreError> {
+    let Some(seen) = item.get("expires_at") else {
+        return Ok(());
+    };
+    tracing::warn!(
+        host = host.as_str(),
+        "the host's robots.txt item cannot be read: fetched again"
+    );
+    let request = store
+        .client
+        .update_item()
+        .table_name(&store.table)
+        .set_key(Some(host_key(host.as_str(), "ROBOTS")));
+    match writes::robots_expire(seen.clone())
+        .apply_to(request)
+        .send()
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Written anew (or expired) by another sandbox since it was read.
+        Err(err) if is_condition_failure(&err) => Ok(()),
+        Err(err) => Err(StoreError::from_sdk("UpdateItem(robots)", err)),
+    }
+}
 
 #[cfg(test)]
 mod tests {

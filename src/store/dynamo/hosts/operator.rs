@@ -47,104 +47,14 @@ pub struct RobotsSpend {
     pub fetches: u64,
 }
 
-impl DynamoTaskStore {
-    /// The host's schedule item, if it has one.
-    pub async fn schedule_item(&self, host: &Host) -> Result<Option<ScheduleItem>, StoreError> {
-        let item = self.host_item(host, "HOST", "GetItem(host)").await?;
-        Ok(item.as_ref().map(schedule_item))
-    }
-
-    /// The host's robots.txt item, if it has one.
-    pub async fn robots_item(&self, host: &Host) -> Result<Option<RobotsItem>, StoreError> {
-        let item = self.host_item(host, "ROBOTS", "GetItem(robots)").await?;
-        Ok(item.as_ref().map(robots_item))
-    }
-
-    /// The host's paid-tier spend on robots.txt on `day` (UTC, `YYYY-MM-DD`), if any.
-    pub async fn robots_spend(
-        &self,
-        host: &Host,
-        day: &str,
-    ) -> Result<Option<RobotsSpend>, StoreError> {
-        let sort = format!("ROBOTS_SPEND#{day}");
-        let item = self.host_item(host, &sort, "GetItem(robots spend)").await?;
-        Ok(item.map(|item| {
-            let count = |name| number::<u64>(&item, name).unwrap_or(0);
-            let spent = count("spent");
-            RobotsSpend {
-                spent,
-                held: count("used").saturating_sub(spent),
-                fetches: count("fetches"),
-            }
-        }))
-    }
-
-    /// Clears the host's schedule so its next fetch starts at once (`writes::host_reset`).
-    /// The item as it was, or None when the host has no schedule item.
-    pub async fn reset_schedule(
-        &self,
-        host: &Host,
-        now: Millis,
-    ) -> Result<Option<ScheduleItem>, StoreError> {
-        let request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(host_key(host.as_str(), "HOST")))
-            .return_values(ReturnValue::AllOld);
-        match writes::host_reset(now, MAX_SLOTS)
-            .apply_to(request)
-            .send()
-            .await
-        {
-            Ok(out) => Ok(Some(schedule_item(&out.attributes.unwrap_or_default()))),
-            Err(err) if is_condition_failure(&err) => Ok(None),
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
-        }
-    }
-
-    /// Deletes the host's robots.txt item, so the host's next task fetches the file again.
-    /// The item as it was, or None when there was none.
-    pub async fn forget_robots(&self, host: &Host) -> Result<Option<RobotsItem>, StoreError> {
-        let out = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .set_key(Some(host_key(host.as_str(), "ROBOTS")))
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await
-            .map_err(|e| StoreError::from_sdk("DeleteItem(robots)", e))?;
-        Ok(out.attributes.as_ref().map(robots_item))
-    }
-
-    async fn host_item(
-        &self,
-        host: &Host,
-        sort: &str,
-        operation: &'static str,
-    ) -> Result<Option<Item>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(host_key(host.as_str(), sort)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| StoreError::from_sdk(operation, e))?;
-        Ok(out.item)
-    }
-}
-
-fn schedule_item(item: &Item) -> ScheduleItem {
+fn schedule_of(item: &Item) -> ScheduleItem {
     ScheduleItem {
         state: host_state(item),
         touched_at: number(item, "touched_at"),
     }
 }
 
-fn robots_item(item: &Item) -> RobotsItem {
+fn robots_of(item: &Item) -> RobotsItem {
     let gzipped = item.get("body_gz").or_else(|| item.get("body"));
     RobotsItem {
         status: string(item, "status").map(str::to_owned),
@@ -156,4 +66,101 @@ fn robots_item(item: &Item) -> RobotsItem {
             .map(|b| b.as_ref().len()),
         failures: number(item, "failures").unwrap_or(0),
     }
+}
+
+/// The host's schedule item, if it has one.
+pub async fn schedule_item(
+    store: &DynamoTaskStore,
+    host: &Host,
+) -> Result<Option<ScheduleItem>, StoreError> {
+    let item = host_item(store, host, "HOST", "GetItem(host)").await?;
+    Ok(item.as_ref().map(schedule_of))
+}
+
+/// The host's robots.txt item, if it has one.
+pub async fn robots_item(
+    store: &DynamoTaskStore,
+    host: &Host,
+) -> Result<Option<RobotsItem>, StoreError> {
+    let item = host_item(store, host, "ROBOTS", "GetItem(robots)").await?;
+    Ok(item.as_ref().map(robots_of))
+}
+
+/// The host's paid-tier spend on robots.txt on `day` (UTC, `YYYY-MM-DD`), if any.
+pub async fn robots_spend(
+    store: &DynamoTaskStore,
+    host: &Host,
+    day: &str,
+) -> Result<Option<RobotsSpend>, StoreError> {
+    let sort = format!("ROBOTS_SPEND#{day}");
+    let item = host_item(store, host, &sort, "GetItem(robots spend)").await?;
+    Ok(item.map(|item| {
+        let count = |name| number::<u64>(&item, name).unwrap_or(0);
+        let spent = count("spent");
+        RobotsSpend {
+            spent,
+            held: count("used").saturating_sub(spent),
+            fetches: count("fetches"),
+        }
+    }))
+}
+
+/// Clears the host's schedule so its next fetch starts at once (`writes::host_reset`).
+/// The item as it was, or None when the host has no schedule item.
+pub async fn reset_schedule(
+    store: &DynamoTaskStore,
+    host: &Host,
+    now: Millis,
+) -> Result<Option<ScheduleItem>, StoreError> {
+    let request = store
+        .client
+        .update_item()
+        .table_name(&store.table)
+        .set_key(Some(host_key(host.as_str(), "HOST")))
+        .return_values(ReturnValue::AllOld);
+    match writes::host_reset(now, MAX_SLOTS)
+        .apply_to(request)
+        .send()
+        .await
+    {
+        Ok(out) => Ok(Some(schedule_of(&out.attributes.unwrap_or_default()))),
+        Err(err) if is_condition_failure(&err) => Ok(None),
+        Err(err) => Err(StoreError::from_sdk("UpdateItem(host)", err)),
+    }
+}
+
+/// Deletes the host's robots.txt item, so the host's next task fetches the file again.
+/// The item as it was, or None when there was none.
+pub async fn forget_robots(
+    store: &DynamoTaskStore,
+    host: &Host,
+) -> Result<Option<RobotsItem>, StoreError> {
+    let out = store
+        .client
+        .delete_item()
+        .table_name(&store.table)
+        .set_key(Some(host_key(host.as_str(), "ROBOTS")))
+        .return_values(ReturnValue::AllOld)
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("DeleteItem(robots)", e))?;
+    Ok(out.attributes.as_ref().map(robots_of))
+}
+
+async fn host_item(
+    store: &DynamoTaskStore,
+    host: &Host,
+    sort: &str,
+    operation: &'static str,
+) -> Result<Option<Item>, StoreError> {
+    let out = store
+        .client
+        .get_item()
+        .table_name(&store.table)
+        .set_key(Some(host_key(host.as_str(), sort)))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk(operation, e))?;
+    Ok(out.item)
 }

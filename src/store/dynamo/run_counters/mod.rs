@@ -20,63 +20,12 @@ use crate::domain::model::{TaskStatus, Terminal};
 use crate::domain::spend::DeliverySpend;
 use crate::ports::error::StoreError;
 use crate::ports::tasks::Finish;
-use crate::store::dynamo::attributes::{Item, n, number, string};
-use crate::store::dynamo::expressions::Expression;
+use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::keys;
-use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
 use crate::store::error::cancellation_fault;
+use tasks::{is_failure_without_result, writes::Over};
 use writes::RunStep;
-
-impl DynamoTaskStore {
-    /// The terminal write, counted on the run item. While more than one task remains, it
-    /// only counts. For the last task, it counts and completes the run. For a run that is
-    /// not running, it counts without completing. If a step is refused, the next step is the
-    /// one that the run, as it was then, calls for. An operator's re-queue and other tasks'
-    /// counts change the run meanwhile. `None` when the run is gone or keeps no counters.
-    pub(crate) async fn finish_on_run(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, DeliverySpend<'_>),
-        now: &str,
-    ) -> Result<Option<Finish>, StoreError> {
-        let mut step = RunStep::Count;
-        for _ in 0..MAX_STEPS {
-            match self
-                .finish_counted(task, (terminal, spend), now, step)
-                .await?
-            {
-                Counted::Written => {
-                    let completed_run = step == RunStep::CountAndComplete;
-                    if completed_run {
-                        tracing::info!("the run is complete");
-                    }
-                    let spend_counted = true;
-                    return Ok(Some(Finish::Written {
-                        completed_run,
-                        spend_counted,
-                    }));
-                }
-                Counted::TaskRefused {
-                    failed_without_result: true,
-                } if terminal.status() == TaskStatus::Successful => {
-                    return self
-                        .replace_failure(task, (terminal, spend), now)
-                        .await
-                        .map(Some);
-                }
-                Counted::TaskRefused { .. } => return Ok(Some(Finish::LostRace)),
-                Counted::RunRefused { run } => match next_step(run.as_ref()) {
-                    Some(next) => step = next,
-                    None => return Ok(None),
-                },
-            }
-        }
-        Err(StoreError::Changed {
-            detail: format!("the counters of run {} kept changing", task.run_id),
-        })
-    }
-}
 
 /// The most steps one terminal write tries before it is retried as a conflict.
 const MAX_STEPS: usize = 8;
@@ -113,65 +62,6 @@ enum Counted {
     },
 }
 
-impl DynamoTaskStore {
-    async fn finish_counted(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, DeliverySpend<'_>),
-        now: &str,
-        step: RunStep,
-    ) -> Result<Counted, StoreError> {
-        let over = match step {
-            RunStep::Recount => Over::FailureWithoutResult,
-            _ => Over::Open,
-        };
-        let task_update = tasks::writes::task_terminal(terminal, now, over)
-            .with_spend_by(spend)
-            .into_update(&self.table, keys::task_key(task));
-        let run_update = writes::run_count(step, terminal, now)
-            .with_spend(spend.spend)
-            .with_not_modified(terminal)
-            .into_update(&self.table, keys::run_key(&task.job_id, &task.run_id));
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(task_update).build())
-            .transact_items(TransactWriteItem::builder().update(run_update).build())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Counted::Written),
-            Err(err) => counted_refusal(err),
-        }
-    }
-
-    /// A success in place of a failure without a result. It is counted again in the same
-    /// transaction, or written alone when the run keeps no counters.
-    async fn replace_failure(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, DeliverySpend<'_>),
-        now: &str,
-    ) -> Result<Finish, StoreError> {
-        let recounted = self.finish_counted(task, (terminal, spend), now, RunStep::Recount);
-        let replaced = match recounted.await? {
-            Counted::Written => Finish::Written {
-                completed_run: false,
-                spend_counted: true,
-            },
-            Counted::TaskRefused { .. } => Finish::LostRace,
-            Counted::RunRefused { .. } => {
-                let over = Over::FailureWithoutResult;
-                self.finish_uncounted(task, terminal, now, over).await?
-            }
-        };
-        if replaced != Finish::LostRace {
-            tracing::info!("a stored result replaced a failure written first");
-        }
-        Ok(replaced)
-    }
-}
-
 /// A cancelled terminal write: the task refused it (terminal already), the run refused it
 /// (try the next step), or a fault (a conflict, an item too large).
 fn counted_refusal(
@@ -203,24 +93,105 @@ fn counted_refusal(
     Err(StoreError::from_sdk("TransactWriteItems(finish)", err))
 }
 
-impl Expression {
-    /// Counts a success carried forward on a `304 Not Modified` on the counter item (the run
-    /// or a shard): one more page not modified, and its bytes as not fetched.
-    pub(crate) fn with_not_modified(self, terminal: &Terminal) -> Self {
-        let Terminal::Succeeded(stored) = terminal else {
-            return self;
-        };
-        if !stored.not_modified {
-            return self;
+pub(crate) mod writes;
+
+/// The terminal write, counted on the run item. While more than one task remains, it
+/// only counts. For the last task, it counts and completes the run. For a run that is
+/// not running, it counts without completing. If a step is refused, the next step is the
+/// one that the run, as it was then, calls for. An operator's re-queue and other tasks'
+/// counts change the run meanwhile. `None` when the run is gone or keeps no counters.
+pub(crate) async fn finish_on_run(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    (terminal, spend): (&Terminal, DeliverySpend<'_>),
+    now: &str,
+) -> Result<Option<Finish>, StoreError> {
+    let mut step = RunStep::Count;
+    for _ in 0..MAX_STEPS {
+        match finish_counted(store, task, (terminal, spend), now, step).await? {
+            Counted::Written => {
+                let completed_run = step == RunStep::CountAndComplete;
+                if completed_run {
+                    tracing::info!("the run is complete");
+                }
+                let spend_counted = true;
+                return Ok(Some(Finish::Written {
+                    completed_run,
+                    spend_counted,
+                }));
+            }
+            Counted::TaskRefused {
+                failed_without_result: true,
+            } if terminal.status() == TaskStatus::Successful => {
+                return replace_failure(store, task, (terminal, spend), now)
+                    .await
+                    .map(Some);
+            }
+            Counted::TaskRefused { .. } => return Ok(Some(Finish::LostRace)),
+            Counted::RunRefused { run } => match next_step(run.as_ref()) {
+                Some(next) => step = next,
+                None => return Ok(None),
+            },
         }
-        let adds = [
-            ("pages_not_modified".to_owned(), ":nm_pages".to_owned()),
-            ("bytes_not_fetched".to_owned(), ":nm_bytes".to_owned()),
-        ];
-        self.value(":nm_pages", n(1))
-            .value(":nm_bytes", n(stored.size))
-            .with_adds(&adds)
+    }
+    Err(StoreError::Changed {
+        detail: format!("the counters of run {} kept changing", task.run_id),
+    })
+}
+
+async fn finish_counted(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    (terminal, spend): (&Terminal, DeliverySpend<'_>),
+    now: &str,
+    step: RunStep,
+) -> Result<Counted, StoreError> {
+    let over = match step {
+        RunStep::Recount => Over::FailureWithoutResult,
+        _ => Over::Open,
+    };
+    let task_update = tasks::writes::task_terminal(terminal, now, over)
+        .with_spend_by(spend)
+        .into_update(&store.table, keys::task_key(task));
+    let run_update = writes::run_count(step, terminal, now)
+        .with_spend(spend.spend)
+        .with_not_modified(terminal)
+        .into_update(&store.table, keys::run_key(&task.job_id, &task.run_id));
+    let result = store
+        .client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().update(task_update).build())
+        .transact_items(TransactWriteItem::builder().update(run_update).build())
+        .send()
+        .await;
+    match result {
+        Ok(_) => Ok(Counted::Written),
+        Err(err) => counted_refusal(err),
     }
 }
 
-pub(crate) mod writes;
+/// A success in place of a failure without a result. It is counted again in the same
+/// transaction, or written alone when the run keeps no counters.
+async fn replace_failure(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    (terminal, spend): (&Terminal, DeliverySpend<'_>),
+    now: &str,
+) -> Result<Finish, StoreError> {
+    let recounted = finish_counted(store, task, (terminal, spend), now, RunStep::Recount);
+    let replaced = match recounted.await? {
+        Counted::Written => Finish::Written {
+            completed_run: false,
+            spend_counted: true,
+        },
+        Counted::TaskRefused { .. } => Finish::LostRace,
+        Counted::RunRefused { .. } => {
+            let over = Over::FailureWithoutResult;
+            tasks::finish_uncounted(store, task, terminal, now, over).await?
+        }
+    };
+    if replaced != Finish::LostRace {
+        tracing::info!("a stored result replaced a failure written first");
+    }
+    Ok(replaced)
+}

@@ -6,7 +6,7 @@
 //! group (or shard), not once per task. docs/design.md argues that this completes a run
 //! exactly once. Re-queues are in `requeue.rs`.
 
-mod requeue;
+pub(crate) mod requeue;
 mod writes;
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
@@ -23,9 +23,9 @@ use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::run_counters::writes::RunStep;
-use crate::store::dynamo::tasks::{is_failure_without_result, writes::Over};
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
 use crate::store::error::cancellation_fault;
+use tasks::{is_failure_without_result, writes::Over};
 
 /// A counter on a task's path: its shard, the shard's group, the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,109 +123,6 @@ enum Counted {
     /// A counter was not as the step expected. Holds the next step, from what the counter is
     /// now. `None` when the shard is gone or had nothing left to count.
     Refused(Option<Step>),
-}
-
-impl DynamoTaskStore {
-    /// The terminal write, counted in the run's counter tree.
-    pub(crate) async fn finish_sharded(
-        &self,
-        task: &TaskRef,
-        (terminal, spend): (&Terminal, DeliverySpend<'_>),
-        now: &str,
-        sharding: Sharding,
-    ) -> Result<Finish, StoreError> {
-        let path = Path::of(task, sharding);
-        let mut step = COUNT;
-        // Each refusal returns the refusing counter as it is now. So two tries per level are
-        // enough, unless counters keep changing underneath. That is a conflict to try again.
-        for _ in 0..2 * path.nodes.len() + 2 {
-            let counted = self.count_on_path((terminal, spend), now, &path, step);
-            let next = match counted.await? {
-                Counted::Written => return Ok(written(step)),
-                Counted::TaskRefused {
-                    failed_without_result: true,
-                } if terminal.status() == TaskStatus::Successful => Step::Recount,
-                Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
-                Counted::Refused(Some(next)) => next,
-                Counted::Refused(None) => return self.uncounted(task, terminal, now, step).await,
-            };
-            step = next;
-        }
-        Err(StoreError::Changed {
-            detail: "the task's counters kept changing under the terminal write".into(),
-        })
-    }
-
-    /// One transaction: the task's terminal write, and its counters as `step` says.
-    async fn count_on_path(
-        &self,
-        (terminal, spend): (&Terminal, DeliverySpend<'_>),
-        now: &str,
-        path: &Path<'_>,
-        step: Step,
-    ) -> Result<Counted, StoreError> {
-        let over = match step {
-            Step::Recount => Over::FailureWithoutResult,
-            Step::Climb { .. } => Over::Open,
-        };
-        let task = tasks::writes::task_terminal(terminal, now, over).with_spend_by(spend);
-        let mut updates = vec![task.into_update(&self.table, keys::task_key(path.task))];
-        let counters: Vec<Expression> = match step {
-            Step::Recount => vec![writes::shard_recount(terminal, now)],
-            Step::Climb { top, how } => (0..=top)
-                .map(|level| counter_update(path, level, terminal, now, (top, how)))
-                .collect(),
-        };
-        for (level, counter) in counters.into_iter().enumerate() {
-            // The shard (level 0) takes the delivery's spend, in the task's own transaction.
-            let counter = if level == 0 {
-                counter.with_spend(spend.spend).with_not_modified(terminal)
-            } else {
-                counter
-            };
-            updates.push(counter.into_update(&self.table, path.key(level)));
-        }
-        match self.transact(updates).await {
-            Ok(()) => Ok(Counted::Written),
-            Err(err) => finish_refusal(err, path, step),
-        }
-    }
-
-    /// The terminal write without a count, for a task whose shard is gone or has counted all
-    /// its tasks already. That is a producer's mistake in sizing the shard. The task still
-    /// ends.
-    async fn uncounted(
-        &self,
-        task: &TaskRef,
-        terminal: &Terminal,
-        now: &str,
-        step: Step,
-    ) -> Result<Finish, StoreError> {
-        tracing::warn!(
-            ?step,
-            "the task's counter shard is gone or has nothing left to count"
-        );
-        let over = match step {
-            Step::Recount => Over::FailureWithoutResult,
-            Step::Climb { .. } => Over::Open,
-        };
-        self.finish_uncounted(task, terminal, now, over).await
-    }
-
-    async fn transact(
-        &self,
-        updates: Vec<Update>,
-    ) -> Result<(), SdkError<TransactWriteItemsError, HttpResponse>> {
-        let items = updates
-            .into_iter()
-            .map(|u| TransactWriteItem::builder().update(u).build());
-        self.client
-            .transact_write_items()
-            .set_transact_items(Some(items.collect()))
-            .send()
-            .await
-            .map(|_| ())
-    }
 }
 
 /// The update of the counter at `level` when the write climbs to `top`.
@@ -345,4 +242,106 @@ fn condition_refused(
         Some(at) => Ok((at, reasons[at].item().cloned())),
         None => Err(StoreError::from_sdk(operation, err)),
     }
+}
+
+/// The terminal write, counted in the run's counter tree.
+pub(crate) async fn finish_sharded(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    (terminal, spend): (&Terminal, DeliverySpend<'_>),
+    now: &str,
+    sharding: Sharding,
+) -> Result<Finish, StoreError> {
+    let path = Path::of(task, sharding);
+    let mut step = COUNT;
+    // Each refusal returns the refusing counter as it is now. So two tries per level are
+    // enough, unless counters keep changing underneath. That is a conflict to try again.
+    for _ in 0..2 * path.nodes.len() + 2 {
+        let counted = count_on_path(store, (terminal, spend), now, &path, step);
+        let next = match counted.await? {
+            Counted::Written => return Ok(written(step)),
+            Counted::TaskRefused {
+                failed_without_result: true,
+            } if terminal.status() == TaskStatus::Successful => Step::Recount,
+            Counted::TaskRefused { .. } => return Ok(Finish::LostRace),
+            Counted::Refused(Some(next)) => next,
+            Counted::Refused(None) => return uncounted(store, task, terminal, now, step).await,
+        };
+        step = next;
+    }
+    Err(StoreError::Changed {
+        detail: "the task's counters kept changing under the terminal write".into(),
+    })
+}
+
+/// One transaction: the task's terminal write, and its counters as `step` says.
+async fn count_on_path(
+    store: &DynamoTaskStore,
+    (terminal, spend): (&Terminal, DeliverySpend<'_>),
+    now: &str,
+    path: &Path<'_>,
+    step: Step,
+) -> Result<Counted, StoreError> {
+    let over = match step {
+        Step::Recount => Over::FailureWithoutResult,
+        Step::Climb { .. } => Over::Open,
+    };
+    let task = tasks::writes::task_terminal(terminal, now, over).with_spend_by(spend);
+    let mut updates = vec![task.into_update(&store.table, keys::task_key(path.task))];
+    let counters: Vec<Expression> = match step {
+        Step::Recount => vec![writes::shard_recount(terminal, now)],
+        Step::Climb { top, how } => (0..=top)
+            .map(|level| counter_update(path, level, terminal, now, (top, how)))
+            .collect(),
+    };
+    for (level, counter) in counters.into_iter().enumerate() {
+        // The shard (level 0) takes the delivery's spend, in the task's own transaction.
+        let counter = if level == 0 {
+            counter.with_spend(spend.spend).with_not_modified(terminal)
+        } else {
+            counter
+        };
+        updates.push(counter.into_update(&store.table, path.key(level)));
+    }
+    match transact(store, updates).await {
+        Ok(()) => Ok(Counted::Written),
+        Err(err) => finish_refusal(err, path, step),
+    }
+}
+
+/// The terminal write without a count, for a task whose shard is gone or has counted all
+/// its tasks already. That is a producer's mistake in sizing the shard. The task still
+/// ends.
+async fn uncounted(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    terminal: &Terminal,
+    now: &str,
+    step: Step,
+) -> Result<Finish, StoreError> {
+    tracing::warn!(
+        ?step,
+        "the task's counter shard is gone or has nothing left to count"
+    );
+    let over = match step {
+        Step::Recount => Over::FailureWithoutResult,
+        Step::Climb { .. } => Over::Open,
+    };
+    tasks::finish_uncounted(store, task, terminal, now, over).await
+}
+
+async fn transact(
+    store: &DynamoTaskStore,
+    updates: Vec<Update>,
+) -> Result<(), SdkError<TransactWriteItemsError, HttpResponse>> {
+    let items = updates
+        .into_iter()
+        .map(|u| TransactWriteItem::builder().update(u).build());
+    store
+        .client
+        .transact_write_items()
+        .set_transact_items(Some(items.collect()))
+        .send()
+        .await
+        .map(|_| ())
 }

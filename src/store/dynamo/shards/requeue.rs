@@ -10,43 +10,8 @@ use crate::domain::model::Sharding;
 use crate::ports::error::StoreError;
 use crate::store::dynamo::attributes::number;
 use crate::store::dynamo::runs::Requeue;
+use crate::store::dynamo::shards;
 use crate::store::dynamo::{DynamoTaskStore, keys, tasks};
-
-impl DynamoTaskStore {
-    /// A failed task back to pending, and back into its shard's count, in one transaction.
-    /// A shard that had none left reopens in its group (or the run). A group that had none
-    /// left reopens in the run, and the run runs again. A run cancelled meanwhile is refused.
-    pub(crate) async fn requeue_sharded(
-        &self,
-        task: &TaskRef,
-        sharding: Sharding,
-        now: &str,
-    ) -> Result<Requeue, StoreError> {
-        let path = Path::of(task, sharding);
-        let mut top = 0;
-        for _ in 0..2 * path.nodes.len() {
-            let updates = reopen_updates(&self.table, &path, top, now);
-            let Err(err) = self.transact(updates).await else {
-                return Ok(Requeue::Done);
-            };
-            let (at, old) = condition_refused(err, "TransactWriteItems(requeue)")?;
-            let Some(level) = at.checked_sub(1) else {
-                return Ok(Requeue::NotFailed);
-            };
-            let left = old
-                .as_ref()
-                .and_then(|item| number::<i64>(item, path.left(level)));
-            top = match (path.nodes[level], left) {
-                (Node::Run, _) | (_, None) => return Err(counters_refused(task)),
-                (_, Some(0)) => level + 1, // none left: it reopens, and its parent with it
-                (_, Some(_)) => level,
-            };
-        }
-        Err(StoreError::Changed {
-            detail: format!("the counters of {} kept changing", task.task_id),
-        })
-    }
-}
 
 /// A re-queue's transaction: the task, and its counters up to `top`. Each counter below
 /// `top` is reopened from none left. `top` counts the task back. If `top` is the run, the
@@ -70,4 +35,38 @@ fn counters_refused(task: &TaskRef) -> StoreError {
     StoreError::NotAllowed {
         detail: format!("run {job}/{run} was cancelled or lost its counters"),
     }
+}
+
+/// A failed task back to pending, and back into its shard's count, in one transaction.
+/// A shard that had none left reopens in its group (or the run). A group that had none
+/// left reopens in the run, and the run runs again. A run cancelled meanwhile is refused.
+pub(crate) async fn requeue_sharded(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    sharding: Sharding,
+    now: &str,
+) -> Result<Requeue, StoreError> {
+    let path = Path::of(task, sharding);
+    let mut top = 0;
+    for _ in 0..2 * path.nodes.len() {
+        let updates = reopen_updates(&store.table, &path, top, now);
+        let Err(err) = shards::transact(store, updates).await else {
+            return Ok(Requeue::Done);
+        };
+        let (at, old) = condition_refused(err, "TransactWriteItems(requeue)")?;
+        let Some(level) = at.checked_sub(1) else {
+            return Ok(Requeue::NotFailed);
+        };
+        let left = old
+            .as_ref()
+            .and_then(|item| number::<i64>(item, path.left(level)));
+        top = match (path.nodes[level], left) {
+            (Node::Run, _) | (_, None) => return Err(counters_refused(task)),
+            (_, Some(0)) => level + 1, // none left: it reopens, and its parent with it
+            (_, Some(_)) => level,
+        };
+    }
+    Err(StoreError::Changed {
+        detail: format!("the counters of {} kept changing", task.task_id),
+    })
 }

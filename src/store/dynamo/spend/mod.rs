@@ -85,7 +85,7 @@ impl SpendStore for DynamoTaskStore {
     ) -> Result<Reservation, StoreError> {
         let mut tries = 0;
         loop {
-            match self.try_reserve(run, lease, chunk).await {
+            match try_reserve(self, run, lease, chunk).await {
                 Err(err) if err.is_conflict() && tries < CONFLICT_TRIES => tries += 1,
                 answer => return answer,
             }
@@ -145,10 +145,10 @@ impl SpendStore for DynamoTaskStore {
         let (job, run_id) = (run.job_id, run.run_id);
         let mut tries = 0;
         loop {
-            let answer = match self.lease_item(job, run_id, holder).await? {
-                Some(lease) => self.settle_lease(run, &lease, unnoted).await,
+            let answer = match lease_item(self, job, run_id, holder).await? {
+                Some(lease) => settle_lease(self, run, &lease, unnoted).await,
                 None if unnoted == 0 => return Ok(()),
-                None => return self.count_unnoted(run, unnoted).await,
+                None => return count_unnoted(self, run, unnoted).await,
             };
             match answer {
                 Ok(true) => return Ok(()),
@@ -169,9 +169,9 @@ impl SpendStore for DynamoTaskStore {
     async fn reclaim_paid(&self, run: RunRef<'_>, now_ms: u64) -> Result<usize, StoreError> {
         let (job, run_id) = (run.job_id, run.run_id);
         let mut taken = 0;
-        for lease in self.leases(job, run_id).await? {
+        for lease in leases(self, job, run_id).await? {
             if number::<u64>(&lease, "expires_at_ms").is_some_and(|at| at < now_ms)
-                && self.settle_lease(run, &lease, 0).await?
+                && settle_lease(self, run, &lease, 0).await?
             {
                 taken += 1;
             }
@@ -210,149 +210,6 @@ fn note_token(delivery: &str) -> String {
 /// run item in a transaction (`TransactionConflict`). Production DynamoDB cancels
 /// overlapping transactions.
 const CONFLICT_TRIES: u64 = 4;
-
-impl DynamoTaskStore {
-    /// A chunk reserved and the holder's lease extended, in one transaction.
-    async fn try_reserve(
-        &self,
-        run: RunRef<'_>,
-        lease: &PaidLease,
-        chunk: u64,
-    ) -> Result<Reservation, StoreError> {
-        let (job, run_id) = (run.job_id, run.run_id);
-        let run_write =
-            writes::reserve_paid(chunk).into_update(&self.table, keys::run_key(job, run_id));
-        let extended = writes::lease(chunk, lease.expires_at_ms)
-            .into_update(&self.table, keys::lease_key(job, run_id, &lease.holder));
-        let lease = TransactWriteItem::builder().update(extended).build();
-        let operation = "TransactWriteItems(reserve_paid)";
-        let Some(reasons) = self.with_lease(operation, run_write, lease).await? else {
-            return Ok(Reservation::Granted);
-        };
-        // The run item as the refusal found it, or as it is now when the response does not
-        // carry it.
-        let run = match reasons.first().and_then(|r| r.item()) {
-            Some(item) => Some(item.clone()),
-            None => self.run_item(job, run_id).await?,
-        };
-        Ok(refusal(&run.unwrap_or_default()))
-    }
-
-    /// The run's leases (a Query of their partition, paged).
-    async fn leases(&self, job: &Id, run: &Id) -> Result<Vec<Item>, StoreError> {
-        let mut pages = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("pk = :pk")
-            .expression_attribute_values(":pk", s(&keys::lease_partition(job, run)))
-            .consistent_read(true)
-            .into_paginator()
-            .items()
-            .send();
-        let mut leases = Vec::new();
-        while let Some(item) = pages.next().await {
-            leases.push(item.map_err(|e| StoreError::from_sdk("Query(leases)", e))?);
-        }
-        Ok(leases)
-    }
-
-    /// This holder's lease, read consistently, if it has one.
-    async fn lease_item(
-        &self,
-        job: &Id,
-        run: &Id,
-        holder: &str,
-    ) -> Result<Option<Item>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(keys::lease_key(job, run, holder)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| StoreError::from_sdk("GetItem(lease)", e))?;
-        Ok(out.item)
-    }
-
-    /// Settles a lease, as it was read, for the run, and ends it. What it noted as spent,
-    /// plus `unnoted`, counts as spent. That may go past its reserved bytes, and then the
-    /// run's reserved bytes grow by the difference. The rest goes back. Refused (`false`) if
-    /// the lease changed meanwhile.
-    async fn settle_lease(
-        &self,
-        run: RunRef<'_>,
-        lease: &Item,
-        unnoted: u64,
-    ) -> Result<bool, StoreError> {
-        let (job, run_id) = (run.job_id, run.run_id);
-        let reserved: u64 = number(lease, "reserved").unwrap_or(0);
-        let noted: u64 = number(lease, "spent").unwrap_or(0);
-        let (Some(pk), Some(sk)) = (lease.get("pk"), lease.get("sk")) else {
-            return Ok(false);
-        };
-        let key = Item::from([("pk".to_owned(), pk.clone()), ("sk".to_owned(), sk.clone())]);
-        let spent = noted.saturating_add(unnoted);
-        let seen = (reserved, noted, number(lease, "expires_at_ms").unwrap_or(0));
-        let run_write = writes::return_paid(signed(reserved) - signed(spent), spent)
-            .into_update(&self.table, keys::run_key(job, run_id));
-        let ended = TransactWriteItem::builder()
-            .delete(lease_ended(&self.table, key, seen))
-            .build();
-        let operation = "TransactWriteItems(settle_paid)";
-        let refused = self
-            .with_lease(operation, run_write, ended)
-            .await?
-            .is_some();
-        if !refused {
-            tracing::info!(reserved, spent, "a paid-tier lease settled for the run");
-        }
-        Ok(!refused)
-    }
-
-    /// Bytes spent under a lease that is gone. It was taken back before this sandbox gave it
-    /// back, and that counted them as unspent. They are counted as both reserved and spent.
-    async fn count_unnoted(&self, run: RunRef<'_>, unnoted: u64) -> Result<(), StoreError> {
-        let (job, run_id) = (run.job_id, run.run_id);
-        let request = writes::return_paid(-signed(unnoted), unnoted)
-            .apply_to(self.client.update_item())
-            .table_name(&self.table)
-            .set_key(Some(keys::run_key(job, run_id)));
-        match request.send().await {
-            Ok(_) => Ok(()),
-            Err(err) if is_condition_failure(&err) => {
-                tracing::warn!(
-                    unnoted,
-                    "the run's paid-tier account is gone: spend not counted"
-                );
-                Ok(())
-            }
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(count_unnoted)", err)),
-        }
-    }
-
-    /// The run item's write and its lease's, in one transaction. `None` when done, or the
-    /// cancellation reasons when a condition refused it.
-    async fn with_lease(
-        &self,
-        operation: &'static str,
-        run: Update,
-        lease: TransactWriteItem,
-    ) -> Result<Option<Vec<CancellationReason>>, StoreError> {
-        let items = vec![TransactWriteItem::builder().update(run).build(), lease];
-        let sent = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .send()
-            .await;
-        match sent {
-            Ok(_) => Ok(None),
-            Err(err) => refused_by_conditions(operation, err).map(Some),
-        }
-    }
-}
 
 /// The cancellation reasons of a transaction refused by its conditions alone. Any other
 /// failure (a conflict with another transaction, throttling) is classified as an error.
@@ -447,3 +304,147 @@ impl Expression {
 }
 
 pub(crate) mod writes;
+
+/// A chunk reserved and the holder's lease extended, in one transaction.
+async fn try_reserve(
+    store: &DynamoTaskStore,
+    run: RunRef<'_>,
+    lease: &PaidLease,
+    chunk: u64,
+) -> Result<Reservation, StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
+    let run_write =
+        writes::reserve_paid(chunk).into_update(&store.table, keys::run_key(job, run_id));
+    let extended = writes::lease(chunk, lease.expires_at_ms)
+        .into_update(&store.table, keys::lease_key(job, run_id, &lease.holder));
+    let lease = TransactWriteItem::builder().update(extended).build();
+    let operation = "TransactWriteItems(reserve_paid)";
+    let Some(reasons) = with_lease(store, operation, run_write, lease).await? else {
+        return Ok(Reservation::Granted);
+    };
+    // The run item as the refusal found it, or as it is now when the response does not
+    // carry it.
+    let run = match reasons.first().and_then(|r| r.item()) {
+        Some(item) => Some(item.clone()),
+        None => store.run_item(job, run_id).await?,
+    };
+    Ok(refusal(&run.unwrap_or_default()))
+}
+
+/// The run's leases (a Query of their partition, paged).
+async fn leases(store: &DynamoTaskStore, job: &Id, run: &Id) -> Result<Vec<Item>, StoreError> {
+    let mut pages = store
+        .client
+        .query()
+        .table_name(&store.table)
+        .key_condition_expression("pk = :pk")
+        .expression_attribute_values(":pk", s(&keys::lease_partition(job, run)))
+        .consistent_read(true)
+        .into_paginator()
+        .items()
+        .send();
+    let mut leases = Vec::new();
+    while let Some(item) = pages.next().await {
+        leases.push(item.map_err(|e| StoreError::from_sdk("Query(leases)", e))?);
+    }
+    Ok(leases)
+}
+
+/// This holder's lease, read consistently, if it has one.
+async fn lease_item(
+    store: &DynamoTaskStore,
+    job: &Id,
+    run: &Id,
+    holder: &str,
+) -> Result<Option<Item>, StoreError> {
+    let out = store
+        .client
+        .get_item()
+        .table_name(&store.table)
+        .set_key(Some(keys::lease_key(job, run, holder)))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| StoreError::from_sdk("GetItem(lease)", e))?;
+    Ok(out.item)
+}
+
+/// Settles a lease, as it was read, for the run, and ends it. What it noted as spent,
+/// plus `unnoted`, counts as spent. That may go past its reserved bytes, and then the
+/// run's reserved bytes grow by the difference. The rest goes back. Refused (`false`) if
+/// the lease changed meanwhile.
+async fn settle_lease(
+    store: &DynamoTaskStore,
+    run: RunRef<'_>,
+    lease: &Item,
+    unnoted: u64,
+) -> Result<bool, StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
+    let reserved: u64 = number(lease, "reserved").unwrap_or(0);
+    let noted: u64 = number(lease, "spent").unwrap_or(0);
+    let (Some(pk), Some(sk)) = (lease.get("pk"), lease.get("sk")) else {
+        return Ok(false);
+    };
+    let key = Item::from([("pk".to_owned(), pk.clone()), ("sk".to_owned(), sk.clone())]);
+    let spent = noted.saturating_add(unnoted);
+    let seen = (reserved, noted, number(lease, "expires_at_ms").unwrap_or(0));
+    let run_write = writes::return_paid(signed(reserved) - signed(spent), spent)
+        .into_update(&store.table, keys::run_key(job, run_id));
+    let ended = TransactWriteItem::builder()
+        .delete(lease_ended(&store.table, key, seen))
+        .build();
+    let operation = "TransactWriteItems(settle_paid)";
+    let refused = with_lease(store, operation, run_write, ended)
+        .await?
+        .is_some();
+    if !refused {
+        tracing::info!(reserved, spent, "a paid-tier lease settled for the run");
+    }
+    Ok(!refused)
+}
+
+/// Bytes spent under a lease that is gone. It was taken back before this sandbox gave it
+/// back, and that counted them as unspent. They are counted as both reserved and spent.
+async fn count_unnoted(
+    store: &DynamoTaskStore,
+    run: RunRef<'_>,
+    unnoted: u64,
+) -> Result<(), StoreError> {
+    let (job, run_id) = (run.job_id, run.run_id);
+    let request = writes::return_paid(-signed(unnoted), unnoted)
+        .apply_to(store.client.update_item())
+        .table_name(&store.table)
+        .set_key(Some(keys::run_key(job, run_id)));
+    match request.send().await {
+        Ok(_) => Ok(()),
+        Err(err) if is_condition_failure(&err) => {
+            tracing::warn!(
+                unnoted,
+                "the run's paid-tier account is gone: spend not counted"
+            );
+            Ok(())
+        }
+        Err(err) => Err(StoreError::from_sdk("UpdateItem(count_unnoted)", err)),
+    }
+}
+
+/// The run item's write and its lease's, in one transaction. `None` when done, or the
+/// cancellation reasons when a condition refused it.
+async fn with_lease(
+    store: &DynamoTaskStore,
+    operation: &'static str,
+    run: Update,
+    lease: TransactWriteItem,
+) -> Result<Option<Vec<CancellationReason>>, StoreError> {
+    let items = vec![TransactWriteItem::builder().update(run).build(), lease];
+    let sent = store
+        .client
+        .transact_write_items()
+        .set_transact_items(Some(items))
+        .send()
+        .await;
+    match sent {
+        Ok(_) => Ok(None),
+        Err(err) => refused_by_conditions(operation, err).map(Some),
+    }
+}

@@ -19,6 +19,8 @@ use crate::domain::time::{millis_of_rfc3339, rfc3339};
 use crate::ports::error::StoreError;
 use crate::ports::tasks::{Claim, Finish, TaskStore};
 use crate::store::dynamo::attributes::{Item, number, string};
+use crate::store::dynamo::run_counters;
+use crate::store::dynamo::shards;
 use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
 use crate::store::dynamo::{jobs, keys};
 use writes::Over;
@@ -56,7 +58,7 @@ impl TaskStore for DynamoTaskStore {
 
     #[tracing::instrument(skip_all)]
     async fn load_parents(&self, task: &TaskRef) -> Result<Parents, StoreError> {
-        self.parents_of(&task.job_id, &task.run_id).await
+        parents_of(self, &task.job_id, &task.run_id).await
     }
 
     #[tracing::instrument(skip_all, fields(lease = lease.is_some()))]
@@ -163,16 +165,15 @@ impl TaskStore for DynamoTaskStore {
         let CountedIn { counting, spend } = counted;
         let now = rfc3339(now);
         if let Counting::Shards(sharding) = counting {
-            return self
-                .finish_sharded(task, (terminal, spend), &now, sharding)
-                .await;
+            return shards::finish_sharded(self, task, (terminal, spend), &now, sharding).await;
         }
-        if let Some(finished) = self.finish_on_run(task, (terminal, spend), &now).await? {
+        if let Some(finished) =
+            run_counters::finish_on_run(self, task, (terminal, spend), &now).await?
+        {
             return Ok(finished);
         }
         tracing::warn!("the run is gone or has no counters: the task is finished uncounted");
-        self.finish_uncounted(task, terminal, &now, Over::Open)
-            .await
+        finish_uncounted(self, task, terminal, &now, Over::Open).await
     }
 }
 
@@ -198,68 +199,6 @@ fn claim_refused(item: Option<&Item>) -> Result<Claim, StoreError> {
     Ok(Claim::Leased {
         until: SystemTime::UNIX_EPOCH + Duration::from_millis(until),
     })
-}
-
-impl DynamoTaskStore {
-    /// The terminal write alone, for a task whose run keeps no counters.
-    pub(crate) async fn finish_uncounted(
-        &self,
-        task: &TaskRef,
-        terminal: &Terminal,
-        now: &str,
-        over: Over,
-    ) -> Result<Finish, StoreError> {
-        let write = writes::task_terminal(terminal, now, over);
-        let result = self.update_task(task, write).send().await;
-        match result {
-            Ok(_) => Ok(Finish::Written {
-                completed_run: false,
-                spend_counted: false,
-            }),
-            Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
-            Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
-        }
-    }
-
-    /// A job's and run's items, as the guard reads them (one strongly consistent
-    /// `BatchGetItem`).
-    pub(crate) async fn parents_of(&self, job_id: &Id, run_id: &Id) -> Result<Parents, StoreError> {
-        let run_sort = keys::run_sort(run_id);
-        let asked = KeysAndAttributes::builder()
-            .keys(keys::job_key(job_id))
-            .keys(keys::run_key(job_id, run_id))
-            .projection_expression(
-                "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
-                 host_max_rps, host_max_inflight, obey_robots, politeness_key, \
-                 block_detection, block_signatures",
-            )
-            .expression_attribute_names("#status", "status")
-            .consistent_read(true)
-            .build()
-            .expect("keys, the one required field, are set");
-        let items = self.batch_get(asked, "BatchGetItem").await?;
-        let mut parents = Parents::default();
-        for item in items {
-            let status = string(&item, "status").map(str::to_owned);
-            match string(&item, "sk") {
-                Some(keys::JOB_SORT) => {
-                    parents.job_status = status;
-                    parents.politeness = jobs::politeness(&item);
-                    parents.detection = jobs::detection(&item);
-                }
-                Some(sk) if sk == run_sort => {
-                    parents.run_status = status;
-                    parents.counting = Counting::of(
-                        number(&item, "counter_shards"),
-                        number(&item, "counter_groups"),
-                    );
-                    parents.paid_budget = number(&item, "paid_tier_budget_bytes");
-                }
-                _ => {}
-            }
-        }
-        Ok(parents)
-    }
 }
 
 /// A refresh task's earlier result, as its producer wrote it (`prior_*`), if whole and valid.
@@ -289,3 +228,67 @@ fn status_of(item: &Item) -> Result<TaskStatus, StoreError> {
 
 /// The task item's writes.
 pub(crate) mod writes;
+
+/// The terminal write alone, for a task whose run keeps no counters.
+pub(crate) async fn finish_uncounted(
+    store: &DynamoTaskStore,
+    task: &TaskRef,
+    terminal: &Terminal,
+    now: &str,
+    over: Over,
+) -> Result<Finish, StoreError> {
+    let write = writes::task_terminal(terminal, now, over);
+    let result = store.update_task(task, write).send().await;
+    match result {
+        Ok(_) => Ok(Finish::Written {
+            completed_run: false,
+            spend_counted: false,
+        }),
+        Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
+        Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
+    }
+}
+
+/// A job's and run's items, as the guard reads them (one strongly consistent
+/// `BatchGetItem`).
+pub(crate) async fn parents_of(
+    store: &DynamoTaskStore,
+    job_id: &Id,
+    run_id: &Id,
+) -> Result<Parents, StoreError> {
+    let run_sort = keys::run_sort(run_id);
+    let asked = KeysAndAttributes::builder()
+        .keys(keys::job_key(job_id))
+        .keys(keys::run_key(job_id, run_id))
+        .projection_expression(
+            "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
+             host_max_rps, host_max_inflight, obey_robots, politeness_key, \
+             block_detection, block_signatures",
+        )
+        .expression_attribute_names("#status", "status")
+        .consistent_read(true)
+        .build()
+        .expect("keys, the one required field, are set");
+    let items = store.batch_get(asked, "BatchGetItem").await?;
+    let mut parents = Parents::default();
+    for item in items {
+        let status = string(&item, "status").map(str::to_owned);
+        match string(&item, "sk") {
+            Some(keys::JOB_SORT) => {
+                parents.job_status = status;
+                parents.politeness = jobs::politeness(&item);
+                parents.detection = jobs::detection(&item);
+            }
+            Some(sk) if sk == run_sort => {
+                parents.run_status = status;
+                parents.counting = Counting::of(
+                    number(&item, "counter_shards"),
+                    number(&item, "counter_groups"),
+                );
+                parents.paid_budget = number(&item, "paid_tier_budget_bytes");
+            }
+            _ => {}
+        }
+    }
+    Ok(parents)
+}
