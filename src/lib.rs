@@ -4,7 +4,7 @@
 //!
 //! | | modules |
 //! |---|---|
-//! | one record, start to end | [`worker`]: one file per stage, in this order: `parse` -> [`worker::guard`] (the one read) -> `admit` (wait for the host's turn through [`polite`], then claim the task) -> `fetch` ([`scraper`]; [`paid`] keeps the paid proxy tier within budget) -> [`worker::converge`] (store the page, then the one terminal write) -> `park` (send a fresh copy or hold the message back) |
+//! | one record, start to end | [`worker`]: [`Worker::process`] calls one file per stage, in this order: `parse` -> `guard` (the one read) -> `admit` (wait for the host's turn through [`polite`]) -> `claim` (the task's attempt) -> `fetch` ([`scraper`]; [`paid`] keeps the paid proxy tier within budget) -> [`worker::converge`] (store the page, then the one terminal write) -> `park` (send a fresh copy or hold the message back) |
 //! | the front door | [`handler`]: the Lambda handler, one SQS batch in and its reply out |
 //! | a batch | [`batch`] runs a batch within its deadline and builds the partial batch response. [`contract`] is the ack contract, as one table |
 //! | around the records | [`pushback`]: [`pushback::retry`] (retry conflicting writes), [`pushback::backoff`] (when a retry is due), [`pushback::pressure`] (how many records run at once while AWS throttles). [`metrics`]: CloudWatch EMF. [`trace`]: one trace per task, carried from the producer through every copy |

@@ -3,8 +3,9 @@
 //! host also has a robots.txt (`robots`), fetched once per host for all sandboxes.
 //! The gate runs after the guard's reads and before the claim. A record whose host has no
 //! room is not fetched. It waits instead, and the wait does not use up an attempt. This file
-//! holds what a record brings to the gate and what the gate answers. The host's schedule and
-//! slots are in `schedule`; the fleet's robots.txt is in `fleet_robots`.
+//! holds what a record brings to the gate and what the gate answers. The hosts' schedule,
+//! starts and slots are a type of their own ([`Schedule`], in `schedule` and `start`); the
+//! fleet's robots.txt is in `fleet_robots`.
 //!
 //! Every file of the politeness feature: here, `admission.rs` (a wait or a failure),
 //! `schedule.rs` (starts, slots, bookings), `start.rs` (the sleep to a start),

@@ -1,4 +1,4 @@
-//! Stage 4, admit: the request gets its host's turn (the host's limits are shared by the
+//! Stage 3, admit: the request gets its host's turn (the host's limits are shared by the
 //! fleet, and robots.txt applies). A URL that our own rules or robots.txt refuse is
 //! admitted too, and fails without a request.
 

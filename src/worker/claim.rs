@@ -1,5 +1,6 @@
-//! Stage 3, claim: the delivery makes the task its own try. Every fetch follows a claim; the
-//! task's claims count its attempts across copies and waits.
+//! Stage 4, claim: the delivery makes the task its attempt. Every fetch follows a claim;
+//! the task's claims count its attempts across copies and waits. A copy parked for a booked
+//! start claims right after its guard instead: its claim is its guard.
 
 use std::time::SystemTime;
 

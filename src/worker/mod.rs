@@ -1,29 +1,29 @@
-//! One record, start to end. [`Worker::process`] reads top to bottom as the record's path,
-//! and it (with `request`, `hop` and `converge` below it) is the only caller of the stages.
-//! No stage calls another; each is a function or a type of its own, over the record's
-//! context (`context`: its delivery, invocation and settings) and the ports it names.
+//! One record, start to end. [`Worker::process`] reads top to bottom as the record's path.
+//! It (with `stages`, `request`, `admit`, `fetch`, `hop` and `converge` under it, in this
+//! file) is the only caller of the stages: no stage calls another. Each stage is a function
+//! or a small type of its own, over the record's context (`context`: its delivery,
+//! invocation and settings) and the ports it names.
 //!
 //! 1. `parse`: the SQS record becomes a delivery of one task. A poison body goes to
 //!    quarantine.
 //! 2. `guard`: one read says whether the task still wants work (`parents` caches the
 //!    job's and run's "yes").
-//! 3. `claim`: the delivery makes the task its try. A booked copy claims first, as its
-//!    guard; any other after its host's turn.
-//! 4. `admit`: the politeness gate gives the request its host's turn.
-//! 5. a redelivery adopts the page an earlier delivery stored (`converge`), instead of
-//!    fetching it again.
-//! 6. `fetch`: the request sleeps until the host's start and fetches the page
-//!    (`fetch/paid`: the paid proxy tier). A redirect, or a `304` that does not confirm the
-//!    validators sent, leads to another request (`hops`): admit, claim and fetch again.
-//! 7. `converge`: the page is stored, then the single terminal write is made
+//! 3. `admit`: the politeness gate gives the request its host's turn.
+//! 4. `claim`: the delivery makes the task its attempt. A copy parked for a booked start
+//!    claims right after its guard instead.
+//! 5. `fetch`: a redelivery adopts the page an earlier delivery stored (`converge`'s
+//!    `adopted`). Otherwise the request sleeps until the host's start and fetches
+//!    (`fetch/paid`: the paid proxy tier). A redirect, or a `304` that does not confirm
+//!    the validators sent, leads to another request (`hops`): admit and fetch again.
+//! 6. `converge`: the page is stored, then the single terminal write is made
 //!    (`converge/stores`).
-//! 8. `park`: a record not finished here is sent again as a copy or held back, and its
+//! 7. `park`: a record not finished here is sent again as a copy or held back, and its
 //!    outcome goes into the batch's reply.
 //!
 //! A stage hands the next a value of its own type (`Delivery`, `Guarded`, `Claimed`,
-//! `Admitted`, `Scraped`), or ends the record with its [`Outcome`]. What a request took
-//! and did not use (the claim's attempt, the host's permit) is given back here, by
-//! [`Worker::process`]'s functions, not by the stages.
+//! `Admitted`, `Scraped`), or ends the record with its [`Outcome`]. The record owns its
+//! claim, and gives back the claim's attempt when no fetch followed it; the fetch stage
+//! owns the host's permit from the host's start to the end of the fetch.
 
 mod admit;
 mod blocked;
@@ -125,7 +125,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .await
     }
 
-    /// Stages 2 to 7: each hands the record on to the next, or ends it with its outcome.
+    /// Stages 2 to 6: each hands the record on to the next, or ends it with its outcome.
     /// A redirect is another request; `chain` is where the redirects have led.
     async fn stages(&self, ctx: &Ctx<'_>, chain: &mut Option<Hops>) -> Step<Outcome> {
         let guard = Guard {
@@ -193,7 +193,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         Ok((claim, admitted))
     }
 
-    /// Stages 5 and 6: a redelivery adopts a page already stored; otherwise the request
+    /// Stage 5: a redelivery adopts a page already stored; otherwise the request
     /// sleeps until its host's start and fetches. The claim's attempt is given back when no
     /// fetch followed it (a wait, or no time left); the fetch stage gives back the permit.
     async fn fetch(&self, ctx: &Ctx<'_>, claim: &Claimed, admitted: Admitted) -> Step<Scraped> {
@@ -241,7 +241,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
     }
 
-    /// Stage 7: stores the page, or records a final failure. A wait for the run's paid budget,
+    /// Stage 6: stores the page, or records a final failure. A wait for the run's paid budget,
     /// or a paid leg with no time to start, was not a try of the task: the claim's attempt is
     /// given back.
     async fn converge(&self, ctx: &Ctx<'_>, claim: Claimed, scraped: Scraped) -> Outcome {

@@ -1,4 +1,4 @@
-//! Stage 8, park: where a record goes when it is not finished here. It may be sent again as
+//! Stage 7, park: where a record goes when it is not finished here. It may be sent again as
 //! a fresh copy, to wait for its host's turn or for a last try. It may be held back through
 //! its visibility timeout. A poison body goes to quarantine. A lease may be given back.
 

@@ -1,4 +1,4 @@
-//! Stage 7, converge: the page is stored under the task's key, then the single terminal
+//! Stage 6, converge: the page is stored under the task's key, then the single terminal
 //! write that can win is made (`stores`). A redelivery adopts a page an earlier delivery
 //! stored instead of fetching it again. A failure worth a retry ends without a terminal
 //! write. What the fetch spent through proxies is counted in that write, or recorded on its

@@ -1,4 +1,4 @@
-//! Stage 6, fetch: the request sleeps until its host's start, then fetches. The sleep comes
+//! Stage 5, fetch: the request sleeps until its host's start, then fetches. The sleep comes
 //! after the claim, so the claim's time is not added to it. The paid proxy tier is held
 //! back while the run has a budget for it (`paid`).
 
