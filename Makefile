@@ -12,14 +12,17 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template clean tinyproxy nginx
+.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template function-deps clean tinyproxy nginx
 
 ## test: fmt, clippy, the template's linters and rules, and all tests in four groups side by
 ## side, each against a fresh emulator of its own, the template's linters beside them (the
-## emulator's venv installs from the network while the Rust checks and build use the CPU)
+## emulator's venv installs from the network while the Rust checks and build use the CPU).
+## The binaries are built before the tests: they run conveyor-ops, a binary of another crate.
 test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
-	{ cargo fmt --all -- --check && cargo test --locked --workspace --no-run; } \
+	{ cargo fmt --all -- --check && $(MAKE) --no-print-directory function-deps \
+	  && cargo test --locked --workspace --no-run \
+	  && cargo build --locked --workspace --bins --tests --profile test; } \
 	  || built=$$?; wait $$venv && exit $$built
 	$(MAKE) --no-print-directory lint-template & template=$$!; \
 	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads 1 $(LONG_A) \
@@ -103,9 +106,15 @@ bench: build $(VENV)/.test tinyproxy
 ## lint: the quick checks alone
 lint: lint-rust lint-template
 
-lint-rust:
+lint-rust: function-deps
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
+
+## function-deps: the function's crate links no CLI crate (they are conveyor-ops', in crates/ops)
+function-deps:
+	@cli=$$(cargo tree --locked -p conveyor-worker -e normal,build --prefix none \
+	  | { grep -E '^(clap|indicatif|console|conveyor-ops) ' || true; } | sort -u); \
+	if [ -n "$$cli" ]; then echo "the function's crate links CLI crates: $$cli"; exit 1; fi
 
 lint-template: $(VENV)/.test
 	cfn-lint template.yaml

@@ -11,14 +11,13 @@
 //! | the stores | [`ports`]: the storage traits the stages call, in domain types. [`store`]: their DynamoDB, S3, SQS and Secrets Manager adapters, with each item type's write expressions next to it and AWS errors sorted into kinds |
 //! | shared types | [`domain`]: ids, message, model, bounded text, time |
 //! | wiring | [`wiring`]: [`wiring::config`] (the environment variables), [`wiring::settings`] (each stage's settings, read from them once), [`wiring::aws`] (SDK config and clients, the production worker), [`wiring::init_error`] (a cold start that fails, reported) |
-//! | operators | [`ops`]: progress, requeue, replay, and the local event source mapping (`conveyor-ops`) |
+//! | operators | not here: the `conveyor-ops` crate (`crates/ops`) has the operator's routines, its tool and the local event source mapping |
 
 pub mod batch;
 pub mod contract;
 pub mod domain;
 pub mod handler;
 pub mod metrics;
-pub mod ops;
 pub mod paid;
 pub mod polite;
 pub mod ports;

@@ -9,7 +9,7 @@
 //! `batch/mod.rs`; the step spans in `worker/parse.rs`, `worker/admit.rs`,
 //! `worker/fetch/mod.rs` and `scraper/spans.rs`; an error marked on its span in
 //! `store/error.rs`; a copy's header in `ports/queue.rs` and `worker/park.rs`, and a
-//! redriven message's in `ops/redrive.rs`.
+//! redriven message's in `crates/ops/src/redrive.rs`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

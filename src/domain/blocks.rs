@@ -7,7 +7,7 @@
 //! climb a tier); a job's own signatures read in `store/dynamo/jobs.rs` and
 //! `worker/parents.rs`; a stored object checked before it is adopted in
 //! `worker/blocked.rs`; the task's failure in `worker/converge/stores.rs`; the operator's
-//! count in `bin/conveyor-ops/results.rs`.
+//! count in `crates/ops/src/bin/conveyor-ops/results.rs`.
 //!
 //! A bot manager answers a scraper with a challenge or block page instead of the real page,
 //! often with status `200`. Headers are checked first, with one lookup each. Then the body's

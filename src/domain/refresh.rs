@@ -7,7 +7,7 @@
 //! `store/dynamo/tasks/mod.rs` (port `ports/tasks.rs`) and `worker/guard.rs`; the
 //! conditional request in `scraper/egress.rs` and `scraper/fetcher.rs`; the earlier object
 //! checked and carried forward in `worker/fetch/mod.rs`, `worker/converge/` and
-//! `store/s3.rs` (port `ports/results.rs`); a refresh run made by `ops/submit.rs` and
+//! `store/s3.rs` (port `ports/results.rs`); a refresh run made by `crates/ops/src/submit.rs` and
 //! `store/dynamo/runs/`.
 
 use crate::domain::ids::ResultKey;

@@ -13,8 +13,8 @@
 //! schedule) and `domain/health.rs` (the adaptive pace); the port `ports/hosts.rs` and its
 //! adapter `store/dynamo/hosts/`; in the record's path `worker/admit.rs` (the gate),
 //! `worker/fetch/mod.rs` (the start), `worker/hops.rs` (a redirect's turn) and
-//! `worker/park.rs` (the parked copy); the operator's `ops/hosts.rs` and
-//! `bin/conveyor-ops/host.rs`; the settings in `wiring/config.rs`.
+//! `worker/park.rs` (the parked copy); the operator's `crates/ops/src/hosts.rs`
+//! and `bin/conveyor-ops/host.rs`; the settings in `wiring/config.rs`.
 
 mod admission;
 mod fleet_robots;

@@ -15,6 +15,7 @@ pub mod lose;
 pub mod matrix;
 pub mod memory;
 pub mod nginx;
+pub mod ops_binary;
 pub mod otlp;
 pub mod pause;
 pub mod polite_site;
@@ -59,6 +60,7 @@ use conveyor_worker::store::sqs::SqsVisibility;
 use conveyor_worker::wiring::aws::s3_config;
 use conveyor_worker::wiring::config::DuplicatePolicy;
 use conveyor_worker::worker::RecordSettings;
+pub use ops_binary::ops_binary;
 use serde_json::json;
 
 pub use site::Site;

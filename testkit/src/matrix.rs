@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use conveyor_ops::{redrive, requeue};
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
-use conveyor_worker::ops::{redrive, requeue};
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::sqs::SqsQueue;

@@ -6,13 +6,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use conveyor_ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Progress, Watch};
 use conveyor_worker::Worker;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::domain::message;
-use conveyor_worker::ops::local_mapping::{
-    self, Ended, MappingSettings, MappingStats, Progress, Watch,
-};
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::sqs::SqsQueue;
 use conveyor_worker::wiring::config::DuplicatePolicy;
@@ -688,7 +686,7 @@ impl Prepared {
             report_every: Duration::from_secs(10),
             until_drained: true,
             limit: Some(LIMIT),
-            give_up_after: conveyor_worker::ops::local_mapping::GIVE_UP_AFTER,
+            give_up_after: conveyor_ops::local_mapping::GIVE_UP_AFTER,
             report: &report,
         };
         let started = Instant::now();

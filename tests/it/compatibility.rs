@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use conveyor_ops::progress::spend_of;
 use conveyor_testkit::fixtures;
 use conveyor_testkit::polite_site::{Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
@@ -13,7 +14,6 @@ use conveyor_worker::domain::ids::{Id, RunRef, TaskRef};
 use conveyor_worker::domain::model::Counting;
 use conveyor_worker::domain::spend::{Spend, TierSpend};
 use conveyor_worker::domain::time::rfc3339;
-use conveyor_worker::ops::progress::spend_of;
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::polite::limits::HostLimits;
 use conveyor_worker::ports::spend::SpendStore;

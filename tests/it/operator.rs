@@ -6,10 +6,10 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
+use conveyor_ops::redrive;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::domain::message::{Carried, Message, parse_body};
-use conveyor_worker::ops::redrive;
 use conveyor_worker::store::sqs::SqsQueue;
 use tokio::process::Command;
 
@@ -478,14 +478,14 @@ async fn a_wrong_table_bucket_or_queue_is_named_with_the_flag_that_sets_it() {
 
 #[tokio::test]
 async fn a_missing_setting_names_its_variable_and_the_version_names_the_tool() {
-    let mut missing = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
+    let mut missing = Command::new(ops_binary());
     let missing = missing
         .args(["progress", "--job", JOB, "--run", RUN])
         .env_remove("TABLE_NAME")
         .output()
         .await
         .expect("run conveyor-ops");
-    let version = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+    let version = Command::new(ops_binary())
         .arg("--version")
         .output()
         .await

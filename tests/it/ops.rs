@@ -13,7 +13,7 @@ use tokio::process::Command;
 
 /// `conveyor-ops` with these arguments and the worker's settings for `stack`, to run.
 pub(crate) fn ops_command(stack: &Stack, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
+    let mut command = Command::new(ops_binary());
     command
         .args(args)
         .envs(scenario::ops_env(stack))
@@ -105,7 +105,7 @@ async fn poll_until_drained_ends_every_task_of_a_run_exactly_once() {
     let prepared = scenario::prepare(TASKS, DuplicatePolicy::Converge).await;
 
     // Act
-    let out = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+    let out = Command::new(ops_binary())
         .args([
             "poll",
             "--queue-url",
@@ -150,7 +150,7 @@ async fn poll_until_drained_ends_every_task_of_a_run_exactly_once() {
 #[tokio::test]
 async fn poll_refuses_to_start_without_the_worker_settings() {
     // Arrange: no TABLE_NAME or RESULTS_BUCKET.
-    let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
+    let mut command = Command::new(ops_binary());
     command
         .args([
             "poll",
@@ -264,7 +264,7 @@ async fn requeue_waits_out_a_transaction_on_the_run_instead_of_skipping_the_task
     stack.conflict_on_run(JOB, RUN, 3).await;
 
     // Act: through the production-like layer.
-    let out = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+    let out = Command::new(ops_binary())
         .args(requeue_failed(&queue.url))
         .envs(scenario::ops_env(&stack))
         .env("AWS_ENDPOINT_URL", prodlike_endpoint())
@@ -362,7 +362,7 @@ async fn failing_progress(remove: &[&str]) -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("addr").port()
     };
-    let mut command = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"));
+    let mut command = Command::new(ops_binary());
     command
         .args(["progress", "--table", "t", "--job", JOB, "--run", RUN])
         .env(

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
+use conveyor_ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Watch};
 use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::polite_site::{self, Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
@@ -12,7 +13,6 @@ use conveyor_testkit::*;
 use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::domain::limits::Host;
 use conveyor_worker::domain::proxy::Tiers;
-use conveyor_worker::ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Watch};
 use conveyor_worker::polite::limits::HostLimits;
 use conveyor_worker::polite::robots::ROBOTS_PAID_BUDGET;
 use conveyor_worker::polite::{Politeness, RobotsPaid};
@@ -186,7 +186,7 @@ pub(crate) async fn drain_tuned(
             report_every: Duration::ZERO,
             until_drained: true,
             limit: Some(fleet.limit),
-            give_up_after: conveyor_worker::ops::local_mapping::GIVE_UP_AFTER,
+            give_up_after: conveyor_ops::local_mapping::GIVE_UP_AFTER,
             report: &report,
         };
         let stop = std::future::pending();

@@ -89,7 +89,7 @@ async fn a_submit_killed_half_way_and_run_again_ends_with_every_task_once() {
     let file = list(&urls);
     let mut args = submit_args(&queue, &file);
     args.extend(["--progress-every", "0s"]);
-    let mut first = Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+    let mut first = Command::new(ops_binary())
         .args(&args)
         .envs(scenario::ops_env(&stack))
         .stdout(Stdio::piped())

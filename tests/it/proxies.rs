@@ -829,7 +829,7 @@ async fn a_whole_run_polled_through_a_proxy_counts_every_fetch_once() {
     let secret = crate::cold_start::secret(&credentials()).await;
 
     // Act
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_conveyor-ops"))
+    let out = tokio::process::Command::new(ops_binary())
         .args([
             "poll",
             "--queue-url",

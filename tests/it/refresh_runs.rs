@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use conveyor_ops::submit::task_id;
 use conveyor_testkit::block_pages;
 use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::fresh_site::FreshSite;
@@ -15,7 +16,6 @@ use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::domain::message::{Carried, Message};
 use conveyor_worker::domain::proxy::Tiers;
-use conveyor_worker::ops::submit::task_id;
 use conveyor_worker::store::dynamo::{attributes, keys};
 
 use crate::ops::{list, ops, succeeded};

@@ -504,7 +504,7 @@ struct Spent {
 
 impl std::fmt::Display for Spent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use conveyor_worker::ops::count;
+        use conveyor_ops::count;
         let (requests, units) = (self.requests as u64, self.write_units);
         write!(
             f,

@@ -220,7 +220,7 @@ fn ops_command(prepared: &Prepared, args: &[&str]) -> Command {
     println!("$ conveyor-ops {}", args.join(" "));
     let mut command = Command::new("cargo");
     command
-        .args(["run", "--quiet", "--bin", "conveyor-ops", "--"])
+        .args(["run", "--quiet", "-p", "conveyor-ops", "--"])
         .args(args)
         .envs(scenario::worker_env(&prepared.stack))
         .stdin(Stdio::null())
@@ -240,7 +240,7 @@ async fn poll_until_drained(
 ) -> Result<std::process::ExitStatus, Box<dyn std::error::Error>> {
     let timeout = humantime::format_duration(scenario::INVOCATION_TIMEOUT).to_string();
     let status = Command::new("cargo")
-        .args(["run", "--quiet", "--bin", "conveyor-ops", "--", "poll"])
+        .args(["run", "--quiet", "-p", "conveyor-ops", "--", "poll"])
         .args(["--queue-url", &prepared.queue.url])
         .args(["--until-drained", "--limit", "10m", "--timeout", &timeout])
         .args(["--pollers", "4", "--wait-seconds", "1"])

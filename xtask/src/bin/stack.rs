@@ -76,8 +76,8 @@ and, in a third shell, invoke it with a sample event:
 
 and look at what it did:
 
-  cargo run --bin conveyor-ops -- progress --job {job} --run {run}
-  cargo run --bin conveyor-ops -- results --job {job} --run {run} --bucket {BUCKET}
+  cargo run -p conveyor-ops -- progress --job {job} --run {run}
+  cargo run -p conveyor-ops -- results --job {job} --run {run} --bucket {BUCKET}
 
 Enter puts every task back as seeded (and removes stored objects); Ctrl-C stops the stack.",
         site = site.url(""),

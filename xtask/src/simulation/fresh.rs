@@ -2,8 +2,8 @@
 //! standard mode, a warmed one in provisioned mode), their capacity floors and costs, and
 //! goodput against offered load: the figures of the simulation's "fresh run" part.
 
+use conveyor_ops::submit::sharding;
 use conveyor_worker::domain::model::Sharding;
-use conveyor_worker::ops::submit::sharding;
 use rayon::prelude::*;
 use std::time::Instant;
 

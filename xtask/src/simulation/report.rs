@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
+use conveyor_ops::submit::sharding;
 use conveyor_worker::domain::model::Sharding;
-use conveyor_worker::ops::submit::sharding;
 use plotters::prelude::*;
 use rayon::prelude::*;
 

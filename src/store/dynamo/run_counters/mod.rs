@@ -6,9 +6,9 @@
 //! Every file of the run progress feature: the rules in `domain/model.rs` (`Counting`,
 //! `Sharding`); the counts written with the terminal write here (v1) and in `../shards/`
 //! (v2, v3); the run's item in `../runs/`; the count chosen per task in
-//! `worker/converge/stores.rs`; the operator's view in `ops/progress.rs` and
-//! `bin/conveyor-ops/progress.rs`, its counters made by `ops/submit.rs` and re-queued by
-//! `ops/requeue.rs`. docs/design.md#run-progress says why it completes once.
+//! `worker/converge/stores.rs`; the operator's view in `crates/ops/`
+//! (`progress.rs`, `bin/conveyor-ops/progress.rs`), its counters made by `submit.rs` and
+//! re-queued by `requeue.rs` there. docs/design.md#run-progress says why it completes once.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;

@@ -22,7 +22,8 @@ use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, is_condition_failure};
 use crate::store::error::cancellation_fault;
-use writes::{blocks_name, spend_names};
+/// The run's spend attributes by tier, as the operator reads them too.
+pub use writes::{blocks_name, spend_names};
 
 impl SpendStore for DynamoTaskStore {
     #[tracing::instrument(skip_all)]

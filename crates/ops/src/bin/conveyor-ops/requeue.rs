@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
+use conveyor_ops::requeue;
 use conveyor_worker::domain::ids::RunRef;
-use conveyor_worker::ops::requeue;
 
 use crate::{Outcome, RunArgs, queue, sdk, tasks};
 

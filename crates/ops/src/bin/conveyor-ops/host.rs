@@ -2,8 +2,8 @@
 //! reset so its work flows at once.
 
 use clap::{Args, Subcommand};
+use conveyor_ops::hosts;
 use conveyor_worker::domain::limits::{Host, Millis};
-use conveyor_worker::ops::hosts;
 
 use crate::{Outcome, sdk, tasks};
 

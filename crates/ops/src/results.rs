@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use futures_util::{StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 
-use crate::domain::ids::ResultKey;
-use crate::domain::ids::RunRef;
-use crate::ports::error::StoreError;
-use crate::ports::results::ResultStore;
-use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::attributes::{Item, number, string};
-use crate::store::s3::S3ResultStore;
+use conveyor_worker::domain::ids::ResultKey;
+use conveyor_worker::domain::ids::RunRef;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::ports::results::ResultStore;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::attributes::{Item, number, string};
+use conveyor_worker::store::s3::S3ResultStore;
 
 /// One task as it ended (or not yet).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -6,12 +6,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::domain::limits::{Host, HostState, Millis};
-use crate::domain::time::rfc3339;
-use crate::ports::error::StoreError;
-use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::hosts::operator;
-use crate::store::dynamo::hosts::operator::{RobotsItem, RobotsSpend, ScheduleItem};
+use conveyor_worker::domain::limits::{Host, HostState, Millis};
+use conveyor_worker::domain::time::rfc3339;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::hosts::operator;
+use conveyor_worker::store::dynamo::hosts::operator::{RobotsItem, RobotsSpend, ScheduleItem};
 
 /// A host's items, read at `now`.
 #[derive(Debug, Clone, PartialEq)]

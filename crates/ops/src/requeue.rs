@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::domain::ids::RunRef;
-use crate::domain::ids::{Id, TaskRef};
-use crate::domain::model::Counting;
-use crate::ports::error::StoreError;
-use crate::pushback::retry::{Patience, RetryPolicy};
-use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::attributes::string;
-use crate::store::dynamo::runs::{Requeue, counting_of, spread_of};
-use crate::store::sqs::SqsQueue;
+use conveyor_worker::domain::ids::RunRef;
+use conveyor_worker::domain::ids::{Id, TaskRef};
+use conveyor_worker::domain::model::Counting;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::pushback::retry::{Patience, RetryPolicy};
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::attributes::string;
+use conveyor_worker::store::dynamo::runs::{Requeue, counting_of, spread_of};
+use conveyor_worker::store::sqs::SqsQueue;
 
 /// What a re-queue did.
 #[derive(Debug, Default)]

@@ -1,5 +1,7 @@
-//! The operator's routines, one file each. Each routine gets only the stores it uses.
-//! `conveyor-ops` (src/bin) runs them.
+//! conveyor-ops: the operator's routines, one file each, and the local event source
+//! mapping. Each routine gets only the stores it uses. The `conveyor-ops` binary
+//! (`src/bin/conveyor-ops`) runs them. It is a crate of its own, so the Lambda function's
+//! crate links none of it (nor clap or indicatif).
 
 pub mod hosts;
 pub mod local_mapping;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use conveyor_worker::ops::progress::{self, RunProgress};
+use conveyor_ops::progress::{self, RunProgress};
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 
 use crate::exit::{Exit, stop};

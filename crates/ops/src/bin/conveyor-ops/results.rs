@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use conveyor_ops::results::{self, Check, Options, TaskResult};
 use conveyor_worker::domain::blocks::is_block_reason;
 use conveyor_worker::domain::ids::RunRef;
-use conveyor_worker::ops::results::{self, Check, Options, TaskResult};
 
 use crate::exit::{Exit, stop};
 use crate::{Outcome, RunArgs, objects, sdk, tasks};

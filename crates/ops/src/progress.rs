@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::ids::Id;
-use crate::domain::model::Counting;
-use crate::domain::spend::{MAX_TIERS, Spend, TierSpend};
-use crate::ports::error::StoreError;
-use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::attributes::{Item, number, string, text};
-use crate::store::dynamo::runs::counting_of;
-use crate::store::dynamo::spend::writes::{blocks_name, spend_names};
+use conveyor_worker::domain::ids::Id;
+use conveyor_worker::domain::model::Counting;
+use conveyor_worker::domain::spend::{MAX_TIERS, Spend, TierSpend};
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::attributes::{Item, number, string, text};
+use conveyor_worker::store::dynamo::runs::counting_of;
+use conveyor_worker::store::dynamo::spend::{blocks_name, spend_names};
 
 /// A run as stored, and its tasks by status.
 #[derive(Debug, Default, serde::Serialize)]

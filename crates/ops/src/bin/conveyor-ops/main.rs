@@ -28,9 +28,9 @@ use std::error::Error;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use conveyor_ops::count;
 use conveyor_worker::Config;
 use conveyor_worker::domain::ids::Id;
-use conveyor_worker::ops::count;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsQueue;
@@ -222,7 +222,7 @@ mod tests {
     use clap::CommandFactory;
     use std::collections::BTreeSet;
 
-    const RUNBOOK: &str = include_str!("../../../docs/runbook.md");
+    const RUNBOOK: &str = include_str!("../../../../../docs/runbook.md");
 
     /// The rows of the runbook's table that follows `heading` (a bold line): each row's
     /// first cell.

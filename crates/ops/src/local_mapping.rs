@@ -12,11 +12,11 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_lambda_events::event::sqs::SqsMessage;
 use aws_sdk_sqs::types::Message;
 
-use crate::batch::{BatchLimits, ProcessRecord, run_batch};
-use crate::metrics::Tally;
-use crate::ops::count;
-use crate::ports::error::StoreError;
-use crate::store::sqs::{SqsQueue, to_record};
+use crate::count;
+use conveyor_worker::batch::{BatchLimits, ProcessRecord, run_batch};
+use conveyor_worker::metrics::Tally;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::store::sqs::{SqsQueue, to_record};
 
 /// How long every SQS call may fail before a watched mapping gives up, by default.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(120);
@@ -169,7 +169,7 @@ impl MappingStats {
 
 /// The task id a message's body names, or the message's id `id` if it names none.
 fn task_of(message: &Message, id: &str) -> String {
-    match crate::domain::message::parse_body(message.body()) {
+    match conveyor_worker::domain::message::parse_body(message.body()) {
         Ok(task) => task.task_id.as_str().to_owned(),
         Err(_) => id.to_owned(),
     }

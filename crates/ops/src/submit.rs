@@ -9,16 +9,16 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use crate::domain::ids::RunRef;
-use crate::domain::ids::{Id, TaskRef};
-use crate::domain::model::{Counting, ShardSizes, Sharding};
-use crate::domain::refresh::Prior;
-use crate::ports::error::StoreError;
-use crate::scraper::MAX_URL_BYTES;
-use crate::store::dynamo::DynamoTaskStore;
-use crate::store::dynamo::attributes::{number, string};
-use crate::store::dynamo::runs::{Created, counting_of, spread_of};
-use crate::store::sqs::SqsQueue;
+use conveyor_worker::domain::ids::RunRef;
+use conveyor_worker::domain::ids::{Id, TaskRef};
+use conveyor_worker::domain::model::{Counting, ShardSizes, Sharding};
+use conveyor_worker::domain::refresh::Prior;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::scraper::MAX_URL_BYTES;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::attributes::{number, string};
+use conveyor_worker::store::dynamo::runs::{Created, counting_of, spread_of};
+use conveyor_worker::store::sqs::SqsQueue;
 
 /// A line of the list that is not a URL the worker could fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,7 +212,7 @@ pub fn sharding(tasks: u64, shards: Option<u32>, groups: Option<u32>) -> Option<
 /// Checks that the run was created for as many URLs as this list has. If not, refuses,
 /// naming the first line past the shorter of the two.
 fn same_length(
-    item: &crate::store::dynamo::attributes::Item,
+    item: &conveyor_worker::store::dynamo::attributes::Item,
     run: RunRef<'_>,
     urls: &[(usize, String)],
 ) -> Result<(), StoreError> {
@@ -368,12 +368,12 @@ async fn send_batch(queue: &SqsQueue, batch: &[TaskRef]) -> Result<(), StoreErro
     }
     let code = format!(
         "{} not taken after five tries (run submit again)",
-        crate::ops::count(unsent.len() as u64, "message")
+        crate::count(unsent.len() as u64, "message")
     );
     let why = code.clone();
     Err(StoreError::failed(
         "SendMessageBatch",
-        crate::ports::error::StoreFault::Refused { code },
+        conveyor_worker::ports::error::StoreFault::Refused { code },
         why,
     ))
 }

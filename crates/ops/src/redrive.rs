@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 
-use crate::domain::message;
-use crate::ports::error::StoreError;
-use crate::ports::queue::{Attribute, MessageCopy};
-use crate::store::sqs::{SqsQueue, to_record};
-use crate::trace;
+use conveyor_worker::domain::message;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::ports::queue::{Attribute, MessageCopy};
+use conveyor_worker::store::sqs::{SqsQueue, to_record};
+use conveyor_worker::trace;
 
 /// One dead-lettered message, as an operator reads it.
 #[derive(Debug, Clone, serde::Serialize)]

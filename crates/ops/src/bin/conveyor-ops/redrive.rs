@@ -1,7 +1,7 @@
 //! `conveyor-ops redrive`: the dead-letter queue's messages shown, then moved back.
 
 use clap::Args;
-use conveyor_worker::ops::redrive;
+use conveyor_ops::redrive;
 
 use crate::exit::{Exit, stop};
 use crate::{Outcome, queue, sdk};

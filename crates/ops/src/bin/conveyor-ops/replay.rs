@@ -1,7 +1,7 @@
 //! `conveyor-ops replay-quarantine`: quarantined poison bodies back to the queue.
 
 use clap::Args;
-use conveyor_worker::ops::replay;
+use conveyor_ops::replay;
 
 use crate::{Outcome, objects, queue, sdk};
 

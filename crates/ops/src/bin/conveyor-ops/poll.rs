@@ -3,11 +3,9 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use conveyor_ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Progress, Watch};
 use conveyor_worker::Config;
 use conveyor_worker::batch::BatchLimits;
-use conveyor_worker::ops::local_mapping::{
-    self, Ended, MappingSettings, MappingStats, Progress, Watch,
-};
 use conveyor_worker::wiring::aws::{self, AwsWorker};
 
 use crate::exit::{Exit, stop};

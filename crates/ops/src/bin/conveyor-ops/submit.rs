@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use conveyor_ops::submit;
 use conveyor_worker::domain::ids::Id;
 use conveyor_worker::domain::ids::RunRef;
-use conveyor_worker::ops::submit;
 use conveyor_worker::ports::error::StoreError;
 
 use crate::exit::{Exit, stop};

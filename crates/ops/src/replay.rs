@@ -3,10 +3,10 @@
 //! that is still poison lands on its own object again, never beside it. Also lists the
 //! quarantined messages.
 
-use crate::domain::ids::REPLAYED_FROM;
-use crate::ports::error::StoreError;
-use crate::store::s3::S3ResultStore;
-use crate::store::sqs::SqsQueue;
+use conveyor_worker::domain::ids::REPLAYED_FROM;
+use conveyor_worker::ports::error::StoreError;
+use conveyor_worker::store::s3::S3ResultStore;
+use conveyor_worker::store::sqs::SqsQueue;
 
 /// What a replay did, by quarantine key.
 #[derive(Debug, Default)]
