@@ -52,7 +52,7 @@ pub enum Outcome {
     Store(StoreError),
     /// With `DUPLICATE_POLICY=lease`, another invocation holds the task's lease until `until`.
     /// This delivery does not scrape. The message is retried after that time.
-    LeaseHeld { until: std::time::SystemTime },
+    Leased { until: std::time::SystemTime },
     /// An earlier record in its FIFO message group will be retried. This one was not
     /// processed and waits its turn.
     GroupHeld,
@@ -64,12 +64,12 @@ pub enum Outcome {
     /// rate, slots and cooldown, which the whole fleet shares. The task was not claimed or
     /// fetched. A fresh copy of the message was sent with a delay of `delay`, so the wait does
     /// not use up a receive toward the dead-letter queue. This delivery is done.
-    PoliteRequeued { delay: Duration },
-    /// As [`Outcome::PoliteRequeued`], but the message is held back through its visibility
+    WaitCopied { delay: Duration },
+    /// As [`Outcome::WaitCopied`], but the message is held back through its visibility
     /// timeout instead. This happens on a FIFO queue, where a copy would break the order, or
     /// when the copy could not be sent. `booked` is the start time the host's schedule booked
     /// for it, carried by the copy. `waits_for`: its host, or its run's paid budget.
-    PoliteHeld {
+    WaitHeld {
         delay: Duration,
         booked: Option<u64>,
         waits_for: WaitFor,
@@ -105,12 +105,12 @@ impl Outcome {
             Outcome::LostRace => Reply::Ack,
             Outcome::Poison(_) => Reply::Ack,
             Outcome::NotWanted(_) => Reply::Ack,
-            Outcome::PoliteRequeued { .. } => Reply::Ack,
+            Outcome::WaitCopied { .. } => Reply::Ack,
             Outcome::SentAgain { .. } => Reply::Ack,
-            Outcome::PoliteHeld { .. } => Reply::Retry,
+            Outcome::WaitHeld { .. } => Reply::Retry,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
-            Outcome::LeaseHeld { .. } => Reply::Retry,
+            Outcome::Leased { .. } => Reply::Retry,
             Outcome::GroupHeld => Reply::Retry,
             Outcome::Panicked => Reply::Retry,
             Outcome::OutOfTime => Reply::Retry,
@@ -118,7 +118,9 @@ impl Outcome {
         }
     }
 
-    /// A short, stable name for logs and metrics.
+    /// A short, stable name for logs and metrics. Dashboards and alarms read these, so they
+    /// keep their names when a variant is renamed (`polite_requeued`, `polite_held` and
+    /// `lease_held` are older than the glossary's words).
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Succeeded { adopted: true, .. } => "succeeded_adopted",
@@ -129,12 +131,12 @@ impl Outcome {
             Outcome::LostRace => "lost_race",
             Outcome::Poison(_) => "poison",
             Outcome::NotWanted(_) => "not_wanted",
-            Outcome::PoliteRequeued { .. } => "polite_requeued",
+            Outcome::WaitCopied { .. } => "polite_requeued",
             Outcome::SentAgain { .. } => "sent_again",
-            Outcome::PoliteHeld { .. } => "polite_held",
+            Outcome::WaitHeld { .. } => "polite_held",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
-            Outcome::LeaseHeld { .. } => "lease_held",
+            Outcome::Leased { .. } => "lease_held",
             Outcome::GroupHeld => "group_held",
             Outcome::Panicked => "panicked",
             Outcome::OutOfTime => "out_of_time",
@@ -166,7 +168,7 @@ mod tests {
             },
             Outcome::Store(corrupt()),
             Outcome::GroupHeld,
-            Outcome::LeaseHeld {
+            Outcome::Leased {
                 until: std::time::SystemTime::now(),
             },
             Outcome::Panicked,

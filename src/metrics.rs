@@ -127,7 +127,7 @@ pub struct Tally {
     /// item, S3's 409) and were tried again.
     pub conflicts: u64,
     /// Records whose host had no room, held back without using an attempt
-    /// (`Outcome::PoliteRequeued`, `Outcome::PoliteHeld`).
+    /// (`Outcome::WaitCopied`, `Outcome::WaitHeld`).
     pub polite_holds: u64,
     pub polite_slept_ms: u64,
     pub host_cooldowns: u64,
@@ -175,7 +175,7 @@ impl Tally {
     fn counter(&mut self, outcome: &Outcome) -> &mut u64 {
         if matches!(
             outcome,
-            Outcome::PoliteRequeued { .. } | Outcome::PoliteHeld { .. }
+            Outcome::WaitCopied { .. } | Outcome::WaitHeld { .. }
         ) {
             return &mut self.polite_holds;
         }
@@ -381,10 +381,10 @@ mod tests {
             },
             Outcome::GroupHeld,
             Outcome::OutOfTime,
-            Outcome::PoliteRequeued {
+            Outcome::WaitCopied {
                 delay: Duration::from_secs(3),
             },
-            Outcome::PoliteHeld {
+            Outcome::WaitHeld {
                 delay: Duration::from_secs(3),
                 booked: None,
                 waits_for: WaitFor::Host,

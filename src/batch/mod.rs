@@ -559,7 +559,7 @@ mod tests {
                 tokio::time::sleep(ms(self.sending)).await;
                 Ok::<(), ()>(())
             };
-            let then = || Outcome::PoliteRequeued {
+            let then = || Outcome::WaitCopied {
                 delay: Duration::ZERO,
             };
             let id = record.message_id.as_deref().unwrap_or_default();

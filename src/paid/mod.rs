@@ -1,6 +1,6 @@
 //! The paid proxy tier's budget, as one sandbox sees it. The sandbox reserves chunks of a
 //! run's budget from the run's item, under its own lease. That is one write per chunk, not
-//! one per fetch. While a paid fetch runs, it holds the most bytes its one request may use
+//! one per fetch. While a paid fetch runs, it earmarks the most bytes its one request may use
 //! on the wire (body, headers and TLS; a redirect is a fetch of its own) from those chunks.
 //! So concurrent fetches cannot spend more than was reserved. What is left unspent goes
 //! back to the run at the end of each invocation. If a sandbox dies before that, the bytes
@@ -45,7 +45,7 @@ const RECLAIM_EVERY: u32 = 10;
 /// The most runs a sandbox keeps allowances for. Past this, the spent ones are dropped.
 const MOST_RUNS: usize = 1024;
 
-/// How many reservations a paid fetch may make for its hold before it gives up, when other
+/// How many reservations a paid fetch may make for its earmark before it gives up, when other
 /// fetches in this sandbox keep taking what each reservation brought.
 const MOST_RESERVATIONS: usize = 3;
 
@@ -72,8 +72,8 @@ pub struct PaidAllowances {
     asking: tokio::sync::Mutex<()>,
 }
 
-/// Each run's allowance, shared with the holds on it, so a hold dropped unsettled can end
-/// itself.
+/// Each run's allowance, shared with the earmarks on it, so an earmark dropped unsettled can
+/// end itself.
 type Runs = Arc<Mutex<HashMap<(Id, Id), Allowance>>>;
 
 /// What this sandbox knows of its reservations for one run. The lease item is the account's
@@ -83,10 +83,10 @@ type Runs = Arc<Mutex<HashMap<(Id, Id), Allowance>>>;
 /// back.
 #[derive(Debug, Default)]
 struct Allowance {
-    /// Bytes reserved that are neither held by a fetch nor spent. Below 0: fetches spent
-    /// more than their holds.
+    /// Bytes reserved that are neither earmarked by a fetch nor spent. Below 0: fetches
+    /// spent more than their earmarks.
     left: i64,
-    /// Until when `left` may be held by new fetches: half the lease after its latest
+    /// Until when `left` may be earmarked by new fetches: half the lease after its latest
     /// reservation, so that no fetch outlives the lease.
     usable_until: Option<Instant>,
     /// A reservation was asked for since the last give-back: this sandbox may hold a lease.
@@ -94,7 +94,7 @@ struct Allowance {
     /// Bytes spent here that the lease does not know of (a note that failed, a fetch cut
     /// off before it settled), for the give-back to count.
     unnoted: u64,
-    /// Paid fetches holding some of it now.
+    /// Paid fetches with an earmark on it now.
     holding: usize,
     /// The run refused a reservation (budget spent, or held elsewhere). It counts as
     /// refused until this time at least.
@@ -106,7 +106,7 @@ struct Allowance {
 /// Why a fetch that needed the paid tier did not use it: its run's budget is held by
 /// fetches in flight. The record waits for them to settle, as a parked copy, with its try
 /// given back.
-pub const PAID_BUDGET_HELD: &str = "the paid tier's budget is held by fetches in flight";
+pub const PAID_BUDGET_BUSY: &str = "the paid tier's budget is held by fetches in flight";
 
 /// The reason a task fails with once it waited `POLITE_MAX_WAIT_MS` (its waits for its host
 /// included) and its run's paid budget is still held elsewhere.
@@ -138,42 +138,42 @@ pub fn paid_wait(waits: u32, wait_left: Duration) -> Option<Duration> {
 /// What a paid fetch may do.
 #[derive(Debug)]
 pub enum PaidAnswer {
-    /// Go, holding this much of the run's budget.
-    Go(PaidHold),
+    /// Go, with this much of the run's budget reserved.
+    Go(PaidEarmark),
     /// The run's budget is spent: the task fails for it.
     Spent,
     /// The whole budget is reserved by fetches in flight (here or elsewhere) or by sandboxes
     /// that have not given back yet. The task tries again later.
-    Held,
+    Busy,
 }
 
-/// A paid fetch's hold on `cap` bytes of its run's allowance. [`PaidAllowances::settle`]
+/// A paid fetch's earmark: `cap` bytes of its run's allowance set aside for it. [`PaidAllowances::settle`]
 /// ends it with what the fetch spent. If it is dropped unsettled (its record cut off at the
 /// invocation's end), it counts as fully spent, since the fetch may have spent it all.
 #[derive(Debug)]
-#[must_use = "a hold is settled with what the fetch spent"]
-pub struct PaidHold {
+#[must_use = "an earmark is settled with what the fetch spent"]
+pub struct PaidEarmark {
     run: (Id, Id),
-    /// The task whose fetch holds it.
+    /// The task whose fetch it is for.
     task: TaskRef,
     cap: u64,
     runs: Runs,
     settled: bool,
 }
 
-impl Drop for PaidHold {
+impl Drop for PaidEarmark {
     fn drop(&mut self) {
         if !self.settled {
             tracing::warn!(
                 cap = self.cap,
-                "a paid fetch cut off before it settled counts its whole hold as spent"
+                "a paid fetch cut off before it settled counts its whole earmark as spent"
             );
             release(&self.runs, &self.run, (self.cap, self.cap), true);
         }
     }
 }
 
-/// Ends a hold of `cap` bytes, of which `spent` were spent, in memory. `unnoted`: the lease
+/// Ends an earmark of `cap` bytes, of which `spent` were spent, in memory. `unnoted`: the lease
 /// will not be told of the spend.
 fn release(runs: &Runs, run: &(Id, Id), (cap, spent): (u64, u64), unnoted: bool) {
     let mut runs = lock(runs);
@@ -203,10 +203,10 @@ impl PaidAllowances {
         }
     }
 
-    /// A hold on `cap` bytes for a paid fetch of `task`, taken from what this sandbox has
+    /// An earmark of `cap` bytes for a paid fetch of `task`, taken from what this sandbox has
     /// reserved of the run's `budget`, or can reserve now. Otherwise, the run account's
     /// answer.
-    pub async fn hold<S: SpendStore>(
+    pub async fn earmark<S: SpendStore>(
         &self,
         store: &S,
         task: &TaskRef,
@@ -236,7 +236,7 @@ impl PaidAllowances {
             }
             self.reserved(&run, (chunk, asked), answer, budget);
         }
-        Ok(PaidAnswer::Held)
+        Ok(PaidAnswer::Busy)
     }
 
     /// Takes `cap` from the allowance of `task`'s run if it has that much. Says no if the run
@@ -248,7 +248,7 @@ impl PaidAllowances {
         if kept.usable() && kept.left >= signed(cap) {
             kept.left -= signed(cap);
             kept.holding += 1;
-            return Some(PaidAnswer::Go(PaidHold {
+            return Some(PaidAnswer::Go(PaidEarmark {
                 run,
                 task: task.clone(),
                 cap,
@@ -258,7 +258,7 @@ impl PaidAllowances {
         }
         match kept.refused.filter(|(until, _)| Instant::now() < *until)? {
             (_, Reservation::Spent) => Some(PaidAnswer::Spent),
-            _ => Some(PaidAnswer::Held),
+            _ => Some(PaidAnswer::Busy),
         }
     }
 
@@ -324,13 +324,13 @@ impl PaidAllowances {
         }
     }
 
-    /// Ends `hold`: the fetch of `delivery` spent `bytes` through the paid tier, and the rest
-    /// of the hold returns to this sandbox. The spend is noted on this sandbox's lease, once
+    /// Ends `hold`, an earmark: the fetch of `delivery` spent `bytes` through the paid tier,
+    /// and the rest returns to this sandbox. The spend is noted on this sandbox's lease, once
     /// for the delivery. If the note fails, the spend is kept here for the give-back.
     pub async fn settle<S: SpendStore>(
         &self,
         store: &S,
-        mut hold: PaidHold,
+        mut hold: PaidEarmark,
         bytes: u64,
         delivery: &str,
     ) {
@@ -344,7 +344,7 @@ impl PaidAllowances {
         release(&self.runs, &hold.run, (hold.cap, bytes), noted.is_err());
     }
 
-    /// Settles and ends this sandbox's lease on each run that no fetch here holds any of
+    /// Settles and ends this sandbox's lease on each run that no fetch here has an earmark on
     /// now. It runs at the end of an invocation, because a sandbox is frozen or recycled
     /// only between invocations. The run gets back what the lease reserved and was not
     /// spent. A give-back that fails, or is cut short by the deadline, is tried again at the
@@ -589,10 +589,11 @@ mod tests {
         let account = Account::new(budget);
         let sandboxes: Vec<PaidAllowances> = (0..8).map(|_| PaidAllowances::default()).collect();
 
-        // Act: every fetch that gets a hold spends all of it.
+        // Act: every fetch that gets an earmark spends all of it.
         let fetches = sandboxes.iter().flat_map(|paid| {
             (0..16).map(|_| async {
-                let PaidAnswer::Go(hold) = paid.hold(&account, &task(), budget, cap).await.unwrap()
+                let PaidAnswer::Go(hold) =
+                    paid.earmark(&account, &task(), budget, cap).await.unwrap()
                 else {
                     return None;
                 };
@@ -618,7 +619,8 @@ mod tests {
         let (budget, cap) = (300 << 10, 64 << 10);
         let account = Account::new(budget);
         let (first, second) = (PaidAllowances::default(), PaidAllowances::default());
-        let PaidAnswer::Go(hold) = first.hold(&account, &task(), budget, cap).await.unwrap() else {
+        let PaidAnswer::Go(hold) = first.earmark(&account, &task(), budget, cap).await.unwrap()
+        else {
             panic!("a hold on a fresh budget");
         };
         first.settle(&account, hold, 1_000, "d").await;
@@ -626,17 +628,20 @@ mod tests {
         // Act
         first.give_back(&account).await;
         let mut held = 0;
-        while let PaidAnswer::Go(hold) = second.hold(&account, &task(), budget, cap).await.unwrap()
+        while let PaidAnswer::Go(hold) = second
+            .earmark(&account, &task(), budget, cap)
+            .await
+            .unwrap()
         {
             second.settle(&account, hold, cap, "d").await;
             held += cap;
         }
         let busy = PaidAllowances::default()
-            .hold(&account, &task(), budget, cap)
+            .earmark(&account, &task(), budget, cap)
             .await;
         second.give_back(&account).await;
         let spent = PaidAllowances::default()
-            .hold(&account, &task(), budget, cap)
+            .earmark(&account, &task(), budget, cap)
             .await;
 
         // Assert: the second sandbox spent the rest; while it held it, the account said
@@ -646,14 +651,14 @@ mod tests {
             "{held}: the budget was not stranded"
         );
         assert_eq!(account.books(), (held + 1_000, held + 1_000));
-        assert!(matches!(busy.unwrap(), PaidAnswer::Held));
+        assert!(matches!(busy.unwrap(), PaidAnswer::Busy));
         assert!(matches!(spent.unwrap(), PaidAnswer::Spent));
     }
 
     #[tokio::test]
     async fn a_sandbox_that_dies_holding_reservations_strands_them_only_until_its_lease_ends() {
         // Arrange: a budget of two fetches, leases of 200 ms; a sandbox spends 1,000 bytes
-        // of one hold, takes the rest of the budget for a second, and dies in that fetch.
+        // of one earmark, takes the rest of the budget for a second, and dies in that fetch.
         let (budget, cap, lease) = (128 << 10, 64 << 10, Duration::from_millis(200));
         let account = Account::new(budget);
         let dead = PaidAllowances::new(lease);
@@ -661,16 +666,18 @@ mod tests {
             PaidAnswer::Go(hold) => hold,
             turn => panic!("{turn:?}"),
         };
-        let first = go(dead.hold(&account, &task(), budget, cap).await);
+        let first = go(dead.earmark(&account, &task(), budget, cap).await);
         dead.settle(&account, first, 1_000, "d").await;
-        let _in_flight = go(dead.hold(&account, &task(), budget, cap).await);
+        let _in_flight = go(dead.earmark(&account, &task(), budget, cap).await);
         let other = PaidAllowances::new(lease);
 
         // Act: another sandbox asks while the lease lasts, and after.
-        let during = other.hold(&account, &task(), budget, cap).await.unwrap();
+        let during = other.earmark(&account, &task(), budget, cap).await.unwrap();
         tokio::time::sleep(lease + Duration::from_millis(50)).await;
         let mut spent = 0;
-        while let PaidAnswer::Go(hold) = other.hold(&account, &task(), budget, cap).await.unwrap() {
+        while let PaidAnswer::Go(hold) =
+            other.earmark(&account, &task(), budget, cap).await.unwrap()
+        {
             other.settle(&account, hold, cap, "d").await;
             spent += cap;
         }
@@ -679,12 +686,12 @@ mod tests {
         // Assert: held while the lease lasted; then the rest of the budget was the other's
         // (the dead sandbox's noted 1,000 bytes stay spent, its fetch in flight is the one
         // cap the run may spend past its budget).
-        assert!(matches!(during, PaidAnswer::Held), "{during:?}");
+        assert!(matches!(during, PaidAnswer::Busy), "{during:?}");
         assert_eq!(spent, budget);
         assert_eq!(account.books(), (spent + 1_000, spent + 1_000));
     }
 
-    fn go(turn: Result<PaidAnswer, StoreError>) -> PaidHold {
+    fn go(turn: Result<PaidAnswer, StoreError>) -> PaidEarmark {
         match turn {
             Ok(PaidAnswer::Go(hold)) => hold,
             turn => panic!("{turn:?}"),
@@ -702,7 +709,7 @@ mod tests {
             .store(true, std::sync::atomic::Ordering::Relaxed);
 
         // Act
-        let turn = sandbox.hold(&account, &task(), budget, cap).await;
+        let turn = sandbox.earmark(&account, &task(), budget, cap).await;
         sandbox.give_back(&account).await;
 
         // Assert: the fetch did not go, and nothing stays reserved.
@@ -717,11 +724,11 @@ mod tests {
         let (budget, cap) = (1 << 20, 64 << 10);
         let account = Account::new(budget);
         let sandbox = PaidAllowances::default();
-        let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
+        let settled = go(sandbox.earmark(&account, &task(), budget, cap).await);
         sandbox.settle(&account, settled, 1_000, "d").await;
 
         // Act: a fetch cut off with its record at the invocation's end.
-        drop(go(sandbox.hold(&account, &task(), budget, cap).await));
+        drop(go(sandbox.earmark(&account, &task(), budget, cap).await));
         sandbox.give_back(&account).await;
 
         // Assert: what may have been spent is spent; the rest of the chunk went back.
@@ -730,14 +737,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_give_back_cut_short_by_the_deadline_keeps_the_spend_it_carried() {
-        // Arrange: a settled fetch and one cut off before it settled (its whole hold spent,
+        // Arrange: a settled fetch and one cut off before it settled (its whole earmark spent,
         // which the lease does not know of); the account does not answer give-backs.
         let (budget, cap) = (1 << 20, 64 << 10);
         let account = Account::new(budget);
         let sandbox = PaidAllowances::default();
-        let settled = go(sandbox.hold(&account, &task(), budget, cap).await);
+        let settled = go(sandbox.earmark(&account, &task(), budget, cap).await);
         sandbox.settle(&account, settled, 1_000, "d").await;
-        drop(go(sandbox.hold(&account, &task(), budget, cap).await));
+        drop(go(sandbox.earmark(&account, &task(), budget, cap).await));
         let hang = |on: bool| {
             account
                 .hang_returns
@@ -762,9 +769,9 @@ mod tests {
         let (budget, cap) = (1 << 20, 64 << 10);
         let account = Account::new(budget);
         let sandbox = PaidAllowances::default();
-        let hold = go(sandbox.hold(&account, &task(), budget, cap).await);
+        let hold = go(sandbox.earmark(&account, &task(), budget, cap).await);
 
-        // Act: the wire carried more than the hold (headers, TLS, a relay's read-ahead).
+        // Act: the wire carried more than the earmark (headers, TLS, a relay's read-ahead).
         let chunk = chunk_of(budget, cap);
         sandbox.settle(&account, hold, chunk + 500, "d").await;
         sandbox.give_back(&account).await;
@@ -780,7 +787,7 @@ mod tests {
         let (budget, cap, lease) = (1 << 20, 16 << 10, Duration::from_millis(200));
         let (account, chunk) = (Account::new(budget), chunk_of(budget, cap));
         let sleeper = PaidAllowances::new(lease);
-        let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
+        let hold = go(sleeper.earmark(&account, &task(), budget, cap).await);
         sleeper.settle(&account, hold, 1_000, "d").await;
         let refuse = |on: bool| {
             account
@@ -799,7 +806,7 @@ mod tests {
         let first = account.books().0;
         let mut holds = 0;
         while account.books().0 <= first + chunk {
-            let hold = go(sleeper.hold(&account, &task(), budget, cap).await);
+            let hold = go(sleeper.earmark(&account, &task(), budget, cap).await);
             sleeper.settle(&account, hold, cap, "d").await;
             holds += 1;
         }

@@ -14,7 +14,7 @@ use crate::trace;
 use std::time::Duration;
 
 use super::claim::Claimed;
-use super::context::{Ctx, Step};
+use super::context::{Ctx, Stage};
 use super::guard::Guarded;
 use super::parents::Wanted;
 
@@ -81,7 +81,7 @@ pub(super) struct Admit<'a, T, F> {
 
 impl<T: HostStore, F: Fetcher> Admit<'_, T, F> {
     /// The host's turn for this request, or the outcome of waiting for it.
-    pub async fn host_turn(&self, ctx: &Ctx<'_>, guarded: &Guarded) -> Step<Pass> {
+    pub async fn host_turn(&self, ctx: &Ctx<'_>, guarded: &Guarded) -> Stage<Pass> {
         if let Some(url) = guarded.url.as_deref().filter(|_| trace::is_on()) {
             trace::note("host", scraper::host_of(url));
         }
@@ -99,7 +99,7 @@ impl<T: HostStore, F: Fetcher> Admit<'_, T, F> {
         skip_all,
         fields(waits = i64::from(ctx.delivery.message.carried.waits))
     )]
-    async fn enter(&self, ctx: &Ctx<'_>, guarded: &Guarded, time: Duration) -> Step<Pass> {
+    async fn enter(&self, ctx: &Ctx<'_>, guarded: &Guarded, time: Duration) -> Stage<Pass> {
         let Some(url) = guarded.url.as_deref() else {
             return Ok(Pass::Go(Permit::default()));
         };
@@ -140,7 +140,7 @@ impl<T: HostStore, F: Fetcher> Admit<'_, T, F> {
         match polite::admission(entry, waited) {
             Admission::Go(permit) => Ok(Pass::Go(permit)),
             Admission::Refused(refused) => Ok(Pass::Refused(refused)),
-            Admission::Wait(Later { delay, booked }) => Err(Outcome::PoliteHeld {
+            Admission::Wait(Later { delay, booked }) => Err(Outcome::WaitHeld {
                 delay,
                 booked,
                 waits_for: WaitFor::Host,

@@ -12,7 +12,7 @@ use crate::domain::refresh::Prior;
 use crate::ports::tasks::{Claim, Lease, TaskStore, TriesFrom};
 use crate::pushback::retry::Patience;
 
-use super::context::{Ctx, Step};
+use super::context::{Ctx, Stage};
 
 /// A claim this delivery made: its try of the task.
 #[derive(Debug)]
@@ -37,7 +37,7 @@ pub(super) async fn take<T: TaskStore>(
     ctx: &Ctx<'_>,
     tasks: &T,
     tries: TriesFrom,
-) -> Step<Claimed> {
+) -> Stage<Claimed> {
     let owner = ctx.delivery.owner.as_deref();
     let lease = owner.map(|owner| Lease {
         owner,
@@ -55,7 +55,7 @@ pub(super) async fn take<T: TaskStore>(
 
 /// The claim of a booked copy at its start, made as its guard: a task already terminal
 /// ends the record as such, not as a lost race.
-pub(super) async fn booked<T: TaskStore>(ctx: &Ctx<'_>, tasks: &T) -> Step<Claimed> {
+pub(super) async fn booked<T: TaskStore>(ctx: &Ctx<'_>, tasks: &T) -> Stage<Claimed> {
     match take(ctx, tasks, ctx.delivery.tries()).await {
         Err(Outcome::LostRace) => Err(Outcome::AlreadyTerminal),
         claimed => claimed,
@@ -80,7 +80,7 @@ pub async fn claim_task<S: TaskStore>(
     task: &TaskRef,
     ask: ClaimAsk<'_>,
     patience: &Patience<'_>,
-) -> Step<Claimed> {
+) -> Stage<Claimed> {
     let ClaimAsk { now, lease, tries } = ask;
     let owner = lease.map(|lease| lease.owner.to_owned());
     let claim = |tries| patience.retry(move || store.claim(task, now, lease, tries));
@@ -94,7 +94,7 @@ pub async fn claim_task<S: TaskStore>(
         } => (Tries { attempts, ..tries }, was, url, prior),
         Claim::AlreadyTerminal => return Err(Outcome::LostRace),
         Claim::Missing => return Err(Outcome::NotWanted(NotWanted::TaskMissing)),
-        Claim::Leased { until } => return Err(Outcome::LeaseHeld { until }),
+        Claim::Leased { until } => return Err(Outcome::Leased { until }),
     };
     let fresh = !tries.fresh && found.fresh_for(tries.since, REDRIVE_GAP_MS);
     let (attempts, spent) = match fresh {

@@ -51,7 +51,7 @@ pub struct RecordSettings {
 
 /// What a stage returns: the value for the next stage, or the outcome the record ended
 /// with. A store error ends it as [`Outcome::Store`].
-pub(super) type Step<T> = Result<T, Outcome>;
+pub(super) type Stage<T> = Result<T, Outcome>;
 
 /// One record's context, made once its body is parsed and handed to every stage.
 #[derive(Clone, Copy)]

@@ -9,7 +9,7 @@ use crate::domain::refresh::Prior;
 use crate::polite::Gate;
 use crate::ports::tasks::{TaskStore, TriesFrom};
 
-use super::context::{Ctx, Step};
+use super::context::{Ctx, Stage};
 use super::parents::{ParentsCache, Wanted};
 
 /// A delivery the guard let through: the task wants work, and this is what its request is
@@ -47,7 +47,7 @@ pub(super) struct Guard<'a, T> {
 impl<T: TaskStore> Guard<'_, T> {
     /// Lets the delivery through, or ends it: no time left, a parked copy that arrived
     /// before its booked start, or the task gone, terminal or not wanted.
-    pub async fn check(&self, ctx: &Ctx<'_>) -> Step<Guarded> {
+    pub async fn check(&self, ctx: &Ctx<'_>) -> Stage<Guarded> {
         if ctx.fetch_time().is_none() {
             return Err(Outcome::NoTimeLeft);
         }
@@ -61,7 +61,7 @@ impl<T: TaskStore> Guard<'_, T> {
     /// its job and run want work. Every read is strongly consistent: an answer that leads to
     /// an ack must see the latest write.
     #[tracing::instrument(name = "guard", skip_all)]
-    async fn fresh(&self, ctx: &Ctx<'_>) -> Step<Guarded> {
+    async fn fresh(&self, ctx: &Ctx<'_>) -> Stage<Guarded> {
         let task = ctx.task();
         let Some(current) = self.tasks.load_task(task).await? else {
             return Err(Outcome::NotWanted(NotWanted::TaskMissing));
@@ -89,10 +89,10 @@ impl<T: TaskStore> Guard<'_, T> {
     /// start goes on to its claim, which is its guard: a terminal or missing task refuses
     /// the claim, and the claim returns the task's URL. One that missed its start asks its
     /// host again like a fresh delivery.
-    async fn booked(&self, ctx: &Ctx<'_>, start: u64) -> Step<Guarded> {
+    async fn booked(&self, ctx: &Ctx<'_>, start: u64) -> Stage<Guarded> {
         if let Some(delay) = self.gate.parked(start) {
             let booked = Some(start);
-            return Err(Outcome::PoliteHeld {
+            return Err(Outcome::WaitHeld {
                 delay,
                 booked,
                 waits_for: WaitFor::Host,

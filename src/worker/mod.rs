@@ -57,7 +57,7 @@ use crate::pushback::pressure::Pressure;
 use crate::scraper::Fetcher;
 use admit::{Admit, Admitted};
 use claim::Claimed;
-use context::{Ctx, Step};
+use context::{Ctx, Stage};
 use converge::Converge;
 use fetch::{Fetch, PaidTurn, Scraped};
 use guard::{Guard, Guarded};
@@ -127,7 +127,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
 
     /// Stages 2 to 6: each hands the record on to the next, or ends it with its outcome.
     /// A redirect is another request; `chain` is where the redirects have led.
-    async fn stages(&self, ctx: &Ctx<'_>, chain: &mut Option<Hops>) -> Step<Outcome> {
+    async fn stages(&self, ctx: &Ctx<'_>, chain: &mut Option<Hops>) -> Stage<Outcome> {
         let guard = Guard {
             tasks: &self.tasks,
             parents: &self.parents,
@@ -158,7 +158,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         ctx: &Ctx<'_>,
         guarded: Guarded,
         claim: Option<Claimed>,
-    ) -> Step<(Claimed, Scraped)> {
+    ) -> Stage<(Claimed, Scraped)> {
         let (claim, admitted) = self.admit(ctx, guarded, claim).await?;
         let scraped = self.fetch(ctx, &claim, admitted).await?;
         Ok((claim, scraped))
@@ -172,7 +172,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         ctx: &Ctx<'_>,
         guarded: Guarded,
         claim: Option<Claimed>,
-    ) -> Step<(Claimed, Admitted)> {
+    ) -> Stage<(Claimed, Admitted)> {
         let admit = Admit {
             tasks: &self.tasks,
             fetcher: &self.fetcher,
@@ -196,7 +196,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Stage 5: a redelivery adopts a page already stored; otherwise the request
     /// sleeps until its host's start and fetches. The claim's attempt is given back when no
     /// fetch followed it (a wait, or no time left); the fetch stage gives back the permit.
-    async fn fetch(&self, ctx: &Ctx<'_>, claim: &Claimed, admitted: Admitted) -> Step<Scraped> {
+    async fn fetch(&self, ctx: &Ctx<'_>, claim: &Claimed, admitted: Admitted) -> Stage<Scraped> {
         if claim.redelivery {
             let converge = self.converging();
             let adopted = converge.adopted(ctx, &admitted.wanted, admitted.final_attempt);
@@ -207,7 +207,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         }
         let fetch = self.fetching();
         match fetch.fetch(ctx, admitted).await {
-            Err(ended @ (Outcome::PoliteHeld { .. } | Outcome::NoTimeLeft)) => {
+            Err(ended @ (Outcome::WaitHeld { .. } | Outcome::NoTimeLeft)) => {
                 Err(self.give_back(ctx, Some(claim), None, ended).await)
             }
             scraped => scraped,
@@ -222,7 +222,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         ctx: &Ctx<'_>,
         (claim, before): (Claimed, Scraped),
         chain: &Hops,
-    ) -> Step<(Claimed, Scraped)> {
+    ) -> Stage<(Claimed, Scraped)> {
         let (spent, counting) = (before.spend, before.wanted.counting);
         let guarded = hops::follow(ctx, before, chain, claim.spent);
         match self.request(ctx, guarded, Some(claim)).await {
@@ -249,7 +249,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         let outcome = self.converging().run(ctx, claim.redelivery, scraped).await;
         let unfetched = paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
         match outcome {
-            Outcome::PoliteHeld { .. } => self.give_back(ctx, Some(&claim), None, outcome).await,
+            Outcome::WaitHeld { .. } => self.give_back(ctx, Some(&claim), None, outcome).await,
             _ if unfetched => self.give_back(ctx, Some(&claim), None, outcome).await,
             outcome => outcome,
         }

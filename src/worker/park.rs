@@ -86,7 +86,7 @@ impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
         outcome: Outcome,
         handoffs: Option<&Handoffs>,
     ) -> Outcome {
-        let Outcome::PoliteHeld {
+        let Outcome::WaitHeld {
             delay,
             booked,
             waits_for,
@@ -112,7 +112,7 @@ impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
             WaitFor::Host => message.parked(booked, now),
         };
         let copy = copy_of(record, body, delay);
-        let then = move || Outcome::PoliteRequeued { delay };
+        let then = move || Outcome::WaitCopied { delay };
         match self.carry_on(record, handoffs, (&queue, copy), then).await {
             Ok(requeued) => requeued,
             Err(err) => {
@@ -362,7 +362,7 @@ impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
             }
             // Back when the lease ends. This is not capped by the backoff's maximum: coming
             // back earlier would only find the lease again and use up a receive.
-            Outcome::LeaseHeld { until } => {
+            Outcome::Leased { until } => {
                 let left = until.duration_since(SystemTime::now()).unwrap_or_default();
                 Some(left + Duration::from_secs(1))
             }
@@ -378,7 +378,7 @@ impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
             // queue's timeout.
             outcome if pushed_back(outcome) => Some(self.pressed_hold(receives, copies)),
             Outcome::NoTimeLeft => Some(Duration::ZERO),
-            Outcome::PoliteHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
+            Outcome::WaitHeld { delay, .. } => Some((*delay).min(MAX_POLITE_HOLD)),
             _ => None,
         }
     }

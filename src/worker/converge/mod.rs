@@ -222,12 +222,12 @@ struct Try<'a> {
 /// paid waits, or, once it waited `POLITE_MAX_WAIT_MS`, the task's failure. `None` for any
 /// other record.
 fn held_for_paid(this_try: Try<'_>) -> Option<Result<Outcome, FetchError>> {
-    if this_try.paid != PaidTurn::Held {
+    if this_try.paid != PaidTurn::Busy {
         return None;
     }
     let (waits, wait_left) = this_try.waited;
     Some(match paid_wait(waits, wait_left) {
-        Some(delay) => Ok(Outcome::PoliteHeld {
+        Some(delay) => Ok(Outcome::WaitHeld {
             delay,
             booked: None,
             waits_for: WaitFor::PaidBudget,

@@ -28,7 +28,7 @@ use crate::trace;
 
 use super::admit::{Admitted, Pass};
 use super::blocked::stored_block;
-use super::context::{Ctx, Step};
+use super::context::{Ctx, Stage};
 use super::parents::Wanted;
 use paid::Leg;
 
@@ -82,7 +82,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
     /// stage holds the host's permit from here, and gives it back on every way out: with
     /// what the fetch said of the host's health, or without a fetch (a cooldown set
     /// meanwhile by any sandbox's fetch is a wait; too little time left ends it).
-    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted) -> Step<Scraped> {
+    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted) -> Stage<Scraped> {
         let pass = self.at_start(ctx, admitted.pass).await?;
         let Some(time) = ctx.fetch_time() else {
             self.leave(ctx, pass.permit(), None).await;
@@ -98,7 +98,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         ctx: &Ctx<'_>,
         admitted: Admitted,
         time: Duration,
-    ) -> Step<Scraped> {
+    ) -> Stage<Scraped> {
         let Admitted {
             url,
             prior,
@@ -146,7 +146,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         skip_all,
         fields(waited_ms)
     )]
-    async fn at_start(&self, ctx: &Ctx<'_>, pass: Pass) -> Step<Pass> {
+    async fn at_start(&self, ctx: &Ctx<'_>, pass: Pass) -> Stage<Pass> {
         let permit = match pass {
             Pass::Go(permit) => permit,
             refused => return Ok(refused),
@@ -163,7 +163,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         tracing::Span::current().record("waited_ms", waited);
         match ready? {
             Ok(permit) => Ok(Pass::Go(permit)),
-            Err(Later { delay, booked }) => Err(Outcome::PoliteHeld {
+            Err(Later { delay, booked }) => Err(Outcome::WaitHeld {
                 delay,
                 booked,
                 waits_for: WaitFor::Host,

@@ -1,12 +1,12 @@
 //! The paid proxy tier, held back while a run has a budget for it. It is used only once the
-//! other tiers are blocked. Its fetch first takes a hold on the most bytes it may use, from
-//! this sandbox's share of the run's budget (`crate::paid`). The hold is then settled with
+//! other tiers are blocked. Its fetch first earmarks the most bytes it may use, from this
+//! sandbox's share of the run's budget (`crate::paid`). The earmark is then settled with
 //! what the fetch spent. The paid fetch is a fetch of its own: it gets its own time, not
 //! what the other tiers left of theirs, and does not start without the least a fetch needs.
 
 use std::time::Duration;
 
-use crate::paid::{PAID_BUDGET_HELD, PaidAnswer, PaidHold};
+use crate::paid::{PAID_BUDGET_BUSY, PaidAnswer, PaidEarmark};
 use crate::ports::hosts::HostStore;
 use crate::ports::results::ResultStore;
 use crate::ports::spend::SpendStore;
@@ -39,13 +39,13 @@ pub enum PaidTurn {
     Done,
     /// Wanted, but not started: too little time was left before the invocation's end.
     NoTime,
-    /// Wanted, but the run's budget is held by fetches in flight elsewhere: the record
+    /// Wanted, but the run's budget is reserved by fetches in flight elsewhere: the record
     /// waits for it.
-    Held,
+    Busy,
 }
 
 impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
-    /// The fetch. The paid tier is tried last, and only with a hold on the run's budget and
+    /// The fetch. The paid tier is tried last, and only with an earmark on the run's budget and
     /// time for a fetch of its own. A copy that waited for the budget goes straight to it.
     pub(super) async fn fetch_paid_held_back(
         &self,
@@ -68,7 +68,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
             return Leg::ended(Fetched { page, ..first }, time, PaidTurn::NoTime);
         };
         let cap = ctx.settings.paid_fetch_cap;
-        let (hold, first) = match self.paid_hold(target, (run_budget, cap), first).await {
+        let (hold, first) = match self.paid_earmark(target, (run_budget, cap), first).await {
             Ok(held) => held,
             Err((ended, turn)) => return Leg::ended(ended, time, turn),
         };
@@ -103,21 +103,21 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         self.fetch_once(ctx, target.url, withheld).await
     }
 
-    /// A hold on the paid tier's most bytes from the run's budget, returned with the first
-    /// fetch. Without a hold, returns what that first fetch ends as (the budget is spent,
+    /// An earmark of the paid tier's most bytes on the run's budget, returned with the first
+    /// fetch. Without one, returns what that first fetch ends as (the budget is spent,
     /// held by fetches in flight, or could not be read), and what became of the paid tier.
     /// What the other tiers spent stays spent either way.
-    async fn paid_hold(
+    async fn paid_earmark(
         &self,
         target: Target<'_>,
         (run_budget, cap): (u64, u64),
         first: Fetched,
-    ) -> Result<(PaidHold, Fetched), (Fetched, PaidTurn)> {
-        let held = self.paid.hold(self.tasks, target.task, run_budget, cap);
+    ) -> Result<(PaidEarmark, Fetched), (Fetched, PaidTurn)> {
+        let held = self.paid.earmark(self.tasks, target.task, run_budget, cap);
         let (reason, turn) = match held.await {
             Ok(PaidAnswer::Go(hold)) => return Ok((hold, first)),
             Ok(PaidAnswer::Spent) => return Err((first, PaidTurn::Done)),
-            Ok(PaidAnswer::Held) => (PAID_BUDGET_HELD.to_owned(), PaidTurn::Held),
+            Ok(PaidAnswer::Busy) => (PAID_BUDGET_BUSY.to_owned(), PaidTurn::Busy),
             Err(err) => {
                 let reason = format!("the paid tier's budget could not be read: {err}");
                 (reason, PaidTurn::Done)

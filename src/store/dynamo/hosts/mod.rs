@@ -286,7 +286,7 @@ impl HostStore for DynamoTaskStore {
         day: &str,
         (hold, budget): (u64, u64),
     ) -> Result<bool, StoreError> {
-        let Some(write) = writes::robots_paid_hold(hold, budget) else {
+        let Some(write) = writes::robots_paid_earmark(hold, budget) else {
             return Ok(false);
         };
         let request = self

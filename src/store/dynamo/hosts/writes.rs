@@ -228,7 +228,7 @@ pub(crate) fn robots_take(now: u64, until: u64) -> Expression {
 
 /// Holds `hold` bytes of a host's robots.txt budget for one day: `used` (held and spent)
 /// grows by the hold while it stays within the budget (`:most` is the budget less the hold).
-pub(crate) fn robots_paid_hold(hold: u64, budget: u64) -> Option<Expression> {
+pub(crate) fn robots_paid_earmark(hold: u64, budget: u64) -> Option<Expression> {
     let most = budget.checked_sub(hold)?;
     let expression = Expression::new(
         "ADD used :hold, fetches :one".into(),
