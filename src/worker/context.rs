@@ -1,5 +1,5 @@
-//! What every stage of one record reads: its delivery, its invocation and the record's
-//! settings, with the time and patience they leave a stage.
+//! What every stage of one record reads: its delivery (which `parse` makes), its
+//! invocation and the record's settings, with the time and patience they leave a stage.
 
 use std::time::Duration;
 
@@ -8,13 +8,12 @@ use tokio::time::Instant;
 use crate::batch::Invocation;
 use crate::contract::Outcome;
 use crate::domain::ids::{ResultKey, TaskRef};
-use crate::domain::model::DuplicatePolicy;
+use crate::domain::message::Message;
+use crate::domain::model::{DuplicatePolicy, TriesFrom};
 use crate::metrics::Measures;
 use crate::polite::Politeness;
 use crate::pushback::backoff::Backoff;
 use crate::pushback::retry::{Patience, RetryPolicy};
-
-use super::parse::Delivery;
 
 use crate::domain::time::MIN_FETCH;
 
@@ -47,6 +46,42 @@ pub struct RecordSettings {
     /// How long this sandbox's lease on its paid-tier reservations lasts
     /// ([`crate::paid::LEASE`]).
     pub paid_lease: Duration,
+}
+
+/// One delivery of a task: its message, how many times the message was received, and a
+/// name for the delivery.
+#[derive(Debug)]
+pub(super) struct Delivery {
+    /// The task, and what earlier copies of the message carried in its body.
+    pub message: Message,
+    /// How many times the message was received, counting earlier copies.
+    pub receives: u32,
+    /// The receives that count toward the task's tries. On a FIFO queue a wait is a hold
+    /// that takes a receive, so there only the task's claims count (this is 1).
+    pub counted_receives: u32,
+    /// How much longer the task may wait for its host or its run's paid budget
+    /// (`POLITE_MAX_WAIT_MS` from its first wait of either kind).
+    pub wait_left: Duration,
+    /// A name for this delivery (at most 36 characters), so its spend is recorded only once.
+    pub id: String,
+    /// Under `DUPLICATE_POLICY=lease`, the owner of the lease this delivery takes.
+    pub owner: Option<String>,
+    /// The message came from a FIFO queue.
+    pub fifo: bool,
+}
+
+impl Delivery {
+    pub fn task(&self) -> &TaskRef {
+        &self.message.task
+    }
+
+    /// The set of tries the message belongs to, as its body says.
+    pub fn tries(&self) -> TriesFrom {
+        TriesFrom {
+            since: self.message.carried.tries_since,
+            fresh: false,
+        }
+    }
 }
 
 /// What a stage returns: the value for the next stage, or the outcome the record ended

@@ -36,6 +36,7 @@ mod hops;
 pub mod parents;
 mod park;
 mod parse;
+mod sqs_record;
 
 pub use context::RecordSettings;
 pub use park::MAX_COPIES;

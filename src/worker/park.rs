@@ -18,8 +18,8 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
-use super::context::RecordSettings;
-use super::parse::{Delivery, name_span, on_fifo, receive_count, sent_at};
+use super::context::{Delivery, RecordSettings};
+use super::sqs_record::{name_span, on_fifo, receive_count, sent_at};
 
 /// How many copies a message may get after final attempts that ended for reasons on our
 /// side. After that, it meets the queue's redrive policy like any other message.

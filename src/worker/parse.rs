@@ -7,49 +7,13 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use sha2::{Digest, Sha256};
 
 use crate::batch::Invocation;
-use crate::domain::ids::TaskRef;
 use crate::domain::message::{Message, Poison};
-use crate::domain::model::{DuplicatePolicy, TriesFrom};
+use crate::domain::model::DuplicatePolicy;
 use crate::domain::time::epoch_millis;
 use crate::trace::STEP;
 
-use super::context::RecordSettings;
-
-/// One delivery of a task: its message, how many times the message was received, and a
-/// name for the delivery.
-#[derive(Debug)]
-pub(super) struct Delivery {
-    /// The task, and what earlier copies of the message carried in its body.
-    pub message: Message,
-    /// How many times the message was received, counting earlier copies.
-    pub receives: u32,
-    /// The receives that count toward the task's tries. On a FIFO queue a wait is a hold
-    /// that takes a receive, so there only the task's claims count (this is 1).
-    pub counted_receives: u32,
-    /// How much longer the task may wait for its host or its run's paid budget
-    /// (`POLITE_MAX_WAIT_MS` from its first wait of either kind).
-    pub wait_left: Duration,
-    /// A name for this delivery (at most 36 characters), so its spend is recorded only once.
-    pub id: String,
-    /// Under `DUPLICATE_POLICY=lease`, the owner of the lease this delivery takes.
-    pub owner: Option<String>,
-    /// The message came from a FIFO queue.
-    pub fifo: bool,
-}
-
-impl Delivery {
-    pub fn task(&self) -> &TaskRef {
-        &self.message.task
-    }
-
-    /// The set of tries the message belongs to, as its body says.
-    pub fn tries(&self) -> TriesFrom {
-        TriesFrom {
-            since: self.message.carried.tries_since,
-            fresh: false,
-        }
-    }
-}
+use super::context::{Delivery, RecordSettings};
+use super::sqs_record::{name_span, on_fifo, receive_count, sent_at};
 
 /// Parses the record's body and reads its SQS attributes.
 pub(super) fn delivery(
@@ -104,14 +68,6 @@ fn wait_left(settings: &RecordSettings, polite_since: Option<u64>) -> Duration {
     max_wait.saturating_sub(Duration::from_millis(waited))
 }
 
-/// Names the task in the record's span, so each of its log lines says which task it is of.
-pub(super) fn name_span(task: &TaskRef) {
-    let span = tracing::Span::current();
-    span.record("job_id", task.job_id.as_str());
-    span.record("run_id", task.run_id.as_str());
-    span.record("task_id", task.task_id.as_str());
-}
-
 /// A name for this delivery, at most 36 characters (a DynamoDB idempotency token). It is the
 /// same for the same receive of a message, and different for any other, since the receipt
 /// handle is new at every receive.
@@ -120,26 +76,4 @@ fn delivery_id(record: &SqsMessage, receives: u32) -> String {
     let receipt = record.receipt_handle.as_deref().unwrap_or_default();
     let digest = Sha256::digest(format!("{message}#{receipt}#{receives}").as_bytes());
     hex::encode(&digest[..16])
-}
-
-/// Whether the record came from a FIFO queue (its ARN ends in `.fifo`).
-pub(super) fn on_fifo(record: &SqsMessage) -> bool {
-    record
-        .event_source_arn
-        .as_deref()
-        .is_some_and(|arn| arn.ends_with(".fifo"))
-}
-
-/// SQS's `SentTimestamp` (ms since the epoch), if the record has it.
-pub(super) fn sent_at(record: &SqsMessage) -> Option<u64> {
-    record.attributes.get("SentTimestamp")?.parse().ok()
-}
-
-/// SQS's `ApproximateReceiveCount`: 1 on the first delivery. Missing or odd values count as 1.
-pub(super) fn receive_count(record: &SqsMessage) -> u32 {
-    record
-        .attributes
-        .get("ApproximateReceiveCount")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1)
 }

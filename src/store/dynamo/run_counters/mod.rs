@@ -22,9 +22,10 @@ use crate::ports::error::StoreError;
 use crate::ports::tasks::Finish;
 use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::keys;
-use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
+use crate::store::dynamo::tasks::terminal::{finish_uncounted, is_failure_without_result};
+use crate::store::dynamo::tasks::writes::{Over, task_terminal};
+use crate::store::dynamo::{DynamoTaskStore, cancellation_codes};
 use crate::store::error::cancellation_fault;
-use tasks::{is_failure_without_result, writes::Over};
 use writes::RunStep;
 
 /// The most steps one terminal write tries before it is retried as a conflict.
@@ -150,7 +151,7 @@ async fn finish_counted(
         RunStep::Recount => Over::FailureWithoutResult,
         _ => Over::Open,
     };
-    let task_update = tasks::writes::task_terminal(terminal, now, over)
+    let task_update = task_terminal(terminal, now, over)
         .with_spend_by(spend)
         .into_update(&store.table, keys::task_key(task));
     let run_update = writes::run_count(step, terminal, now)
@@ -187,7 +188,7 @@ async fn replace_failure(
         Counted::TaskRefused { .. } => Finish::LostRace,
         Counted::RunRefused { .. } => {
             let over = Over::FailureWithoutResult;
-            tasks::finish_uncounted(store, task, terminal, now, over).await?
+            finish_uncounted(store, task, terminal, now, over).await?
         }
     };
     if replaced != Finish::LostRace {

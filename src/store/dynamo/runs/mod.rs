@@ -22,6 +22,7 @@ use crate::store::dynamo::attributes::{Item, n, number, s, string, strings};
 
 use crate::store::dynamo::keys;
 use crate::store::dynamo::shards::requeue;
+pub use crate::store::dynamo::shards::requeue::Requeue;
 use crate::store::dynamo::{
     DynamoTaskStore, cancellation_codes, is_condition_failure, run_counters, tasks,
 };
@@ -36,15 +37,6 @@ pub enum Created {
 
 /// How many counter items are created at once.
 const COUNTER_PUTS_AT_ONCE: usize = 16;
-
-/// How a re-queue of one failed task ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Back to pending, and counted back into its run.
-    Done,
-    /// The task was not failed any more when the write landed.
-    NotFailed,
-}
 
 impl DynamoTaskStore {
     /// The job, `active`, unless it exists already.

@@ -23,9 +23,10 @@ use crate::store::dynamo::attributes::{Item, number, string};
 use crate::store::dynamo::expressions::Expression;
 use crate::store::dynamo::keys;
 use crate::store::dynamo::run_counters::writes::RunStep;
-use crate::store::dynamo::{DynamoTaskStore, cancellation_codes, tasks};
+use crate::store::dynamo::tasks::terminal::{finish_uncounted, is_failure_without_result};
+use crate::store::dynamo::tasks::writes::{Over, task_terminal};
+use crate::store::dynamo::{DynamoTaskStore, cancellation_codes};
 use crate::store::error::cancellation_fault;
-use tasks::{is_failure_without_result, writes::Over};
 
 /// A counter on a task's path: its shard, the shard's group, the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,7 +287,7 @@ async fn count_on_path(
         Step::Recount => Over::FailureWithoutResult,
         Step::Climb { .. } => Over::Open,
     };
-    let task = tasks::writes::task_terminal(terminal, now, over).with_spend_by(spend);
+    let task = task_terminal(terminal, now, over).with_spend_by(spend);
     let mut updates = vec![task.into_update(&store.table, keys::task_key(path.task))];
     let counters: Vec<Expression> = match step {
         Step::Recount => vec![writes::shard_recount(terminal, now)],
@@ -327,7 +328,7 @@ async fn uncounted(
         Step::Recount => Over::FailureWithoutResult,
         Step::Climb { .. } => Over::Open,
     };
-    tasks::finish_uncounted(store, task, terminal, now, over).await
+    finish_uncounted(store, task, terminal, now, over).await
 }
 
 async fn transact(

@@ -9,9 +9,17 @@ use crate::domain::ids::TaskRef;
 use crate::domain::model::Sharding;
 use crate::ports::error::StoreError;
 use crate::store::dynamo::attributes::number;
-use crate::store::dynamo::runs::Requeue;
 use crate::store::dynamo::shards;
 use crate::store::dynamo::{DynamoTaskStore, keys, tasks};
+
+/// How a re-queue of one failed task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Back to pending, and counted back into its run.
+    Done,
+    /// The task was not failed any more when the write landed.
+    NotFailed,
+}
 
 /// A re-queue's transaction: the task, and its counters up to `top`. Each counter below
 /// `top` is reopened from none left. `top` counts the task back. If `top` is the run, the

@@ -23,6 +23,7 @@ use crate::store::dynamo::run_counters;
 use crate::store::dynamo::shards;
 use crate::store::dynamo::{DynamoTaskStore, is_condition_failure};
 use crate::store::dynamo::{jobs, keys};
+use terminal::finish_uncounted;
 use writes::Over;
 
 impl TaskStore for DynamoTaskStore {
@@ -212,11 +213,6 @@ fn prior_of(item: &Item) -> Option<Prior> {
     prior
 }
 
-/// A task item that is `failed` and names no stored result.
-pub(crate) fn is_failure_without_result(item: &Item) -> bool {
-    string(item, "status") == Some(TaskStatus::Failed.as_str()) && !item.contains_key("result_key")
-}
-
 fn status_of(item: &Item) -> Result<TaskStatus, StoreError> {
     let raw = string(item, "status");
     raw.and_then(TaskStatus::parse)
@@ -229,25 +225,8 @@ fn status_of(item: &Item) -> Result<TaskStatus, StoreError> {
 /// The task item's writes.
 pub(crate) mod writes;
 
-/// The terminal write alone, for a task whose run keeps no counters.
-pub(crate) async fn finish_uncounted(
-    store: &DynamoTaskStore,
-    task: &TaskRef,
-    terminal: &Terminal,
-    now: &str,
-    over: Over,
-) -> Result<Finish, StoreError> {
-    let write = writes::task_terminal(terminal, now, over);
-    let result = store.update_task(task, write).send().await;
-    match result {
-        Ok(_) => Ok(Finish::Written {
-            completed_run: false,
-            spend_counted: false,
-        }),
-        Err(err) if is_condition_failure(&err) => Ok(Finish::LostRace),
-        Err(err) => Err(StoreError::from_sdk("UpdateItem(finish)", err)),
-    }
-}
+/// The terminal write without a run's count, which the counted writes also fall back on.
+pub(crate) mod terminal;
 
 /// A job's and run's items, as the guard reads them (one strongly consistent
 /// `BatchGetItem`).
