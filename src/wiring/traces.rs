@@ -160,9 +160,11 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
             return None;
         }
     };
+    // The SDK's own sizes. Its queue is a channel allocated whole when the processor is
+    // built, at the cold start: 8,192 spans cost 0.85 ms of it (docs/performance.md).
     let batches = BatchConfigBuilder::default()
-        .with_max_queue_size(8_192)
-        .with_max_export_batch_size(1_024)
+        .with_max_queue_size(2_048)
+        .with_max_export_batch_size(512)
         .build();
     let processor = BatchSpanProcessor::builder(Counted(otlp))
         .with_batch_config(batches)
