@@ -207,7 +207,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             }
         }
         let fetch = self.fetching();
-        match fetch.fetch(ctx, admitted).await {
+        match fetch.fetch_page(ctx, admitted).await {
             Err(ended @ (Outcome::WaitHeld { .. } | Outcome::NoTimeLeft)) => {
                 Err(self.give_back(ctx, Some(claim), None, ended).await)
             }
@@ -247,7 +247,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// given back.
     async fn converge(&self, ctx: &Ctx<'_>, claim: Claimed, scraped: Scraped) -> Outcome {
         let paid = scraped.paid;
-        let outcome = self.converging().run(ctx, claim.redelivery, scraped).await;
+        let converge = self.converging();
+        let outcome = converge
+            .store_and_finish(ctx, claim.redelivery, scraped)
+            .await;
         let unfetched = paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
         match outcome {
             Outcome::WaitHeld { .. } => self.give_back(ctx, Some(&claim), None, outcome).await,

@@ -36,7 +36,12 @@ pub(super) struct Converge<'a, T, R> {
 impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
     /// Stores the page, or records the fetch's failure. `redelivery`: an earlier delivery
     /// had claimed the task.
-    pub async fn run(&self, ctx: &Ctx<'_>, redelivery: bool, scraped: Scraped) -> Outcome {
+    pub async fn store_and_finish(
+        &self,
+        ctx: &Ctx<'_>,
+        redelivery: bool,
+        scraped: Scraped,
+    ) -> Outcome {
         let (delivery, task) = (ctx.delivery, ctx.task());
         let mut stores = self.stores(ctx, &scraped.wanted, scraped.final_attempt);
         stores.delivery = delivery.id.clone();

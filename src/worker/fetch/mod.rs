@@ -82,7 +82,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
     /// stage holds the host's permit from here, and gives it back on every way out: with
     /// what the fetch said of the host's health, or without a fetch (a cooldown set
     /// meanwhile by any sandbox's fetch is a wait; too little time left ends it).
-    pub async fn fetch(&self, ctx: &Ctx<'_>, admitted: Admitted) -> Stage<Scraped> {
+    pub async fn fetch_page(&self, ctx: &Ctx<'_>, admitted: Admitted) -> Stage<Scraped> {
         let pass = self.at_start(ctx, admitted.pass).await?;
         let Some(time) = ctx.fetch_time() else {
             self.leave(ctx, pass.permit(), None).await;
