@@ -5,12 +5,10 @@
 use std::time::SystemTime;
 
 use crate::contract::{NotWanted, Outcome};
-use crate::domain::ids::TaskRef;
 use crate::domain::message::REDRIVE_GAP_MS;
 use crate::domain::model::{TaskStatus, Tries};
 use crate::domain::refresh::Prior;
 use crate::ports::tasks::{Claim, Lease, TaskStore, TriesFrom};
-use crate::pushback::retry::Patience;
 
 use super::context::{Ctx, Stage};
 
@@ -32,27 +30,6 @@ pub struct Claimed {
     pub owner: Option<String>,
 }
 
-/// Claims the task for this delivery, in the set of tries `tries`.
-pub(super) async fn take<T: TaskStore>(
-    ctx: &Ctx<'_>,
-    tasks: &T,
-    tries: TriesFrom,
-) -> Stage<Claimed> {
-    let owner = ctx.delivery.owner.as_deref();
-    let lease = owner.map(|owner| Lease {
-        owner,
-        until: ctx.invocation.deadline,
-    });
-    let final_attempt = ctx.delivery.counted_receives >= ctx.settings.max_attempts;
-    let patience = ctx.patience(final_attempt);
-    let ask = ClaimAsk {
-        now: SystemTime::now(),
-        lease,
-        tries,
-    };
-    claim_task(tasks, ctx.task(), ask, &patience).await
-}
-
 /// The claim of a booked copy at its start, made as its guard: a task already terminal
 /// ends the record as such, not as a lost race.
 pub(super) async fn booked<T: TaskStore>(ctx: &Ctx<'_>, tasks: &T) -> Stage<Claimed> {
@@ -62,26 +39,23 @@ pub(super) async fn booked<T: TaskStore>(ctx: &Ctx<'_>, tasks: &T) -> Stage<Clai
     }
 }
 
-/// What a claim asks of the task: when, a lease if the policy takes one, and its set of
-/// tries.
-pub struct ClaimAsk<'a> {
-    pub now: SystemTime,
-    pub lease: Option<Lease<'a>>,
-    pub tries: TriesFrom,
-}
-
-/// Claims the task, retrying while another transaction on the task is in flight. The claim
-/// may find that the task's tries began more than [`REDRIVE_GAP_MS`] before the tries of
-/// this delivery's chain of copies. That is a copy of a redriven message, which waited
-/// before its first claim. The claim is then made again, as the first of a fresh set.
+/// Claims the task for this delivery, in the set of tries `tries`, retrying while another
+/// transaction on the task is in flight. Under `DUPLICATE_POLICY=lease` the claim takes the
+/// task's lease until the invocation's deadline. The claim may find that the task's tries
+/// began more than [`REDRIVE_GAP_MS`] before the tries of this delivery's chain of copies.
+/// That is a copy of a redriven message, which waited before its first claim. The claim is
+/// then made again, as the first of a fresh set.
 #[tracing::instrument(name = "claim", skip_all)]
-pub async fn claim_task<S: TaskStore>(
-    store: &S,
-    task: &TaskRef,
-    ask: ClaimAsk<'_>,
-    patience: &Patience<'_>,
+pub(super) async fn take<T: TaskStore>(
+    ctx: &Ctx<'_>,
+    store: &T,
+    tries: TriesFrom,
 ) -> Stage<Claimed> {
-    let ClaimAsk { now, lease, tries } = ask;
+    let (task, now) = (ctx.task(), SystemTime::now());
+    let until = ctx.invocation.deadline;
+    let lease = (ctx.delivery.owner.as_deref()).map(|owner| Lease { owner, until });
+    let final_attempt = ctx.delivery.counted_receives >= ctx.settings.max_attempts;
+    let patience = ctx.patience(final_attempt);
     let owner = lease.map(|lease| lease.owner.to_owned());
     let claim = |tries| patience.retry(move || store.claim(task, now, lease, tries));
     let (found, was, url, prior) = match claim(tries).await? {
