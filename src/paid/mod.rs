@@ -621,7 +621,7 @@ mod tests {
         let (first, second) = (PaidAllowances::default(), PaidAllowances::default());
         let PaidAnswer::Go(hold) = first.earmark(&account, &task(), budget, cap).await.unwrap()
         else {
-            panic!("a hold on a fresh budget");
+            panic!("an earmark on a fresh budget");
         };
         first.settle(&account, hold, 1_000, "d").await;
 

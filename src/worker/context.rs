@@ -10,12 +10,11 @@ use crate::contract::Outcome;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::message::Message;
 use crate::domain::model::{DuplicatePolicy, TriesFrom};
+use crate::domain::time::MIN_FETCH;
 use crate::metrics::Measures;
 use crate::polite::Politeness;
 use crate::pushback::backoff::Backoff;
 use crate::pushback::retry::{Patience, RetryPolicy};
-
-use crate::domain::time::MIN_FETCH;
 
 /// The settings one record needs, made from the configuration by the wiring
 /// (`wiring/settings.rs`).
@@ -40,7 +39,7 @@ pub struct RecordSettings {
     /// How many proxy tiers `PROXY_URLS` has; the last is the paid one (0: direct).
     pub proxy_tiers: usize,
     /// The most bytes on the wire one paid fetch may use ([`crate::scraper::most_spent`]).
-    /// It is what the fetch holds of its run's budget while it runs, and where its relay
+    /// It is what the fetch earmarks of its run's budget while it runs, and where its relay
     /// cuts it off.
     pub paid_fetch_cap: u64,
     /// How long this sandbox's lease on its paid-tier reservations lasts
