@@ -43,9 +43,8 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
         scraped: Scraped,
     ) -> Outcome {
         let (delivery, task) = (ctx.delivery, ctx.task());
-        let mut stores = self.stores(ctx, &scraped.wanted, scraped.final_attempt);
-        stores.delivery = delivery.id.clone();
-        stores.spend = scraped.spend;
+        let stores = self.stores(ctx, &scraped.wanted, scraped.final_attempt);
+        let stores = stores.for_delivery(&delivery.id, scraped.spend);
         let this_try = Try {
             redelivery,
             final_attempt: scraped.final_attempt,
@@ -169,9 +168,8 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
         final_attempt: bool,
     ) -> Stores<'a, T, R> {
         let patience = ctx.patience(final_attempt);
-        let mut stores = Stores::new(self.tasks, self.results, patience, wanted.counting);
-        stores.detection = wanted.detection.clone();
-        stores
+        let stores = Stores::new(self.tasks, self.results, patience, wanted.counting);
+        stores.checking(wanted.detection.clone())
     }
 
     /// Marks the task's tries as used up. A failure is only logged; the task is then

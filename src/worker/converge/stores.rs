@@ -62,6 +62,23 @@ impl<'a, T, R> Stores<'a, T, R> {
         }
     }
 
+    /// The stores as one delivery writes to them: what its fetch spent (`spend`), named by
+    /// the delivery, is counted in the terminal write.
+    pub fn for_delivery(self, delivery: &str, spend: Spend) -> Self {
+        let delivery = delivery.to_owned();
+        Self {
+            delivery,
+            spend,
+            ..self
+        }
+    }
+
+    /// The stores as a job checks its pages for block pages: an object stored by another
+    /// delivery is adopted only if it is not one.
+    pub fn checking(self, detection: Detection) -> Self {
+        Self { detection, ..self }
+    }
+
     /// Whether a terminal write of this delivery counted its spend.
     pub fn spend_counted(&self) -> bool {
         self.spend_counted.load(Ordering::Relaxed)
