@@ -68,14 +68,15 @@ pub(super) fn next_hop(scraped: &mut Scraped, chain: Option<&Hops>, most: usize)
 /// The request for the chain's next hop, after the request `before`. `spent`: the task's
 /// tries were spent (the claim said so).
 pub(super) fn follow(ctx: &Ctx<'_>, before: Scraped, chain: &Hops, spent: bool) -> Guarded {
-    Guarded {
-        url: Some(chain.next.clone()),
-        prior: before.prior.filter(|_| !chain.in_full),
+    let request = Guarded {
+        url: before.url,
+        prior: before.prior,
         wanted: before.wanted,
         booked: None,
         tries: ctx.delivery.tries(),
         spent,
-        redirected: !chain.before.is_empty(),
+        redirected: false,
         followed: true,
-    }
+    };
+    resumed(request, Some(chain))
 }

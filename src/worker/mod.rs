@@ -252,10 +252,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .store_and_finish(ctx, claim.redelivery, scraped)
             .await;
         let unfetched = paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
-        match outcome {
-            Outcome::WaitHeld { .. } => self.give_back(ctx, Some(&claim), None, outcome).await,
-            _ if unfetched => self.give_back(ctx, Some(&claim), None, outcome).await,
-            outcome => outcome,
+        match matches!(outcome, Outcome::WaitHeld { .. }) || unfetched {
+            true => self.give_back(ctx, Some(&claim), None, outcome).await,
+            false => outcome,
         }
     }
 
@@ -271,12 +270,7 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
         if let Some(claim) = claim {
             self.unclaim(ctx, claim).await;
         }
-        if let Some(permit) = permit {
-            let schedule = &self.gate.schedule;
-            schedule
-                .leave(&self.tasks, permit, None, ctx.measures())
-                .await;
-        }
+        self.fetching().leave(ctx, permit, None).await;
         ended
     }
 

@@ -254,8 +254,9 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
         fetched
     }
 
-    /// Gives the host's permit back, with what the fetch said of the host's health.
-    async fn leave(&self, ctx: &Ctx<'_>, permit: Option<Permit>, sign: Option<Sign>) {
+    /// Gives the host's permit back, with what the fetch said of the host's health (the
+    /// record's give-back uses it too, for a permit no fetch followed).
+    pub async fn leave(&self, ctx: &Ctx<'_>, permit: Option<Permit>, sign: Option<Sign>) {
         if let Some(permit) = permit {
             let measures = ctx.measures();
             self.schedule

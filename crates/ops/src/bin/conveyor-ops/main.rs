@@ -2,7 +2,7 @@
 //! the runbook's routines (progress, re-queue failed tasks, replay the poison quarantine),
 //! a host's politeness state shown or reset, and the worker run against a queue the way
 //! Lambda's event source mapping would. One file per command; the routines themselves are
-//! in the library's `ops`.
+//! in this crate's library (`crates/ops/src`).
 
 /// `println!` for what a command reports: a reader that went away (`| head -1`) ends the
 /// process quietly, with the status a shell gives a writer killed by SIGPIPE (141), instead
