@@ -1,10 +1,18 @@
 //! What a response through a proxy means, based on who made it. It may be the site's own
 //! response, a block the next tier may get past, or the proxy's own failure (our failure,
-//! never the page's). This file also sorts out requests the proxy did not answer, using the
-//! text hyper-util gives its tunnel errors.
+//! never the page's). This file also sorts out requests the proxy did not answer, by
+//! hyper-util's tunnel error.
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
 
 use super::{FetchError, Retry, classify};
 use crate::domain::proxy::{Marks, ProxyAddr};
+
+/// hyper-util's error for a CONNECT tunnel that did not open. Its module is private, so the
+/// type is named through the tunnel's `Service` impl; reqwest builds its tunnels with the
+/// same hyper-util (one version in Cargo.lock), so the error it boxes is this type.
+type TunnelError = <Tunnel<HttpConnector> as tower_service::Service<http::Uri>>::Error;
 
 /// Who made an answer that came back through a proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,51 +125,45 @@ fn ours_to_authenticate(status: u16) -> FetchError {
     }
 }
 
-/// A request through the proxy that got no answer. hyper-util does not export its tunnel
-/// error type, so its three refusals are told apart by their error text. tests/it/proxies.rs
-/// pins that text against a real proxy. The three cases are: a CONNECT answered with 407; a
-/// CONNECT refused otherwise (the proxy could not or would not connect, treated as a block);
-/// and no connection to the proxy at all (the next tier may be up).
+/// A request through the proxy that got no answer. The three cases are: a CONNECT answered
+/// with 407; a CONNECT refused otherwise (the proxy could not or would not connect, treated
+/// as a block); and no connection to the proxy at all (the next tier may be up).
+/// tests/it/proxies.rs holds each case against a real proxy.
 pub(super) fn transport_failure(
     err: &reqwest::Error,
     proxy: &ProxyAddr,
     tunnelled: bool,
 ) -> FetchError {
-    let text = chain(err);
     let label = proxy.label();
-    if text.contains("tunnel error: proxy authorization required") {
-        FetchError {
+    let no_connection = FetchError {
+        blocked: true,
+        ..FetchError::ours(format!("proxy {label}: no connection"))
+    };
+    match tunnel_error(err) {
+        Some(TunnelError::ProxyAuthRequired) => FetchError {
             http_status: Some(407),
             ..FetchError::ours(format!("proxy {label}: authentication required (HTTP 407)"))
-        }
-    } else if text.contains("tunnel error: unsuccessful") {
-        FetchError {
+        },
+        Some(TunnelError::TunnelUnsuccessful) => FetchError {
             blocked: true,
             ..FetchError::ours(format!("proxy {label}: CONNECT refused"))
-        }
-    } else if (text.contains("tunnel error: failed to create underlying connection")
-        || (err.is_connect() && !tunnelled))
-        && !err.is_timeout()
-    {
-        FetchError {
-            blocked: true,
-            ..FetchError::ours(format!("proxy {label}: no connection"))
-        }
-    } else {
-        classify::classify_error(err)
+        },
+        Some(TunnelError::ConnectFailed(_)) if !err.is_timeout() => no_connection,
+        None if err.is_connect() && !tunnelled && !err.is_timeout() => no_connection,
+        _ => classify::classify_error(err),
     }
 }
 
-/// An error and its sources, as one line.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut current = err.source();
+/// The tunnel error among an error's sources, if a CONNECT failed.
+fn tunnel_error(err: &reqwest::Error) -> Option<&TunnelError> {
+    let mut current = std::error::Error::source(err);
     while let Some(e) = current {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
+        if let Some(tunnel) = e.downcast_ref::<TunnelError>() {
+            return Some(tunnel);
+        }
         current = e.source();
     }
-    text
+    None
 }
 
 #[cfg(test)]

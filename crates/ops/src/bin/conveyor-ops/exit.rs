@@ -4,6 +4,7 @@
 use std::error::Error;
 use std::process::ExitCode;
 
+use aws_credential_types::provider::error::CredentialsError;
 use conveyor_worker::ports::error::{StoreError, StoreFault};
 
 /// The exit codes, one per thing a script may want to branch on.
@@ -58,6 +59,8 @@ pub struct Named {
     pub table: Option<String>,
     pub bucket: Option<String>,
     pub queue_url: Option<String>,
+    /// The AWS settings name no region: a request cannot be signed.
+    pub region_missing: bool,
 }
 
 /// The exit code of a command's error and the line that explains it.
@@ -100,7 +103,6 @@ fn aws_line(err: &StoreError, named: &Named) -> String {
         return err.to_string();
     };
     let (what, flag) = resource(operation, named);
-    let chain = explain(err);
     match fault {
         StoreFault::Refused { code } if missing(code) => {
             format!("{what} does not exist ({code}): check {flag} and AWS_REGION")
@@ -123,10 +125,10 @@ fn aws_line(err: &StoreError, named: &Named) -> String {
                 "{what}: the credentials were refused ({code}): check AWS_PROFILE or AWS_ACCESS_KEY_ID"
             )
         }
-        StoreFault::NotSent if chain.contains("signing region") => {
+        StoreFault::NotSent if named.region_missing => {
             "no AWS region (missing signing region): set AWS_REGION".to_owned()
         }
-        StoreFault::NotSent if chain.contains("credentials") || chain.contains("Credentials") => {
+        StoreFault::NotSent if find::<CredentialsError>(err).is_some() => {
             "no credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
              or run where a role provides them"
                 .to_owned()
@@ -210,6 +212,7 @@ mod tests {
             table: Some("t".into()),
             bucket: Some("b".into()),
             queue_url: Some("q".into()),
+            region_missing: false,
         };
         let cases = [
             ("GetItem(run)", "table t", "--table (TABLE_NAME)"),

@@ -84,6 +84,7 @@ impl Command {
             table: table.cloned().or_else(|| env("TABLE_NAME")),
             bucket: bucket.cloned().or_else(|| env("RESULTS_BUCKET")),
             queue_url: queue.cloned().or_else(|| env("QUEUE_URL")),
+            region_missing: false,
         }
     }
 }
@@ -159,6 +160,10 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => Exit::Done.into(),
         Err(err) => {
+            let named = Named {
+                region_missing: sdk().await.region().is_none(),
+                ..named
+            };
             let (exit, line) = exit::ending(err.as_ref(), &named);
             eprintln!("conveyor-ops: {line}");
             exit.into()
@@ -169,7 +174,7 @@ async fn main() -> ExitCode {
 /// A command line clap refused: its message, with the environment variable that can give a
 /// missing value; help and the version are no error.
 fn usage(err: &clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     let _ = err.print();
     if matches!(
         err.kind(),
@@ -177,10 +182,16 @@ fn usage(err: &clap::Error) -> ExitCode {
     ) {
         return Exit::Done.into();
     }
-    if err.kind() == ErrorKind::MissingRequiredArgument {
-        let text = err.to_string();
+    if err.kind() == ErrorKind::MissingRequiredArgument
+        && let Some(ContextValue::Strings(missing)) = err.get(ContextKind::InvalidArg)
+    {
+        // Each missing argument as its usage says it: "--table <TABLE>".
+        let flags: Vec<&str> = missing
+            .iter()
+            .filter_map(|arg| arg.split(' ').next())
+            .collect();
         for (flag, env) in ENV_OF {
-            if text.contains(&format!("{flag} <")) {
+            if flags.contains(&flag) {
                 eprintln!("  {flag} can come from the environment: set {env}");
             }
         }
