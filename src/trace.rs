@@ -5,7 +5,8 @@
 //! the producer's header on unchanged.
 //!
 //! Every file of the traces feature: here (the trace a message carries); the exporter and
-//! its settings in `wiring/traces.rs` and `wiring/aws.rs`; the `record` span in
+//! its settings in `wiring/traces.rs` and `wiring/aws.rs`, the spans buffered until the
+//! invocation's flush in `wiring/span_buffer.rs`; the `record` span in
 //! `batch/mod.rs`; the step spans in `worker/parse.rs`, `worker/admit.rs`,
 //! `worker/fetch/mod.rs` and `scraper/spans.rs`; an error marked on its span in
 //! `store/error.rs`; a copy's header in `ports/queue.rs` and `worker/park.rs`, and a

@@ -14,10 +14,7 @@ use opentelemetry_aws::trace::XrayIdGenerator;
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
-};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, filter_fn};
 use tracing_subscriber::prelude::*;
@@ -25,6 +22,7 @@ use tracing_subscriber::{Layer, Registry};
 
 use crate::trace;
 use crate::wiring::config::TraceSettings;
+use crate::wiring::span_buffer::SpanBuffer;
 
 /// Time for a timed-out export to give up and be counted, past the export timeout.
 pub const GIVING_UP: Duration = Duration::from_millis(100);
@@ -40,8 +38,8 @@ pub struct Traces {
 
 impl Traces {
     /// Sends the spans ended so far, holding the caller at most the export timeout (and
-    /// [`GIVING_UP`]). The SDK's own flush waits up to 5 s and sends every queued batch,
-    /// so it runs on a thread of its own, which may go on after the caller has.
+    /// [`GIVING_UP`]). The flush sends every buffered span, a batch at a time, so it runs on a
+    /// thread of its own, which may go on after the caller has.
     pub fn flush(&self) {
         let (done, flushed) = std::sync::mpsc::channel();
         let provider = self.provider.clone();
@@ -139,7 +137,7 @@ pub fn without_steps(filter: EnvFilter) -> EnvFilter {
     filter.add_directive(format!("{}=off", trace::STEP).parse().expect("a directive"))
 }
 
-/// The OTLP/HTTP exporter behind a batch processor, with X-Ray ids.
+/// The OTLP/HTTP exporter behind the span buffer ([`SpanBuffer`]), with X-Ray ids.
 pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
     let endpoint = format!("{}/v1/traces", settings.endpoint.trim_end_matches('/'));
     let client = LazyClient {
@@ -160,17 +158,8 @@ pub fn exporter(settings: &TraceSettings, service: &str) -> Option<Traces> {
             return None;
         }
     };
-    // The SDK's own sizes. Its queue is a channel allocated whole when the processor is
-    // built, at the cold start: 8,192 spans cost 0.85 ms of it (docs/performance.md).
-    let batches = BatchConfigBuilder::default()
-        .with_max_queue_size(2_048)
-        .with_max_export_batch_size(512)
-        .build();
-    let processor = BatchSpanProcessor::builder(Counted(otlp))
-        .with_batch_config(batches)
-        .build();
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
+        .with_span_processor(SpanBuffer::new(otlp, trace::count_dropped))
         // A delivery's decision is made with its parent (`trace::continue_delivery`); a
         // span without one (the invocation's) keeps the same share.
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
@@ -214,32 +203,5 @@ impl HttpClient for LazyClient {
             }
         };
         client.send_bytes(request).await
-    }
-}
-
-/// An exporter that counts the spans of every batch it could not send.
-#[derive(Debug)]
-struct Counted<E>(E);
-
-impl<E: SpanExporter> SpanExporter for Counted<E> {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let spans = batch.len() as u64;
-        let sent = self.0.export(batch).await;
-        if sent.is_err() {
-            trace::count_dropped(spans);
-        }
-        sent
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.0.set_resource(resource);
     }
 }
