@@ -53,7 +53,7 @@ pub fn stop(exit: Exit, message: impl Into<String>) -> Box<dyn Error> {
     })
 }
 
-/// The resources a command names, for its errors.
+/// The resources a command names, and whether a region is set, for its errors.
 #[derive(Debug, Default, Clone)]
 pub struct Named {
     pub table: Option<String>,
