@@ -12,5 +12,6 @@ pub mod message;
 pub mod model;
 pub mod proxy;
 pub mod refresh;
+pub mod render;
 pub mod spend;
 pub mod time;

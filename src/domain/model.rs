@@ -51,6 +51,8 @@ pub struct Task {
     pub prior: Option<Prior>,
     /// Its tries so far: the claims of its current set, and when that set began.
     pub tries: Tries,
+    /// The task's own `render`, over its job's.
+    pub render: Option<crate::domain::render::Render>,
 }
 
 /// A task's current set of tries. `attempts` counts its claims, and every fetch follows a
@@ -94,6 +96,8 @@ pub struct Parents {
     pub detection: crate::domain::blocks::Detection,
     /// The run's budget, in bytes, for the paid (last) proxy tier (`paid_tier_budget_bytes`).
     pub paid_budget: Option<u64>,
+    /// When the job's pages are rendered in a browser, and how (`render`, `render_*`).
+    pub render: crate::domain::render::RenderOptions,
 }
 
 impl Parents {

@@ -118,6 +118,7 @@ impl TaskStore for MemoryTasks {
             url: t.url.clone(),
             prior: None,
             tries: t.tries,
+            render: None,
         }))
     }
 

@@ -517,3 +517,36 @@ async fn tasks_as_the_last_release_and_this_one_wrote_them_note_a_new_deliverys_
         assert!(noted.is_some() && noted != earlier, "{task}: {noted:?}");
     }
 }
+
+#[tokio::test]
+async fn jobs_and_tasks_with_and_without_render_fields_read_as_their_producer_meant() {
+    use conveyor_worker::domain::render::{Render, RenderOptions, Selector};
+    use conveyor_worker::ports::tasks::TaskStore;
+    let stack = Stack::new().await;
+    let store = DynamoTaskStore::new(stack.dynamodb.clone(), stack.table.clone());
+    let task = task_ref("task-1");
+    put_fixture(&stack, "v-current/task_item_render.json", |_| {}).await;
+    let mut read = Vec::new();
+    for name in [
+        "v-previous/job_item.json",
+        "v-current/job_item_render.json",
+        "v-current/job_item_render_not_valid.json",
+    ] {
+        put_fixture(&stack, name, |_| {}).await;
+        read.push(store.load_parents(&task).await.expect("parents").render);
+    }
+
+    let asked = RenderOptions {
+        render: Render::Auto,
+        wait_for: Selector::parse("#prices .row"),
+        timeout: Some(Duration::from_secs(20)),
+        screenshot: true,
+    };
+    assert_eq!(
+        read,
+        [RenderOptions::default(), asked, RenderOptions::default()]
+    );
+    let loaded = store.load_task(&task).await.expect("read").expect("task");
+    assert_eq!(loaded.render, Some(Render::Always));
+    assert_eq!(read[1].for_task(loaded.render), Render::Always);
+}

@@ -1,10 +1,12 @@
 //! The job item as the worker reads it: the job's own politeness (host limits, robots.txt,
-//! how hosts are keyed) and its block detection (on or off, its own signatures). Each value
-//! is checked. A value out of range or not valid is dropped with a warning.
+//! how hosts are keyed), its block detection (on or off, its own signatures) and when its
+//! pages are rendered. Each value is checked. A value out of range or not valid is dropped
+//! with a warning.
 
 use crate::domain::blocks::{Detection, JobSignature, MAX_JOB_SIGNATURES};
 use crate::domain::bounds::Reason;
 use crate::domain::limits::{JobPoliteness, PoliteKey};
+use crate::domain::render::{Render, RenderOptions, Selector};
 use crate::store::dynamo::attributes::{Item, number, string};
 
 /// A job's own politeness. Each attribute is taken only when it is in range. Otherwise the
@@ -67,4 +69,46 @@ fn job_signature(entry: &Item) -> Option<JobSignature> {
         (None, Some(body)) => JobSignature::body(name, body),
         _ => None,
     }
+}
+
+/// When a job's pages are rendered, and how. A value that is not valid leaves that option
+/// at its default (`render`: never), with a warning.
+pub(super) fn render(job: &Item) -> RenderOptions {
+    let mut options = RenderOptions {
+        render: render_word(job, "render").unwrap_or_default(),
+        ..RenderOptions::default()
+    };
+    if let Some(text) = string(job, "render_wait_for") {
+        options.wait_for = Selector::parse(text);
+        if options.wait_for.is_none() {
+            tracing::warn!(
+                selector = %Reason::new(text),
+                "a job's render_wait_for is not a selector of 1 to 256 bytes: not waited for"
+            );
+        }
+    }
+    if let Some(ms) = number::<u64>(job, "render_timeout_ms") {
+        options.timeout = RenderOptions::timeout_of(ms);
+        if options.timeout.is_none() {
+            tracing::warn!(
+                ms,
+                "a job's render_timeout_ms is out of range: the default applies"
+            );
+        }
+    }
+    options.screenshot = job.get("render_screenshot").and_then(|v| v.as_bool().ok()) == Some(&true);
+    options
+}
+
+/// A job's or task's `render` word, warned about when it is not one of the three.
+pub(crate) fn render_word(item: &Item, name: &str) -> Option<Render> {
+    let text = string(item, name)?;
+    let render = Render::parse(text);
+    if render.is_none() {
+        tracing::warn!(
+            value = %Reason::new(text),
+            "{name} is not never, always or auto: ignored"
+        );
+    }
+    render
 }

@@ -39,7 +39,7 @@ impl TaskStore for DynamoTaskStore {
             .consistent_read(true)
             .projection_expression(
                 "#status, #url, prior_result_key, prior_sha256, prior_etag, prior_last_modified, \
-                 attempts, tries_since, tries_spent, updated_at",
+                 attempts, tries_since, tries_spent, updated_at, render",
             )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#url", "url")
@@ -54,6 +54,7 @@ impl TaskStore for DynamoTaskStore {
             url: string(&item, "url").map(str::to_owned),
             prior: prior_of(&item),
             tries: tries_of(&item),
+            render: jobs::render_word(&item, "render"),
         }))
     }
 
@@ -242,7 +243,8 @@ pub(crate) async fn parents_of(
         .projection_expression(
             "sk, #status, counter_shards, counter_groups, paid_tier_budget_bytes, \
              host_max_rps, host_max_inflight, obey_robots, politeness_key, \
-             block_detection, block_signatures",
+             block_detection, block_signatures, render, render_wait_for, render_timeout_ms, \
+             render_screenshot",
         )
         .expression_attribute_names("#status", "status")
         .consistent_read(true)
@@ -257,6 +259,7 @@ pub(crate) async fn parents_of(
                 parents.job_status = status;
                 parents.politeness = jobs::politeness(&item);
                 parents.detection = jobs::detection(&item);
+                parents.render = jobs::render(&item);
             }
             Some(sk) if sk == run_sort => {
                 parents.run_status = status;
