@@ -16,6 +16,7 @@ use conveyor_testkit::deliveries;
 use conveyor_testkit::memory::{self, CPU_BATCHES, CPU_PAGE_BYTES, MemoryPages};
 use conveyor_worker::batch::{BatchLimits, run_batch};
 use conveyor_worker::domain::blocks::Detection;
+use conveyor_worker::domain::shells::shell_of;
 use conveyor_worker::trace;
 use conveyor_worker::wiring::config::TraceSettings;
 use conveyor_worker::wiring::traces;
@@ -69,17 +70,9 @@ fn pipeline(c: &mut Criterion) {
 /// comes after 2 KiB of its head.
 fn blocks(c: &mut Criterion) {
     let detection = Detection::default();
-    let mut html = b"<!DOCTYPE html><html><head>".to_vec();
-    html.extend(b"<meta name=\"x\" content=\"y\">".repeat(2048 / 32));
-    html.extend_from_slice(b"<title>Blue kettle | shop.example</title></head><body>");
-    while html.len() < CPU_PAGE_BYTES {
-        html.extend_from_slice(
-            b"<p>Boils a full kettle in under four minutes, <a href=\"/k\">more</a>.</p>",
-        );
-    }
     let pages = [
         ("bench-page", vec![b'x'; CPU_PAGE_BYTES]),
-        ("html-page", html),
+        ("html-page", html_page()),
     ];
     let mut group = c.benchmark_group("blocks");
     for (name, page) in &pages {
@@ -90,9 +83,47 @@ fn blocks(c: &mut Criterion) {
     group.finish();
 }
 
+/// The application shell check of the same pages, of that HTML page with a script and a
+/// mount node (`<div id="app">` around its text: read until its text passes the bound), and
+/// of a shell.
+fn shells(c: &mut Criterion) {
+    let mounted = String::from_utf8(html_page()).expect("ASCII").replacen(
+        "<body>",
+        "<script src=\"/app.js\"></script><body><div id=\"app\">",
+        1,
+    );
+    let shell = br#"<!doctype html><html><head><title>Shop</title></head><body><div id="root"></div><script src="/static/js/main.js"></script></body></html>"#;
+    let pages = [
+        ("bench-page", vec![b'x'; CPU_PAGE_BYTES]),
+        ("html-page", html_page()),
+        ("html-page-mounted", mounted.into_bytes()),
+        ("shell", shell.to_vec()),
+    ];
+    let mut group = c.benchmark_group("shells");
+    for (name, page) in &pages {
+        group.bench_function(*name, |b| {
+            b.iter(|| shell_of(Some("text/html"), std::hint::black_box(page)));
+        });
+    }
+    group.finish();
+}
+
+/// A 16 KiB HTML page whose title comes after 2 KiB of its head.
+fn html_page() -> Vec<u8> {
+    let mut html = b"<!DOCTYPE html><html><head>".to_vec();
+    html.extend(b"<meta name=\"x\" content=\"y\">".repeat(2048 / 32));
+    html.extend_from_slice(b"<title>Blue kettle | shop.example</title></head><body>");
+    while html.len() < CPU_PAGE_BYTES {
+        html.extend_from_slice(
+            b"<p>Boils a full kettle in under four minutes, <a href=\"/k\">more</a>.</p>",
+        );
+    }
+    html
+}
+
 /// The batch of 10 under the subscriber a deployed function has: JSON log lines at INFO (to
 /// nowhere here), with tracing off, and on with 1% and with every task sampled (the spans
-/// sent to an OTLP endpoint where nothing listens, by the exporter's own thread).
+/// sent to an OTLP endpoint where nothing listens).
 fn deployed(c: &mut Criterion) {
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let (pages, limits) = (bench_pages(), LIMITS);
@@ -162,5 +193,5 @@ fn fresh(batch: &[SqsMessage]) -> Vec<SqsMessage> {
     renamed.collect()
 }
 
-criterion_group!(benches, pipeline, blocks, deployed);
+criterion_group!(benches, pipeline, blocks, shells, deployed);
 criterion_main!(benches);

@@ -13,5 +13,6 @@ pub mod model;
 pub mod proxy;
 pub mod refresh;
 pub mod render;
+pub mod shells;
 pub mod spend;
 pub mod time;

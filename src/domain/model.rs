@@ -237,6 +237,8 @@ pub struct StoredResult {
     pub validators: Validators,
     /// Carried forward from an earlier result on a `304 Not Modified`. Nothing was fetched.
     pub not_modified: bool,
+    /// The application shell rule the stored page met, if it is one (`domain/shells.rs`).
+    pub shell: Option<crate::domain::shells::ShellRule>,
 }
 
 /// Why a task failed, as written on the task.

@@ -5,7 +5,9 @@
 //!
 //! Every file of the rendering feature: here (a job's choice); the application shell rule in
 //! `domain/shells.rs`; the job's fields read in `store/dynamo/jobs.rs` and the task's in
-//! `store/dynamo/tasks/mod.rs`; the shell marked on the task in `worker/converge/stores.rs`.
+//! `store/dynamo/tasks/mod.rs`; a stored page checked in `worker/converge/stores.rs`, its
+//! mark kept on the object (`store/s3.rs`, `meta::SHELL`) and on the task
+//! (`store/dynamo/tasks/writes.rs`); the corpus in `tests/fixtures/shells/`.
 
 use std::time::Duration;
 

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::{Page, StoredResult};
 use crate::domain::refresh::{Prior, Validators};
+use crate::domain::shells::ShellRule;
 use crate::ports::error::StoreError;
 
 /// A page on its way into the store.
@@ -17,6 +18,8 @@ pub struct NewResult<'a> {
     pub page: &'a Page,
     pub sha256: &'a str,
     pub fetched_at: SystemTime,
+    /// The application shell rule the page met, if it is one.
+    pub shell: Option<&'a ShellRule>,
 }
 
 /// The result of a conditional put.

@@ -15,6 +15,7 @@ use crate::domain::bounds::{Bounded, MetadataUrl};
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::StoredResult;
 use crate::domain::refresh::{Prior, Validators};
+use crate::domain::shells::ShellRule;
 use crate::domain::time::rfc3339;
 use crate::ports::error::{StoreError, StoreFault};
 use crate::ports::results::{
@@ -34,6 +35,8 @@ pub mod meta {
     pub const LAST_MODIFIED: &str = "last-modified";
     /// On an object carried forward on a `304 Not Modified`: the earlier object's key.
     pub const REFRESHED_FROM: &str = "refreshed-from";
+    /// On an application shell: the rule it met.
+    pub const SHELL: &str = "shell";
 }
 
 /// [`ResultStore`] on one S3 bucket.
@@ -257,6 +260,10 @@ impl S3ResultStore {
                 meta::REFRESHED_FROM,
                 Refreshed::new(earlier.key.as_str()).as_str(),
             );
+        let request = match &earlier.shell {
+            Some(rule) => request.metadata(meta::SHELL, rule.as_str()),
+            None => request,
+        };
         with_validators(request, carried.validators)
     }
 
@@ -283,6 +290,10 @@ impl S3ResultStore {
             .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
             .metadata(meta::SHA256, new.sha256)
             .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
+        let request = match new.shell {
+            Some(rule) => request.metadata(meta::SHELL, rule.as_str()),
+            None => request,
+        };
         with_validators(request, &new.page.validators)
     }
 }
@@ -348,6 +359,7 @@ fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, S
         final_url: field(meta::FINAL_URL)?.into(),
         validators,
         not_modified: metadata.contains_key(meta::REFRESHED_FROM),
+        shell: metadata.get(meta::SHELL).map(|rule| ShellRule::new(rule)),
     })
 }
 

@@ -1,4 +1,5 @@
-//! The corpus of block pages and of pages that are not (`tests/fixtures/blocks/`): each
+//! The corpus of block pages and of pages that are not (`tests/fixtures/blocks/`), and the
+//! corpus of application shells and of pages that are not (`tests/fixtures/shells/`): each
 //! file one answer as a site sends it, with what the worker must make of it.
 
 use std::path::PathBuf;
@@ -29,24 +30,41 @@ impl Answer {
     }
 }
 
-fn folder() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/blocks")
+/// The block pages' corpus.
+pub const BLOCKS: &str = "blocks";
+/// The application shells' corpus.
+pub const SHELLS: &str = "shells";
+
+fn folder(corpus: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(corpus)
 }
 
-/// Every answer of the corpus, by name.
+/// Every answer of the block pages' corpus, by name.
 pub fn all() -> Vec<Answer> {
-    let mut names: Vec<String> = std::fs::read_dir(folder())
+    all_of(BLOCKS)
+}
+
+/// Every answer of `corpus`, by name.
+pub fn all_of(corpus: &str) -> Vec<Answer> {
+    let mut names: Vec<String> = std::fs::read_dir(folder(corpus))
         .expect("the corpus folder")
         .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
         .filter_map(|file| file.strip_suffix(".http").map(str::to_owned))
         .collect();
     names.sort();
-    names.iter().map(|name| answer(name)).collect()
+    names.iter().map(|name| answer_of(corpus, name)).collect()
 }
 
-/// The answer named `name` (its file without `.http`).
+/// The block pages' answer named `name` (its file without `.http`).
 pub fn answer(name: &str) -> Answer {
-    let path = folder().join(format!("{name}.http"));
+    answer_of(BLOCKS, name)
+}
+
+/// The answer of `corpus` named `name`.
+pub fn answer_of(corpus: &str, name: &str) -> Answer {
+    let path = folder(corpus).join(format!("{name}.http"));
     let raw = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let split = (raw
         .windows(4)

@@ -286,6 +286,7 @@ impl ResultStore for MemoryResults {
             final_url: new.page.final_url.clone(),
             validators: new.page.validators.clone(),
             not_modified: false,
+            shell: new.shell.cloned(),
         };
         objects.insert(new.key.as_str().to_owned(), described);
         Ok(Put::Stored)

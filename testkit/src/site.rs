@@ -84,6 +84,7 @@ impl Site {
             .route("/trickle/{size}", get(trickle))
             .route("/blocks/{ip}/{name}", get(blocks))
             .route("/corpus/{name}", get(corpus))
+            .route("/shells/{name}", get(shells))
             .route("/challenged/{ip}/{answer}/{name}", get(challenged))
             .route("/forged-relay", get(forged_relay))
             .route("/down-saying-proxy/{name}", get(down_saying_proxy))
@@ -173,6 +174,12 @@ async fn blocks(
 /// An answer of the block pages' corpus (`block_pages`), as the file has it.
 async fn corpus(Path(name): Path<String>) -> Response {
     served(&crate::block_pages::answer(&name))
+}
+
+/// An answer of the application shells' corpus, as the file has it.
+async fn shells(Path(name): Path<String>) -> Response {
+    use crate::block_pages::{SHELLS, answer_of};
+    served(&answer_of(SHELLS, &name))
 }
 
 /// The corpus answer `answer` to requests from `ip` (a proxy tier's egress), the page

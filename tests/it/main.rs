@@ -23,6 +23,7 @@ mod proxies;
 mod races;
 mod redirects;
 mod refresh_runs;
+mod render;
 mod retry_timing;
 mod run_progress;
 mod sample_events;

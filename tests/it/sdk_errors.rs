@@ -353,6 +353,7 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         page: &page,
         sha256: "00",
         fetched_at: SystemTime::now(),
+        shell: None,
     };
 
     let store = results(&slow);
@@ -399,6 +400,7 @@ async fn s3_racing_conditional_puts_are_a_conflict_and_oversized_requests_invali
         page: &page,
         sha256: "00",
         fetched_at: SystemTime::now(),
+        shell: None,
     };
 
     assert_eq!(

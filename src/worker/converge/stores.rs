@@ -11,6 +11,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::refresh::Validators;
+use crate::domain::shells::{ShellRule, shell_rule};
 use crate::domain::spend::{CountedIn, DeliverySpend, Spend};
 use crate::ports::error::StoreError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
@@ -201,14 +202,16 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         page: &Page,
         sha256: &str,
     ) -> Result<(StoredResult, bool), StoreError> {
+        let shell = shell_rule(&page.content_type, &page.body);
         let new = NewResult {
             key,
             page,
             sha256,
             fetched_at: SystemTime::now(),
+            shell: shell.as_ref(),
         };
         match self.results.put_if_absent(new).await? {
-            Put::Stored => Ok((described(key, page, sha256), false)),
+            Put::Stored => Ok((described(key, page, sha256, shell), false)),
             // Gone between the put and the read (deleted meanwhile): a conflict, so the put
             // is tried again.
             Put::AlreadyThere => match self.results.describe(key).await? {
@@ -276,7 +279,10 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
             return Ok((stored, true));
         };
         match self.results.replace(new, &etag).await? {
-            Put::Stored => Ok((described(new.key, new.page, new.sha256), false)),
+            Put::Stored => Ok((
+                described(new.key, new.page, new.sha256, new.shell.cloned()),
+                false,
+            )),
             Put::AlreadyThere => Err(StoreError::Changed {
                 detail: format!("{} changed as its block page was replaced", new.key),
             }),
@@ -361,7 +367,7 @@ fn carried_result(carried: Carried<'_>) -> StoredResult {
     }
 }
 
-fn described(key: &ResultKey, page: &Page, sha256: &str) -> StoredResult {
+fn described(key: &ResultKey, page: &Page, sha256: &str, shell: Option<ShellRule>) -> StoredResult {
     StoredResult {
         key: key.clone(),
         sha256: sha256.to_owned(),
@@ -371,6 +377,7 @@ fn described(key: &ResultKey, page: &Page, sha256: &str) -> StoredResult {
         final_url: page.final_url.clone(),
         validators: page.validators.clone(),
         not_modified: false,
+        shell,
     }
 }
 

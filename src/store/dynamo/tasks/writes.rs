@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::domain::bounds::Reason;
-use crate::domain::model::{Lease, TaskStatus, Terminal, TriesFrom};
+use crate::domain::model::{Lease, StoredResult, TaskStatus, Terminal, TriesFrom};
 use crate::domain::time::{epoch_millis, rfc3339};
 use crate::store::dynamo::attributes::{n, s};
 use crate::store::dynamo::expressions::Expression;
@@ -176,6 +176,7 @@ fn success_fields(
     } else {
         remove.push("not_modified");
     }
+    shell_fields(r, set, remove, values);
     let (etag, date) = (&r.validators.etag, &r.validators.last_modified);
     let texts = [
         &*r.content_type,
@@ -192,6 +193,23 @@ fn success_fields(
         }
     }
     remove.push("#error");
+}
+
+/// An application shell's mark: `shell` and the rule it met, or neither.
+fn shell_fields(
+    r: &StoredResult,
+    set: &mut Vec<&str>,
+    remove: &mut Vec<&str>,
+    values: &mut Vec<(&str, AttributeValue)>,
+) {
+    match &r.shell {
+        Some(rule) => {
+            set.extend(["shell = :shell", "shell_rule = :shell_rule"]);
+            values.push((":shell", AttributeValue::Bool(true)));
+            values.push((":shell_rule", s(rule.as_str())));
+        }
+        None => remove.extend(["shell", "shell_rule"]),
+    }
 }
 
 /// The operator's re-queue of a failed task: back to pending with a fresh set of tries,
