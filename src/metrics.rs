@@ -26,6 +26,8 @@ pub struct MetricsSettings {
 pub struct Measures {
     fetch_ms: Mutex<Vec<f64>>,
     bytes_stored: AtomicU64,
+    /// Stored pages that were application shells (`domain::shells`).
+    shells: AtomicU64,
     /// Pages not modified (`304`), and the bytes of the earlier results carried forward.
     not_modified: AtomicU64,
     bytes_not_fetched: AtomicU64,
@@ -62,6 +64,11 @@ impl Measures {
     /// A result object of this size was stored.
     pub fn stored(&self, bytes: u64) {
         self.bytes_stored.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A stored page was an application shell.
+    pub fn shell_stored(&self) {
+        self.shells.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A page was not modified: its earlier result of this size was carried forward.
@@ -119,6 +126,8 @@ pub struct Tally {
     pub retried: u64,
     pub fetch_ms: Vec<f64>,
     pub bytes_stored: u64,
+    /// Stored pages that were application shells: their content needs a browser.
+    pub shells_stored: u64,
     /// Pages a site said were not modified (`304`), whose earlier results were carried
     /// forward, and those results' bytes. That is what was not fetched again.
     pub not_modified: u64,
@@ -151,6 +160,7 @@ impl Tally {
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner),
             bytes_stored: measures.bytes_stored.into_inner(),
+            shells_stored: measures.shells.into_inner(),
             not_modified: measures.not_modified.into_inner(),
             bytes_not_fetched: measures.bytes_not_fetched.into_inner(),
             conflicts: measures.conflicts.into_inner(),
@@ -214,6 +224,7 @@ impl Tally {
             ("RobotsFetches", self.robots_fetches),
             ("RobotsDisallowed", self.robots_disallowed),
             ("NotModified", self.not_modified),
+            ("ShellsStored", self.shells_stored),
             ("TraceSpansDropped", self.trace_spans_dropped),
         ];
         let mut first = vec![
@@ -393,6 +404,7 @@ mod tests {
         let measures = Measures::default();
         measures.fetched(Duration::from_millis(120));
         measures.stored(36);
+        measures.shell_stored();
         measures.conflicts.fetch_add(3, Ordering::Relaxed);
         measures.polite.slept_ms.fetch_add(250, Ordering::Relaxed);
         measures.polite.cooldowns.fetch_add(1, Ordering::Relaxed);
@@ -430,6 +442,7 @@ mod tests {
             retried: 2,
             fetch_ms: vec![120.0],
             bytes_stored: 36,
+            shells_stored: 1,
             not_modified: 1,
             bytes_not_fetched: 2048,
             conflicts: 3,
@@ -454,6 +467,7 @@ mod tests {
         );
         assert_eq!(document["NotModified"], 1);
         assert_eq!(document["BytesNotFetched"], 2048);
+        assert_eq!(document["ShellsStored"], 1);
     }
 
     #[test]

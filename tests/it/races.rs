@@ -291,7 +291,7 @@ async fn fail_then_succeed(
     let failed = stores.fail(&task_ref("t1"), key, not_found()).await;
     failed.expect("fail");
     let won = stores
-        .succeed(&task_ref("t1"), key, &page(b"the page"))
+        .succeed(&task_ref("t1"), key, &page(b"the page"), None)
         .await;
     assert_eq!(
         won.expect("succeed"),
@@ -364,7 +364,7 @@ async fn a_success_replacing_the_failure_that_completed_its_run_keeps_one_comple
             .await
             .expect("fail");
         stores
-            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .succeed(&task_ref("t1"), &key, &page(b"the page"), None)
             .await
             .expect("succeed");
     })
@@ -389,7 +389,7 @@ async fn a_failure_never_replaces_a_success() {
 
     converging(&stack, async |stores| {
         stores
-            .succeed(&task_ref("t1"), &key, &page(b"the page"))
+            .succeed(&task_ref("t1"), &key, &page(b"the page"), None)
             .await
             .expect("succeed");
         // A failure that raced it: its own S3 check found the object, so it adopts.

@@ -2,12 +2,14 @@
 //! (`tests/fixtures/shells/`) is judged as it expects; served by a real local site with
 //! politeness at its production defaults, a shell is stored as fetched and its task marked
 //! `shell` with the rule it met, on the task and on the object, the same whichever of two
-//! deliveries stores it; a page that is not a shell is stored unmarked.
+//! deliveries stores it; a page that is not a shell is stored unmarked; `conveyor-ops
+//! results` says which results are shells.
 
 use conveyor_testkit::block_pages::{self, Answer, SHELLS};
 use conveyor_testkit::*;
 use conveyor_worker::domain::shells::shell_of;
 
+use crate::ops::{ops, succeeded};
 use crate::polite_defaults::production_defaults;
 
 /// What the worker makes of `answer`: `page`, or the shell rule it meets.
@@ -76,5 +78,21 @@ async fn a_shell_is_stored_as_fetched_and_its_task_marked_with_its_rule() {
         assert_eq!(marked, Some(Ok(true)), "{}", answer.name);
         assert_eq!(task.s("shell_rule"), Some(answer.expect.as_str()));
         assert_eq!(object.metadata.get("shell"), Some(&answer.expect));
+    }
+    let results = ops(&stack, &["results", "--job", JOB, "--run", RUN]).await;
+    let lines = succeeded(&results);
+    let shells = answers.iter().filter(|a| !a.is_page()).count();
+    let summary = String::from_utf8_lossy(&results.stderr);
+    assert!(
+        summary.contains(&format!("({shells} application shells)")),
+        "{summary}"
+    );
+    for answer in &answers {
+        let line = lines
+            .lines()
+            .find(|l| l.starts_with(&answer.name))
+            .expect("a line");
+        let marked = format!("shell ({})", answer.expect);
+        assert_eq!(line.contains(&marked), !answer.is_page(), "{line}");
     }
 }

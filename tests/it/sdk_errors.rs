@@ -430,7 +430,7 @@ async fn a_page_s3_refuses_as_invalid_fails_its_task_instead_of_coming_back() {
     let stores = Stores::new(&tasks, &results, patience, Counting::Run);
     let key = ResultKey::for_task("results/", &task());
 
-    let converged = stores.succeed(&task(), &key, &page()).await;
+    let converged = stores.succeed(&task(), &key, &page(), None).await;
 
     let Ok(Converged::Failed { reason }) = converged else {
         panic!("{converged:?}");

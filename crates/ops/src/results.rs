@@ -28,6 +28,8 @@ pub struct TaskResult {
     pub content_type: Option<String>,
     /// Carried forward from the run it refreshes: the site said the page had not changed.
     pub not_modified: bool,
+    /// The application shell rule the stored page met (`shell_rule`), if it is one.
+    pub shell: Option<String>,
     pub etag: Option<String>,
     pub last_modified: Option<String>,
     pub error: Option<String>,
@@ -107,6 +109,7 @@ fn of_item(task_id: String, item: &Item) -> TaskResult {
         not_modified: item
             .get("not_modified")
             .is_some_and(|v| v.as_bool() == Ok(&true)),
+        shell: text("shell_rule"),
         etag: text("etag"),
         last_modified: text("last_modified"),
         error: text("error"),

@@ -14,6 +14,7 @@ use crate::contract::{Outcome, WaitFor};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page};
+use crate::domain::shells::shell_rule;
 use crate::domain::spend::Spend;
 use crate::metrics::Measures;
 use crate::paid::{WAITED_TOO_LONG_FOR_PAID, paid_wait};
@@ -103,9 +104,14 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
                 FetchError::transient("HTTP 304 to a request that named no earlier result")
             }
             (Ok(page), _) => {
-                let converged = stores.succeed(task, key, &page).await?;
+                let shell = shell_rule(&page.content_type, &page.body);
+                let counted = shell.is_some();
+                let converged = stores.succeed(task, key, &page, shell).await?;
                 if converged == (Converged::Succeeded { adopted: false }) {
                     measures.stored(page.body.len() as u64);
+                    if counted {
+                        measures.shell_stored();
+                    }
                 }
                 return Ok(outcome_of(converged, redelivery, false));
             }

@@ -11,7 +11,7 @@ use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page, StoredResult, Terminal};
 use crate::domain::refresh::Validators;
-use crate::domain::shells::{ShellRule, shell_rule};
+use crate::domain::shells::ShellRule;
 use crate::domain::spend::{CountedIn, DeliverySpend, Spend};
 use crate::ports::error::StoreError;
 use crate::ports::results::{Carried, Copied, Earlier, NewResult, Put, ResultStore};
@@ -89,18 +89,20 @@ impl<'a, T, R> Stores<'a, T, R> {
 impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     /// Stores the page and finishes the task as successful, describing the object that is
     /// stored. The first stored object wins, and a later writer adopts it. A page that S3
-    /// refuses as invalid fails the task, instead of coming back forever.
+    /// refuses as invalid fails the task, instead of coming back forever. `shell` is the
+    /// application shell rule the page met, kept on the object and the task.
     #[tracing::instrument(skip_all, fields(%key))]
     pub async fn succeed(
         &self,
         task: &TaskRef,
         key: &ResultKey,
         page: &Page,
+        shell: Option<ShellRule>,
     ) -> Result<Converged, StoreError> {
         let sha256 = hex::encode(Sha256::digest(&page.body));
         let stored = self
             .patience
-            .retry(|| self.store_or_adopt(key, page, &sha256))
+            .retry(|| self.store_or_adopt(key, page, &sha256, shell.as_ref()))
             .await;
         let (stored, adopted) = match stored {
             Ok(stored) => stored,
@@ -201,17 +203,17 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
         key: &ResultKey,
         page: &Page,
         sha256: &str,
+        shell: Option<&ShellRule>,
     ) -> Result<(StoredResult, bool), StoreError> {
-        let shell = shell_rule(&page.content_type, &page.body);
         let new = NewResult {
             key,
             page,
             sha256,
             fetched_at: SystemTime::now(),
-            shell: shell.as_ref(),
+            shell,
         };
         match self.results.put_if_absent(new).await? {
-            Put::Stored => Ok((described(key, page, sha256, shell), false)),
+            Put::Stored => Ok((described(key, page, sha256, shell.cloned()), false)),
             // Gone between the put and the read (deleted meanwhile): a conflict, so the put
             // is tried again.
             Put::AlreadyThere => match self.results.describe(key).await? {

@@ -71,6 +71,8 @@ struct Tally {
     failed: usize,
     /// Failed on a block page (`blocked: ...`).
     blocked: usize,
+    /// Stored an application shell (`shell`).
+    shells: usize,
     open: usize,
     mismatched: usize,
     bytes: u64,
@@ -98,6 +100,7 @@ impl Tally {
                 tally.not_modified += 1;
                 tally.bytes_not_fetched += task.size.unwrap_or(0);
             }
+            tally.shells += usize::from(task.shell.is_some());
         }
         tally
     }
@@ -105,12 +108,19 @@ impl Tally {
     fn summary(&self, elapsed: std::time::Duration) -> String {
         let listed = self.successful + self.failed + self.open;
         let rate = listed as f64 / elapsed.as_secs_f64().max(1e-3);
-        let refreshed = match self.not_modified {
-            0 => String::new(),
-            n => format!(
-                " ({n} not modified, their {} bytes not fetched again)",
-                self.bytes_not_fetched
-            ),
+        let mut notes = Vec::new();
+        if self.not_modified > 0 {
+            notes.push(format!(
+                "{} not modified, their {} bytes not fetched again",
+                self.not_modified, self.bytes_not_fetched
+            ));
+        }
+        if self.shells > 0 {
+            notes.push(crate::count(self.shells as u64, "application shell"));
+        }
+        let refreshed = match notes.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", notes.join("; ")),
         };
         let blocked = match self.blocked {
             0 => String::new(),
@@ -165,10 +175,12 @@ fn line(task: &TaskResult) -> String {
             } else {
                 ""
             };
+            let shell = task.shell.as_ref().map(|rule| format!("  shell ({rule})"));
             format!(
-                "sha256 {}  {} bytes{carried}",
+                "sha256 {}  {} bytes{carried}{}",
                 &sha[..sha.len().min(16)],
-                task.size.unwrap_or(0)
+                task.size.unwrap_or(0),
+                shell.unwrap_or_default()
             )
         }
         (Check::Mismatch(why), _) => format!("MISMATCH: {why}"),
