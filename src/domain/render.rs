@@ -7,7 +7,8 @@
 //! `domain/shells.rs`; the job's fields read in `store/dynamo/jobs.rs` and the task's in
 //! `store/dynamo/tasks/mod.rs`; a stored page checked in `worker/converge/stores.rs`, its
 //! mark kept on the object (`store/s3.rs`, `meta::SHELL`) and on the task
-//! (`store/dynamo/tasks/writes.rs`); the corpus in `tests/fixtures/shells/`.
+//! (`store/dynamo/tasks/writes.rs`); the corpus in `tests/fixtures/shells/`; the browser's
+//! egress guard in `crates/renderer/src/guard.rs`.
 
 use std::time::Duration;
 

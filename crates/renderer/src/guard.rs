@@ -1,0 +1,277 @@
+//! The egress guard: a forward proxy on loopback through which the browser makes every
+//! connection (Chromium's `--proxy-server`). Each request names its target: `CONNECT
+//! host:port` (HTTPS, and WebSockets, which Chromium tunnels) or an absolute `http://` URL.
+//! The target is checked as the plain fetch checks a URL (`scraper::policy`): scheme, port,
+//! credentials, and every address its name resolves to; one refused address refuses the
+//! name. The connection goes to an address that was checked, so the name is not resolved
+//! again between the check and the connection (no DNS rebinding). A redirect is the
+//! browser's next request through the guard, so it is checked the same way. A refused
+//! request is answered `403`, counted, and nothing is sent to its target.
+//!
+//! Not yet here (issue #53): the proxy tiers (the guard connects directly), the host's
+//! politeness for the document's request, and the request and byte bounds of a render.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use url::{Host, Url};
+
+use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// What the guard let through and refused, and the bytes it carried.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub allowed: AtomicU64,
+    pub refused: AtomicU64,
+    /// Bytes both ways through tunnels, as they go, and of forwarded responses' bodies.
+    pub bytes: AtomicU64,
+}
+
+/// The guard's rules: which targets may be reached, and how names resolve.
+#[derive(Clone)]
+pub struct Rules {
+    pub policy: Arc<AddressPolicy>,
+    pub lookup: Arc<dyn Lookup>,
+}
+
+/// A guard listening on a loopback port; it stops when dropped.
+pub struct Guard {
+    addr: SocketAddr,
+    counts: Arc<Counts>,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl Guard {
+    /// Listens on an ephemeral port of 127.0.0.1.
+    pub async fn start(rules: Rules) -> io::Result<Self> {
+        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let counts = Arc::new(Counts::default());
+        let serving = tokio::spawn(serve(listener, rules, Arc::clone(&counts)));
+        Ok(Self {
+            addr,
+            counts,
+            serving,
+        })
+    }
+
+    /// Where the browser's `--proxy-server` points.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.serving.abort();
+    }
+}
+
+/// Serves each connection of the browser on a task of its own.
+async fn serve(listener: TcpListener, rules: Rules, counts: Arc<Counts>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (rules, counts) = (rules.clone(), Arc::clone(&counts));
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(req, rules.clone(), Arc::clone(&counts)));
+            let connection = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "a browser connection to the guard ended");
+            }
+        });
+    }
+}
+
+/// One request of the browser: checked, then tunnelled or forwarded, or refused.
+async fn handle(
+    req: Request<Incoming>,
+    rules: Rules,
+    counts: Arc<Counts>,
+) -> Result<Response<Body>, hyper::Error> {
+    let target = match target_of(&req) {
+        Ok(url) => url,
+        Err(why) => return Ok(refuse(&counts, why)),
+    };
+    let addr = match checked_address(&rules, &target).await {
+        Ok(addr) => addr,
+        Err(why) => return Ok(refuse(&counts, why)),
+    };
+    counts.allowed.fetch_add(1, Ordering::Relaxed);
+    let Ok(site) = TcpStream::connect(addr).await else {
+        return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
+    };
+    if req.method() == Method::CONNECT {
+        tunnel(req, site, counts);
+        return Ok(answer(StatusCode::OK, ""));
+    }
+    forward(req, site, counts).await
+}
+
+/// The URL a request names: `https://host:port/` for a `CONNECT`, else its absolute URI.
+fn target_of(req: &Request<Incoming>) -> Result<Url, String> {
+    if req.method() == Method::CONNECT {
+        let authority = req.uri().authority().ok_or("a CONNECT without host:port")?;
+        return Url::parse(&format!("https://{authority}/")).map_err(|e| e.to_string());
+    }
+    let url = Url::parse(&req.uri().to_string()).map_err(|_| "not an absolute URL")?;
+    match url.scheme() {
+        "http" => Ok(url),
+        other => Err(format!(
+            "{other}: only http is forwarded, the rest is tunnelled"
+        )),
+    }
+}
+
+/// The address to connect to: the URL passes the policy, and so does every address its
+/// host resolves to.
+async fn checked_address(rules: &Rules, url: &Url) -> Result<SocketAddr, String> {
+    rules.policy.check_url(url).map_err(|r| r.to_string())?;
+    let port = url.port_or_known_default().ok_or("no port")?;
+    let ips = match url.host().ok_or("no host")? {
+        Host::Ipv4(v4) => vec![v4.into()],
+        Host::Ipv6(v6) => vec![v6.into()],
+        Host::Domain(name) => (rules.lookup.lookup(name.to_owned()).await)
+            .map_err(|e| format!("{name} does not resolve: {e}"))?,
+    };
+    if let Some(refused) = ips.iter().find_map(|&ip| rules.policy.check_ip(ip).err()) {
+        return Err(refused.to_string());
+    }
+    let ip = ips.first().ok_or("resolves to no address")?;
+    Ok(SocketAddr::new(*ip, port))
+}
+
+/// Splices the browser's upgraded connection to the site's, counting the bytes as they go.
+fn tunnel(req: Request<Incoming>, site: TcpStream, counts: Arc<Counts>) {
+    tokio::spawn(async move {
+        let Ok(upgraded) = hyper::upgrade::on(req).await else {
+            return;
+        };
+        let mut browser = TokioIo::new(upgraded);
+        let mut site = Metered {
+            inner: site,
+            counts,
+        };
+        let _ = tokio::io::copy_bidirectional(&mut browser, &mut site).await;
+    });
+}
+
+/// A site's connection that counts the bytes read from it and written to it.
+struct Metered {
+    inner: TcpStream,
+    counts: Arc<Counts>,
+}
+
+impl Metered {
+    fn count(&self, bytes: usize) {
+        self.counts.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let got = buf.filled().len() - before;
+        self.count(got);
+        read
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            self.count(n);
+        }
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Sends a plain HTTP request on to the site in origin form, and its answer back.
+async fn forward(
+    mut req: Request<Incoming>,
+    site: TcpStream,
+    counts: Arc<Counts>,
+) -> Result<Response<Body>, hyper::Error> {
+    let origin_form = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    *req.uri_mut() = origin_form.parse().unwrap_or_default();
+    for name in ["proxy-connection", "proxy-authorization"] {
+        req.headers_mut().remove(name);
+    }
+    let Ok((mut sender, connection)) =
+        hyper::client::conn::http1::handshake(TokioIo::new(site)).await
+    else {
+        return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
+    };
+    tokio::spawn(connection);
+    let Ok(response) = sender.send_request(req).await else {
+        return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
+    };
+    Ok(response.map(|body| {
+        body.map_frame(move |frame| {
+            let size = frame.data_ref().map_or(0, Bytes::len);
+            counts.bytes.fetch_add(size as u64, Ordering::Relaxed);
+            frame
+        })
+        .boxed()
+    }))
+}
+
+/// A refused request: counted, answered `403` with the reason.
+fn refuse(counts: &Counts, why: String) -> Response<Body> {
+    counts.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(why = %why, "the egress guard refused a browser request");
+    answer(
+        StatusCode::FORBIDDEN,
+        &format!("refused by the egress guard: {why}"),
+    )
+}
+
+fn answer(status: StatusCode, text: &str) -> Response<Body> {
+    let body = Full::new(Bytes::from(text.to_owned()))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+}

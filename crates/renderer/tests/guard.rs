@@ -1,0 +1,209 @@
+//! The egress guard against every way a page could aim the browser at what the plain fetch
+//! may not reach: literal private and loopback addresses, an IPv6-mapped one, the instance
+//! metadata address, names that resolve inside (wholly or in part), and a redirect from an
+//! allowed site. Canary listeners stand on loopback addresses the policy does not trust:
+//! none of them is ever connected to, and the allowed site still answers through the guard.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use conveyor_renderer::guard::{Guard, Rules};
+use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
+use futures_util::future::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Names as a test's DNS would answer them.
+struct Table(HashMap<String, Vec<IpAddr>>);
+
+impl Lookup for Table {
+    fn lookup(&self, host: String) -> BoxFuture<'static, io::Result<Vec<IpAddr>>> {
+        let found = self.0.get(&host).cloned();
+        Box::pin(async move { found.ok_or_else(|| io::ErrorKind::NotFound.into()) })
+    }
+}
+
+/// A listener that counts the connections it accepts, and answers none.
+async fn canary(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind((ip, 0)).await.expect("a canary");
+    let (addr, hits) = (
+        listener.local_addr().unwrap(),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let counted = Arc::clone(&hits);
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    (addr, hits)
+}
+
+/// The allowed site on 127.0.0.1: `/` is the page; any other path redirects to `to`.
+async fn site(to: String) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a site");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                let mut head = vec![0; 4096];
+                let read = stream.read(&mut head).await.unwrap_or(0);
+                let page = String::from_utf8_lossy(&head[..read]).starts_with("GET / ");
+                let answer = match page {
+                    true => {
+                        "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\nthe page"
+                            .to_owned()
+                    }
+                    false => format!(
+                        "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    ),
+                };
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+fn rules(names: &[(&str, &[&str])]) -> Rules {
+    let table = names.iter().map(|(name, ips)| {
+        let ips = ips
+            .iter()
+            .map(|ip| ip.parse().expect("an address"))
+            .collect();
+        ((*name).to_owned(), ips)
+    });
+    Rules {
+        policy: Arc::new(AddressPolicy::new(false, None).trusting(["127.0.0.1".parse().unwrap()])),
+        lookup: Arc::new(Table(table.collect())),
+    }
+}
+
+/// The browser's client: every request through the guard.
+fn browser(guard: &Guard) -> reqwest::Client {
+    let proxy = reqwest::Proxy::all(format!("http://{}", guard.addr())).expect("a proxy URL");
+    reqwest::Client::builder()
+        .proxy(proxy)
+        .build()
+        .expect("a client")
+}
+
+/// A `CONNECT` to `target` through the guard: its status line, and what the tunnel answers
+/// to a GET when it opened.
+async fn connect(guard: &Guard, target: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(guard.addr()).await.expect("the guard");
+    let ask = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\n");
+    stream.write_all(ask.as_bytes()).await.unwrap();
+    let mut head = vec![0; 1024];
+    let read = stream.read(&mut head).await.unwrap_or(0);
+    let status = String::from_utf8_lossy(&head[..read])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    if !status.contains(" 200") {
+        return (status, String::new());
+    }
+    let get = "GET / HTTP/1.1\r\nhost: site.test\r\nconnection: close\r\n\r\n";
+    stream.write_all(get.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    (status, answer)
+}
+
+#[tokio::test]
+async fn an_allowed_site_answers_through_the_guard_forwarded_and_tunnelled() {
+    let site = site("http://127.0.0.1:9/".into()).await;
+    let guard = Guard::start(rules(&[("site.test", &["127.0.0.1"])]))
+        .await
+        .unwrap();
+
+    let page = browser(&guard)
+        .get(format!("http://site.test:{}/", site.port()))
+        .send()
+        .await
+        .expect("an answer");
+    let status = page.status();
+    let body = page.text().await.unwrap();
+    let (opened, tunnelled) = connect(&guard, &format!("site.test:{}", site.port())).await;
+
+    assert_eq!((status.as_u16(), body.as_str()), (200, "the page"));
+    assert!(opened.contains(" 200"), "{opened}");
+    assert!(tunnelled.ends_with("the page"), "{tunnelled}");
+    let counts = guard.counts();
+    assert_eq!(counts.allowed.load(Ordering::Relaxed), 2);
+    assert_eq!(counts.refused.load(Ordering::Relaxed), 0);
+    assert!(counts.bytes.load(Ordering::Relaxed) >= 8 + 8);
+}
+
+#[tokio::test]
+async fn no_way_of_aiming_the_browser_inside_reaches_a_canary() {
+    // Arrange: canaries on two untrusted loopback addresses; the allowed site redirects to
+    // the first.
+    let (inside, inside_hits) = canary("127.0.0.2").await;
+    let (other, other_hits) = canary("127.0.0.3").await;
+    let site = site(format!("http://{inside}/")).await;
+    let guard = Guard::start(rules(&[
+        ("site.test", &["127.0.0.1"]),
+        ("inside.test", &["127.0.0.2"]),
+        ("rebind.test", &["127.0.0.1", "127.0.0.3"]),
+        ("metadata.test", &["169.254.169.254"]),
+    ]))
+    .await
+    .unwrap();
+    let forwarded = [
+        format!("http://{inside}/"),
+        format!("http://inside.test:{}/", inside.port()),
+        format!("http://rebind.test:{}/", other.port()),
+        format!("http://[::ffff:127.0.0.2]:{}/", inside.port()),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        "http://metadata.test/latest/api/token".to_owned(),
+        "http://10.0.0.1/".to_owned(),
+        "http://[::1]/".to_owned(),
+        // Allowed, but it redirects inside: the browser's next request is refused.
+        format!("http://site.test:{}/away", site.port()),
+    ];
+    let tunnelled = [
+        other.to_string(),
+        format!("inside.test:{}", inside.port()),
+        format!("rebind.test:{}", other.port()),
+        format!("[::ffff:127.0.0.3]:{}", other.port()),
+        "169.254.169.254:443".to_owned(),
+        "192.168.0.1:443".to_owned(),
+    ];
+
+    // Act
+    let client = browser(&guard);
+    let mut statuses = Vec::new();
+    for url in &forwarded {
+        let answer = client.get(url).send().await.expect("an answer");
+        statuses.push((url.clone(), answer.status().as_u16()));
+    }
+    for target in &tunnelled {
+        let (status, _) = connect(&guard, target).await;
+        statuses.push((
+            target.clone(),
+            if status.contains(" 403") { 403 } else { 0 },
+        ));
+    }
+
+    // Assert: every one refused, no canary reached, the refusals counted.
+    let not_refused: Vec<_> = statuses.iter().filter(|(_, s)| *s != 403).collect();
+    assert!(not_refused.is_empty(), "{not_refused:?}");
+    assert_eq!(inside_hits.load(Ordering::Relaxed), 0);
+    assert_eq!(other_hits.load(Ordering::Relaxed), 0);
+    let counts = guard.counts();
+    assert_eq!(
+        counts.allowed.load(Ordering::Relaxed),
+        1,
+        "the redirecting site alone"
+    );
+    assert_eq!(
+        counts.refused.load(Ordering::Relaxed) as usize,
+        forwarded.len() + tunnelled.len()
+    );
+}
