@@ -8,8 +8,12 @@
 //! browser's next request through the guard, so it is checked the same way. A refused
 //! request is answered `403`, counted, and nothing is sent to its target.
 //!
-//! Not yet here (issue #53): the proxy tiers (the guard connects directly), the host's
-//! politeness for the document's request, and the request and byte bounds of a render.
+//! The guard also bounds what one render may ask for ([`Bounds`]): past its requests, a
+//! request is refused; past its bytes, a new request is refused and a body or tunnel on its
+//! way is cut. Either way [`Counts::over`] says so, and the renderer stops the page.
+//!
+//! Not yet here (issue #53): the proxy tiers (the guard connects directly), and the host's
+//! politeness for the document's request.
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,7 +25,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -32,7 +36,8 @@ use url::{Host, Url};
 
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 
-type Body = BoxBody<Bytes, hyper::Error>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
 
 /// What the guard let through and refused, and the bytes it carried.
 #[derive(Debug, Default)]
@@ -41,13 +46,45 @@ pub struct Counts {
     pub refused: AtomicU64,
     /// Bytes both ways through tunnels, as they go, and of forwarded responses' bodies.
     pub bytes: AtomicU64,
+    /// Requests refused or bytes cut for the render's bounds: the page asked for too much.
+    pub over: AtomicU64,
 }
 
-/// The guard's rules: which targets may be reached, and how names resolve.
+/// The most one render may ask for through the guard.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub requests: u64,
+    pub bytes: u64,
+}
+
+/// The guard's rules: which targets may be reached, how names resolve, and how much.
 #[derive(Clone)]
 pub struct Rules {
     pub policy: Arc<AddressPolicy>,
     pub lookup: Arc<dyn Lookup>,
+    pub bounds: Bounds,
+}
+
+impl Counts {
+    /// Takes one of the render's `most` requests; `false` when they are used up.
+    fn take_request(&self, most: u64) -> bool {
+        let taken = self
+            .allowed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used < most).then_some(used + 1)
+            });
+        taken.is_ok()
+    }
+
+    /// Counts `n` bytes carried; `false` once they pass `most`.
+    fn carried(&self, n: usize, most: u64) -> bool {
+        let total = self.bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        let within = total <= most;
+        if !within {
+            self.over.fetch_add(1, Ordering::Relaxed);
+        }
+        within
+    }
 }
 
 /// A guard listening on a loopback port; it stops when dropped.
@@ -112,6 +149,13 @@ async fn handle(
     rules: Rules,
     counts: Arc<Counts>,
 ) -> Result<Response<Body>, hyper::Error> {
+    let bounds = rules.bounds;
+    if counts.bytes.load(Ordering::Relaxed) > bounds.bytes {
+        return Ok(over(
+            &counts,
+            format!("the render's {} bytes are used up", bounds.bytes),
+        ));
+    }
     let target = match target_of(&req) {
         Ok(url) => url,
         Err(why) => return Ok(refuse(&counts, why)),
@@ -120,15 +164,18 @@ async fn handle(
         Ok(addr) => addr,
         Err(why) => return Ok(refuse(&counts, why)),
     };
-    counts.allowed.fetch_add(1, Ordering::Relaxed);
+    if !counts.take_request(bounds.requests) {
+        let why = format!("the render's {} requests are used up", bounds.requests);
+        return Ok(over(&counts, why));
+    }
     let Ok(site) = TcpStream::connect(addr).await else {
         return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
     };
     if req.method() == Method::CONNECT {
-        tunnel(req, site, counts);
+        tunnel(req, site, counts, rules.bounds.bytes);
         return Ok(answer(StatusCode::OK, ""));
     }
-    forward(req, site, counts).await
+    forward(req, site, counts, rules.bounds.bytes).await
 }
 
 /// The URL a request names: `https://host:port/` for a `CONNECT`, else its absolute URI.
@@ -164,8 +211,9 @@ async fn checked_address(rules: &Rules, url: &Url) -> Result<SocketAddr, String>
     Ok(SocketAddr::new(*ip, port))
 }
 
-/// Splices the browser's upgraded connection to the site's, counting the bytes as they go.
-fn tunnel(req: Request<Incoming>, site: TcpStream, counts: Arc<Counts>) {
+/// Splices the browser's upgraded connection to the site's, counting the bytes as they go
+/// and cutting the tunnel once the render's bytes are used up.
+fn tunnel(req: Request<Incoming>, site: TcpStream, counts: Arc<Counts>, most: u64) {
     tokio::spawn(async move {
         let Ok(upgraded) = hyper::upgrade::on(req).await else {
             return;
@@ -174,20 +222,26 @@ fn tunnel(req: Request<Incoming>, site: TcpStream, counts: Arc<Counts>) {
         let mut site = Metered {
             inner: site,
             counts,
+            most,
         };
         let _ = tokio::io::copy_bidirectional(&mut browser, &mut site).await;
     });
 }
 
-/// A site's connection that counts the bytes read from it and written to it.
+/// A site's connection that counts the bytes read from it and written to it, and fails
+/// once they pass the render's bound.
 struct Metered {
     inner: TcpStream,
     counts: Arc<Counts>,
+    most: u64,
 }
 
 impl Metered {
-    fn count(&self, bytes: usize) {
-        self.counts.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    fn count(&self, bytes: usize) -> io::Result<()> {
+        match self.counts.carried(bytes, self.most) {
+            true => Ok(()),
+            false => Err(io::Error::other("the render's bytes are used up")),
+        }
     }
 }
 
@@ -200,8 +254,10 @@ impl AsyncRead for Metered {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.inner).poll_read(cx, buf);
         let got = buf.filled().len() - before;
-        self.count(got);
-        read
+        match read {
+            Poll::Ready(Ok(())) => Poll::Ready(self.count(got)),
+            other => other,
+        }
     }
 }
 
@@ -212,10 +268,10 @@ impl AsyncWrite for Metered {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = written {
-            self.count(n);
+        match written {
+            Poll::Ready(Ok(n)) => Poll::Ready(self.count(n).map(|()| n)),
+            other => other,
         }
-        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -227,11 +283,13 @@ impl AsyncWrite for Metered {
     }
 }
 
-/// Sends a plain HTTP request on to the site in origin form, and its answer back.
+/// Sends a plain HTTP request on to the site in origin form, and its answer back, cut once
+/// the render's bytes are used up.
 async fn forward(
     mut req: Request<Incoming>,
     site: TcpStream,
     counts: Arc<Counts>,
+    most: u64,
 ) -> Result<Response<Body>, hyper::Error> {
     let origin_form = req.uri().path_and_query().map_or("/", |p| p.as_str());
     *req.uri_mut() = origin_form.parse().unwrap_or_default();
@@ -248,13 +306,55 @@ async fn forward(
         return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
     };
     Ok(response.map(|body| {
-        body.map_frame(move |frame| {
-            let size = frame.data_ref().map_or(0, Bytes::len);
-            counts.bytes.fetch_add(size as u64, Ordering::Relaxed);
-            frame
-        })
+        MeteredBody {
+            inner: body,
+            counts,
+            most,
+        }
         .boxed()
     }))
+}
+
+/// A forwarded response's body, counted frame by frame and cut once the render's bytes are
+/// used up.
+struct MeteredBody {
+    inner: Incoming,
+    counts: Arc<Counts>,
+    most: u64,
+}
+
+impl hyper::body::Body for MeteredBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other.map(|end| end.map(|read| read.map_err(BoxError::from))),
+        };
+        let size = frame.data_ref().map_or(0, Bytes::len);
+        match self.counts.carried(size, self.most) {
+            true => Poll::Ready(Some(Ok(frame))),
+            false => Poll::Ready(Some(Err("the render's bytes are used up".into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request refused for the render's bounds: counted as over them, and refused.
+fn over(counts: &Counts, why: String) -> Response<Body> {
+    counts.over.fetch_add(1, Ordering::Relaxed);
+    refuse(counts, why)
 }
 
 /// A refused request: counted, answered `403` with the reason.

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use conveyor_renderer::guard::{Guard, Rules};
+use conveyor_renderer::guard::{Bounds, Guard, Rules};
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -42,7 +42,16 @@ async fn canary(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, hits)
 }
 
-/// The allowed site on 127.0.0.1: `/` is the page; any other path redirects to `to`.
+/// The most a render may ask for, when a test does not bound it.
+const UNBOUNDED: Bounds = Bounds {
+    requests: 1_000,
+    bytes: 1 << 30,
+};
+/// The size of `/big`.
+const BIG: usize = 64 * 1024;
+
+/// The allowed site on 127.0.0.1: `/` is the page, `/big` 64 KiB; any other path redirects
+/// to `to`.
 async fn site(to: String) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a site");
     let addr = listener.local_addr().unwrap();
@@ -52,24 +61,39 @@ async fn site(to: String) -> SocketAddr {
             tokio::spawn(async move {
                 let mut head = vec![0; 4096];
                 let read = stream.read(&mut head).await.unwrap_or(0);
-                let page = String::from_utf8_lossy(&head[..read]).starts_with("GET / ");
-                let answer = match page {
-                    true => {
-                        "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\nthe page"
-                            .to_owned()
-                    }
-                    false => format!(
-                        "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                    ),
-                };
-                let _ = stream.write_all(answer.as_bytes()).await;
+                let answer = answer(&String::from_utf8_lossy(&head[..read]), &to);
+                let _ = stream.write_all(&answer).await;
             });
         }
     });
     addr
 }
 
+fn answer(request: &str, to: &str) -> Vec<u8> {
+    let ok = |body: &[u8]| {
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        [head.as_bytes(), body].concat()
+    };
+    if request.starts_with("GET / ") {
+        return ok(b"the page");
+    }
+    if request.starts_with("GET /big ") {
+        return ok(&vec![b'x'; BIG]);
+    }
+    format!(
+        "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes()
+}
+
 fn rules(names: &[(&str, &[&str])]) -> Rules {
+    bounded(names, UNBOUNDED)
+}
+
+fn bounded(names: &[(&str, &[&str])], bounds: Bounds) -> Rules {
     let table = names.iter().map(|(name, ips)| {
         let ips = ips
             .iter()
@@ -80,6 +104,7 @@ fn rules(names: &[(&str, &[&str])]) -> Rules {
     Rules {
         policy: Arc::new(AddressPolicy::new(false, None).trusting(["127.0.0.1".parse().unwrap()])),
         lookup: Arc::new(Table(table.collect())),
+        bounds,
     }
 }
 
@@ -93,8 +118,12 @@ fn browser(guard: &Guard) -> reqwest::Client {
 }
 
 /// A `CONNECT` to `target` through the guard: its status line, and what the tunnel answers
-/// to a GET when it opened.
+/// to a GET of `/` when it opened.
 async fn connect(guard: &Guard, target: &str) -> (String, String) {
+    connect_for(guard, target, "/").await
+}
+
+async fn connect_for(guard: &Guard, target: &str, path: &str) -> (String, String) {
     let mut stream = TcpStream::connect(guard.addr()).await.expect("the guard");
     let ask = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\n");
     stream.write_all(ask.as_bytes()).await.unwrap();
@@ -108,11 +137,11 @@ async fn connect(guard: &Guard, target: &str) -> (String, String) {
     if !status.contains(" 200") {
         return (status, String::new());
     }
-    let get = "GET / HTTP/1.1\r\nhost: site.test\r\nconnection: close\r\n\r\n";
+    let get = format!("GET {path} HTTP/1.1\r\nhost: site.test\r\nconnection: close\r\n\r\n");
     stream.write_all(get.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer).await;
-    (status, answer)
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    (status, String::from_utf8_lossy(&answer).into_owned())
 }
 
 #[tokio::test]
@@ -206,4 +235,76 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary() {
         counts.refused.load(Ordering::Relaxed) as usize,
         forwarded.len() + tunnelled.len()
     );
+}
+
+#[tokio::test]
+async fn past_its_requests_a_render_is_refused_and_said_over() {
+    let site = site("http://127.0.0.1:9/".into()).await;
+    let bounds = Bounds {
+        requests: 3,
+        ..UNBOUNDED
+    };
+    let guard = Guard::start(bounded(&[("site.test", &["127.0.0.1"])], bounds))
+        .await
+        .unwrap();
+
+    let client = browser(&guard);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let url = format!("http://site.test:{}/", site.port());
+        statuses.push(
+            client
+                .get(url)
+                .send()
+                .await
+                .expect("an answer")
+                .status()
+                .as_u16(),
+        );
+    }
+
+    assert_eq!(statuses, [200, 200, 200, 403, 403]);
+    let counts = guard.counts();
+    assert_eq!(counts.refused.load(Ordering::Relaxed), 2);
+    assert_eq!(counts.over.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn past_its_bytes_a_body_and_a_tunnel_are_cut_and_the_next_request_refused() {
+    let site = site("http://127.0.0.1:9/".into()).await;
+    let names: &[(&str, &[&str])] = &[("site.test", &["127.0.0.1"])];
+    let bounds = Bounds {
+        bytes: 16 * 1024,
+        ..UNBOUNDED
+    };
+    let forwarded = Guard::start(bounded(names, bounds)).await.unwrap();
+    let tunnelled = Guard::start(bounded(names, bounds)).await.unwrap();
+
+    let url = format!("http://site.test:{}/big", site.port());
+    let body = browser(&forwarded)
+        .get(&url)
+        .send()
+        .await
+        .expect("its head")
+        .bytes()
+        .await;
+    let next = browser(&forwarded)
+        .get(&url)
+        .send()
+        .await
+        .expect("an answer")
+        .status();
+    let target = format!("site.test:{}", site.port());
+    let (_, through) = connect_for(&tunnelled, &target, "/big").await;
+
+    assert!(
+        body.is_err(),
+        "the body was cut: {:?}",
+        body.map(|b| b.len())
+    );
+    assert_eq!(next.as_u16(), 403);
+    assert!(through.len() < BIG, "{} bytes came through", through.len());
+    for guard in [&forwarded, &tunnelled] {
+        assert!(guard.counts().over.load(Ordering::Relaxed) >= 1);
+    }
 }
