@@ -10,10 +10,15 @@
 //!
 //! The guard also bounds what one render may ask for ([`Bounds`]): past its requests, a
 //! request is refused; past its bytes, a new request is refused and a body or tunnel on its
-//! way is cut. Either way [`Counts::over`] says so, and the renderer stops the page.
+//! way is cut. Either way [`Counts::over`] says so, for the renderer to stop the page.
 //!
-//! Not yet here (issue #53): the proxy tiers (the guard connects directly), and the host's
-//! politeness for the document's request.
+//! With an [`Upstream`] (the render's proxy tier), every allowed request goes on through
+//! that proxy, with its credentials: a tunnel by the proxy's own `CONNECT`, a plain request
+//! in absolute form. The target is still checked here first, and the proxy itself is never
+//! a target.
+//!
+//! Not yet here (issue #53): choosing the tier and climbing to the next on a block, and the
+//! host's politeness for the document's request.
 
 use std::io;
 use std::net::SocketAddr;
@@ -26,12 +31,16 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::header::{HeaderValue, PROXY_AUTHORIZATION};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tower_service::Service;
 use url::{Host, Url};
 
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
@@ -57,12 +66,21 @@ pub struct Bounds {
     pub bytes: u64,
 }
 
-/// The guard's rules: which targets may be reached, how names resolve, and how much.
+/// A proxy every allowed request goes on through, and its `Proxy-Authorization`.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub proxy: SocketAddr,
+    pub authorization: Option<HeaderValue>,
+}
+
+/// The guard's rules: which targets may be reached, how names resolve, how much, and
+/// through which proxy (none: straight to the site).
 #[derive(Clone)]
 pub struct Rules {
     pub policy: Arc<AddressPolicy>,
     pub lookup: Arc<dyn Lookup>,
     pub bounds: Bounds,
+    pub via: Option<Upstream>,
 }
 
 impl Counts {
@@ -168,14 +186,47 @@ async fn handle(
         let why = format!("the render's {} requests are used up", bounds.requests);
         return Ok(over(&counts, why));
     }
-    let Ok(site) = TcpStream::connect(addr).await else {
+    let Ok(site) = open(&rules, &req, &target, addr).await else {
         return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
     };
     if req.method() == Method::CONNECT {
         tunnel(req, site, counts, rules.bounds.bytes);
         return Ok(answer(StatusCode::OK, ""));
     }
-    forward(req, site, counts, rules.bounds.bytes).await
+    forward(req, site, &rules.via, counts, rules.bounds.bytes).await
+}
+
+/// The connection a request goes on by: to the site's checked address; through the
+/// upstream proxy, a tunnel it opened to the target (a `CONNECT`) or a connection to it (a
+/// plain request, sent on in absolute form).
+async fn open(
+    rules: &Rules,
+    req: &Request<Incoming>,
+    target: &Url,
+    addr: SocketAddr,
+) -> io::Result<TcpStream> {
+    let Some(upstream) = &rules.via else {
+        return TcpStream::connect(addr).await;
+    };
+    if req.method() != Method::CONNECT {
+        return TcpStream::connect(upstream.proxy).await;
+    }
+    let proxy: Uri = format!("http://{}", upstream.proxy)
+        .parse()
+        .map_err(io::Error::other)?;
+    let mut tunnel = Tunnel::new(proxy, HttpConnector::new());
+    if let Some(authorization) = &upstream.authorization {
+        tunnel = tunnel.with_auth(authorization.clone());
+    }
+    let authority = target.host_str().zip(target.port_or_known_default());
+    let (host, port) = authority.ok_or_else(|| io::Error::other("no host"))?;
+    let dst: Uri = format!("https://{host}:{port}")
+        .parse()
+        .map_err(io::Error::other)?;
+    let opened = Service::call(&mut tunnel, dst)
+        .await
+        .map_err(io::Error::other)?;
+    Ok(opened.into_inner())
 }
 
 /// The URL a request names: `https://host:port/` for a `CONNECT`, else its absolute URI.
@@ -206,6 +257,10 @@ async fn checked_address(rules: &Rules, url: &Url) -> Result<SocketAddr, String>
     };
     if let Some(refused) = ips.iter().find_map(|&ip| rules.policy.check_ip(ip).err()) {
         return Err(refused.to_string());
+    }
+    let proxy = rules.via.as_ref().map(|upstream| upstream.proxy);
+    if let Some(proxy) = proxy.filter(|p| ips.iter().any(|&ip| SocketAddr::new(ip, port) == *p)) {
+        return Err(format!("{proxy} is the render's proxy, not a page"));
     }
     let ip = ips.first().ok_or("resolves to no address")?;
     Ok(SocketAddr::new(*ip, port))
@@ -288,13 +343,25 @@ impl AsyncWrite for Metered {
 async fn forward(
     mut req: Request<Incoming>,
     site: TcpStream,
+    via: &Option<Upstream>,
     counts: Arc<Counts>,
     most: u64,
 ) -> Result<Response<Body>, hyper::Error> {
-    let origin_form = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    *req.uri_mut() = origin_form.parse().unwrap_or_default();
     for name in ["proxy-connection", "proxy-authorization"] {
         req.headers_mut().remove(name);
+    }
+    match via {
+        // The proxy takes the absolute form, with the tier's credentials.
+        Some(upstream) => {
+            if let Some(authorization) = &upstream.authorization {
+                req.headers_mut()
+                    .insert(PROXY_AUTHORIZATION, authorization.clone());
+            }
+        }
+        None => {
+            let origin_form = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            *req.uri_mut() = origin_form.parse().unwrap_or_default();
+        }
     }
     let Ok((mut sender, connection)) =
         hyper::client::conn::http1::handshake(TokioIo::new(site)).await

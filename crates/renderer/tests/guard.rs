@@ -10,7 +10,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use conveyor_renderer::guard::{Bounds, Guard, Rules};
+use base64::Engine;
+use conveyor_renderer::guard::{Bounds, Guard, Rules, Upstream};
+use conveyor_testkit::forward_proxy::{self, ForwardProxy};
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -105,6 +107,7 @@ fn bounded(names: &[(&str, &[&str])], bounds: Bounds) -> Rules {
         policy: Arc::new(AddressPolicy::new(false, None).trusting(["127.0.0.1".parse().unwrap()])),
         lookup: Arc::new(Table(table.collect())),
         bounds,
+        via: None,
     }
 }
 
@@ -307,4 +310,49 @@ async fn past_its_bytes_a_body_and_a_tunnel_are_cut_and_the_next_request_refused
     for guard in [&forwarded, &tunnelled] {
         assert!(guard.counts().over.load(Ordering::Relaxed) >= 1);
     }
+}
+
+#[tokio::test]
+async fn through_its_proxy_a_render_reaches_the_site_and_never_the_proxy_itself() {
+    // Arrange: a real proxy (tinyproxy) asking for credentials, its connections from
+    // 127.0.0.3; the guard sends everything through it.
+    let site = site("http://127.0.0.1:9/".into()).await;
+    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), true).await;
+    let pair = format!("{}:{}", forward_proxy::USER, forward_proxy::PASSWORD);
+    let basic = base64::engine::general_purpose::STANDARD.encode(pair);
+    let via = Upstream {
+        proxy: proxy.addr,
+        authorization: Some(format!("Basic {basic}").parse().expect("a header value")),
+    };
+    let rules = Rules {
+        via: Some(via),
+        ..rules(&[])
+    };
+    let guard = Guard::start(rules).await.unwrap();
+
+    // Act
+    let page = browser(&guard)
+        .get(format!("http://{site}/"))
+        .send()
+        .await
+        .expect("an answer");
+    let (status, body) = (page.status().as_u16(), page.text().await.unwrap());
+    let (opened, tunnelled) = connect(&guard, &site.to_string()).await;
+    let at_the_proxy = browser(&guard)
+        .get(format!("http://{}/", proxy.addr))
+        .send()
+        .await
+        .expect("an answer");
+
+    // Assert
+    assert_eq!((status, body.as_str()), (200, "the page"));
+    assert!(opened.contains(" 200"), "{opened}");
+    assert!(tunnelled.ends_with("the page"), "{tunnelled}");
+    assert_eq!(at_the_proxy.status().as_u16(), 403);
+    let logged = proxy.requests();
+    assert!(
+        logged.iter().any(|r| r.starts_with("GET http://"))
+            && logged.iter().any(|r| r.starts_with("CONNECT ")),
+        "{logged:?}"
+    );
 }
