@@ -7,7 +7,7 @@
 //! the feature is listed in `domain/render.rs`.
 //!
 //! A page is a shell only with next to no text of its own: at most [`MAX_SHELL_TEXT`]
-//! characters outside its scripts, styles, templates, `<noscript>` and title. So a short but
+//! bytes outside its scripts, styles, templates, `<noscript>` and title. So a short but
 //! complete page (a 404, a one-line notice) is not one, for it has no mount node, and a
 //! server-rendered app (its mount node full) is not one, for it has its text. An AMP page is
 //! never one: AMP renders on the server by its rules. Only HTML is read.
@@ -30,8 +30,8 @@ use crate::domain::bounds::Bounded;
 /// name a later release adds reads back as it was written.
 pub type ShellRule = Bounded<64>;
 
-/// At most this many characters of text (whitespace left out) in a shell: a "Loading..." or
-/// a title line, not a paragraph.
+/// At most this many bytes of text (whitespace left out) in a shell: a "Loading..." or a
+/// title line, not a paragraph.
 pub const MAX_SHELL_TEXT: usize = 80;
 /// The most bytes read of a page. A longer page is not taken for a shell: shells are a few
 /// kilobytes of markup, with their scripts loaded from elsewhere.

@@ -360,6 +360,7 @@ async fn forward(
         }
         None => {
             let origin_form = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            // The path of a URI hyper parsed is a URI itself: the default never applies.
             *req.uri_mut() = origin_form.parse().unwrap_or_default();
         }
     }
