@@ -61,14 +61,27 @@ async fn site(to: String) -> SocketAddr {
         while let Ok((mut stream, _)) = listener.accept().await {
             let to = to.clone();
             tokio::spawn(async move {
-                let mut head = vec![0; 4096];
-                let read = stream.read(&mut head).await.unwrap_or(0);
-                let answer = answer(&String::from_utf8_lossy(&head[..read]), &to);
+                let head = read_head(&mut stream).await;
+                let answer = answer(&String::from_utf8_lossy(&head), &to);
                 let _ = stream.write_all(&answer).await;
             });
         }
     });
     addr
+}
+
+/// A request's head, read whole: a proxy may send it in several writes, and an answer
+/// before its end would cut them off.
+async fn read_head(stream: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut chunk = [0; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => head.extend_from_slice(&chunk[..read]),
+        }
+    }
+    head
 }
 
 fn answer(request: &str, to: &str) -> Vec<u8> {
