@@ -203,7 +203,8 @@ impl ResultStore for S3ResultStore {
 }
 
 /// The earlier key, as the carried-forward copy's metadata names it. S3 caps user metadata
-/// at 2 KB in total: two URLs of 560, validators of 232, this, and the rest.
+/// at 2 KB in total, keys and values: two URLs of 560, validators of 232, this, a shell
+/// rule of 64 and the rest come to 1,978 bytes at most.
 type Refreshed = Bounded<400>;
 
 impl S3ResultStore {
