@@ -24,7 +24,7 @@ use std::sync::Arc;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use memchr::memmem;
 
-use super::bounds::Bounded;
+use super::bounds::{Bounded, is_html_type};
 
 /// How much of a body is searched for signatures. Every bot manager's page names itself
 /// well within it.
@@ -328,12 +328,7 @@ impl Detection {
 
 /// Whether a response of this `Content-Type` may be a bot manager's page: HTML, or no type.
 fn is_html(content_type: Option<&str>) -> bool {
-    let Some(value) = content_type else {
-        return true;
-    };
-    let essence = value.split(';').next().unwrap_or_default().trim();
-    essence.eq_ignore_ascii_case("text/html")
-        || essence.eq_ignore_ascii_case("application/xhtml+xml")
+    content_type.is_none_or(is_html_type)
 }
 
 /// The start of the failure reason of a task that hit a block page.

@@ -17,6 +17,14 @@ pub struct Bounded<const MAX: usize>(String);
 /// A response's `Content-Type`. S3 sends it back as a header, and S3 refuses request
 /// headers over 8 KB in total. Real media types are far shorter.
 pub type ContentType = Bounded<512>;
+/// Whether a `Content-Type` value names HTML (`text/html` or XHTML), whatever its
+/// parameters.
+pub fn is_html_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("text/html")
+        || essence.eq_ignore_ascii_case("application/xhtml+xml")
+}
+
 /// The URL a page ended at, after redirects. Browsers and CDNs stop at about 8 KB. 2 KB
 /// keeps the task item small.
 pub type UrlText = Bounded<2048>;

@@ -24,7 +24,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use html5gum::{DefaultEmitter, Token, Tokenizer};
 use memchr::memmem;
 
-use crate::domain::bounds::Bounded;
+use crate::domain::bounds::{Bounded, is_html_type};
 
 /// The rule a stored shell met, as the task and the object's metadata record it. A rule
 /// name a later release adds reads back as it was written.
@@ -224,11 +224,7 @@ fn mentions_javascript(text: &[u8]) -> bool {
 /// HTML by its type, or, without a type, a body that starts with `<` (after whitespace).
 fn is_html(content_type: Option<&str>, body: &[u8]) -> bool {
     match content_type {
-        Some(value) => {
-            let essence = value.split(';').next().unwrap_or_default().trim();
-            essence.eq_ignore_ascii_case("text/html")
-                || essence.eq_ignore_ascii_case("application/xhtml+xml")
-        }
+        Some(value) => is_html_type(value),
         None => body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'<'),
     }
 }
