@@ -57,7 +57,10 @@ impl<E: SpanExporter + 'static> SpanBuffer<E> {
 
     /// Waits for the early export, then sends what is buffered, a batch at a time.
     fn send_all(&self) -> OTelSdkResult {
-        if let Some(thread) = lock(&self.sending).take() {
+        // Taken out first: the lock is not held while the thread finishes, so spans that
+        // end meanwhile are buffered without waiting for it.
+        let early = lock(&self.sending).take();
+        if let Some(thread) = early {
             let _ = thread.join();
         }
         let buffered = std::mem::take(&mut *lock(&self.buffered));
