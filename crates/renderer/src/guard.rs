@@ -146,6 +146,8 @@ impl Drop for Guard {
 async fn serve(listener: TcpListener, rules: Rules, counts: Arc<Counts>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors, say: a pause, not a spin.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         let (rules, counts) = (rules.clone(), Arc::clone(&counts));
