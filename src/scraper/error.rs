@@ -94,6 +94,16 @@ impl FetchError {
         }
     }
 
+    /// Why a response of `http_status` is not a page (`classify_status`); `None` for a 2xx.
+    pub fn of_status(http_status: u16) -> Option<Self> {
+        let status = reqwest::StatusCode::from_u16(http_status).ok()?;
+        let retry = super::classify_status(status)?;
+        Some(Self {
+            http_status: Some(http_status),
+            ..Self::new(retry, format!("HTTP {http_status}"))
+        })
+    }
+
     /// A redirect with status `http_status` to `to`, not followed by the fetch.
     pub fn moved(http_status: u16, to: Url) -> Self {
         Self {

@@ -362,18 +362,13 @@ fn header_text<'h>(headers: &'h reqwest::header::HeaderMap, name: &str) -> Optio
 /// Why a response has no page (its status), if it has none.
 fn refusal(response: &reqwest::Response) -> Option<FetchError> {
     let status = response.status();
-    let retry = classify_status(status)?;
+    let mut error = FetchError::of_status(status.as_u16())?;
     // A redirect that gets here was not followed (not http(s), or no Location).
-    let unfollowed = if status.is_redirection() {
-        " (redirect not followed)"
-    } else {
-        ""
-    };
-    Some(FetchError {
-        http_status: Some(status.as_u16()),
-        retry_after: retry_after(response.headers(), SystemTime::now()),
-        ..FetchError::new(retry, format!("HTTP {}{unfollowed}", status.as_u16()))
-    })
+    if status.is_redirection() {
+        error.reason.push_str(" (redirect not followed)");
+    }
+    error.retry_after = retry_after(response.headers(), SystemTime::now());
+    Some(error)
 }
 
 /// Why a response has no page, unless it is a `304 Not Modified` to a conditional request,

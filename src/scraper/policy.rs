@@ -56,7 +56,7 @@ impl Refused {
 }
 
 /// What may be fetched.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct AddressPolicy {
     acl: HttpAcl,
     allow_private_networks: bool,

@@ -3,6 +3,7 @@
 //! every request they send, seeding helpers, SQS event builders, the local site, in-process
 //! stores, fault injection, the chaos scenario, and items as earlier releases wrote them.
 
+pub mod app_site;
 pub mod block_pages;
 pub mod chaos;
 pub mod demo;

@@ -1,6 +1,12 @@
-//! The rendering tier of conveyor-worker (issue #53), being built as a crate of its own so the
-//! plain worker's function links none of it. So far: [`guard`], the forward proxy on loopback
-//! that every connection of the browser goes through, so the browser reaches nothing the
-//! plain fetch may not.
+//! The rendering tier of conveyor-worker: pages that need a browser. It is a crate of its own
+//! so the plain worker's function links none of it. From the bottom up: [`guard`], the
+//! forward proxy on loopback that every connection of the browser goes through; [`procs`],
+//! the browser's processes; [`chromium`], one browser, started with every way around the
+//! guard closed; [`render`], one page in a context of its own; [`fetcher`], the worker's
+//! fetcher port answered by the browser.
 
+pub mod chromium;
+pub mod fetcher;
 pub mod guard;
+pub mod procs;
+pub mod render;

@@ -4,45 +4,18 @@
 //! allowed site. Canary listeners stand on loopback addresses the policy does not trust:
 //! none of them is ever connected to, and the allowed site still answers through the guard.
 
-use std::collections::HashMap;
-use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use base64::Engine;
 use conveyor_renderer::guard::{Bounds, Guard, Rules, Upstream};
 use conveyor_testkit::forward_proxy::{self, ForwardProxy};
-use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
-use futures_util::future::BoxFuture;
+use conveyor_worker::scraper::policy::AddressPolicy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Names as a test's DNS would answer them.
-struct Table(HashMap<String, Vec<IpAddr>>);
-
-impl Lookup for Table {
-    fn lookup(&self, host: String) -> BoxFuture<'static, io::Result<Vec<IpAddr>>> {
-        let found = self.0.get(&host).cloned();
-        Box::pin(async move { found.ok_or_else(|| io::ErrorKind::NotFound.into()) })
-    }
-}
-
-/// A listener that counts the connections it accepts, and answers none.
-async fn canary(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind((ip, 0)).await.expect("a canary");
-    let (addr, hits) = (
-        listener.local_addr().unwrap(),
-        Arc::new(AtomicUsize::new(0)),
-    );
-    let counted = Arc::clone(&hits);
-    tokio::spawn(async move {
-        while listener.accept().await.is_ok() {
-            counted.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    (addr, hits)
-}
+use crate::sites::{Table, canary, read_head};
 
 /// The most a render may ask for, when a test does not bound it.
 const UNBOUNDED: Bounds = Bounds {
@@ -70,20 +43,6 @@ async fn site(to: String) -> SocketAddr {
     addr
 }
 
-/// A request's head, read whole: a proxy may send it in several writes, and an answer
-/// before its end would cut them off.
-async fn read_head(stream: &mut TcpStream) -> Vec<u8> {
-    let mut head = Vec::new();
-    let mut chunk = [0; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(read) => head.extend_from_slice(&chunk[..read]),
-        }
-    }
-    head
-}
-
 fn answer(request: &str, to: &str) -> Vec<u8> {
     let ok = |body: &[u8]| {
         let head = format!(
@@ -109,16 +68,9 @@ fn rules(names: &[(&str, &[&str])]) -> Rules {
 }
 
 fn bounded(names: &[(&str, &[&str])], bounds: Bounds) -> Rules {
-    let table = names.iter().map(|(name, ips)| {
-        let ips = ips
-            .iter()
-            .map(|ip| ip.parse().expect("an address"))
-            .collect();
-        ((*name).to_owned(), ips)
-    });
     Rules {
         policy: Arc::new(AddressPolicy::new(false, None).trusting(["127.0.0.1".parse().unwrap()])),
-        lookup: Arc::new(Table(table.collect())),
+        lookup: Arc::new(Table::of(names)),
         bounds,
         via: None,
     }

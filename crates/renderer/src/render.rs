@@ -1,0 +1,360 @@
+//! One page rendered: a guard and an incognito context of its own, the document navigated
+//! to, the page given time to settle, and its DOM serialized. Each step is bounded: the time
+//! (`RenderAsk::time`, within the invocation's), the requests and bytes (the guard's
+//! [`Bounds`]), and the DOM (its elements and its serialized size).
+//!
+//! How a render ends:
+//!
+//! | what happened | result |
+//! |---|---|
+//! | the network went quiet, or `wait_for` showed | the page as it stands |
+//! | the time ran out after the document loaded | the page as it stands (`Ended::TimedOut`) |
+//! | the guard's request or byte bound was reached | the page as it stands (`Ended::OverBounds`) |
+//! | `wait_for` never showed | [`RenderError::NotShown`] |
+//! | the document did not load in time | [`RenderError::TimedOut`] |
+//! | the document's request failed (the guard refused it, the site did not answer) | [`RenderError::Navigation`] |
+//! | more elements or bytes than the bounds | [`RenderError::TooLarge`] |
+//! | the browser stopped answering or crashed | [`RenderError::Browser`]: the caller retires it |
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chromiumoxide::Page;
+use chromiumoxide::cdp::browser_protocol::network::{
+    BlockPattern, EventLoadingFailed, EventLoadingFinished, EventRequestWillBeSent,
+    SetBlockedUrLsParams, SetBypassServiceWorkerParams,
+};
+use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
+use chromiumoxide::error::CdpError;
+use futures_util::{StreamExt, stream};
+use serde::Deserialize;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::chromium::Chromium;
+use crate::guard::{Guard, Rules};
+
+/// What one render may use.
+#[derive(Debug, Clone)]
+pub struct RenderAsk<'a> {
+    pub url: &'a str,
+    /// The most time the render may take, from the guard's start to the serialized DOM.
+    pub time: Duration,
+    /// A CSS selector the page must show before it is taken (the job's `render_wait_for`).
+    pub wait_for: Option<&'a str>,
+    /// How long the network must stay quiet (no request in flight) for the page to be taken.
+    pub quiet: Duration,
+    /// The most elements the page may have, and the most bytes its HTML may take.
+    pub max_elements: u32,
+    pub max_html_bytes: usize,
+    /// Load images, media and fonts (off unless the settings say so).
+    pub load_media: bool,
+}
+
+/// How the wait for the page ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// No request in flight for `quiet`, or `wait_for` showed.
+    Settled,
+    /// The time ran out with requests still in flight.
+    TimedOut,
+    /// The guard's bounds were reached: it refuses the page's further requests.
+    OverBounds,
+}
+
+/// A rendered page.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// The serialized DOM, with its doctype.
+    pub html: String,
+    /// The document's own HTTP status (0 if the browser does not say).
+    pub status: u16,
+    pub final_url: String,
+    pub ended: Ended,
+    /// What went through the guard: requests allowed and refused, and bytes.
+    pub requests: u64,
+    pub refused: u64,
+    pub bytes: u64,
+}
+
+/// A render that gave no page.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("the browser failed: {0}")]
+    Browser(#[from] CdpError),
+    #[error("could not start the render's guard: {0}")]
+    Guard(#[from] std::io::Error),
+    #[error("the document did not load: {0}")]
+    Navigation(String),
+    #[error("the document did not load within {0:?}")]
+    TimedOut(Duration),
+    #[error("render_wait_for {0:?} was not shown within the render's time")]
+    NotShown(String),
+    #[error("the rendered page is too large ({0})")]
+    TooLarge(String),
+}
+
+/// Renders `ask.url` in a fresh context of `chromium`, every request through a guard of
+/// `rules`. The context is disposed of before this returns, whatever the result.
+pub async fn render(
+    chromium: &Chromium,
+    rules: Rules,
+    ask: &RenderAsk<'_>,
+) -> Result<Rendered, RenderError> {
+    let start = Instant::now();
+    let guard = Guard::start(rules).await?;
+    let tab = chromium.tab(guard.addr()).await?;
+    let rendered = timeout(ask.time, on_page(&tab.page, &guard, ask, start)).await;
+    // A browser that does not close a page in a second has hung: the caller retires it.
+    if timeout(Duration::from_secs(1), chromium.close(tab))
+        .await
+        .is_err()
+    {
+        return Err(RenderError::Browser(CdpError::Timeout));
+    }
+    let mut rendered = rendered.map_err(|_| RenderError::TimedOut(ask.time))??;
+    let counts = guard.counts();
+    rendered.requests = counts.allowed.load(std::sync::atomic::Ordering::Relaxed);
+    rendered.refused = counts.refused.load(std::sync::atomic::Ordering::Relaxed);
+    rendered.bytes = counts.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(rendered)
+}
+
+/// Navigates, waits, and serializes, within what is left of `ask.time` since `start`.
+async fn on_page(
+    page: &Page,
+    guard: &Guard,
+    ask: &RenderAsk<'_>,
+    start: Instant,
+) -> Result<Rendered, RenderError> {
+    prepare(page, ask.load_media).await?;
+    let mut network = InFlight::listen(page).await?;
+    if let Err(err) = page.goto(ask.url).await {
+        return Err(match err {
+            CdpError::ChromeMessage(text) => RenderError::Navigation(text),
+            other => RenderError::Browser(other),
+        });
+    }
+    // A tenth of the time (at most a second) is kept to serialize the page.
+    let reserve = (ask.time / 10).min(Duration::from_secs(1));
+    let until = start + ask.time.saturating_sub(reserve);
+    let ended = network.settle(page, guard, ask, until).await?;
+    serialize(page, ask, ended).await
+}
+
+/// Closes what a page could use to get around the guard or leave something behind, and
+/// blocks images, media and fonts unless they are asked for.
+async fn prepare(page: &Page, load_media: bool) -> Result<(), CdpError> {
+    page.execute(SetBypassServiceWorkerParams::new(true))
+        .await?;
+    if !load_media {
+        let patterns = MEDIA
+            .iter()
+            .map(|ext| BlockPattern::new(format!("*://*:*/*.{ext}"), true));
+        let mut blocked = SetBlockedUrLsParams::builder();
+        for pattern in patterns {
+            blocked = blocked.url_pattern(pattern);
+        }
+        page.execute(blocked.build()).await?;
+    }
+    Ok(())
+}
+
+/// The extensions of images, media and fonts, as Crawlee's `blockRequests` lists them.
+const MEDIA: [&str; 18] = [
+    "png", "jpg", "jpeg", "gif", "webp", "avif", "svg", "ico", "bmp", "woff", "woff2", "ttf",
+    "otf", "eot", "mp4", "webm", "mp3", "ogg",
+];
+
+/// The page's requests in flight, from the browser's network events. Each kind of event
+/// comes on a stream of its own, so a request's end may be read before its start: each
+/// request keeps a balance (a start is +1, an end -1; a redirect is the same request going
+/// on), and it is in flight while its balance is above 0.
+struct InFlight {
+    events: stream::BoxStream<'static, Event>,
+    /// The balance of each request not yet even, by id, with its URL once known.
+    open: HashMap<String, (i32, String)>,
+}
+
+enum Event {
+    Sent {
+        id: String,
+        url: String,
+        redirect: bool,
+    },
+    Done(String),
+}
+
+impl InFlight {
+    async fn listen(page: &Page) -> Result<Self, CdpError> {
+        let sent = page.event_listener::<EventRequestWillBeSent>().await?;
+        let finished = page.event_listener::<EventLoadingFinished>().await?;
+        let failed = page.event_listener::<EventLoadingFailed>().await?;
+        let sent = sent.map(|e| Event::Sent {
+            id: e.request_id.inner().clone(),
+            url: e.request.url.clone(),
+            redirect: e.redirect_response.is_some(),
+        });
+        let finished = finished.map(|e| Event::Done(e.request_id.inner().clone()));
+        let failed = failed.map(|e| Event::Done(e.request_id.inner().clone()));
+        let events = stream::select(sent, stream::select(finished, failed)).boxed();
+        Ok(Self {
+            events,
+            open: HashMap::new(),
+        })
+    }
+
+    fn note(&mut self, event: Event) {
+        let (id, change, url) = match event {
+            Event::Sent { redirect: true, .. } => return,
+            Event::Sent { id, url, .. } => (id, 1, Some(url)),
+            Event::Done(id) => (id, -1, None),
+        };
+        let entry = self.open.entry(id.clone()).or_default();
+        entry.0 += change;
+        if let Some(url) = url {
+            entry.1 = url;
+        }
+        if entry.0 == 0 {
+            self.open.remove(&id);
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.open
+            .values()
+            .filter(|(balance, _)| *balance > 0)
+            .count()
+    }
+
+    /// Waits until no request has been in flight for `ask.quiet` (and `wait_for` shows), the
+    /// guard's bounds are reached, or `until`.
+    async fn settle(
+        &mut self,
+        page: &Page,
+        guard: &Guard,
+        ask: &RenderAsk<'_>,
+        until: Instant,
+    ) -> Result<Ended, RenderError> {
+        const TICK: Duration = Duration::from_millis(50);
+        let mut quiet_since = Instant::now();
+        loop {
+            if guard
+                .counts()
+                .over
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+            {
+                return Ok(Ended::OverBounds);
+            }
+            let shown = match ask.wait_for {
+                Some(selector) => shows(page, selector).await?,
+                None => true,
+            };
+            if shown && self.in_flight() == 0 && quiet_since.elapsed() >= ask.quiet {
+                return Ok(Ended::Settled);
+            }
+            if Instant::now() >= until {
+                let open: Vec<&str> = self.open.values().map(|(_, url)| url.as_str()).collect();
+                tracing::debug!(
+                    in_flight = self.in_flight(),
+                    ?open,
+                    "the render's time ran out"
+                );
+                return match (shown, ask.wait_for) {
+                    (false, Some(selector)) => Err(RenderError::NotShown(selector.to_owned())),
+                    _ => Ok(Ended::TimedOut),
+                };
+            }
+            let tick = sleep(TICK.min(until.saturating_duration_since(Instant::now())));
+            tokio::select! {
+                Some(event) = self.events.next() => {
+                    self.note(event);
+                    quiet_since = Instant::now();
+                }
+                () = tick => {}
+            }
+        }
+    }
+}
+
+/// Whether the page shows an element `selector` matches.
+async fn shows(page: &Page, selector: &str) -> Result<bool, CdpError> {
+    // The selector goes in as a JSON string: whatever it holds, it stays a string.
+    let quoted = serde_json::to_string(selector).map_err(CdpError::from)?;
+    let expression = format!("document.querySelector({quoted}) !== null");
+    let found = evaluate::<bool>(page, expression).await;
+    // A selector the browser cannot parse throws: it never shows.
+    Ok(found.unwrap_or(false))
+}
+
+/// What the page's serialization returns.
+#[derive(Debug, Deserialize)]
+struct Serialized {
+    status: u16,
+    url: String,
+    elements: u32,
+    html: Option<String>,
+}
+
+async fn serialize(
+    page: &Page,
+    ask: &RenderAsk<'_>,
+    ended: Ended,
+) -> Result<Rendered, RenderError> {
+    // A UTF-16 unit is at most 3 bytes of UTF-8: a page of more units than the bound allows
+    // at 1 byte each is too large whatever it holds, and is not sent over at all.
+    let expression = format!(
+        "(() => {{
+          const nav = performance.getEntriesByType('navigation')[0];
+          const out = {{ status: nav ? nav.responseStatus : 0, url: location.href,
+                         elements: document.getElementsByTagName('*').length, html: null }};
+          if (out.elements > {max_elements}) return out;
+          let html = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : '';
+          html += document.documentElement ? document.documentElement.outerHTML : '';
+          if (html.length <= {max_units}) out.html = html;
+          return out;
+        }})()",
+        max_elements = ask.max_elements,
+        max_units = ask.max_html_bytes,
+    );
+    let out: Serialized = evaluate(page, expression).await?;
+    if out.elements > ask.max_elements {
+        let most = ask.max_elements;
+        return Err(RenderError::TooLarge(format!(
+            "{} elements, over {most}",
+            out.elements
+        )));
+    }
+    let html = match out.html {
+        Some(html) if html.len() <= ask.max_html_bytes => html,
+        _ => {
+            let most = ask.max_html_bytes;
+            return Err(RenderError::TooLarge(format!(
+                "its HTML is over {most} bytes"
+            )));
+        }
+    };
+    Ok(Rendered {
+        html,
+        status: out.status,
+        final_url: out.url,
+        ended,
+        requests: 0,
+        refused: 0,
+        bytes: 0,
+    })
+}
+
+/// Evaluates `expression` in the page and reads its value as `T`.
+async fn evaluate<T: serde::de::DeserializeOwned>(
+    page: &Page,
+    expression: String,
+) -> Result<T, CdpError> {
+    let params = EvaluateParams::builder()
+        .expression(expression)
+        .return_by_value(true)
+        .build()
+        .map_err(CdpError::msg)?;
+    let value = page.evaluate_expression(params).await?;
+    value.into_value().map_err(CdpError::from)
+}

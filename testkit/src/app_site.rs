@@ -1,0 +1,57 @@
+//! The local site's client-rendered pages, as a React or Vue build serves them: `/app/{name}`
+//! is an application shell whose script fetches `/api/{name}` after `?delay=` milliseconds
+//! (150 by default) and writes the page's text into its mount node. `/media/{file}` is an
+//! image the shell shows, for the renderer's resource blocking.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query};
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde_json::json;
+
+/// The words an app page shows once its script has run, and only then.
+pub fn rendered_text(name: &str) -> String {
+    format!("rendered text of {name}")
+}
+
+pub(crate) async fn app(
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> impl IntoResponse {
+    let delay: u64 = query
+        .get("delay")
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(150);
+    let body = format!(
+        r#"<!doctype html><html><head><title>{name}</title></head><body>
+<div id="root"></div><img src="/media/{name}.png" alt="">
+<script>
+setTimeout(() => fetch("/api/{name}").then(r => r.json()).then(d => {{
+  const p = document.createElement("p"); p.className = "loaded"; p.textContent = d.text;
+  document.getElementById("root").appendChild(p);
+}}), {delay});
+</script></body></html>"#
+    );
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body)
+}
+
+pub(crate) async fn api(Path(name): Path<String>) -> impl IntoResponse {
+    // A little of the back end's own time, as an XHR takes.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let body = json!({ "text": rendered_text(&name) }).to_string();
+    ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
+/// A 1x1 transparent PNG.
+pub(crate) async fn media(Path(_file): Path<String>) -> impl IntoResponse {
+    const PIXEL: [u8; 67] = [
+        0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
+        0x52, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f,
+        0x15, 0xc4, 0x89, 0x00, 0x00, 0x00, 0x0a, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0x00,
+        0x01, 0x00, 0x00, 0x05, 0x00, 0x01, 0x0d, 0x0a, 0x2d, 0xb4, 0x00, 0x00, 0x00, 0x00, 0x49,
+        0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+    ];
+    ([(header::CONTENT_TYPE, "image/png")], PIXEL.to_vec())
+}
