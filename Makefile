@@ -12,18 +12,20 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template function-deps clean tinyproxy nginx
+.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template function-deps clean tinyproxy nginx chromium
 
 ## test: fmt, clippy, the template's linters and rules, and all tests in four groups side by
 ## side, each against a fresh emulator of its own, the template's linters beside them (the
-## emulator's venv installs from the network while the Rust checks and build use the CPU).
+## emulator's venv and the renderer's Chromium install from the network while the Rust
+## checks and build use the CPU).
 ## The binaries are built before the tests: they run conveyor-ops, a binary of another crate.
 test: tinyproxy nginx
-	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; built=0; \
+	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; \
+	scripts/need-chromium & chromium=$$!; built=0; \
 	{ cargo fmt --all -- --check && $(MAKE) --no-print-directory function-deps \
 	  && cargo test --locked --workspace --no-run \
 	  && cargo build --locked --workspace --bins --tests --profile test; } \
-	  || built=$$?; wait $$venv && exit $$built
+	  || built=$$?; wait $$venv && wait $$chromium && exit $$built
 	$(MAKE) --no-print-directory lint-template & template=$$!; \
 	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads 1 $(LONG_A) \
 	  & long_a=$$!; \
@@ -126,6 +128,10 @@ lint-template: $(VENV)/.test
 ## tinyproxy: the forward proxy the proxy tests run against (Debian's tinyproxy-bin)
 tinyproxy:
 	scripts/need-tinyproxy
+
+## chromium: the browser the renderer's tests drive (Debian's chromium-headless-shell)
+chromium:
+	scripts/need-chromium
 
 ## nginx: the rate-limited site testkit/src/nginx.rs starts (Debian's nginx, no service)
 nginx:

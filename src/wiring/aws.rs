@@ -178,24 +178,32 @@ impl AwsWorker {
         sdk: &SharedSdk,
         secret: &ProxySecret,
     ) -> Result<Self, BuildError> {
+        let fetcher = HttpFetcher::new(&FetchSettings::from(config), secret)?;
+        Ok(Worker::on_aws(config, sdk, fetcher))
+    }
+}
+
+impl<F> Worker<DynamoTaskStore, S3ResultStore, F, SqsVisibility> {
+    /// The worker on DynamoDB, S3 and SQS, fetching with `fetcher` (the renderer's browser
+    /// is one). Each client is built at its first use: none before the first `next`
+    /// request, and the SQS client only once a record is held back.
+    pub fn on_aws(config: &Config, sdk: &SharedSdk, fetcher: F) -> Self {
         if config.allow_private_networks {
             tracing::warn!(
                 "ALLOW_PRIVATE_NETWORKS=true: pages on private and loopback addresses will be fetched"
             );
         }
-        // Each client is built at its first use. So none is built before the first `next`
-        // request, and the SQS client only once a record is held back.
         let (d, s, q, e) = (sdk.clone(), sdk.clone(), sdk.clone(), sdk.clone());
         let dynamodb = Lazy::new(move || aws_sdk_dynamodb::Client::new(d.get()));
         let s3 = Lazy::new(move || aws_sdk_s3::Client::from_conf(s3_config(s.get()).build()));
         let sqs = Lazy::new(move || aws_sdk_sqs::Client::new(q.get()));
         let endpoint = Lazy::new(move || e.get().endpoint_url().map(str::to_owned));
-        Ok(Worker::new(
+        Worker::new(
             DynamoTaskStore::new(dynamodb, &config.table_name),
             S3ResultStore::new(s3, &config.results_bucket),
-            HttpFetcher::new(&FetchSettings::from(config), secret)?,
+            fetcher,
             SqsVisibility::new(sqs, endpoint),
             config.into(),
-        ))
+        )
     }
 }

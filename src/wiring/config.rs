@@ -200,24 +200,26 @@ pub const HOST_MAX_INFLIGHT: u32 = 2;
 /// its tasks.
 pub const POLITE_MAX_WAIT_MS: u64 = 48 * 3_600_000;
 
-struct Env<'a, F>(&'a F);
+/// Settings read by name through `get` (the environment, or a test's table), each checked
+/// as the worker's are; the renderer reads its own settings with it too.
+pub struct Env<'a, F>(pub &'a F);
 
 impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
     /// A set but empty variable counts as unset, as it does for most AWS tooling.
-    fn get(&self, name: &str) -> Option<String> {
+    pub fn get(&self, name: &str) -> Option<String> {
         (self.0)(name).filter(|v| !v.is_empty())
     }
 
     /// A text setting, or `default` when unset or empty.
-    fn text(&self, name: &str, default: &str) -> String {
+    pub fn text(&self, name: &str, default: &str) -> String {
         self.get(name).unwrap_or_else(|| default.to_owned())
     }
 
-    fn required(&self, name: &'static str) -> Result<String, ConfigError> {
+    pub fn required(&self, name: &'static str) -> Result<String, ConfigError> {
         self.get(name).ok_or(ConfigError::Missing { name })
     }
 
-    fn parsed<T: FromStr>(
+    pub fn parsed<T: FromStr>(
         &self,
         name: &'static str,
         default: T,
@@ -233,7 +235,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         }
     }
 
-    fn positive<T: FromStr + PartialOrd + Default>(
+    pub fn positive<T: FromStr + PartialOrd + Default>(
         &self,
         name: &'static str,
         default: T,
@@ -343,7 +345,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         }
     }
 
-    fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    pub fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
         self.positive(name, default).map(Duration::from_millis)
     }
 

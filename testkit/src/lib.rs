@@ -378,6 +378,21 @@ impl Stack {
     }
 
     pub fn worker_with(&self, tune: impl FnOnce(&mut WorkerTuning)) -> TestWorker {
+        self.worker_fetching(tune, |tuning, fetch| {
+            let (settings, policy, lookup) = fetch;
+            HttpFetcher::with_policy(&settings, policy, lookup)
+                .and_then(|direct| direct.with_proxies(&settings, &tuning.proxy_secret))
+                .expect("build the HTTP clients")
+        })
+    }
+
+    /// The worker under test with the fetcher `fetcher` makes from the tuning's fetch
+    /// settings, address policy and resolver (the renderer's tests give a browser).
+    pub fn worker_fetching<F>(
+        &self,
+        tune: impl FnOnce(&mut WorkerTuning),
+        fetcher: impl FnOnce(&WorkerTuning, (FetchSettings, AddressPolicy, Arc<dyn Lookup>)) -> F,
+    ) -> Worker<DynamoTaskStore, S3ResultStore, F, SqsVisibility> {
         let mut tuning = WorkerTuning::default();
         tune(&mut tuning);
         let sdk = match (tuning.faults, self.sdk.http_client()) {
@@ -429,9 +444,7 @@ impl Stack {
                 &self.table,
             ),
             S3ResultStore::new(aws_sdk_s3::Client::from_conf(s3_config), bucket),
-            HttpFetcher::with_policy(&settings, policy, lookup)
-                .and_then(|direct| direct.with_proxies(&settings, &tuning.proxy_secret))
-                .expect("build the HTTP clients"),
+            fetcher(&tuning, (settings, policy, lookup)),
             SqsVisibility::new(
                 aws_sdk_sqs::Client::from_conf(sqs_config),
                 Some(self.worker_endpoint.clone()),

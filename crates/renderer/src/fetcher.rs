@@ -203,7 +203,8 @@ impl Fetcher for BrowserFetcher {
             Ok(url) => url,
             Err(e) => return Fetched::unspent(Err(FetchError::permanent(e.to_string()))),
         };
-        Fetched::unspent(self.rendered(&url, ask).await)
+        // Boxed: a render's future is deep, and one allocation is nothing beside a browser.
+        Fetched::unspent(Box::pin(self.rendered(&url, ask)).await)
     }
 
     fn refuses(&self, url: &str) -> Option<FetchError> {

@@ -3,10 +3,11 @@
 //! forward proxy on loopback that every connection of the browser goes through; [`procs`],
 //! the browser's processes; [`chromium`], one browser, started with every way around the
 //! guard closed; [`render`], one page in a context of its own; [`fetcher`], the worker's
-//! fetcher port answered by the browser.
+//! fetcher port answered by the browser; [`settings`], what the environment sets.
 
 pub mod chromium;
 pub mod fetcher;
 pub mod guard;
 pub mod procs;
 pub mod render;
+pub mod settings;

@@ -37,7 +37,7 @@ fn launch() -> Launch {
 }
 
 /// The renderer's defaults, as `settings.rs` sets them.
-fn settings() -> RenderSettings {
+pub fn settings() -> RenderSettings {
     RenderSettings {
         launch: launch(),
         pages_per_browser: 100,
