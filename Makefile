@@ -122,7 +122,7 @@ lint-template: $(VENV)/.test
 	cfn-lint template.yaml
 	sam validate --lint --template template.yaml
 	python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs \
-	  docs/deploying.md
+	  docs/deploying.md crates/renderer/src/settings.rs
 	python scripts/check_package.py --self-test
 
 ## tinyproxy: the forward proxy the proxy tests run against (Debian's tinyproxy-bin)

@@ -1,7 +1,8 @@
 """The deployment rules of template.yaml that linters do not check (they do not look inside
 SAM event sources or weigh one resource against another). Run by `make test`:
 
-    python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs docs/deploying.md
+    python tests/template_rules.py template.yaml docs/runbook.md src/wiring/config.rs \
+        docs/deploying.md crates/renderer/src/settings.rs
 
 Each rule returns the problems it finds. The template must have none, and each rule must
 find its problem in a copy of the template broken on purpose (so no rule passes vacuously).
@@ -64,24 +65,43 @@ def allowed(template, parameter):
     return [int(v) for v in template["Parameters"][parameter]["AllowedValues"]]
 
 
+def parameter_values(template, value):
+    """The values a property may take: a parameter's allowed values, or the literal."""
+    if isinstance(value, dict) and "Ref" in value:
+        return allowed(template, value["Ref"])
+    return [int(value)]
+
+
+def consumed_queue(event):
+    """The queue resource an event source reads (its EventSourceArn's GetAtt)."""
+    return event.get("EventSourceArn", {}).get("Fn::GetAtt", [None])[0]
+
+
 def visibility_covers_six_timeouts_and_the_window(template, _):
+    """Each queue a function consumes hides a message for 6 x the function's timeout plus the
+    batching window, for every value those parameters allow."""
     problems = []
-    queue = props(template["Resources"]["TasksQueue"])
-    expected = {"Fn::FindInMap": ["VisibilityTimeout", {"Ref": "Timeout"},
-                                  {"Ref": "BatchingWindow"}]}
-    if queue.get("VisibilityTimeout") != expected:
-        problems.append(f"TasksQueue VisibilityTimeout is {queue.get('VisibilityTimeout')}")
-    for function, event in sqs_events(template):
-        if props(function).get("Timeout") != {"Ref": "Timeout"}:
-            problems.append("the function's Timeout is not the Timeout parameter")
-        if event.get("MaximumBatchingWindowInSeconds") != {"Ref": "BatchingWindow"}:
-            problems.append("the batching window is not the BatchingWindow parameter")
-    table = template["Mappings"]["VisibilityTimeout"]
-    for timeout in allowed(template, "Timeout"):
-        for window in allowed(template, "BatchingWindow"):
-            got = table.get(str(timeout), {}).get(str(window))
-            if got is None or int(got) < 6 * timeout + window:
-                problems.append(f"visibility {got} for timeout {timeout} s, window {window} s")
+    events = list(sqs_events(template))
+    if not events:
+        problems.append("no SQS event source")
+    for function, event in events:
+        timeout = props(function).get("Timeout")
+        window = event.get("MaximumBatchingWindowInSeconds", 0)
+        queue = props(template["Resources"].get(consumed_queue(event), {}))
+        expected = {"Fn::FindInMap": ["VisibilityTimeout", timeout,
+                                      window if isinstance(window, dict) else str(window)]}
+        if queue.get("VisibilityTimeout") != expected:
+            problems.append(f"{consumed_queue(event)} VisibilityTimeout is "
+                            f"{queue.get('VisibilityTimeout')}, not {expected}")
+        table = template["Mappings"]["VisibilityTimeout"]
+        for seconds in parameter_values(template, timeout):
+            for waits in parameter_values(template, window):
+                got = table.get(str(seconds), {}).get(str(waits))
+                if got is None or int(got) < 6 * seconds + waits:
+                    problems.append(f"visibility {got} for timeout {seconds} s, window {waits} s")
+    worker = props(template["Resources"]["WorkerFunction"])
+    if worker.get("Timeout") != {"Ref": "Timeout"}:
+        problems.append("the worker's Timeout is not the Timeout parameter")
     return problems
 
 
@@ -112,19 +132,25 @@ def event_source_reports_batch_item_failures(template, _):
 
 
 def dead_letter_queue_keeps_repeat_failures(template, _):
+    """Each queue a function consumes redrives to a dead-letter queue that keeps messages 14
+    days, after more receives than a task has attempts."""
     problems = []
-    queue = props(template["Resources"]["TasksQueue"])
-    redrive = queue.get("RedrivePolicy", {})
-    receives = int(redrive.get("maxReceiveCount", 0))
-    if receives < MIN_RECEIVES:
-        problems.append(f"maxReceiveCount {receives} < {MIN_RECEIVES}")
-    if redrive.get("deadLetterTargetArn") != {"Fn::GetAtt": ["TasksDeadLetterQueue", "Arn"]}:
-        problems.append("the task queue does not redrive to TasksDeadLetterQueue")
-    dlq = props(template["Resources"]["TasksDeadLetterQueue"])
-    if int(dlq.get("MessageRetentionPeriod", 0)) != FOURTEEN_DAYS:
-        problems.append("the dead-letter queue does not keep messages 14 days")
-    if int(template["Parameters"]["MaxAttempts"]["MaxValue"]) > receives:
-        problems.append("MaxAttempts may exceed maxReceiveCount: the last attempt would be lost")
+    for _, event in sqs_events(template):
+        name = consumed_queue(event)
+        redrive = props(template["Resources"][name]).get("RedrivePolicy", {})
+        receives = int(redrive.get("maxReceiveCount", 0))
+        if receives < MIN_RECEIVES:
+            problems.append(f"{name}: maxReceiveCount {receives} < {MIN_RECEIVES}")
+        target = redrive.get("deadLetterTargetArn", {}).get("Fn::GetAtt", [None])[0]
+        if target not in template["Resources"]:
+            problems.append(f"{name} does not redrive to a dead-letter queue")
+            continue
+        dlq = props(template["Resources"][target])
+        if int(dlq.get("MessageRetentionPeriod", 0)) != FOURTEEN_DAYS:
+            problems.append(f"the dead-letter queue {target} does not keep messages 14 days")
+        if int(template["Parameters"]["MaxAttempts"]["MaxValue"]) > receives:
+            problems.append(f"MaxAttempts may exceed {name}'s maxReceiveCount: the last attempt"
+                            " would be lost")
     return problems
 
 
@@ -222,23 +248,24 @@ def the_proxy_secret_alone_is_readable(template, _):
 
 def alarms_cover_what_an_operator_must_know(template, _):
     problems = []
-    watched = {(props(a).get("Namespace"), props(a).get("MetricName")): a
-               for a in of_type(template, "AWS::CloudWatch::Alarm").values()}
-    needed = {
-        ("AWS/SQS", "ApproximateNumberOfMessagesVisible"): "TasksDeadLetterQueue",
-        ("AWS/SQS", "ApproximateAgeOfOldestMessage"): "TasksQueue",
-        ("AWS/Lambda", "Errors"): "WorkerFunction",
-        ("AWS/Lambda", "Throttles"): "WorkerFunction",
-    }
-    for (namespace, metric), target in needed.items():
-        alarm = watched.get((namespace, metric))
-        if alarm is None:
-            problems.append(f"no alarm on {namespace} {metric}")
+    alarms = of_type(template, "AWS::CloudWatch::Alarm").values()
+    needed = [
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "TasksDeadLetterQueue"),
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "RenderDeadLetterQueue"),
+        ("AWS/SQS", "ApproximateAgeOfOldestMessage", "TasksQueue"),
+        ("AWS/Lambda", "Errors", "WorkerFunction"),
+        ("AWS/Lambda", "Errors", "RendererFunction"),
+        ("AWS/Lambda", "Throttles", "WorkerFunction"),
+    ]
+    for namespace, metric, target in needed:
+        watching = [a for a in alarms
+                    if (props(a).get("Namespace"), props(a).get("MetricName")) == (namespace, metric)
+                    and target in str(props(a).get("Dimensions"))]
+        if not watching:
+            problems.append(f"no {namespace} {metric} alarm watches {target}")
             continue
-        if target not in str(props(alarm).get("Dimensions")):
-            problems.append(f"the {metric} alarm does not watch {target}")
-        if not props(alarm).get("AlarmActions"):
-            problems.append(f"the {metric} alarm notifies nobody")
+        if not all(props(a).get("AlarmActions") for a in watching):
+            problems.append(f"the {metric} alarm on {target} notifies nobody")
     return problems
 
 
@@ -320,14 +347,14 @@ def metrics_survive_every_log_level(template, _):
     must filter nothing (TRACE), and the worker filter its own logs by LogLevel (RUST_LOG),
     every allowed LogLevel being one of tracing's levels."""
     problems = []
-    function = props(template["Resources"]["WorkerFunction"])
-    logging = function.get("LoggingConfig", {})
-    if logging.get("ApplicationLogLevel") != "TRACE":
-        problems.append(f"ApplicationLogLevel is {logging.get('ApplicationLogLevel')}, not TRACE:"
-                        " Lambda would drop the metric lines at WARN and above")
-    rust_log = function["Environment"]["Variables"].get("RUST_LOG")
-    if rust_log != {"Fn::FindInMap": ["LogFilter", {"Ref": "LogLevel"}, "Filter"]}:
-        problems.append("RUST_LOG is not the LogLevel parameter's filter")
+    for name, function in of_type(template, "AWS::Serverless::Function").items():
+        logging = props(function).get("LoggingConfig", {})
+        if logging.get("ApplicationLogLevel") != "TRACE":
+            problems.append(f"{name}'s ApplicationLogLevel is {logging.get('ApplicationLogLevel')},"
+                            " not TRACE: Lambda would drop the metric lines at WARN and above")
+        rust_log = props(function)["Environment"]["Variables"].get("RUST_LOG")
+        if rust_log != {"Fn::FindInMap": ["LogFilter", {"Ref": "LogLevel"}, "Filter"]}:
+            problems.append(f"{name}'s RUST_LOG is not the LogLevel parameter's filter")
     filters = template["Mappings"].get("LogFilter", {})
     for level in template["Parameters"]["LogLevel"]["AllowedValues"]:
         if filters.get(level, {}).get("Filter") not in TRACING_LEVELS:
@@ -356,8 +383,8 @@ def a_dashboard_shows_what_the_runbook_watches(template, _):
 
 
 def sam_builds_the_worker_for_arm64(template, _):
-    """`sam build` builds the function itself (cargo lambda, the worker's binary), for the
-    architecture it runs on."""
+    """`sam build` builds the functions itself (cargo lambda, the worker's binary; the
+    renderer's image from its Dockerfile), for the architecture they run on."""
     function = template["Resources"]["WorkerFunction"]
     problems = []
     metadata = function.get("Metadata", {})
@@ -369,6 +396,13 @@ def sam_builds_the_worker_for_arm64(template, _):
         problems.append("CodeUri is not the project, whose Cargo.toml sam build reads")
     if props(function).get("Architectures") != ["arm64"]:
         problems.append("the function is not arm64, what `make build` checks the package for")
+    renderer = template["Resources"]["RendererFunction"]
+    if props(renderer).get("PackageType") != "Image":
+        problems.append("the renderer is not an image: Chromium is over a zip's 250 MB")
+    if renderer.get("Metadata", {}).get("Dockerfile") != "crates/renderer/Dockerfile":
+        problems.append("sam build is not told the renderer's Dockerfile")
+    if props(renderer).get("Architectures") != ["arm64"]:
+        problems.append("the renderer is not arm64, the architecture its image is built for")
     return problems
 
 
@@ -452,15 +486,17 @@ BREAKAGES = {
 }
 
 
-def main(template_path, runbook_path, config_path, deploying_path):
+def main(template_path, runbook_path, config_path, deploying_path, *more_settings):
     template = cfn_yaml.load(template_path)
     runbook = open(runbook_path, encoding="utf-8").read()
     config_rs = open(config_path, encoding="utf-8").read()
+    # The renderer's own settings are read beside the worker's (crates/renderer/src/settings.rs).
+    settings_rs = config_rs + "".join(open(p, encoding="utf-8").read() for p in more_settings)
     deploying = open(deploying_path, encoding="utf-8").read()
     context = {
         parameters_are_documented: deploying,
         outputs_feed_the_runbook: runbook,
-        function_settings_are_ones_the_worker_reads: config_rs,
+        function_settings_are_ones_the_worker_reads: settings_rs,
         memory_holds_the_records_in_flight: config_rs,
     }
     failures = 0
@@ -479,4 +515,4 @@ def main(template_path, runbook_path, config_path, deploying_path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:5]))
+    sys.exit(main(*sys.argv[1:]))
