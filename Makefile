@@ -19,12 +19,14 @@ export SAM_CLI_TELEMETRY := 0
 ## emulator's venv and the renderer's Chromium install from the network while the Rust
 ## checks and build use the CPU).
 ## The binaries are built before the tests: they run conveyor-ops, a binary of another crate.
+## The renderer's binary is not: no test runs it (its library is the tests' dependency).
 test: tinyproxy nginx
 	$(MAKE) --no-print-directory $(VENV)/.test & venv=$$!; \
 	scripts/need-chromium & chromium=$$!; built=0; \
 	{ cargo fmt --all -- --check && $(MAKE) --no-print-directory function-deps \
 	  && cargo test --locked --workspace --no-run \
-	  && cargo build --locked --workspace --bins --tests --profile test; } \
+	  && cargo build --locked --workspace --exclude conveyor-renderer --bins --tests \
+	    --profile test; } \
 	  || built=$$?; wait $$venv && wait $$chromium && exit $$built
 	$(MAKE) --no-print-directory lint-template & template=$$!; \
 	scripts/with-moto cargo test --locked --workspace --test it -- --test-threads 1 $(LONG_A) \
@@ -53,7 +55,7 @@ test bench-quick: export CLIPPY_ARGS := -D__CLIPPY_HACKERY__warnings__CLIPPY_HAC
 ## `cargo test` built, so after it only the benchmark's binary is linked, not 70 s of crates)
 bench-quick: $(VENV)/.test tinyproxy nginx
 	cargo test --locked --workspace --bench pipeline
-	cargo build --locked --workspace --bins --tests --profile test
+	cargo build --locked --workspace --exclude conveyor-renderer --bins --tests --profile test
 	scripts/with-moto target/debug/bench --quick
 
 # The tests that keep the emulator busiest (whole runs of hundreds of tasks), against an

@@ -212,6 +212,8 @@ pub struct Page {
     pub body: Bytes,
     /// The response's `ETag` and `Last-Modified`, where valid.
     pub validators: Validators,
+    /// The page was rendered in a browser (the renderer's), with what it asked for.
+    pub rendered: Option<crate::domain::render::Rendering>,
 }
 
 /// The status of a response that says the earlier result still stands.
@@ -239,6 +241,8 @@ pub struct StoredResult {
     pub not_modified: bool,
     /// The application shell rule the stored page met, if it is one (`domain/shells.rs`).
     pub shell: Option<crate::domain::shells::ShellRule>,
+    /// The stored page was rendered in a browser.
+    pub rendered: Option<crate::domain::render::Rendering>,
 }
 
 /// Why a task failed, as written on the task.

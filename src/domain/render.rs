@@ -91,9 +91,53 @@ impl RenderOptions {
     }
 }
 
+/// A page rendered in a browser: what its render asked for through the renderer's guard.
+/// Kept on the result object (`rendered`, as `requests=N bytes=M`) and, as `rendered`, on
+/// the task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rendering {
+    pub requests: u32,
+    pub bytes: u64,
+}
+
+impl Rendering {
+    /// The object metadata's value: at most 46 bytes (`requests=` and 10 digits, ` bytes=`
+    /// and 20).
+    pub fn to_meta(self) -> String {
+        format!("requests={} bytes={}", self.requests, self.bytes)
+    }
+
+    /// An object's `rendered` value as [`Rendering::to_meta`] wrote it. One written by a
+    /// later release in a form this one does not know still says the page was rendered.
+    pub fn from_meta(meta: &str) -> Self {
+        let field = |name: &str| {
+            meta.split(' ')
+                .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+        };
+        Self {
+            requests: field("requests").and_then(|n| n.parse().ok()).unwrap_or(0),
+            bytes: field("bytes").and_then(|n| n.parse().ok()).unwrap_or(0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rendering_reads_back_as_written_and_an_unknown_form_still_says_rendered() {
+        let most = Rendering {
+            requests: u32::MAX,
+            bytes: u64::MAX,
+        };
+
+        let read = Rendering::from_meta(&most.to_meta());
+
+        assert_eq!(read, most);
+        assert_eq!(most.to_meta().len(), 46);
+        assert_eq!(Rendering::from_meta("v2;r=3"), Rendering::default());
+    }
 
     #[test]
     fn render_reads_its_three_words_and_nothing_else() {

@@ -158,6 +158,7 @@ mod tests {
             content_type: "text/plain".into(),
             body: body.as_bytes().to_vec().into(),
             validators: Default::default(),
+            rendered: None,
         })
     }
 

@@ -41,7 +41,8 @@ pub struct Earlier {
 /// What checking an earlier result found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EarlierCheck {
-    Usable(Earlier),
+    /// Boxed: an earlier result is a refresh's, and the reason is the common answer.
+    Usable(Box<Earlier>),
     /// Why it cannot be used: it is gone, it lacks a SHA-256 checksum or the metadata that
     /// describes it, or it is not the bytes its task names.
     Unusable(String),

@@ -10,6 +10,7 @@ use url::Url;
 use crate::domain::blocks::{Detection, TABLE_ONLY};
 use crate::domain::model::Page;
 use crate::domain::refresh::Validators;
+use crate::domain::render::RenderOptions;
 use crate::domain::spend::Spend;
 
 use super::FetchError;
@@ -39,6 +40,8 @@ pub struct Ask<'a> {
     /// `MAX_REDIRECTS`). A page's are none: a redirect past them ends the fetch with
     /// [`FetchError::moved_to`], and the worker takes the target host's turn for the next.
     pub redirects: usize,
+    /// The job's rendering options, for a fetcher that renders (the renderer's browser).
+    pub render: Option<&'a RenderOptions>,
 }
 
 impl Ask<'_> {
@@ -53,6 +56,7 @@ impl Ask<'_> {
             wire_most: None,
             detection: &TABLE_ONLY,
             redirects: 0,
+            render: None,
         }
     }
 }

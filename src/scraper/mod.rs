@@ -244,6 +244,7 @@ impl HttpFetcher {
             content_type,
             body,
             validators,
+            rendered: None,
         })
     }
 

@@ -15,6 +15,7 @@ use crate::domain::bounds::{Bounded, MetadataUrl};
 use crate::domain::ids::{QuarantineKey, ResultKey};
 use crate::domain::model::StoredResult;
 use crate::domain::refresh::{Prior, Validators};
+use crate::domain::render::Rendering;
 use crate::domain::shells::ShellRule;
 use crate::domain::time::rfc3339;
 use crate::ports::error::{StoreError, StoreFault};
@@ -37,6 +38,8 @@ pub mod meta {
     pub const REFRESHED_FROM: &str = "refreshed-from";
     /// On an application shell: the rule it met.
     pub const SHELL: &str = "shell";
+    /// On a page rendered in a browser: what it asked for (`requests=N bytes=M`).
+    pub const RENDERED: &str = "rendered";
 }
 
 /// [`ResultStore`] on one S3 bucket.
@@ -145,7 +148,7 @@ impl ResultStore for S3ResultStore {
             ));
         }
         let version = head.e_tag.clone().unwrap_or_default();
-        Ok(EarlierCheck::Usable(Earlier { version, stored }))
+        Ok(EarlierCheck::Usable(Box::new(Earlier { version, stored })))
     }
 
     #[tracing::instrument(skip_all, fields(key = %carried.key))]
@@ -204,7 +207,7 @@ impl ResultStore for S3ResultStore {
 
 /// The earlier key, as the carried-forward copy's metadata names it. S3 caps user metadata
 /// at 2 KB in total, keys and values: two URLs of 560, validators of 232, this, a shell
-/// rule of 64 and the rest come to 1,978 bytes at most.
+/// rule of 64, a rendering of 46 and the rest come to 2,032 bytes at most.
 type Refreshed = Bounded<400>;
 
 impl S3ResultStore {
@@ -261,10 +264,7 @@ impl S3ResultStore {
                 meta::REFRESHED_FROM,
                 Refreshed::new(earlier.key.as_str()).as_str(),
             );
-        let request = match &earlier.shell {
-            Some(rule) => request.metadata(meta::SHELL, rule.as_str()),
-            None => request,
-        };
+        let request = marked(request, earlier.shell.as_ref(), earlier.rendered);
         with_validators(request, carried.validators)
     }
 
@@ -291,10 +291,7 @@ impl S3ResultStore {
             .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
             .metadata(meta::SHA256, new.sha256)
             .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
-        let request = match new.shell {
-            Some(rule) => request.metadata(meta::SHELL, rule.as_str()),
-            None => request,
-        };
+        let request = marked(request, new.shell, new.page.rendered);
         with_validators(request, &new.page.validators)
     }
 }
@@ -307,6 +304,23 @@ fn with_validators<B: WithMetadata>(request: B, validators: &Validators) -> B {
     }
     if let Some(date) = &validators.last_modified {
         request = request.with_metadata(meta::LAST_MODIFIED, date.as_str());
+    }
+    request
+}
+
+/// A put or a copy with the page's marks: the application shell rule it met, and its
+/// rendering.
+fn marked<B: WithMetadata>(
+    request: B,
+    shell: Option<&ShellRule>,
+    rendered: Option<Rendering>,
+) -> B {
+    let mut request = request;
+    if let Some(rule) = shell {
+        request = request.with_metadata(meta::SHELL, rule.as_str());
+    }
+    if let Some(rendering) = rendered {
+        request = request.with_metadata(meta::RENDERED, &rendering.to_meta());
     }
     request
 }
@@ -361,6 +375,9 @@ fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, S
         validators,
         not_modified: metadata.contains_key(meta::REFRESHED_FROM),
         shell: metadata.get(meta::SHELL).map(|rule| ShellRule::new(rule)),
+        rendered: metadata
+            .get(meta::RENDERED)
+            .map(|r| Rendering::from_meta(r)),
     })
 }
 

@@ -13,6 +13,7 @@ use crate::domain::blocks::Detection;
 use crate::domain::ids::{Id, TaskRef};
 use crate::domain::limits::JobPoliteness;
 use crate::domain::model::{Counting, Parents};
+use crate::domain::render::RenderOptions;
 use crate::ports::error::StoreError;
 use crate::ports::tasks::TaskStore;
 
@@ -25,6 +26,8 @@ pub struct Wanted {
     pub politeness: JobPoliteness,
     pub detection: Detection,
     pub paid_budget: Option<u64>,
+    /// How the job's pages are rendered, when the renderer fetches them.
+    pub render: RenderOptions,
 }
 
 /// A "yes" from the parents read (job active, run running, how the run counts), cached for
@@ -108,6 +111,7 @@ fn wanted(parents: &Parents) -> Wanted {
         politeness: parents.politeness,
         detection: parents.detection.clone(),
         paid_budget: parents.paid_budget,
+        render: parents.render.clone(),
     }
 }
 

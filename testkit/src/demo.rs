@@ -160,6 +160,52 @@ pub const TASKS: &[Seed] = &[
     },
 ];
 
+/// The renderer's tasks, in a run of their own: the events in `events/renderer/` name them.
+pub const RENDER_RUN: &str = "render-run";
+
+pub const RENDERED: &[Seed] = &[
+    Seed {
+        run: RENDER_RUN,
+        ..task(
+            "app-page",
+            "/app/demo",
+            "pending",
+            "rendered: stored as its script wrote it",
+            "successful",
+        )
+    },
+    Seed {
+        run: RENDER_RUN,
+        ..task(
+            "app-mixed",
+            "/app/mixed",
+            "pending",
+            "rendered: stored as its script wrote it",
+            "successful",
+        )
+    },
+    Seed {
+        run: RENDER_RUN,
+        ..task(
+            "app-404",
+            "/status/404",
+            "pending",
+            "HTTP 404: failed for good",
+            "failed",
+        )
+    },
+    Seed {
+        run: RENDER_RUN,
+        ..task(
+            "app-done",
+            "/app/done",
+            "successful",
+            "terminal: one read, no work",
+            "successful",
+        )
+    },
+];
+
 /// The only messages the contract redelivers in the sample events.
 pub const RETRIED: &[&str] = &["msg-unavailable", "mix-transient"];
 
@@ -171,6 +217,9 @@ pub async fn seed(stack: &Stack, site: &Site) {
         .filter(|t| (t.job, t.run) == (JOB, RUN))
         .count();
     stack.put_counted_run(JOB, RUN, in_run as u32).await;
+    stack
+        .put_counted_run(JOB, RENDER_RUN, RENDERED.len() as u32)
+        .await;
     stack.put_run(JOB, "completed-run", "completed").await;
     stack.put_job("cancelled-job", "cancelled").await;
     stack.put_run("cancelled-job", RUN, "running").await;
@@ -181,7 +230,7 @@ pub async fn seed(stack: &Stack, site: &Site) {
         url,
         status,
         ..
-    } in TASKS
+    } in TASKS.iter().chain(RENDERED)
     {
         let url = if url.starts_with('/') {
             site.url(url)
@@ -198,11 +247,20 @@ pub async fn reset(stack: &Stack, site: &Site) {
     seed(stack, site).await;
 }
 
-/// The sample events, in order.
+/// The worker's sample events, in order.
 pub fn event_files() -> std::io::Result<Vec<PathBuf>> {
+    events_in("events")
+}
+
+/// The renderer's sample events, in order.
+pub fn render_event_files() -> std::io::Result<Vec<PathBuf>> {
+    events_in("events/renderer")
+}
+
+fn events_in(folder: &str) -> std::io::Result<Vec<PathBuf>> {
     // This crate is `testkit/` in the workspace.
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
-    let dir = workspace.unwrap_or(Path::new(".")).join("events");
+    let dir = workspace.unwrap_or(Path::new(".")).join(folder);
     let mut files: Vec<_> = std::fs::read_dir(dir)?
         .map(|entry| entry.map(|e| e.path()))
         .collect::<Result<_, _>>()?;

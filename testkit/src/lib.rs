@@ -834,15 +834,22 @@ impl Stack {
     }
 
     /// Puts an object as an earlier delivery would have stored it, of this status and type.
-    pub async fn put_typed_object(
+    pub async fn put_typed_object(&self, key: &str, body: &[u8], typed: (u16, &str)) {
+        self.put_marked_object(key, body, typed, &[]).await;
+    }
+
+    /// Puts an object as [`Stack::put_typed_object`] does, with more metadata: `marks`.
+    pub async fn put_marked_object(
         &self,
         key: &str,
         body: &[u8],
         (status, content_type): (u16, &str),
+        marks: &[(&str, &str)],
     ) {
         use sha2::Digest;
         let http_status = status;
-        self.s3
+        let request = self
+            .s3
             .put_object()
             .bucket(&self.bucket)
             .key(key)
@@ -852,10 +859,11 @@ impl Stack {
             .metadata("http-status", http_status.to_string())
             .metadata("final-url", "http://earlier.example/")
             .metadata("source-url", "http://earlier.example/")
-            .metadata("fetched-at", "2026-01-01T00:00:00Z")
-            .send()
-            .await
-            .expect("put an object");
+            .metadata("fetched-at", "2026-01-01T00:00:00Z");
+        let request = marks.iter().fold(request, |request, (name, value)| {
+            request.metadata(*name, *value)
+        });
+        request.send().await.expect("put an object");
     }
 
     pub fn key(task: &str) -> String {

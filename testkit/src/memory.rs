@@ -287,6 +287,7 @@ impl ResultStore for MemoryResults {
             validators: new.page.validators.clone(),
             not_modified: false,
             shell: new.shell.cloned(),
+            rendered: new.page.rendered,
         };
         objects.insert(new.key.as_str().to_owned(), described);
         Ok(Put::Stored)
@@ -325,10 +326,10 @@ impl ResultStore for MemoryResults {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(match lock(&self.objects).get(prior.key.as_str()) {
             Some(stored) if stored.sha256 == prior.sha256.as_str() => {
-                EarlierCheck::Usable(Earlier {
+                EarlierCheck::Usable(Box::new(Earlier {
                     version: stored.sha256.clone(),
                     stored: stored.clone(),
-                })
+                }))
             }
             Some(_) => EarlierCheck::Unusable("another object".into()),
             None => EarlierCheck::Unusable("gone".into()),
@@ -660,6 +661,7 @@ impl Fetcher for MemoryPages {
             content_type: "text/html".into(),
             body: self.body.clone(),
             validators: Validators::default(),
+            rendered: None,
         }))
     }
 }

@@ -550,3 +550,40 @@ async fn jobs_and_tasks_with_and_without_render_fields_read_as_their_producer_me
     assert_eq!(loaded.render, Some(Render::Always));
     assert_eq!(read[1].for_task(loaded.render), Render::Always);
 }
+
+#[tokio::test]
+async fn results_with_and_without_the_renderers_mark_are_described_as_their_writer_meant() {
+    use conveyor_worker::domain::ids::ResultKey;
+    use conveyor_worker::domain::render::Rendering;
+    use conveyor_worker::ports::results::ResultStore;
+    use conveyor_worker::store::s3::S3ResultStore;
+    // Arrange: as the previous release stored a page; as the renderer stores one; as a later
+    // release might mark one, in a form this one does not know.
+    let stack = Stack::new().await;
+    let store = S3ResultStore::new(stack.s3.clone(), stack.bucket.clone());
+    let marks = [None, Some("requests=12 bytes=3456"), Some("v2;r=12")];
+    let mut keys = Vec::new();
+    for (n, mark) in marks.iter().enumerate() {
+        let key = format!("results/job-1/run-1/t{n}");
+        let marks: Vec<(&str, &str)> = mark.iter().map(|m| ("rendered", *m)).collect();
+        let typed = (200, "text/html");
+        stack
+            .put_marked_object(&key, b"<html></html>", typed, &marks)
+            .await;
+        keys.push(ResultKey::from_stored(key));
+    }
+
+    // Act
+    let mut read = Vec::new();
+    for key in &keys {
+        let described = store.describe(key).await.expect("read").expect("there");
+        read.push(described.rendered);
+    }
+
+    // Assert
+    let rendered = Rendering {
+        requests: 12,
+        bytes: 3456,
+    };
+    assert_eq!(read, [None, Some(rendered), Some(Rendering::default())]);
+}

@@ -24,6 +24,7 @@ mod races;
 mod redirects;
 mod refresh_runs;
 mod render;
+mod renderer;
 mod retry_timing;
 mod run_progress;
 mod sample_events;

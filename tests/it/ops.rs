@@ -314,18 +314,19 @@ async fn replay_quarantine_sends_each_poison_body_back_and_deletes_it() {
     assert!(retried(&run_batch(&stack.worker(), records).await).is_empty());
     let queue = Queue::create(&stack, 30).await;
 
-    // Act: the replayed messages held 1 s (production's 10, shrunk).
+    // Act: the replayed messages held 4 s (production's 10, shrunk; a loaded machine may
+    // take a second or two between the tool's send and the test's receive).
     let args = [
         "replay-quarantine",
         "--queue-url",
         &queue.url,
         "--delete",
         "--hold",
-        "1s",
+        "4s",
     ];
     let stdout = succeeded(&ops(&stack, &args).await);
     let at_once = queue.receive(&stack).await;
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    tokio::time::sleep(Duration::from_millis(4_100)).await;
 
     // Assert: each original body is back on the queue once the quarantine is empty.
     assert!(

@@ -315,6 +315,7 @@ fn page(body: &'static [u8]) -> conveyor_worker::domain::model::Page {
         content_type: "text/plain".into(),
         body: body.into(),
         validators: Default::default(),
+        rendered: None,
     }
 }
 

@@ -347,6 +347,7 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         content_type: "text/html".into(),
         body: "hello".into(),
         validators: Default::default(),
+        rendered: None,
     };
     let new = NewResult {
         key: &key,
@@ -377,6 +378,7 @@ fn page() -> Page {
         content_type: "text/html".into(),
         body: "hello".into(),
         validators: Default::default(),
+        rendered: None,
     }
 }
 

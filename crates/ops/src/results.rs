@@ -30,6 +30,8 @@ pub struct TaskResult {
     pub not_modified: bool,
     /// The application shell rule the stored page met (`shell_rule`), if it is one.
     pub shell: Option<String>,
+    /// The stored page was rendered in a browser (`rendered`).
+    pub rendered: bool,
     pub etag: Option<String>,
     pub last_modified: Option<String>,
     pub error: Option<String>,
@@ -110,6 +112,9 @@ fn of_item(task_id: String, item: &Item) -> TaskResult {
             .get("not_modified")
             .is_some_and(|v| v.as_bool() == Ok(&true)),
         shell: text("shell_rule"),
+        rendered: item
+            .get("rendered")
+            .is_some_and(|v| v.as_bool() == Ok(&true)),
         etag: text("etag"),
         last_modified: text("last_modified"),
         error: text("error"),

@@ -1,16 +1,16 @@
-//! One Chromium per warm sandbox: started with every way around the guard closed, driven over
+//! One Chromium per warm sandbox: started with every way around the browser proxy closed, driven over
 //! the DevTools protocol (chromiumoxide), and killed with all its processes.
 //!
 //! The browser runs in a process group of its own, so a kill reaches its renderer and utility
-//! processes too, and none outlives the invocation that ended it. Its flags leave the guard
-//! as its only way out:
+//! processes too, and none outlives the invocation that ended it. Its flags leave the
+//! browser proxy as its only way out:
 //!
-//! - every page's context names the guard as its proxy; the browser's own default proxy is a
-//!   guard that refuses everything (`refuse_all`);
+//! - every page's context names a browser proxy of its own; the browser's default proxy is
+//!   one that refuses everything (`refuse_all`);
 //! - `<-loopback>` undoes Chromium's habit of sending loopback and link-local addresses
 //!   around any proxy (on Lambda, the Runtime API listens on loopback);
 //! - the browser resolves no name itself (`--host-resolver-rules`): DNS prefetch, WebRTC and
-//!   anything else that would look a name up find nothing, and the guard resolves each
+//!   anything else that would look a name up find nothing, and the browser proxy resolves each
 //!   request's name as the plain fetch does;
 //! - QUIC is off (it would be UDP, which no HTTP proxy carries), and WebRTC may send no UDP
 //!   that does not go through the proxy, which is none;

@@ -13,13 +13,14 @@ use bytes::Bytes;
 use conveyor_worker::domain::bounds::{ContentType, UrlText};
 use conveyor_worker::domain::model::Page;
 use conveyor_worker::domain::refresh::Validators;
+use conveyor_worker::domain::render::Rendering;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use conveyor_worker::scraper::{Ask, FetchError, Fetched, Fetcher, HttpFetcher};
 use tokio::sync::Mutex;
 use url::Url;
 
+use crate::browser_proxy::{Bounds, BrowserProxy, Rules};
 use crate::chromium::{Chromium, Launch, LaunchError};
-use crate::guard::{Bounds, Guard, Rules};
 use crate::render::{RenderAsk, RenderError, Rendered, render};
 
 /// The renderer's settings, from its configuration (`settings.rs`).
@@ -30,7 +31,7 @@ pub struct RenderSettings {
     pub pages_per_browser: u64,
     /// The most memory the browser's processes may hold before it is retired.
     pub max_resident_bytes: u64,
-    /// The most one page may ask for through the guard.
+    /// The most one page may ask for through the browser proxy.
     pub bounds: Bounds,
     pub max_elements: u32,
     pub max_html_bytes: usize,
@@ -43,7 +44,7 @@ pub struct RenderSettings {
 #[derive(Debug, Default)]
 pub struct Tally {
     pub renders: AtomicU64,
-    /// Requests the guard let through for the sandbox's pages.
+    /// Requests the browser proxy let through for the sandbox's pages.
     pub requests: AtomicU64,
     pub launches: AtomicU64,
     pub retired: AtomicU64,
@@ -56,7 +57,7 @@ struct Slot {
     chromium: Option<Arc<Chromium>>,
     pages: u64,
     /// The browser's own proxy: it refuses everything (`chromium.rs`).
-    refuse_all: Option<Guard>,
+    refuse_all: Option<BrowserProxy>,
 }
 
 /// [`Fetcher`] through a browser; robots.txt and the checks through `plain`.
@@ -76,7 +77,7 @@ impl std::fmt::Debug for BrowserFetcher {
 }
 
 impl BrowserFetcher {
-    /// `plain` checks URLs and fetches robots.txt; the guard applies `policy` with `lookup`,
+    /// `plain` checks URLs and fetches robots.txt; the browser proxy applies `policy` with `lookup`,
     /// as `plain` does.
     pub fn new(
         plain: HttpFetcher,
@@ -109,10 +110,10 @@ impl BrowserFetcher {
                 self.tally.retired.fetch_add(1, Ordering::Relaxed);
             }
             let refuse_all = match &slot.refuse_all {
-                Some(guard) => guard.addr(),
+                Some(proxy) => proxy.addr(),
                 None => slot
                     .refuse_all
-                    .insert(Guard::start(self.refusing()).await?)
+                    .insert(BrowserProxy::start(self.refusing()).await?)
                     .addr(),
             };
             let started = Chromium::launch(&self.settings.launch, refuse_all).await?;
@@ -166,10 +167,15 @@ impl BrowserFetcher {
             .browser()
             .await
             .map_err(|e| FetchError::ours(e.to_string()))?;
+        let options = ask.render;
+        // The job's own time for a render, within what the fetch may take.
+        let job_time = options.and_then(|o| o.timeout).unwrap_or(ask.time);
         let render_ask = RenderAsk {
             url: url.as_str(),
-            time: ask.time,
-            wait_for: None,
+            time: ask.time.min(job_time),
+            wait_for: options
+                .and_then(|o| o.wait_for.as_ref())
+                .map(|s| s.as_str()),
             quiet: self.settings.quiet,
             max_elements: self.settings.max_elements,
             max_html_bytes: self.settings.max_html_bytes,
@@ -241,8 +247,12 @@ fn page_of(url: &Url, rendered: Rendered, ask: Ask<'_>) -> Result<Page, FetchErr
         http_status: status,
         final_url: UrlText::new(&rendered.final_url),
         content_type: ContentType::new(RENDERED_TYPE),
-        body: Bytes::from(rendered.html),
         validators: Validators::default(),
+        rendered: Some(Rendering {
+            requests: u32::try_from(rendered.requests).unwrap_or(u32::MAX),
+            bytes: rendered.bytes,
+        }),
+        body: Bytes::from(rendered.html),
     })
 }
 
@@ -256,7 +266,7 @@ fn failure(error: RenderError) -> FetchError {
             timed_out: true,
             ..FetchError::transient(reason)
         },
-        RenderError::Navigation(_) | RenderError::Browser(_) | RenderError::Guard(_) => {
+        RenderError::Navigation(_) | RenderError::Browser(_) | RenderError::Proxy(_) => {
             FetchError::transient(reason)
         }
     }

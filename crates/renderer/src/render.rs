@@ -1,6 +1,6 @@
-//! One page rendered: a guard and an incognito context of its own, the document navigated
+//! One page rendered: a browser proxy and an incognito context of its own, the document navigated
 //! to, the page given time to settle, and its DOM serialized. Each step is bounded: the time
-//! (`RenderAsk::time`, within the invocation's), the requests and bytes (the guard's
+//! (`RenderAsk::time`, within the invocation's), the requests and bytes (the browser proxy's
 //! [`Bounds`]), and the DOM (its elements and its serialized size).
 //!
 //! How a render ends:
@@ -9,10 +9,10 @@
 //! |---|---|
 //! | the network went quiet, or `wait_for` showed | the page as it stands |
 //! | the time ran out after the document loaded | the page as it stands (`Ended::TimedOut`) |
-//! | the guard's request or byte bound was reached | the page as it stands (`Ended::OverBounds`) |
+//! | the browser proxy's request or byte bound was reached | the page as it stands (`Ended::OverBounds`) |
 //! | `wait_for` never showed | [`RenderError::NotShown`] |
 //! | the document did not load in time | [`RenderError::TimedOut`] |
-//! | the document's request failed (the guard refused it, the site did not answer) | [`RenderError::Navigation`] |
+//! | the document's request failed (the browser proxy refused it, the site did not answer) | [`RenderError::Navigation`] |
 //! | more elements or bytes than the bounds | [`RenderError::TooLarge`] |
 //! | the browser stopped answering or crashed | [`RenderError::Browser`]: the caller retires it |
 
@@ -30,14 +30,14 @@ use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::browser_proxy::{BrowserProxy, Rules};
 use crate::chromium::Chromium;
-use crate::guard::{Guard, Rules};
 
 /// What one render may use.
 #[derive(Debug, Clone)]
 pub struct RenderAsk<'a> {
     pub url: &'a str,
-    /// The most time the render may take, from the guard's start to the serialized DOM.
+    /// The most time the render may take, from the browser proxy's start to the serialized DOM.
     pub time: Duration,
     /// A CSS selector the page must show before it is taken (the job's `render_wait_for`).
     pub wait_for: Option<&'a str>,
@@ -57,7 +57,7 @@ pub enum Ended {
     Settled,
     /// The time ran out with requests still in flight.
     TimedOut,
-    /// The guard's bounds were reached: it refuses the page's further requests.
+    /// The browser proxy's bounds were reached: it refuses the page's further requests.
     OverBounds,
 }
 
@@ -70,7 +70,7 @@ pub struct Rendered {
     pub status: u16,
     pub final_url: String,
     pub ended: Ended,
-    /// What went through the guard: requests allowed and refused, and bytes.
+    /// What went through the browser proxy: requests allowed and refused, and bytes.
     pub requests: u64,
     pub refused: u64,
     pub bytes: u64,
@@ -81,8 +81,8 @@ pub struct Rendered {
 pub enum RenderError {
     #[error("the browser failed: {0}")]
     Browser(#[from] CdpError),
-    #[error("could not start the render's guard: {0}")]
-    Guard(#[from] std::io::Error),
+    #[error("could not start the render's browser proxy: {0}")]
+    Proxy(#[from] std::io::Error),
     #[error("the document did not load: {0}")]
     Navigation(String),
     #[error("the document did not load within {0:?}")]
@@ -93,7 +93,7 @@ pub enum RenderError {
     TooLarge(String),
 }
 
-/// Renders `ask.url` in a fresh context of `chromium`, every request through a guard of
+/// Renders `ask.url` in a fresh context of `chromium`, every request through a browser proxy of
 /// `rules`. The context is disposed of before this returns, whatever the result.
 pub async fn render(
     chromium: &Chromium,
@@ -101,9 +101,9 @@ pub async fn render(
     ask: &RenderAsk<'_>,
 ) -> Result<Rendered, RenderError> {
     let start = Instant::now();
-    let guard = Guard::start(rules).await?;
-    let tab = chromium.tab(guard.addr()).await?;
-    let rendered = timeout(ask.time, on_page(&tab.page, &guard, ask, start)).await;
+    let proxy = BrowserProxy::start(rules).await?;
+    let tab = chromium.tab(proxy.addr()).await?;
+    let rendered = timeout(ask.time, on_page(&tab.page, &proxy, ask, start)).await;
     // A browser that does not close a page in a second has hung: the caller retires it.
     if timeout(Duration::from_secs(1), chromium.close(tab))
         .await
@@ -112,7 +112,7 @@ pub async fn render(
         return Err(RenderError::Browser(CdpError::Timeout));
     }
     let mut rendered = rendered.map_err(|_| RenderError::TimedOut(ask.time))??;
-    let counts = guard.counts();
+    let counts = proxy.counts();
     rendered.requests = counts.allowed.load(std::sync::atomic::Ordering::Relaxed);
     rendered.refused = counts.refused.load(std::sync::atomic::Ordering::Relaxed);
     rendered.bytes = counts.bytes.load(std::sync::atomic::Ordering::Relaxed);
@@ -122,7 +122,7 @@ pub async fn render(
 /// Navigates, waits, and serializes, within what is left of `ask.time` since `start`.
 async fn on_page(
     page: &Page,
-    guard: &Guard,
+    proxy: &BrowserProxy,
     ask: &RenderAsk<'_>,
     start: Instant,
 ) -> Result<Rendered, RenderError> {
@@ -137,11 +137,11 @@ async fn on_page(
     // A tenth of the time (at most a second) is kept to serialize the page.
     let reserve = (ask.time / 10).min(Duration::from_secs(1));
     let until = start + ask.time.saturating_sub(reserve);
-    let ended = network.settle(page, guard, ask, until).await?;
+    let ended = network.settle(page, proxy, ask, until).await?;
     serialize(page, ask, ended).await
 }
 
-/// Closes what a page could use to get around the guard or leave something behind, and
+/// Closes what a page could use to get around the browser proxy or leave something behind, and
 /// blocks images, media and fonts unless they are asked for.
 async fn prepare(page: &Page, load_media: bool) -> Result<(), CdpError> {
     page.execute(SetBypassServiceWorkerParams::new(true))
@@ -227,18 +227,18 @@ impl InFlight {
     }
 
     /// Waits until no request has been in flight for `ask.quiet` (and `wait_for` shows), the
-    /// guard's bounds are reached, or `until`.
+    /// browser proxy's bounds are reached, or `until`.
     async fn settle(
         &mut self,
         page: &Page,
-        guard: &Guard,
+        proxy: &BrowserProxy,
         ask: &RenderAsk<'_>,
         until: Instant,
     ) -> Result<Ended, RenderError> {
         const TICK: Duration = Duration::from_millis(50);
         let mut quiet_since = Instant::now();
         loop {
-            if guard
+            if proxy
                 .counts()
                 .over
                 .load(std::sync::atomic::Ordering::Relaxed)

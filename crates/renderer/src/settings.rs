@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use conveyor_worker::wiring::config::{ConfigError, Env};
 
+use crate::browser_proxy::Bounds;
 use crate::chromium::Launch;
 use crate::fetcher::RenderSettings;
-use crate::guard::Bounds;
 
 impl RenderSettings {
     /// The settings `get` gives, with the defaults for the unset ones. A rendered page's

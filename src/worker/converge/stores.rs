@@ -380,6 +380,7 @@ fn described(key: &ResultKey, page: &Page, sha256: &str, shell: Option<ShellRule
         validators: page.validators.clone(),
         not_modified: false,
         shell,
+        rendered: page.rendered,
     }
 }
 

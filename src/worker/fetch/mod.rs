@@ -191,7 +191,7 @@ impl<T: HostStore + SpendStore, R: ResultStore, F: Fetcher> Fetch<'_, T, R, F> {
             EarlierCheck::Usable(earlier) => {
                 let block = stored_block(self.results, detection, &prior.key, &earlier.stored);
                 match Box::pin(block).await? {
-                    None => return Ok((Some(prior), Some(earlier))),
+                    None => return Ok((Some(prior), Some(*earlier))),
                     Some(_) => "the earlier result is a block page".to_owned(),
                 }
             }

@@ -133,6 +133,7 @@ fn within<'a>(target: Target<'a>, time: Duration) -> Ask<'a> {
     Ask {
         if_changed: target.prior.map(|prior| &prior.validators),
         detection: &target.wanted.detection,
+        render: Some(&target.wanted.render),
         ..Ask::within(time)
     }
 }

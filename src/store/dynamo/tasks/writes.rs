@@ -176,7 +176,7 @@ fn success_fields(
     } else {
         remove.push("not_modified");
     }
-    shell_fields(r, set, remove, values);
+    mark_fields(r, set, remove, values);
     let (etag, date) = (&r.validators.etag, &r.validators.last_modified);
     let texts = [
         &*r.content_type,
@@ -195,8 +195,9 @@ fn success_fields(
     remove.push("#error");
 }
 
-/// An application shell's mark: `shell` and the rule it met, or neither.
-fn shell_fields(
+/// The page's marks: `shell` and the rule it met, or neither; `rendered` when a browser
+/// rendered it.
+fn mark_fields(
     r: &StoredResult,
     set: &mut Vec<&str>,
     remove: &mut Vec<&str>,
@@ -209,6 +210,13 @@ fn shell_fields(
             values.push((":shell_rule", s(rule.as_str())));
         }
         None => remove.extend(["shell", "shell_rule"]),
+    }
+    match r.rendered {
+        Some(_) => {
+            set.push("rendered = :rendered");
+            values.push((":rendered", AttributeValue::Bool(true)));
+        }
+        None => remove.push("rendered"),
     }
 }
 

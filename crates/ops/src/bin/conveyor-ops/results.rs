@@ -73,6 +73,8 @@ struct Tally {
     blocked: usize,
     /// Stored an application shell (`shell`).
     shells: usize,
+    /// Stored a page rendered in a browser (`rendered`).
+    rendered: usize,
     open: usize,
     mismatched: usize,
     bytes: u64,
@@ -101,6 +103,7 @@ impl Tally {
                 tally.bytes_not_fetched += task.size.unwrap_or(0);
             }
             tally.shells += usize::from(task.shell.is_some());
+            tally.rendered += usize::from(task.rendered);
         }
         tally
     }
@@ -114,6 +117,9 @@ impl Tally {
                 "{} not modified, their {} bytes not fetched again",
                 self.not_modified, self.bytes_not_fetched
             ));
+        }
+        if self.rendered > 0 {
+            notes.push(format!("{} rendered", self.rendered));
         }
         if self.shells > 0 {
             notes.push(crate::count(self.shells as u64, "application shell"));
@@ -175,9 +181,10 @@ fn line(task: &TaskResult) -> String {
             } else {
                 ""
             };
+            let rendered = if task.rendered { "  rendered" } else { "" };
             let shell = task.shell.as_ref().map(|rule| format!("  shell ({rule})"));
             format!(
-                "sha256 {}  {} bytes{carried}{}",
+                "sha256 {}  {} bytes{carried}{rendered}{}",
                 &sha[..sha.len().min(16)],
                 task.size.unwrap_or(0),
                 shell.unwrap_or_default()

@@ -1,21 +1,21 @@
-//! The egress guard against every way a page could aim the browser at what the plain fetch
+//! The browser proxy against every way a page could aim the browser at what the plain fetch
 //! may not reach: literal private and loopback addresses, an IPv6-mapped one, the instance
 //! metadata address, names that resolve inside (wholly or in part), and a redirect from an
 //! allowed site. Canary listeners stand on loopback addresses the policy does not trust:
-//! none of them is ever connected to, and the allowed site still answers through the guard.
+//! none of them is ever connected to, and the allowed site still answers through the browser proxy.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use base64::Engine;
-use conveyor_renderer::guard::{Bounds, Guard, Rules, Upstream};
+use conveyor_renderer::browser_proxy::{Bounds, BrowserProxy, Rules, Upstream};
 use conveyor_testkit::forward_proxy::{self, ForwardProxy};
 use conveyor_worker::scraper::policy::AddressPolicy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::sites::{Table, canary, read_head};
+use crate::renderer::sites::{Table, canary, read_head};
 
 /// The most a render may ask for, when a test does not bound it.
 const UNBOUNDED: Bounds = Bounds {
@@ -76,23 +76,25 @@ fn bounded(names: &[(&str, &[&str])], bounds: Bounds) -> Rules {
     }
 }
 
-/// The browser's client: every request through the guard.
-fn browser(guard: &Guard) -> reqwest::Client {
-    let proxy = reqwest::Proxy::all(format!("http://{}", guard.addr())).expect("a proxy URL");
+/// The browser's client: every request through the browser proxy.
+fn browser(proxy: &BrowserProxy) -> reqwest::Client {
+    let proxy = reqwest::Proxy::all(format!("http://{}", proxy.addr())).expect("a proxy URL");
     reqwest::Client::builder()
         .proxy(proxy)
         .build()
         .expect("a client")
 }
 
-/// A `CONNECT` to `target` through the guard: its status line, and what the tunnel answers
+/// A `CONNECT` to `target` through the browser proxy: its status line, and what the tunnel answers
 /// to a GET of `/` when it opened.
-async fn connect(guard: &Guard, target: &str) -> (String, String) {
-    connect_for(guard, target, "/").await
+async fn connect(proxy: &BrowserProxy, target: &str) -> (String, String) {
+    connect_for(proxy, target, "/").await
 }
 
-async fn connect_for(guard: &Guard, target: &str, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(guard.addr()).await.expect("the guard");
+async fn connect_for(proxy: &BrowserProxy, target: &str, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(proxy.addr())
+        .await
+        .expect("the browser proxy");
     let ask = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\n");
     stream.write_all(ask.as_bytes()).await.unwrap();
     let mut head = vec![0; 1024];
@@ -113,25 +115,25 @@ async fn connect_for(guard: &Guard, target: &str, path: &str) -> (String, String
 }
 
 #[tokio::test]
-async fn an_allowed_site_answers_through_the_guard_forwarded_and_tunnelled() {
+async fn an_allowed_site_answers_through_the_browser_proxy_forwarded_and_tunnelled() {
     let site = site("http://127.0.0.1:9/".into()).await;
-    let guard = Guard::start(rules(&[("site.test", &["127.0.0.1"])]))
+    let proxy = BrowserProxy::start(rules(&[("site.test", &["127.0.0.1"])]))
         .await
         .unwrap();
 
-    let page = browser(&guard)
+    let page = browser(&proxy)
         .get(format!("http://site.test:{}/", site.port()))
         .send()
         .await
         .expect("an answer");
     let status = page.status();
     let body = page.text().await.unwrap();
-    let (opened, tunnelled) = connect(&guard, &format!("site.test:{}", site.port())).await;
+    let (opened, tunnelled) = connect(&proxy, &format!("site.test:{}", site.port())).await;
 
     assert_eq!((status.as_u16(), body.as_str()), (200, "the page"));
     assert!(opened.contains(" 200"), "{opened}");
     assert!(tunnelled.ends_with("the page"), "{tunnelled}");
-    let counts = guard.counts();
+    let counts = proxy.counts();
     assert_eq!(counts.allowed.load(Ordering::Relaxed), 2);
     assert_eq!(counts.refused.load(Ordering::Relaxed), 0);
     assert!(counts.bytes.load(Ordering::Relaxed) >= 8 + 8);
@@ -144,7 +146,7 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary() {
     let (inside, inside_hits) = canary("127.0.0.2").await;
     let (other, other_hits) = canary("127.0.0.3").await;
     let site = site(format!("http://{inside}/")).await;
-    let guard = Guard::start(rules(&[
+    let proxy = BrowserProxy::start(rules(&[
         ("site.test", &["127.0.0.1"]),
         ("inside.test", &["127.0.0.2"]),
         ("rebind.test", &["127.0.0.1", "127.0.0.3"]),
@@ -174,14 +176,14 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary() {
     ];
 
     // Act
-    let client = browser(&guard);
+    let client = browser(&proxy);
     let mut statuses = Vec::new();
     for url in &forwarded {
         let answer = client.get(url).send().await.expect("an answer");
         statuses.push((url.clone(), answer.status().as_u16()));
     }
     for target in &tunnelled {
-        let (status, _) = connect(&guard, target).await;
+        let (status, _) = connect(&proxy, target).await;
         statuses.push((
             target.clone(),
             if status.contains(" 403") { 403 } else { 0 },
@@ -193,7 +195,7 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary() {
     assert!(not_refused.is_empty(), "{not_refused:?}");
     assert_eq!(inside_hits.load(Ordering::Relaxed), 0);
     assert_eq!(other_hits.load(Ordering::Relaxed), 0);
-    let counts = guard.counts();
+    let counts = proxy.counts();
     assert_eq!(
         counts.allowed.load(Ordering::Relaxed),
         1,
@@ -212,11 +214,11 @@ async fn past_its_requests_a_render_is_refused_and_said_over() {
         requests: 3,
         ..UNBOUNDED
     };
-    let guard = Guard::start(bounded(&[("site.test", &["127.0.0.1"])], bounds))
+    let proxy = BrowserProxy::start(bounded(&[("site.test", &["127.0.0.1"])], bounds))
         .await
         .unwrap();
 
-    let client = browser(&guard);
+    let client = browser(&proxy);
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let url = format!("http://site.test:{}/", site.port());
@@ -232,7 +234,7 @@ async fn past_its_requests_a_render_is_refused_and_said_over() {
     }
 
     assert_eq!(statuses, [200, 200, 200, 403, 403]);
-    let counts = guard.counts();
+    let counts = proxy.counts();
     assert_eq!(counts.refused.load(Ordering::Relaxed), 2);
     assert_eq!(counts.over.load(Ordering::Relaxed), 2);
 }
@@ -245,8 +247,8 @@ async fn past_its_bytes_a_body_and_a_tunnel_are_cut_and_the_next_request_refused
         bytes: 16 * 1024,
         ..UNBOUNDED
     };
-    let forwarded = Guard::start(bounded(names, bounds)).await.unwrap();
-    let tunnelled = Guard::start(bounded(names, bounds)).await.unwrap();
+    let forwarded = BrowserProxy::start(bounded(names, bounds)).await.unwrap();
+    let tunnelled = BrowserProxy::start(bounded(names, bounds)).await.unwrap();
 
     let url = format!("http://site.test:{}/big", site.port());
     let body = browser(&forwarded)
@@ -272,39 +274,39 @@ async fn past_its_bytes_a_body_and_a_tunnel_are_cut_and_the_next_request_refused
     );
     assert_eq!(next.as_u16(), 403);
     assert!(through.len() < BIG, "{} bytes came through", through.len());
-    for guard in [&forwarded, &tunnelled] {
-        assert!(guard.counts().over.load(Ordering::Relaxed) >= 1);
+    for proxy in [&forwarded, &tunnelled] {
+        assert!(proxy.counts().over.load(Ordering::Relaxed) >= 1);
     }
 }
 
 #[tokio::test]
 async fn through_its_proxy_a_render_reaches_the_site_and_never_the_proxy_itself() {
     // Arrange: a real proxy (tinyproxy) asking for credentials, its connections from
-    // 127.0.0.3; the guard sends everything through it.
+    // 127.0.0.3; the browser proxy sends everything through it.
     let site = site("http://127.0.0.1:9/".into()).await;
-    let proxy = ForwardProxy::start([127, 0, 0, 3].into(), true).await;
+    let upstream = ForwardProxy::start([127, 0, 0, 3].into(), true).await;
     let pair = format!("{}:{}", forward_proxy::USER, forward_proxy::PASSWORD);
     let basic = base64::engine::general_purpose::STANDARD.encode(pair);
     let via = Upstream {
-        proxy: proxy.addr,
+        proxy: upstream.addr,
         authorization: Some(format!("Basic {basic}").parse().expect("a header value")),
     };
     let rules = Rules {
         via: Some(via),
         ..rules(&[])
     };
-    let guard = Guard::start(rules).await.unwrap();
+    let proxy = BrowserProxy::start(rules).await.unwrap();
 
     // Act
-    let page = browser(&guard)
+    let page = browser(&proxy)
         .get(format!("http://{site}/"))
         .send()
         .await
         .expect("an answer");
     let (status, body) = (page.status().as_u16(), page.text().await.unwrap());
-    let (opened, tunnelled) = connect(&guard, &site.to_string()).await;
-    let at_the_proxy = browser(&guard)
-        .get(format!("http://{}/", proxy.addr))
+    let (opened, tunnelled) = connect(&proxy, &site.to_string()).await;
+    let at_the_proxy = browser(&proxy)
+        .get(format!("http://{}/", upstream.addr))
         .send()
         .await
         .expect("an answer");
@@ -314,7 +316,7 @@ async fn through_its_proxy_a_render_reaches_the_site_and_never_the_proxy_itself(
     assert!(opened.contains(" 200"), "{opened}");
     assert!(tunnelled.ends_with("the page"), "{tunnelled}");
     assert_eq!(at_the_proxy.status().as_u16(), 403);
-    let logged = proxy.requests();
+    let logged = upstream.requests();
     assert!(
         logged.iter().any(|r| r.starts_with("GET http://"))
             && logged.iter().any(|r| r.starts_with("CONNECT ")),

@@ -1,4 +1,4 @@
-//! The renderer as its Lambda function runs it: the worker's pipeline (guard, claim,
+//! The renderer as its Lambda function runs it: the worker's pipeline (proxy, claim,
 //! converge, the ack contract) against the emulator, with politeness at its production
 //! defaults and the browser as the fetcher. A client-rendered page is stored with the text
 //! its script fetched, counted once under a duplicate delivery; a page the site fails is
@@ -17,7 +17,7 @@ use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsVisibility;
 use conveyor_worker::worker::Worker;
 
-use crate::browser::settings;
+use crate::renderer::browser::settings;
 
 type Renderer = Worker<DynamoTaskStore, S3ResultStore, BrowserFetcher, SqsVisibility>;
 
@@ -72,6 +72,12 @@ async fn a_client_rendered_page_is_stored_rendered_and_counted_once_under_a_dupl
         let html = String::from_utf8_lossy(&object.body);
         assert!(html.contains(&rendered_text(name)), "{name}: {html}");
         assert_eq!(object.content_type, RENDERED_TYPE);
+        assert_eq!(
+            task.0.get("rendered").map(|v| v.as_bool().copied()),
+            Some(Ok(true))
+        );
+        let rendering = object.metadata.get("rendered").expect("the object says so");
+        assert!(rendering.starts_with("requests=2 bytes="), "{rendering}");
     }
     assert_eq!(stack.run_counters(JOB, RUN).await, (2, 0, 0));
 }
@@ -102,4 +108,40 @@ async fn a_page_the_site_fails_is_retried_then_fails_with_its_status_on_its_last
     assert_eq!(task.status(), Some("failed"), "{task:?}");
     assert_eq!(task.s("error"), Some("HTTP 503"));
     assert_eq!(stack.run_counters(JOB, RUN).await, (0, 1, 1));
+}
+
+#[tokio::test]
+async fn every_renderer_sample_event_gets_the_reply_the_contract_promises() {
+    // Arrange: the demo's data, as `make run` and `cargo lambda invoke` use it, at the test
+    // pace the worker's sample events run at (its pages share one host).
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    demo::seed(&stack, &site).await;
+    let worker = renderer(&stack, |t| {
+        t.politeness = WorkerTuning::default().politeness
+    });
+    let files = demo::render_event_files().expect("events/renderer/ is readable");
+    assert!(files.len() >= 2, "a page, and a mixed batch");
+
+    // Act and assert: no record of them is retried.
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let event: aws_lambda_events::event::sqs::SqsEvent =
+            serde_json::from_str(&text).expect("an SQS event");
+        let reply = run_batch(&worker, event.records).await;
+        assert!(retried(&reply).is_empty(), "{}: {reply:?}", file.display());
+    }
+    for seed in demo::RENDERED {
+        let task = stack.task_in(seed.job, seed.run, seed.task).await;
+        assert_eq!(
+            task.status(),
+            Some(seed.ends),
+            "{}: {}",
+            seed.task,
+            seed.row
+        );
+    }
+    let page = stack.task_in(demo::JOB, demo::RENDER_RUN, "app-page").await;
+    let key = page.s("result_key").expect("a result key").to_owned();
+    let object = stack.object(&key).await.expect("the stored page");
+    assert!(String::from_utf8_lossy(&object.body).contains(&rendered_text("demo")));
 }

@@ -1,5 +1,5 @@
 //! A real Chromium (Debian's `chromium-headless-shell`, or `CHROMIUM_PATH`) rendering local
-//! sites through the guard: a client-rendered page is taken once its script has written it,
+//! sites through the browser proxy: a client-rendered page is taken once its script has written it,
 //! images are not loaded, every way a page can aim the browser inside reaches no canary, and
 //! a browser that dies is replaced and leaves no process behind.
 
@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use conveyor_renderer::browser_proxy::{Bounds, BrowserProxy, Rules};
 use conveyor_renderer::chromium::{Chromium, Launch};
 use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE, RenderSettings};
-use conveyor_renderer::guard::{Bounds, Guard, Rules};
 use conveyor_renderer::procs;
 use conveyor_testkit::app_site::rendered_text;
 use conveyor_testkit::site::Site;
@@ -20,7 +20,7 @@ use conveyor_worker::domain::model::Page;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use conveyor_worker::scraper::{Ask, FetchError, FetchSettings, Fetcher, HttpFetcher};
 
-use crate::sites::{Table, canary, found, ok, raw_site, udp_canary};
+use crate::renderer::sites::{Table, canary, found, ok, raw_site, udp_canary};
 
 /// Debian's headless Chromium, as `make test` installs it, unless `CHROMIUM_PATH` names
 /// another.
@@ -181,7 +181,7 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary_and_the_page_is_st
     let (named, named_hits) = canary("127.0.0.3").await;
     let (stun, stun_hits) = udp_canary("127.0.0.2").await;
     let port = loopback.port();
-    // Names the guard resolves: inside, to the instance metadata address, to a private range.
+    // Names the browser proxy resolves: inside, to the instance metadata address, to a private range.
     let table = Table::of(&[
         ("site.test", &["127.0.0.1"]),
         ("inside.test", &["127.0.0.3"]),
@@ -264,7 +264,9 @@ async fn a_killed_browser_leaves_no_process_behind() {
         },
         via: None,
     };
-    let refuse_all = Guard::start(refusing).await.expect("a guard");
+    let refuse_all = BrowserProxy::start(refusing)
+        .await
+        .expect("a browser proxy");
     let chromium = Chromium::launch(&launch(), refuse_all.addr())
         .await
         .expect("a browser");
@@ -329,7 +331,10 @@ async fn a_page_asking_for_ten_thousand_requests_is_cut_at_its_bound_and_taken()
 
     assert!(String::from_utf8_lossy(&page.body).contains("flooded"));
     let sent = fetcher.tally.requests.load(Ordering::Relaxed);
-    assert!(sent <= 200, "{sent} requests went through the guard");
+    assert!(
+        sent <= 200,
+        "{sent} requests went through the browser proxy"
+    );
 }
 
 #[tokio::test]

@@ -1,14 +1,14 @@
-//! The egress guard: a forward proxy on loopback through which the browser makes every
+//! The browser proxy: a forward proxy on loopback through which the browser makes every
 //! connection (Chromium's `--proxy-server`). Each request names its target: `CONNECT
 //! host:port` (HTTPS, and WebSockets, which Chromium tunnels) or an absolute `http://` URL.
 //! The target is checked as the plain fetch checks a URL (`scraper::policy`): scheme, port,
 //! credentials, and every address its name resolves to; one refused address refuses the
 //! name. The connection goes to an address that was checked, so the name is not resolved
 //! again between the check and the connection (no DNS rebinding). A redirect is the
-//! browser's next request through the guard, so it is checked the same way. A refused
+//! browser's next request through the browser proxy, so it is checked the same way. A refused
 //! request is answered `403`, counted, and nothing is sent to its target.
 //!
-//! The guard also bounds what one render may ask for ([`Bounds`]): past its requests, a
+//! The browser proxy also bounds what one render may ask for ([`Bounds`]): past its requests, a
 //! request is refused; past its bytes, a new request is refused and a body or tunnel on its
 //! way is cut. Either way [`Counts::over`] says so, for the renderer to stop the page.
 //!
@@ -48,7 +48,7 @@ use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = BoxBody<Bytes, BoxError>;
 
-/// What the guard let through and refused, and the bytes it carried.
+/// What the browser proxy let through and refused, and the bytes it carried.
 #[derive(Debug, Default)]
 pub struct Counts {
     pub allowed: AtomicU64,
@@ -59,7 +59,7 @@ pub struct Counts {
     pub over: AtomicU64,
 }
 
-/// The most one render may ask for through the guard.
+/// The most one render may ask for through the browser proxy.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     pub requests: u64,
@@ -73,7 +73,7 @@ pub struct Upstream {
     pub authorization: Option<HeaderValue>,
 }
 
-/// The guard's rules: which targets may be reached, how names resolve, how much, and
+/// The browser proxy's rules: which targets may be reached, how names resolve, how much, and
 /// through which proxy (none: straight to the site).
 #[derive(Clone)]
 pub struct Rules {
@@ -105,14 +105,14 @@ impl Counts {
     }
 }
 
-/// A guard listening on a loopback port; it stops when dropped.
-pub struct Guard {
+/// A browser proxy listening on a loopback port; it stops when dropped.
+pub struct BrowserProxy {
     addr: SocketAddr,
     counts: Arc<Counts>,
     serving: tokio::task::JoinHandle<()>,
 }
 
-impl Guard {
+impl BrowserProxy {
     /// Listens on an ephemeral port of 127.0.0.1.
     pub async fn start(rules: Rules) -> io::Result<Self> {
         let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
@@ -136,7 +136,7 @@ impl Guard {
     }
 }
 
-impl Drop for Guard {
+impl Drop for BrowserProxy {
     fn drop(&mut self) {
         self.serving.abort();
     }
@@ -157,7 +157,7 @@ async fn serve(listener: TcpListener, rules: Rules, counts: Arc<Counts>) {
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades();
             if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "a browser connection to the guard ended");
+                tracing::debug!(error = %err, "a browser connection to the browser proxy ended");
             }
         });
     }
@@ -430,10 +430,10 @@ fn over(counts: &Counts, why: String) -> Response<Body> {
 /// A refused request: counted, answered `403` with the reason.
 fn refuse(counts: &Counts, why: String) -> Response<Body> {
     counts.refused.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(why = %why, "the egress guard refused a browser request");
+    tracing::info!(why = %why, "the browser proxy refused a browser request");
     answer(
         StatusCode::FORBIDDEN,
-        &format!("refused by the egress guard: {why}"),
+        &format!("refused by the browser proxy: {why}"),
     )
 }
 
