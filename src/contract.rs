@@ -78,6 +78,10 @@ pub enum Outcome {
     /// sent again as a fresh copy, delayed by `delay`, that carries the receive count so far.
     /// The task still gets its last try. This delivery is done.
     SentAgain { delay: Duration },
+    /// The page needs a browser (the job's `render: always`, or `auto` and the page is an
+    /// application shell): the task was sent on to the renderer's queue, with `reason`, and
+    /// its claim given back. The renderer finishes it.
+    HandedOver { reason: String },
     /// Too little time was left before the cutoff to fetch the page and still store it. The
     /// page was not fetched, or the fetch stopped at its deadline. The message is made visible
     /// again at once, for an invocation with time to spare.
@@ -107,6 +111,7 @@ impl Outcome {
             Outcome::NotWanted(_) => Reply::Ack,
             Outcome::WaitCopied { .. } => Reply::Ack,
             Outcome::SentAgain { .. } => Reply::Ack,
+            Outcome::HandedOver { .. } => Reply::Ack,
             Outcome::WaitHeld { .. } => Reply::Retry,
             Outcome::ScrapeTransient { .. } => Reply::Retry,
             Outcome::Store(_) => Reply::Retry,
@@ -133,6 +138,7 @@ impl Outcome {
             Outcome::NotWanted(_) => "not_wanted",
             Outcome::WaitCopied { .. } => "polite_requeued",
             Outcome::SentAgain { .. } => "sent_again",
+            Outcome::HandedOver { .. } => "handed_over",
             Outcome::WaitHeld { .. } => "polite_held",
             Outcome::ScrapeTransient { .. } => "scrape_transient",
             Outcome::Store(_) => "store_error",
@@ -196,6 +202,9 @@ mod tests {
             Outcome::NotWanted(NotWanted::RunNotRunning),
             Outcome::SentAgain {
                 delay: Duration::ZERO,
+            },
+            Outcome::HandedOver {
+                reason: "mount node".into(),
             },
         ];
         for outcome in retried {

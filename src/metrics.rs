@@ -122,6 +122,8 @@ pub struct Tally {
     pub not_wanted: u64,
     /// Acknowledged: the task failed for good (permanent failure, or out of attempts).
     pub failed: u64,
+    /// Acknowledged: the task was sent on to the renderer's queue.
+    pub handed_over: u64,
     /// Reported in `batchItemFailures`, to come back.
     pub retried: u64,
     pub fetch_ms: Vec<f64>,
@@ -148,6 +150,8 @@ pub struct Tally {
     /// Spans the trace exporter could not send since the last invocation's metrics (it
     /// sends after each reply, so a failed export shows in the next invocation's).
     pub trace_spans_dropped: u64,
+    /// The processor's own measures (the renderer's browser): (name, unit, value).
+    pub own: Vec<(&'static str, &'static str, u64)>,
 }
 
 impl Tally {
@@ -198,6 +202,7 @@ impl Tally {
             Outcome::AlreadyTerminal | Outcome::LostRace => &mut self.duplicate_guarded,
             Outcome::Poison(_) => &mut self.poison,
             Outcome::NotWanted(_) => &mut self.not_wanted,
+            Outcome::HandedOver { .. } => &mut self.handed_over,
             _ => &mut self.failed,
         }
     }
@@ -217,6 +222,7 @@ impl Tally {
             ("Poison", self.poison),
             ("NotWanted", self.not_wanted),
             ("FailedPermanently", self.failed),
+            ("HandedOver", self.handed_over),
             ("Retried", self.retried),
             ("Conflicts", self.conflicts),
             ("PoliteHolds", self.polite_holds),
@@ -242,6 +248,11 @@ impl Tally {
             first.push((wire, "Bytes", json!(spend.wire_bytes)));
         }
         first.push(("Blocked", "Count", json!(self.spend.blocks())));
+        first.extend(
+            self.own
+                .iter()
+                .map(|(name, unit, n)| (*name, *unit, json!(n))),
+        );
         let mut latencies = self.fetch_ms.chunks(MAX_VALUES_PER_METRIC);
         if let Some(chunk) = latencies.next() {
             first.push(("FetchLatency", "Milliseconds", json!(chunk)));
@@ -400,6 +411,9 @@ mod tests {
                 booked: None,
                 waits_for: WaitFor::Host,
             },
+            Outcome::HandedOver {
+                reason: "always".into(),
+            },
         ];
         let measures = Measures::default();
         measures.fetched(Duration::from_millis(120));
@@ -430,10 +444,11 @@ mod tests {
         measures.spent(&spend);
         measures.not_modified(2048);
 
-        let tally = Tally::of(&outcomes, measures);
+        let mut tally = Tally::of(&outcomes, measures);
+        tally.own = vec![("Renders", "Count", 3)];
 
         let expected = Tally {
-            records: 12,
+            records: 13,
             succeeded: 2,
             duplicate_guarded: 2,
             poison: 1,
@@ -454,6 +469,8 @@ mod tests {
             robots_paid_bytes: 0,
             spend: spend.plus(&spend),
             trace_spans_dropped: 0,
+            handed_over: 1,
+            own: vec![("Renders", "Count", 3)],
         };
         assert_eq!(tally, expected);
         let document = &tally.documents(&settings(), "r", SystemTime::UNIX_EPOCH)[0];
@@ -466,6 +483,8 @@ mod tests {
             "a block on tier 2 and one direct, twice"
         );
         assert_eq!(document["NotModified"], 1);
+        assert_eq!(document["HandedOver"], 1);
+        assert_eq!(document["Renders"], 3, "the processor's own measures");
         assert_eq!(document["BytesNotFetched"], 2048);
         assert_eq!(document["ShellsStored"], 1);
     }

@@ -30,6 +30,7 @@ DASHBOARD_METRICS = [
     ("conveyor", "Poison"), ("conveyor", "Conflicts"), ("conveyor", "FetchLatency"),
     ("AWS/Lambda", "Errors"), ("AWS/Lambda", "Throttles"), ("AWS/Lambda", "Duration"),
     ("AWS/Lambda", "ConcurrentExecutions"),
+    ("conveyor", "Renders"), ("conveyor", "BrowserLaunches"), ("conveyor", "BrowserProxyRefused"),
 ]
 
 

@@ -46,6 +46,12 @@ pub trait ProcessRecord: Sync {
     fn after_batch(&self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
+
+    /// Metrics of the processor's own, counted since the last batch: (name, unit, value),
+    /// written with the invocation's.
+    fn take_measures(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// What every record of one invocation shares.
@@ -155,7 +161,8 @@ pub async fn run_batch<P: ProcessRecord>(
         );
         response
     });
-    let tally = Tally::of(&outcomes, invocation.measures);
+    let mut tally = Tally::of(&outcomes, invocation.measures);
+    tally.own = processor.take_measures();
     BatchRun { response, tally }
 }
 

@@ -9,6 +9,7 @@
 //! | a copy sent because AWS pushed back, or for a final attempt | as above | the receives used so far, the copy count plus one, when AWS first pushed back (kept from earlier copies); the rest unchanged |
 //! | a copy sent part way through the task's redirects (any of the copies above) | as above | as above, and `hops`: the next URL, the URLs before it, whether it is fetched in full (`domain::hops`) |
 //! | a copy moved to the back of its FIFO group (to wait, or because it is held behind its group, on its second-to-last receive) | as a parked copy | what it carried |
+//! | a task handed over to the renderer (`render: always`, or `auto` and an application shell) | `render_reason` | why (`always`, or the shell rule), and what it carried but a booking; its tries go on |
 //! | `conveyor-ops requeue-failed` | a producer's body (the task's attempts are reset too) | nothing |
 //! | `conveyor-ops redrive --move` | [`Message::redriven`]: the task's fields alone | nothing |
 //! | SQS's own redrive (a message move task) | `copied_at` more than [`REDRIVE_GAP`] before SQS took it | nothing: what it carried is dropped, so its tries start afresh |
@@ -85,6 +86,13 @@ const CARRIED: [&str; 9] = [
     TRIES_SINCE,
     PAID_WAITS,
 ];
+
+/// Why a task was handed over to the renderer: `always`, or the application shell rule its
+/// page met. Set on the renderer's copy only.
+const RENDER_REASON: &str = "render_reason";
+
+/// The longest `render_reason` read, in bytes (a shell rule's bound).
+const MAX_RENDER_REASON: usize = 64;
 
 /// Data contract v3: the run's `counter_shards`, over which its tasks and results spread.
 const SPREAD: &str = "task_shards";
@@ -185,8 +193,32 @@ impl Message {
         .with(Carried::default())
     }
 
+    /// The body of the task handed over to the renderer because of `reason`: what it
+    /// carried (its tries go on) but a booking, which was its host's start for this worker.
+    pub fn handed_over(&self, reason: &str, now: u64) -> String {
+        let carried = Carried {
+            booking: None,
+            copied_at: Some(now),
+            ..self.carried
+        };
+        let mut fields = self.fields_with(carried);
+        fields.insert(RENDER_REASON.into(), reason.into());
+        Value::Object(fields).to_string()
+    }
+
+    /// Why the task was handed over to the renderer, if it was: a text of at most 64 bytes.
+    pub fn render_reason(&self) -> Option<&str> {
+        let reason = self.fields.get(RENDER_REASON)?.as_str()?;
+        (!reason.is_empty() && reason.len() <= MAX_RENDER_REASON).then_some(reason)
+    }
+
     /// The body with the producer's fields as they came and `carried` as the worker's.
     fn with(&self, carried: Carried) -> String {
+        Value::Object(self.fields_with(carried)).to_string()
+    }
+
+    /// The producer's fields as they came and `carried` as the worker's.
+    fn fields_with(&self, carried: Carried) -> Map<String, Value> {
         let mut fields = self.fields.clone();
         for name in CARRIED.into_iter().chain([HOPS]) {
             fields.remove(name);
@@ -215,7 +247,7 @@ impl Message {
                 }
             }
         }
-        Value::Object(fields).to_string()
+        fields
     }
 }
 
@@ -532,6 +564,30 @@ mod tests {
         assert_eq!((written.paid_waits, written.waits), (1, 3));
         assert_eq!(written.polite_since, Some(1_764_745_200_000));
         assert_eq!(read(fixture, None).fields["tenant"], "acme");
+    }
+
+    #[test]
+    fn a_task_handed_over_says_why_keeps_its_tries_and_drops_its_booking() {
+        // Arrange: a copy booked on its host, and the fixture of a handed-over body.
+        let fixture = include_str!("../../tests/fixtures/messages/handed_over.json");
+        let booked = read(BODY, Some(1_000)).parked(Some(9_000), 2_000);
+
+        // Act
+        let handed = read(&booked, Some(2_001)).handed_over("mount node", 3_000);
+        let long = read(BODY, None).handed_over(&"x".repeat(65), 3_000);
+
+        // Assert
+        let handed = read(&handed, Some(3_001));
+        assert_eq!(handed.render_reason(), Some("mount node"));
+        assert_eq!(handed.carried.booking, None);
+        assert_eq!(handed.carried.tries_since, Some(1_000));
+        assert_eq!(handed.carried.waits, 1);
+        assert_eq!(handed.fields["tenant"], "acme");
+        assert_eq!(read(&long, None).render_reason(), None, "over 64 bytes");
+        assert_eq!(read(BODY, None).render_reason(), None);
+        let written = read(fixture, None);
+        assert_eq!(written.render_reason(), Some("mount node"));
+        assert_eq!(written.carried.tries_since, Some(1_764_745_100_000));
     }
 
     #[test]

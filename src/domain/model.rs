@@ -243,6 +243,9 @@ pub struct StoredResult {
     pub shell: Option<crate::domain::shells::ShellRule>,
     /// The stored page was rendered in a browser.
     pub rendered: Option<crate::domain::render::Rendering>,
+    /// Why it was rendered: the reason its task was handed over to the renderer with (the
+    /// delivery's, not kept on the object, so every delivery of the task writes the same).
+    pub render_reason: Option<crate::domain::shells::ShellRule>,
 }
 
 /// Why a task failed, as written on the task.

@@ -3,12 +3,14 @@
 //! default, so a job or task written before these fields existed reads as before. Each value
 //! is checked here; one that is not valid is dropped (the job's reader warns).
 //!
-//! Every file of the rendering feature: here (a job's choice); the application shell rule in
-//! `domain/shells.rs`; the job's fields read in `store/dynamo/jobs.rs` and the task's in
-//! `store/dynamo/tasks/mod.rs`; a stored page checked in `worker/converge/stores.rs`, its
-//! mark kept on the object (`store/s3.rs`, `meta::SHELL`) and on the task
-//! (`store/dynamo/tasks/writes.rs`); the corpus in `tests/fixtures/shells/`; the browser's
-//! egress guard in `crates/renderer/src/guard.rs`.
+//! Every file of the rendering feature: here (a job's choice, and a page's [`Rendering`]);
+//! the application shell rule in `domain/shells.rs`; the job's fields read in
+//! `store/dynamo/jobs.rs` and the task's in `store/dynamo/tasks/mod.rs`; a stored page
+//! checked in `worker/converge/stores.rs`, its marks kept on the object (`store/s3.rs`,
+//! `meta::SHELL`, `meta::RENDERED`) and on the task (`store/dynamo/tasks/writes.rs`); the
+//! job's options handed to the fetcher in `Ask::render` (`scraper/fetcher.rs`); the corpus
+//! in `tests/fixtures/shells/`; the renderer itself in `crates/renderer/` (its map:
+//! `crates/renderer/src/lib.rs`).
 
 use std::time::Duration;
 

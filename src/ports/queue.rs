@@ -45,6 +45,11 @@ impl QueueRef {
         })
     }
 
+    /// Whether it is a FIFO queue (its name ends in `.fifo`, as SQS requires).
+    pub fn is_fifo(&self) -> bool {
+        self.name.ends_with(".fifo")
+    }
+
     /// The queue URL: under `endpoint` when one is configured (a local emulator). Otherwise
     /// under the partition's regional SQS endpoint.
     pub fn url(&self, endpoint: Option<&str>) -> String {

@@ -100,4 +100,13 @@ pub trait Fetcher: Send + Sync {
     fn address_of(&self, _url: &Url) -> impl Future<Output = Option<IpAddr>> + Send {
         async { None }
     }
+
+    /// What this fetcher counted of its own since it was last asked, as metrics: (name,
+    /// unit, value). The renderer's browser has some; the HTTP fetcher none.
+    fn take_measures(&self) -> Vec<OwnMeasure> {
+        Vec::new()
+    }
 }
+
+/// A metric a fetcher counts of its own: its name, its EMF unit, and its value.
+pub type OwnMeasure = (&'static str, &'static str, u64);

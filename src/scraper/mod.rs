@@ -39,7 +39,7 @@ pub use body::CappedBody;
 use egress::Routes;
 use error::refusal_block;
 pub use error::{FetchError, Retry, health_sign};
-pub use fetcher::{Ask, Fetched, Fetcher};
+pub use fetcher::{Ask, Fetched, Fetcher, OwnMeasure};
 
 /// The most bytes on the wire one paid fetch may use, as its proxy bills them. This is the
 /// hold it takes from its run's budget, and where its relay cuts it off. A fetch is one

@@ -378,6 +378,7 @@ fn described(key: &ResultKey, head: &HeadObjectOutput) -> Result<StoredResult, S
         rendered: metadata
             .get(meta::RENDERED)
             .map(|r| Rendering::from_meta(r)),
+        render_reason: None,
     })
 }
 

@@ -8,6 +8,7 @@ use crate::domain::limits::{HostLimits, MAX_SLOTS};
 use crate::domain::proxy::Tiers;
 use crate::polite::robots::{ROBOTS_PAID_BUDGET, agent_token};
 use crate::polite::{Politeness, RobotsPaid};
+use crate::ports::queue::QueueRef;
 
 /// Why the cold start cannot go on.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +78,9 @@ pub struct Config {
     /// Traces by OTLP, one per task (`TRACING`, `TRACE_SAMPLE_RATE`,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`, `TRACE_EXPORT_TIMEOUT_MS`).
     pub tracing: TraceSettings,
+    /// The renderer's queue (`RENDER_QUEUE_ARN`): tasks whose pages need a browser are handed
+    /// over to it. None: every page is fetched plain.
+    pub render_queue: Option<QueueRef>,
 }
 
 /// How traces are sampled and exported. Off: no tracer is installed at all.
@@ -187,6 +191,7 @@ impl Config {
             proxy_session: env.millis("PROXY_SESSION_MS", 600_000)?,
             proxy_refuses_private: env.parsed("PROXY_REFUSES_PRIVATE", false, "true or false")?,
             tracing: env.tracing()?,
+            render_queue: env.queue("RENDER_QUEUE_ARN")?,
         })
     }
 }
@@ -342,6 +347,16 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             name,
             value: self.get(name).unwrap_or_default(),
             expected,
+        }
+    }
+
+    /// A queue named by its ARN, if set.
+    pub fn queue(&self, name: &'static str) -> Result<Option<QueueRef>, ConfigError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(arn) => QueueRef::from_arn(&arn)
+                .map(Some)
+                .ok_or_else(|| self.invalid(name, "an SQS queue ARN")),
         }
     }
 

@@ -78,6 +78,7 @@ impl From<&Config> for RecordSettings {
             proxy_tiers: config.proxies.len(),
             paid_fetch_cap: crate::scraper::most_spent(config.max_body_bytes),
             paid_lease: crate::paid::LEASE,
+            render_queue: config.render_queue.clone(),
         }
     }
 }

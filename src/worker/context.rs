@@ -13,6 +13,7 @@ use crate::domain::model::{DuplicatePolicy, TriesFrom};
 use crate::domain::time::MIN_FETCH;
 use crate::metrics::Measures;
 use crate::polite::Politeness;
+use crate::ports::queue::QueueRef;
 use crate::pushback::backoff::Backoff;
 use crate::pushback::retry::{Patience, RetryPolicy};
 
@@ -45,6 +46,9 @@ pub struct RecordSettings {
     /// How long this sandbox's lease on its paid-tier reservations lasts
     /// ([`crate::paid::LEASE`]).
     pub paid_lease: Duration,
+    /// The renderer's queue, which pages that need a browser are handed over to. None: the
+    /// worker fetches every page plain (and the renderer itself has none).
+    pub render_queue: Option<QueueRef>,
 }
 
 /// One delivery of a task: its message, how many times the message was received, and a

@@ -70,7 +70,9 @@ impl<T: TaskStore> Guard<'_, T> {
             return Err(Outcome::AlreadyTerminal);
         }
         let wanted = self.parents.wanted(self.tasks, task).await?;
-        let wanted = wanted.map_err(Outcome::NotWanted)?;
+        let mut wanted = wanted.map_err(Outcome::NotWanted)?;
+        // The task's own `render` over its job's.
+        wanted.render.render = wanted.render.for_task(current.render);
         let tries = in_tries(ctx.delivery.tries(), current.tries);
         Ok(Guarded {
             url: current.url,

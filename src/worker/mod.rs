@@ -47,6 +47,7 @@ use crate::batch::{Invocation, ProcessRecord};
 use crate::contract::Outcome;
 use crate::domain::hops::Hops;
 use crate::domain::model::TaskStatus;
+use crate::domain::render::Render;
 use crate::paid::PaidAllowances;
 use crate::polite::{Gate, Permit};
 use crate::ports::hosts::HostStore;
@@ -135,6 +136,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             gate: &self.gate,
         };
         let guarded = guard.check(ctx).await?;
+        if let Some(handed) = always_rendered(ctx, &guarded) {
+            return Ok(handed);
+        }
         let (guarded, claim) = match guarded.booked {
             Some(_) => {
                 let claim = claim::booked(ctx, &self.tasks).await?;
@@ -252,7 +256,9 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
             .store_and_finish(ctx, claim.redelivery, scraped)
             .await;
         let unfetched = paid == PaidTurn::NoTime && matches!(outcome, Outcome::NoTimeLeft);
-        match matches!(outcome, Outcome::WaitHeld { .. }) || unfetched {
+        // A shell handed over to the renderer: the renderer's claim is the task's attempt.
+        let handed = matches!(outcome, Outcome::HandedOver { .. });
+        match matches!(outcome, Outcome::WaitHeld { .. }) || unfetched || handed {
             true => self.give_back(ctx, Some(&claim), None, outcome).await,
             false => outcome,
         }
@@ -326,6 +332,17 @@ fn found_by(guarded: Guarded, claim: &Claimed) -> Guarded {
     }
 }
 
+/// A task whose job (or itself) says `render: always` goes to the renderer before any
+/// request, when its queue is known and the task is not there already.
+fn always_rendered(ctx: &Ctx<'_>, guarded: &Guarded) -> Option<Outcome> {
+    let handed = ctx.delivery.message.render_reason().is_some();
+    let queue = ctx.settings.render_queue.is_some();
+    let always = guarded.wanted.render.render == Render::Always;
+    (queue && always && !handed).then(|| Outcome::HandedOver {
+        reason: Render::Always.as_str().to_owned(),
+    })
+}
+
 /// The worker as the batch runs it: each record to its outcome, and the paid-tier bytes
 /// given back after the batch.
 impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visibility> ProcessRecord
@@ -351,5 +368,10 @@ impl<T: TaskStore + HostStore + SpendStore, R: ResultStore, F: Fetcher, V: Visib
     /// Gives the paid-tier bytes reserved and not spent back to their runs.
     async fn after_batch(&self) {
         self.paid.give_back(&self.tasks).await;
+    }
+
+    /// The fetcher's own measures (the renderer's browser).
+    fn take_measures(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.fetcher.take_measures()
     }
 }

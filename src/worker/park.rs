@@ -51,6 +51,7 @@ impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
         outcome: Outcome,
     ) -> Outcome {
         let (message, receives, handoffs) = (&delivery.message, delivery.receives, Some(handoffs));
+        let outcome = self.hand_over(record, message, outcome).await;
         let outcome = self
             .requeue_politely(record, message, outcome, handoffs)
             .await;
@@ -429,6 +430,31 @@ fn copy_name(record: &SqsMessage) -> String {
     ))
 }
 
+impl<T: TaskStore, R: ResultStore, V: Visibility> Park<'_, T, R, V> {
+    /// A task handed over to the renderer: its message, with the reason, sent to the
+    /// renderer's queue, due at once. If the send fails, the record is retried (a store
+    /// error) and hands the task over again.
+    async fn hand_over(&self, record: &SqsMessage, message: &Message, outcome: Outcome) -> Outcome {
+        let (Outcome::HandedOver { reason }, Some(queue)) = (&outcome, &self.settings.render_queue)
+        else {
+            return outcome;
+        };
+        let body = message.handed_over(reason, epoch_millis(SystemTime::now()) as u64);
+        let copy = MessageCopy {
+            // A FIFO render queue takes a deduplication id; a standard one refuses it.
+            deduplication: queue.is_fifo().then(|| copy_name(record)),
+            ..copy_of(record, body, Duration::ZERO)
+        };
+        match self.visibility.requeue(queue, &copy).await {
+            Ok(()) => outcome,
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hand the task over to the renderer");
+                Outcome::Store(err)
+            }
+        }
+    }
+}
+
 /// AWS pushed back (throttled, failed, timed out, unreachable).
 fn pushed_back(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Store(err) if err.fault().is_some_and(StoreFault::is_push_back))
@@ -438,6 +464,9 @@ fn pushed_back(outcome: &Outcome) -> bool {
 fn ends_without_terminal_write(outcome: &Outcome) -> bool {
     matches!(
         outcome,
-        Outcome::ScrapeTransient { .. } | Outcome::Store(_) | Outcome::NoTimeLeft
+        Outcome::ScrapeTransient { .. }
+            | Outcome::Store(_)
+            | Outcome::NoTimeLeft
+            | Outcome::HandedOver { .. }
     )
 }

@@ -11,9 +11,13 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::json;
 
-/// The words an app page shows once its script has run, and only then.
+/// The words an app page shows once its script has run, and only then: more than an
+/// application shell's 80 bytes of text, as a real page's content is.
 pub fn rendered_text(name: &str) -> String {
-    format!("rendered text of {name}")
+    format!(
+        "rendered text of {name}: the names, prices and reviews a client-rendered shop \
+         fetches after its first paint"
+    )
 }
 
 pub(crate) async fn app(

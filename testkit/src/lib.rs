@@ -911,6 +911,9 @@ pub struct WorkerTuning {
     /// How long a sandbox's paid-tier lease lasts (production's 30 minutes by default; a
     /// test of a sandbox that dies holding one shrinks it rather than wait).
     pub paid_lease: Duration,
+    /// The renderer's queue the worker hands pages that need a browser over to (none: all
+    /// fetched plain).
+    pub render_queue: Option<conveyor_worker::ports::queue::QueueRef>,
     /// An interceptor on the worker's DynamoDB client besides the request counter (one that
     /// loses an answer, say).
     pub dynamodb_interceptor: Option<aws_sdk_dynamodb::config::SharedInterceptor>,
@@ -941,6 +944,7 @@ impl WorkerTuning {
             proxy_tiers: self.proxies.len(),
             paid_fetch_cap: conveyor_worker::scraper::most_spent(self.max_body_bytes),
             paid_lease: self.paid_lease,
+            render_queue: self.render_queue.clone(),
         }
     }
 }
@@ -971,6 +975,7 @@ impl Default for WorkerTuning {
             politeness: Politeness::off(),
             proxies: Tiers::default(),
             paid_lease: conveyor_worker::paid::LEASE,
+            render_queue: None,
             dynamodb_interceptor: None,
             proxy_secret: ProxySecret::default(),
         }

@@ -288,6 +288,7 @@ impl ResultStore for MemoryResults {
             not_modified: false,
             shell: new.shell.cloned(),
             rendered: new.page.rendered,
+            render_reason: None,
         };
         objects.insert(new.key.as_str().to_owned(), described);
         Ok(Put::Stored)

@@ -15,7 +15,7 @@ use conveyor_worker::domain::model::Page;
 use conveyor_worker::domain::refresh::Validators;
 use conveyor_worker::domain::render::Rendering;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
-use conveyor_worker::scraper::{Ask, FetchError, Fetched, Fetcher, HttpFetcher};
+use conveyor_worker::scraper::{Ask, FetchError, Fetched, Fetcher, HttpFetcher, OwnMeasure};
 use tokio::sync::Mutex;
 use url::Url;
 
@@ -40,7 +40,7 @@ pub struct RenderSettings {
     pub load_media: bool,
 }
 
-/// What the sandbox's browser has done, for the renderer's metrics.
+/// What the sandbox's browser has done since the last batch, for the renderer's metrics.
 #[derive(Debug, Default)]
 pub struct Tally {
     pub renders: AtomicU64,
@@ -219,6 +219,22 @@ impl Fetcher for BrowserFetcher {
 
     async fn address_of(&self, url: &Url) -> Option<IpAddr> {
         self.plain.address_of(url).await
+    }
+
+    /// The sandbox's browser since the last batch: its renders and what went through their
+    /// browser proxies, and the browsers started and retired. A render's time is the
+    /// invocation's `FetchLatency`.
+    fn take_measures(&self) -> Vec<OwnMeasure> {
+        let take = |counter: &AtomicU64| counter.swap(0, Ordering::Relaxed);
+        let tally = &self.tally;
+        vec![
+            ("Renders", "Count", take(&tally.renders)),
+            ("BrowserLaunches", "Count", take(&tally.launches)),
+            ("BrowsersRetired", "Count", take(&tally.retired)),
+            ("BrowserProxyRequests", "Count", take(&tally.requests)),
+            ("BrowserProxyRefused", "Count", take(&tally.refused)),
+            ("BrowserProxyBytes", "Bytes", take(&tally.bytes)),
+        ]
     }
 }
 

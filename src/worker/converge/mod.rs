@@ -14,6 +14,7 @@ use crate::contract::{Outcome, WaitFor};
 use crate::domain::bounds::Reason;
 use crate::domain::ids::{ResultKey, TaskRef};
 use crate::domain::model::{Counting, Failure, Page};
+use crate::domain::render::Render;
 use crate::domain::shells::shell_rule;
 use crate::domain::spend::Spend;
 use crate::metrics::Measures;
@@ -54,6 +55,7 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
             waited: (delivery.message.carried.paid_waits, delivery.wait_left),
             earlier: scraped.earlier.as_ref(),
             measures: ctx.measures(),
+            shells_to_renderer: shells_to_renderer(ctx, &scraped.wanted),
         };
         let converged = self.converge_page(ctx, &stores, scraped.page, this_try);
         let outcome = converged.await.unwrap_or_else(Outcome::Store);
@@ -105,6 +107,10 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
             }
             (Ok(page), _) => {
                 let shell = shell_rule(&page.content_type, &page.body);
+                if let Some(rule) = shell.as_ref().filter(|_| this_try.shells_to_renderer) {
+                    let reason = rule.as_str().to_owned();
+                    return Ok(Outcome::HandedOver { reason });
+                }
                 let counted = shell.is_some();
                 let converged = stores.succeed(task, key, &page, shell).await?;
                 if converged == (Converged::Succeeded { adopted: false }) {
@@ -175,7 +181,10 @@ impl<T: TaskStore + SpendStore, R: ResultStore> Converge<'_, T, R> {
     ) -> Stores<'a, T, R> {
         let patience = ctx.patience(final_attempt);
         let stores = Stores::new(self.tasks, self.results, patience, wanted.counting);
-        stores.checking(wanted.detection.clone())
+        let reason = ctx.delivery.message.render_reason();
+        stores
+            .checking(wanted.detection.clone())
+            .handed_over(reason)
     }
 
     /// Marks the task's tries as used up. A failure is only logged; the task is then
@@ -225,6 +234,17 @@ struct Try<'a> {
     /// The earlier result a refresh carries forward if the page has not changed.
     earlier: Option<&'a Earlier>,
     measures: &'a Measures,
+    /// An application shell is handed over to the renderer instead of stored.
+    shells_to_renderer: bool,
+}
+
+/// Whether a page that is an application shell goes to the renderer: the job (or task)
+/// says `render: auto`, the renderer's queue is known, and the task was not handed over
+/// already (the renderer has no queue of its own to hand over to).
+fn shells_to_renderer(ctx: &Ctx<'_>, wanted: &Wanted) -> bool {
+    let handed = ctx.delivery.message.render_reason().is_some();
+    let queue = ctx.settings.render_queue.is_some();
+    queue && !handed && wanted.render.render == Render::Auto
 }
 
 /// For a record whose run's paid budget is held elsewhere: a wait for it, growing with its

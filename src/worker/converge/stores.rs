@@ -42,6 +42,9 @@ pub struct Stores<'a, T, R> {
     pub spend: Spend,
     /// The delivery that spent `spend` (its idempotency token).
     pub delivery: String,
+    /// Why the task was handed over to the renderer, if it was: written with a rendered
+    /// result.
+    pub render_reason: Option<ShellRule>,
     /// How the job's pages are checked for block pages. An object stored by another
     /// delivery (or an earlier release) is adopted only if it is not a block page.
     pub detection: Detection,
@@ -58,6 +61,7 @@ impl<'a, T, R> Stores<'a, T, R> {
             counting,
             spend: Spend::default(),
             delivery: String::new(),
+            render_reason: None,
             detection: Detection::default(),
             spend_counted: AtomicBool::new(false),
         }
@@ -70,6 +74,15 @@ impl<'a, T, R> Stores<'a, T, R> {
         Self {
             delivery,
             spend,
+            ..self
+        }
+    }
+
+    /// The stores as a task handed over to the renderer because of `reason` (if it was)
+    /// writes to them: a rendered result's terminal write says why.
+    pub fn handed_over(self, reason: Option<&str>) -> Self {
+        Self {
+            render_reason: reason.map(ShellRule::new),
             ..self
         }
     }
@@ -306,6 +319,16 @@ impl<T: TaskStore, R: ResultStore> Stores<'_, T, R> {
     /// (for example, the producer's item is near its 400 KB limit), it is written again with
     /// only what describes the end state.
     async fn finish(&self, task: &TaskRef, terminal: Terminal) -> Result<Converged, StoreError> {
+        let terminal = match terminal {
+            Terminal::Succeeded(stored) if stored.rendered.is_some() => {
+                let render_reason = self.render_reason.clone();
+                Terminal::Succeeded(StoredResult {
+                    render_reason,
+                    ..stored
+                })
+            }
+            other => other,
+        };
         let written = self.finish_once(task, &terminal).await;
         let (written, terminal) = match written {
             Err(err) if err.is_invalid() => {
@@ -381,6 +404,7 @@ fn described(key: &ResultKey, page: &Page, sha256: &str, shell: Option<ShellRule
         not_modified: false,
         shell,
         rendered: page.rendered,
+        render_reason: None,
     }
 }
 

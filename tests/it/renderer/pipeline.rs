@@ -2,17 +2,23 @@
 //! converge, the ack contract) against the emulator, with politeness at its production
 //! defaults and the browser as the fetcher. A client-rendered page is stored with the text
 //! its script fetched, counted once under a duplicate delivery; a page the site fails is
-//! retried, and fails with its status on its last attempt.
+//! retried, and fails with its status on its last attempt; a browser that cannot start is
+//! our failure. The plain worker hands a task over (`render: always`, or `auto` and a
+//! shell) and the renderer finishes it, once.
 
 use std::sync::Arc;
 
 use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE};
 use conveyor_testkit::app_site::rendered_text;
+use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::Config;
+use conveyor_worker::batch;
 use conveyor_worker::polite::Politeness;
+use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::scraper::HttpFetcher;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::dynamo::{attributes, keys};
 use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsVisibility;
 use conveyor_worker::worker::Worker;
@@ -60,10 +66,20 @@ async fn a_client_rendered_page_is_stored_rendered_and_counted_once_under_a_dupl
 
     // Act
     let records = vec![delivery("shop"), delivery("cart"), delivery("shop")];
-    let reply = run_batch(&worker, records).await;
+    let deadline = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    let run = batch::run_batch(&worker, &records, "request-1", deadline, LIMITS).await;
 
-    // Assert
+    // Assert: stored, marked, counted once; the invocation's metrics count the renders.
+    let reply = run.response;
     assert!(retried(&reply).is_empty(), "{reply:?}");
+    let own = |name: &str| run.tally.own.iter().find(|m| m.0 == name).map(|m| m.2);
+    assert!(own("Renders") >= Some(2), "{:?}", run.tally.own);
+    assert_eq!(own("BrowserLaunches"), Some(1));
+    assert!(
+        own("BrowserProxyRequests") >= Some(4),
+        "{:?}",
+        run.tally.own
+    );
     for name in ["shop", "cart"] {
         let task = stack.task(name).await;
         assert_eq!(task.status(), Some("successful"), "{name}: {task:?}");
@@ -144,4 +160,144 @@ async fn every_renderer_sample_event_gets_the_reply_the_contract_promises() {
     let key = page.s("result_key").expect("a result key").to_owned();
     let object = stack.object(&key).await.expect("the stored page");
     assert!(String::from_utf8_lossy(&object.body).contains(&rendered_text("demo")));
+}
+
+/// The job, active, with `render` set to `choice`.
+async fn job_rendering(stack: &Stack, choice: &str) {
+    let mut item = keys::job_key(&id(JOB));
+    item.insert("status".into(), attributes::s("active"));
+    item.insert("render".into(), attributes::s(choice));
+    stack.put_item(item).await;
+}
+
+/// The plain worker, handing pages that need a browser over to `queue`.
+fn handing_over(stack: &Stack, queue: &Queue) -> TestWorker {
+    let render_queue = QueueRef::from_arn(&queue.arn);
+    stack.worker_with(|t| {
+        t.politeness = production_politeness();
+        t.render_queue = render_queue;
+    })
+}
+
+#[tokio::test]
+async fn a_task_of_a_job_that_always_renders_goes_to_the_renderer_untouched_and_is_rendered_once() {
+    // Arrange: a job that says `render: always`; the worker knows the renderer's queue.
+    let stack = Stack::new().await;
+    job_rendering(&stack, "always").await;
+    stack.put_counted_run(JOB, RUN, 1).await;
+    let site = Site::start().await;
+    stack
+        .put_task("app", &site.url("/app/always"), "pending")
+        .await;
+    let queue = Queue::create(&stack, 30).await;
+
+    // Act: the worker's delivery, then the renderer's of what it handed over.
+    let first = run_batch(&handing_over(&stack, &queue), vec![delivery("app")]).await;
+    let pending = stack.task("app").await;
+    let handed = queue
+        .receive(&stack)
+        .await
+        .expect("a message on the render queue");
+    let second = run_batch(&renderer(&stack, |_| {}), vec![handed.clone()]).await;
+
+    // Assert: no request, no attempt, from the worker; one render, counted once.
+    assert!(retried(&first).is_empty() && retried(&second).is_empty());
+    assert_eq!(
+        (pending.status(), pending.n("attempts")),
+        (Some("pending"), None)
+    );
+    assert!(
+        handed
+            .body
+            .as_deref()
+            .unwrap_or_default()
+            .contains(r#""render_reason":"always""#)
+    );
+    let task = stack.task("app").await;
+    assert_eq!(task.status(), Some("successful"), "{task:?}");
+    assert_eq!(task.s("render_reason"), Some("always"));
+    assert_eq!(task.n("attempts"), Some(1));
+    assert_eq!(site.hits("/app/always"), 1, "fetched by the browser alone");
+    assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 0));
+}
+
+#[tokio::test]
+async fn with_auto_a_shell_goes_to_the_renderer_and_a_page_is_stored_plain() {
+    // Arrange: a job that says `render: auto`: one app shell, one ordinary page.
+    let stack = Stack::new().await;
+    job_rendering(&stack, "auto").await;
+    stack.put_counted_run(JOB, RUN, 2).await;
+    let (shell_site, page_site) = (Site::start().await, Site::start().await);
+    stack
+        .put_task("shell", &shell_site.url("/app/auto"), "pending")
+        .await;
+    stack
+        .put_task("page", &page_site.url("/article/4000"), "pending")
+        .await;
+    let queue = Queue::create(&stack, 30).await;
+
+    // Act
+    let records = vec![delivery("shell"), delivery("page")];
+    let first = run_batch(&handing_over(&stack, &queue), records).await;
+    let shell_then = stack.task("shell").await;
+    let handed = queue
+        .receive(&stack)
+        .await
+        .expect("the shell on the render queue");
+    let second = run_batch(&renderer(&stack, |_| {}), vec![handed]).await;
+
+    // Assert: the page stored plain; the shell fetched once plain, its attempt given back,
+    // then rendered with its rule as the reason; both counted once.
+    assert!(retried(&first).is_empty() && retried(&second).is_empty());
+    assert_eq!(
+        queue.receive(&stack).await.map(|m| m.body),
+        None,
+        "one message only"
+    );
+    let page = stack.task("page").await;
+    assert_eq!(page.status(), Some("successful"));
+    assert_eq!(page.0.get("rendered"), None);
+    assert_eq!(shell_then.n("attempts").unwrap_or(0), 0, "{shell_then:?}");
+    let shell = stack.task("shell").await;
+    assert_eq!(shell.status(), Some("successful"), "{shell:?}");
+    assert_eq!(shell.s("render_reason"), Some("mount node"));
+    assert_eq!(shell.0.get("shell"), None, "the rendered page is no shell");
+    let key = shell.s("result_key").expect("a key").to_owned();
+    let object = stack.object(&key).await.expect("stored");
+    assert!(String::from_utf8_lossy(&object.body).contains(&rendered_text("auto")));
+    assert_eq!(
+        shell_site.hits("/app/auto"),
+        2,
+        "once plain, once in the browser"
+    );
+    assert_eq!(stack.run_counters(JOB, RUN).await, (2, 0, 0));
+}
+
+#[tokio::test]
+async fn a_browser_that_cannot_start_is_our_failure_retried_and_never_the_tasks() {
+    // Arrange: a renderer whose browser is not there, on the task's final attempt.
+    let stack = Stack::new().await;
+    stack.put_job(JOB, "active").await;
+    stack.put_counted_run(JOB, RUN, 1).await;
+    let site = Site::start().await;
+    stack
+        .put_task("app", &site.url("/app/missing"), "pending")
+        .await;
+    let mut broken = settings();
+    broken.launch.executable = "/nonexistent/chromium".into();
+    let worker = stack.worker_fetching(
+        |t| t.politeness = WorkerTuning::default().politeness,
+        |_, (fetch, policy, lookup)| {
+            let plain = HttpFetcher::with_policy(&fetch, policy.clone(), Arc::clone(&lookup))
+                .expect("a client");
+            BrowserFetcher::new(plain, (policy, lookup), broken)
+        },
+    );
+
+    // Act
+    let reply = run_batch(&worker, vec![record("app", &body("app"), 5)]).await;
+
+    // Assert
+    assert_eq!(retried(&reply), vec!["app".to_owned()]);
+    assert_ne!(stack.task("app").await.status(), Some("failed"));
 }

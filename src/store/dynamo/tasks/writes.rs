@@ -218,6 +218,13 @@ fn mark_fields(
         }
         None => remove.push("rendered"),
     }
+    match &r.render_reason {
+        Some(reason) => {
+            set.push("render_reason = :render_reason");
+            values.push((":render_reason", s(reason.as_str())));
+        }
+        None => remove.push("render_reason"),
+    }
 }
 
 /// The operator's re-queue of a failed task: back to pending with a fresh set of tries,
