@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export AWS_EC2_METADATA_DISABLED := true
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: test run stack build bench bench-quick chaos lint lint-rust lint-template function-deps clean tinyproxy nginx chromium
+.PHONY: test run stack build bench bench-quick bench-render chaos lint lint-rust lint-template function-deps clean tinyproxy nginx chromium
 
 ## test: fmt, clippy, the template's linters and rules, and all tests in four groups side by
 ## side, each against a fresh emulator of its own, the template's linters beside them (the
@@ -85,8 +85,9 @@ SEEDS ?= 20
 chaos: $(VENV)/.test tinyproxy nginx
 	MATRIX_RANDOM=$(SEEDS) scripts/with-moto cargo test --locked --test it matrix:: -- --nocapture
 
-## run: the sample events through the function under cargo lambda watch, then a whole run
-run: $(VENV)/.run
+## run: the sample events through both functions under cargo lambda watch (the renderer's
+## with Debian's headless Chromium), then a whole run
+run: $(VENV)/.run chromium
 	scripts/with-moto cargo run --locked --quiet -p xtask --bin demo
 
 ## stack: the local stack kept up for `cargo lambda watch` / `invoke` by hand (Ctrl-C stops)
@@ -106,6 +107,13 @@ bench: build $(VENV)/.test tinyproxy
 	cargo bench --locked --bench pipeline
 	scripts/with-moto target/release/bench
 	target/release/simulate
+	$(MAKE) --no-print-directory bench-render
+
+## bench-render: the renderer beside Crawlee's PuppeteerCrawler (benches/crawlee/, npm ci),
+## 200 client-rendered pages each, into BENCHMARKS.md's renderer section
+bench-render: chromium
+	cargo build --locked --release -p xtask --features render-bench --bin render-bench
+	target/release/render-bench
 
 ## lint: the quick checks alone
 lint: lint-rust lint-template

@@ -128,6 +128,15 @@ impl BrowserFetcher {
         ))
     }
 
+    /// Kills the sandbox's browser with its processes and reaps it, when no page uses it
+    /// (the end of a benchmark; a sandbox's browser otherwise ends with the sandbox).
+    pub async fn close(&self) {
+        let chromium = self.slot.lock().await.chromium.take();
+        if let Some(chromium) = chromium.and_then(|c| Arc::try_unwrap(c).ok()) {
+            chromium.kill().await;
+        }
+    }
+
     /// Retires `broken` if it is still the sandbox's browser. Its processes are killed when
     /// the last page using it lets go of it.
     async fn retire(&self, broken: &Arc<Chromium>) {

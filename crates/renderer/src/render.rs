@@ -7,7 +7,7 @@
 //!
 //! | what happened | result |
 //! |---|---|
-//! | the network went quiet, or `wait_for` showed | the page as it stands |
+//! | `wait_for` showed, or (without one) the network went quiet | the page as it stands |
 //! | the time ran out after the document loaded | the page as it stands (`Ended::TimedOut`) |
 //! | the browser proxy's request or byte bound was reached | the page as it stands (`Ended::OverBounds`) |
 //! | `wait_for` never showed | [`RenderError::NotShown`] |
@@ -226,8 +226,8 @@ impl InFlight {
             .count()
     }
 
-    /// Waits until no request has been in flight for `ask.quiet` (and `wait_for` shows), the
-    /// browser proxy's bounds are reached, or `until`.
+    /// Waits until `wait_for` shows (when the job gave one) or else no request has been in
+    /// flight for `ask.quiet`, the browser proxy's bounds are reached, or `until`.
     async fn settle(
         &mut self,
         page: &Page,
@@ -250,7 +250,10 @@ impl InFlight {
                 Some(selector) => shows(page, selector).await?,
                 None => true,
             };
-            if shown && self.in_flight() == 0 && quiet_since.elapsed() >= ask.quiet {
+            // A page the job said what to wait for is taken once it shows; any other once
+            // its network has been quiet for `quiet`.
+            let quiet = self.in_flight() == 0 && quiet_since.elapsed() >= ask.quiet;
+            if shown && (ask.wait_for.is_some() || quiet) {
                 return Ok(Ended::Settled);
             }
             if Instant::now() >= until {

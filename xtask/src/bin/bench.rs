@@ -137,6 +137,12 @@ async fn main() -> Result<()> {
         Some(kept) => simulation::report::splice(&report(&figures, &sweep), &format!("{kept}\n")),
         None => report(&figures, &sweep),
     };
+    // The renderer's section (`render-bench`) is kept as it was too.
+    let (begin, end) = xtask::RENDER_SECTION;
+    let report = match xtask::section(&old, begin, end) {
+        Some(kept) => xtask::splice(&report, begin, end, &format!("{kept}\n")),
+        None => report,
+    };
     std::fs::write("BENCHMARKS.md", &report)?;
     println!("{report}");
     Ok(())

@@ -1,6 +1,7 @@
 //! `make run`: the worker on the local stack, in two parts. First the whole ack contract:
 //! serves a local site, creates and seeds a table and bucket in the emulator, runs the
-//! function under `cargo lambda watch`, invokes it with every sample event in `events/`, and
+//! functions under `cargo lambda watch`, invokes the worker with every sample event in
+//! `events/` and the renderer with those in `events/renderer/` (a client-rendered page), and
 //! prints what happened to each message and task. Then a whole run as a user makes one: a
 //! list of a few hundred URLs through `conveyor-ops submit`, `poll` and `results`, with its
 //! counters and every invariant checked. Exits non-zero if anything differs from the contract.
@@ -16,7 +17,9 @@ use conveyor_testkit::{Site, Stack};
 use tokio::process::{Child, Command};
 
 const INVOKE_ADDRESS: &str = "127.0.0.1";
+/// The worker's `cargo lambda watch`, and the renderer's (one watch serves one package).
 const INVOKE_PORT: &str = "9123";
+const RENDERER_PORT: &str = "9124";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,8 +31,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log = workspace
         .unwrap_or(Path::new("."))
         .join("target/local-run.log");
-    let function = watch(&stack, &log)?;
-    wait_until_listening().await?;
+    let function = watch(&stack, &log, None)?;
+    wait_until_listening(INVOKE_PORT).await?;
 
     println!("\nconveyor-worker on the local stack");
     println!("  emulator  {}", conveyor_testkit::endpoint());
@@ -39,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut mismatches = 0;
     for file in demo::event_files()? {
         let event: SqsEvent = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
-        let reply = invoke(&file).await?;
+        let reply = invoke(("conveyor-worker", INVOKE_PORT), &file).await?;
         let retried: Vec<_> = reply
             .batch_item_failures
             .iter()
@@ -113,13 +116,70 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     stop(function).await;
-    println!("\nthe function's logs: {}", log.display());
+    let renderer_log = log.with_file_name("local-run-renderer.log");
+    let renderer = watch(&stack, &renderer_log, Some("conveyor-renderer"))?;
+    wait_until_listening(RENDERER_PORT).await?;
+    let differ = rendered(&stack).await;
+    stop(renderer).await;
+    mismatches += differ?;
+    println!(
+        "\nthe functions' logs: {} and {}",
+        log.display(),
+        renderer_log.display()
+    );
     if mismatches > 0 {
         return Err(format!("{mismatches} replies or task states differ from the contract").into());
     }
     println!("\nevery reply and every task state match the ack contract");
 
     whole_run().await
+}
+
+/// The renderer, under the same `cargo lambda watch`, with its sample events: a
+/// client-rendered page stored with the text its script fetched. The number of replies and
+/// task states that differ from the contract.
+async fn rendered(stack: &Stack) -> Result<usize, Box<dyn std::error::Error>> {
+    println!("\nconveyor-renderer: the same pipeline, pages rendered in headless Chromium\n");
+    let mut mismatches = 0;
+    for file in demo::render_event_files()? {
+        let reply = invoke(("conveyor-renderer", RENDERER_PORT), &file).await?;
+        let name = file
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let retried = reply.batch_item_failures.len();
+        mismatches += retried;
+        println!("{name:<28} {retried} retried (the contract: none)");
+    }
+    for seed in demo::RENDERED {
+        let item = stack.task_in(seed.job, seed.run, seed.task).await;
+        let status = item.status().unwrap_or("missing");
+        mismatches += usize::from(status != seed.ends);
+        let marks = match (item.0.contains_key("rendered"), item.s("error")) {
+            (true, _) => "rendered".to_owned(),
+            (false, Some(error)) => format!("error: {error}"),
+            (false, None) => "-".to_owned(),
+        };
+        println!("{:<38} {:<44} {status:<11} {marks}", seed.task, seed.row);
+    }
+    let page = stack.task_in(JOB, demo::RENDER_RUN, "app-page").await;
+    let object = match page.s("result_key") {
+        Some(key) => stack.object(key).await,
+        None => None,
+    };
+    let text = object.map(|o| String::from_utf8_lossy(&o.body).into_owned());
+    let wanted = conveyor_testkit::app_site::rendered_text("demo");
+    match text.as_deref().and_then(|t| t.find(&wanted)) {
+        Some(at) => {
+            println!("\nthe stored page holds what its script fetched: \"{wanted}\" (at byte {at})")
+        }
+        None => {
+            mismatches += 1;
+            println!("\nWRONG: the stored page lacks the text its script fetched");
+        }
+    }
+    Ok(mismatches)
 }
 
 /// The second part: a run as a user makes one. `conveyor-ops submit` turns a list of URLs
@@ -254,17 +314,23 @@ async fn poll_until_drained(
 
 const RUN_TASKS: usize = 300;
 
-/// The function under `cargo lambda watch`, pointed at this stack, logging to `log`.
-fn watch(stack: &Stack, log: &Path) -> std::io::Result<Child> {
+/// A function under `cargo lambda watch`, pointed at this stack, logging to `log`: the
+/// worker, or the renderer (`package`), each on its own port.
+fn watch(stack: &Stack, log: &Path, package: Option<&str>) -> std::io::Result<Child> {
     let log = std::fs::File::create(log)?;
+    let port = if package.is_some() {
+        RENDERER_PORT
+    } else {
+        INVOKE_PORT
+    };
+    let package: &[&str] = match package {
+        Some(package) => &["--package", package],
+        None => &[],
+    };
     Command::new("cargo")
         .args(["lambda", "watch", "--quiet", "--ignore-changes"])
-        .args([
-            "--invoke-address",
-            INVOKE_ADDRESS,
-            "--invoke-port",
-            INVOKE_PORT,
-        ])
+        .args(package)
+        .args(["--invoke-address", INVOKE_ADDRESS, "--invoke-port", port])
         // Without host limits: each sample event's reply is checked against its contract row,
         // which a host's rate would turn into a polite wait for records of one host.
         .envs(scenario::unlimited_env(stack))
@@ -293,8 +359,8 @@ async fn stop(mut function: Child) {
 }
 
 /// `cargo lambda watch` takes a moment to bind; the first invoke then builds the function.
-async fn wait_until_listening() -> Result<(), Box<dyn std::error::Error>> {
-    let address = format!("{INVOKE_ADDRESS}:{INVOKE_PORT}");
+async fn wait_until_listening(port: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let address = format!("{INVOKE_ADDRESS}:{port}");
     for _ in 0..600 {
         if tokio::net::TcpStream::connect(&address).await.is_ok() {
             return Ok(());
@@ -304,15 +370,15 @@ async fn wait_until_listening() -> Result<(), Box<dyn std::error::Error>> {
     Err(format!("cargo lambda watch did not listen on {address} within a minute").into())
 }
 
-async fn invoke(file: &Path) -> Result<SqsBatchResponse, Box<dyn std::error::Error>> {
+/// `cargo lambda invoke` of `function` (the worker or the renderer) on the port of its
+/// watch, with the event in `file`.
+async fn invoke(
+    (function, port): (&str, &str),
+    file: &Path,
+) -> Result<SqsBatchResponse, Box<dyn std::error::Error>> {
     let out = Command::new("cargo")
-        .args(["lambda", "invoke", "conveyor-worker"])
-        .args([
-            "--invoke-address",
-            INVOKE_ADDRESS,
-            "--invoke-port",
-            INVOKE_PORT,
-        ])
+        .args(["lambda", "invoke", function])
+        .args(["--invoke-address", INVOKE_ADDRESS, "--invoke-port", port])
         .args(["--output-format", "json", "--data-file"])
         .arg(file)
         .stdin(Stdio::null())
