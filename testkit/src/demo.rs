@@ -164,47 +164,66 @@ pub const TASKS: &[Seed] = &[
 pub const RENDER_RUN: &str = "render-run";
 
 pub const RENDERED: &[Seed] = &[
-    Seed {
-        run: RENDER_RUN,
-        ..task(
-            "app-page",
-            "/app/demo",
-            "pending",
-            "rendered: stored as its script wrote it",
-            "successful",
-        )
-    },
-    Seed {
-        run: RENDER_RUN,
-        ..task(
-            "app-mixed",
-            "/app/mixed",
-            "pending",
-            "rendered: stored as its script wrote it",
-            "successful",
-        )
-    },
-    Seed {
-        run: RENDER_RUN,
-        ..task(
-            "app-404",
-            "/status/404",
-            "pending",
-            "HTTP 404: failed for good",
-            "failed",
-        )
-    },
-    Seed {
-        run: RENDER_RUN,
-        ..task(
-            "app-done",
-            "/app/done",
-            "successful",
-            "terminal: one read, no work",
-            "successful",
-        )
-    },
+    rendered(
+        "app-page",
+        "/app/demo",
+        "pending",
+        "rendered: stored as its script wrote it",
+        "successful",
+    ),
+    rendered(
+        "app-mixed",
+        "/app/mixed",
+        "pending",
+        "rendered: stored as its script wrote it",
+        "successful",
+    ),
+    rendered(
+        "app-404",
+        "/status/404",
+        "pending",
+        "HTTP 404: failed for good",
+        "failed",
+    ),
+    rendered(
+        "app-done",
+        "/app/done",
+        "successful",
+        "terminal: one read, no work",
+        "successful",
+    ),
 ];
+
+/// A task of the renderer's run ([`RENDER_RUN`]).
+const fn rendered(
+    name: &'static str,
+    url: &'static str,
+    status: &'static str,
+    row: &'static str,
+    ends: &'static str,
+) -> Seed {
+    Seed {
+        run: RENDER_RUN,
+        ..task(name, url, status, row, ends)
+    }
+}
+
+/// The seeds of `seeds` whose tasks did not end as their contract row says: each with the
+/// status it has.
+pub async fn ended_otherwise(stack: &Stack, seeds: &[Seed]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for seed in seeds {
+        let task = stack.task_in(seed.job, seed.run, seed.task).await;
+        let status = task.status().unwrap_or("missing");
+        if status != seed.ends {
+            wrong.push(format!(
+                "{}: {status}, not {} ({})",
+                seed.task, seed.ends, seed.row
+            ));
+        }
+    }
+    wrong
+}
 
 /// The only messages the contract redelivers in the sample events.
 pub const RETRIED: &[&str] = &["msg-unavailable", "mix-transient"];

@@ -422,15 +422,12 @@ impl Stack {
             .build();
         let bucket = tuning.bucket.clone().unwrap_or_else(|| self.bucket.clone());
         let settings = FetchSettings {
-            connect_timeout: Duration::from_secs(2),
             max_body_bytes: tuning.max_body_bytes,
-            user_agent: "conveyor-worker-tests".into(),
             allow_private_networks: tuning.allow_private_networks,
-            allowed_ports: None,
             proxies: tuning.proxies.clone(),
-            proxy_session: Duration::from_secs(600),
             proxy_refuses_private: tuning.proxy_refuses_private,
             extra_roots: tuning.extra_roots.clone(),
+            ..direct_fetch_settings()
         };
         let policy = AddressPolicy::new(tuning.allow_private_networks, None)
             .trusting(tuning.trusted.iter().copied());
@@ -1086,6 +1083,23 @@ pub fn task_ref_in(job: &str, run: &str, task: &str) -> TaskRef {
 /// An id a test names (valid by construction).
 pub fn id(raw: &str) -> Id {
     Id::parse(raw).unwrap_or_else(|e| panic!("{raw:?} {e}"))
+}
+
+/// A direct fetch's settings for tests and tools: a 2 s connect bound, pages of at most
+/// [`MAX_BODY_BYTES`], no proxies, only public addresses (a test trusts its site's address
+/// in its policy).
+pub fn direct_fetch_settings() -> FetchSettings {
+    FetchSettings {
+        connect_timeout: Duration::from_secs(2),
+        max_body_bytes: MAX_BODY_BYTES,
+        user_agent: "conveyor-worker-tests".into(),
+        allow_private_networks: false,
+        allowed_ports: None,
+        proxies: Tiers::default(),
+        proxy_session: Duration::from_secs(600),
+        proxy_refuses_private: false,
+        extra_roots: Vec::new(),
+    }
 }
 
 /// A first delivery of `task`, with the task id as message id.

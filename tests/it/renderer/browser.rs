@@ -15,10 +15,11 @@ use conveyor_renderer::chromium::{Chromium, Launch};
 use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE, RenderSettings};
 use conveyor_renderer::procs;
 use conveyor_testkit::app_site::rendered_text;
+use conveyor_testkit::direct_fetch_settings;
 use conveyor_testkit::site::Site;
 use conveyor_worker::domain::model::Page;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
-use conveyor_worker::scraper::{Ask, FetchError, FetchSettings, Fetcher, HttpFetcher};
+use conveyor_worker::scraper::{Ask, FetchError, Fetcher, HttpFetcher};
 
 use crate::renderer::sites::{Table, canary, found, ok, raw_site, udp_canary};
 
@@ -59,17 +60,7 @@ fn policy() -> AddressPolicy {
 }
 
 fn fetcher(lookup: Arc<dyn Lookup>, settings: RenderSettings) -> BrowserFetcher {
-    let plain = FetchSettings {
-        connect_timeout: Duration::from_secs(2),
-        max_body_bytes: 4 << 20,
-        user_agent: "conveyor-renderer-tests".into(),
-        allow_private_networks: false,
-        allowed_ports: None,
-        proxies: Default::default(),
-        proxy_session: Duration::from_secs(60),
-        proxy_refuses_private: false,
-        extra_roots: Vec::new(),
-    };
+    let plain = direct_fetch_settings();
     let plain = HttpFetcher::with_policy(&plain, policy(), Arc::clone(&lookup)).expect("a client");
     BrowserFetcher::new(plain, (policy(), lookup), settings)
 }

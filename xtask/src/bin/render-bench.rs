@@ -18,7 +18,7 @@ use conveyor_testkit::Site;
 use conveyor_testkit::app_site::rendered_text;
 use conveyor_worker::domain::render::{RenderOptions, Selector};
 use conveyor_worker::scraper::policy::{AddressPolicy, SystemLookup};
-use conveyor_worker::scraper::{Ask, FetchSettings, Fetcher, HttpFetcher};
+use conveyor_worker::scraper::{Ask, Fetcher, HttpFetcher};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use xtask::trees;
@@ -112,17 +112,7 @@ async fn ours(urls: &[String], started: Instant) -> Result<Value> {
 
 fn fetcher() -> Result<BrowserFetcher> {
     let policy = AddressPolicy::new(false, None).trusting(["127.0.0.1".parse()?]);
-    let plain = FetchSettings {
-        connect_timeout: Duration::from_secs(5),
-        max_body_bytes: 10 << 20,
-        user_agent: "conveyor-render-bench".into(),
-        allow_private_networks: false,
-        allowed_ports: None,
-        proxies: Default::default(),
-        proxy_session: Duration::from_secs(60),
-        proxy_refuses_private: false,
-        extra_roots: Vec::new(),
-    };
+    let plain = conveyor_testkit::direct_fetch_settings();
     let lookup = Arc::new(SystemLookup);
     let plain = HttpFetcher::with_policy(&plain, policy.clone(), lookup.clone())?;
     let settings = RenderSettings::from_env(10 << 20)?;
