@@ -13,6 +13,7 @@ use tracing::Instrument;
 use url::Url;
 
 use super::answers::{answered, maker, transport_failure};
+use super::climb::climb;
 use super::own_proxies::{OwnProxies, literal};
 use super::reuse::Answered;
 use super::route::Route;
@@ -26,11 +27,7 @@ use crate::domain::blocks::Detection;
 use crate::domain::model::Page;
 use crate::domain::proxy::{ProxyAddr, ProxySecret, sticky};
 use crate::domain::refresh::Validators;
-use crate::domain::spend::{Spend, TierSpend};
-
-/// The reason a task fails when only the paid tier could fetch it and the run's budget for
-/// that tier is spent.
-pub const PAID_TIER_SPENT: &str = "the run's budget for the paid proxy tier is spent";
+use crate::domain::spend::TierSpend;
 
 /// The most of an error or redirect body read (and metered) before the connection is let go.
 pub(super) const DRAIN_BYTES: usize = 64 * 1024;
@@ -82,56 +79,26 @@ impl Routes {
         })
     }
 
-    /// Tries the tiers in order while the response looks like a block, within the fetch's
-    /// time.
+    /// Tries the tiers in order while the response looks like a block (`climb`), within
+    /// the fetch's time.
     pub(super) async fn fetch(&self, fetcher: &HttpFetcher, url: Url, ask: Ask<'_>) -> Fetched {
         if let Err(refused) = self.check_target(&url).await {
             return Fetched::unspent(Err(refused.failure()));
         }
-        let usable = self.tiers.len() - usize::from(!ask.paid_tier);
-        let withheld = usable < self.tiers.len();
         let host = url.host_str().unwrap_or_default().to_owned();
-        let (started, mut spend) = (Instant::now(), Spend::default());
-        let mut tier = ask.first_tier.max(1);
-        while let Some(route) = self.route(tier, &host).filter(|_| tier <= usable) {
-            let left = ask.time.saturating_sub(started.elapsed());
-            let hop = spans::hop(tier);
-            let via = self.via(fetcher, route, url.clone(), (left, ask));
-            let (page, mut meter) = via.instrument(hop.clone()).await;
-            spans::ended(&hop, &page);
-            meter.blocks = u64::from(page.as_ref().is_err_and(|e| e.block.is_some()));
-            spend.add(tier, meter);
-            match page {
-                Err(err) if err.blocked && tier < usable => {
-                    let proxy = route.addr.label();
-                    tracing::info!(tier, %proxy, reason = %err.reason, "blocked: the next tier");
-                }
-                Err(err) if err.blocked && withheld => {
-                    let reason = format!("{}; {PAID_TIER_SPENT}", err.reason);
-                    let page = Err(FetchError { reason, ..err });
-                    return Fetched {
-                        page,
-                        spend,
-                        wants_paid_tier: true,
-                    };
-                }
-                page => {
-                    return Fetched {
-                        page,
-                        spend,
-                        wants_paid_tier: false,
-                    };
-                }
-            }
-            tier += 1;
-        }
-        // No tier could be asked, because the only tier there is, is the paid one.
-        let page = Err(FetchError::permanent(PAID_TIER_SPENT));
-        Fetched {
-            page,
-            spend,
-            wants_paid_tier: withheld,
-        }
+        let (started, url) = (Instant::now(), &url);
+        climb(self.tiers.len(), &ask, |tier| {
+            let route = self.route(tier, &host)?;
+            Some(async move {
+                let left = ask.time.saturating_sub(started.elapsed());
+                let hop = spans::hop(tier);
+                let via = self.via(fetcher, route, url.clone(), (left, ask));
+                let (page, meter) = via.instrument(hop.clone()).await;
+                spans::ended(&hop, &page);
+                (page, meter)
+            })
+        })
+        .await
     }
 
     /// The proxy in `tier` (1-based) that `host` currently sticks to.

@@ -6,6 +6,7 @@
 mod answers;
 mod body;
 mod classify;
+pub mod climb;
 mod egress;
 mod error;
 mod fetcher;

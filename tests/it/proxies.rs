@@ -21,10 +21,10 @@ use crate::ops::{ops, succeeded};
 use crate::polite_defaults::production_defaults;
 
 /// The egress addresses of the tiers: a datacenter pool, then a residential one.
-const DATACENTER: [u8; 4] = [127, 0, 0, 3];
-const RESIDENTIAL: [u8; 4] = [127, 0, 0, 4];
+pub(crate) const DATACENTER: [u8; 4] = [127, 0, 0, 3];
+pub(crate) const RESIDENTIAL: [u8; 4] = [127, 0, 0, 4];
 
-fn credentials() -> String {
+pub(crate) fn credentials() -> String {
     serde_json::json!({ "username": USER, "password": PASSWORD }).to_string()
 }
 
@@ -39,7 +39,7 @@ pub(crate) fn proxied(stack: &Stack, tiers: &[String], secret: Option<&str>) -> 
 }
 
 /// The run's spend through `tier`: requests and bytes.
-async fn spend(stack: &Stack, tier: usize) -> (Option<u64>, Option<u64>) {
+pub(crate) async fn spend(stack: &Stack, tier: usize) -> (Option<u64>, Option<u64>) {
     let run = stack.run_item(JOB, RUN).await;
     let requests = run.n(&format!("proxy_requests_t{tier}"));
     (requests, run.n(&format!("proxy_bytes_t{tier}")))

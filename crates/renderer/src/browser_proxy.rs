@@ -15,16 +15,15 @@
 //! With an [`Upstream`] (the render's proxy tier), every allowed request goes on through
 //! that proxy, with its credentials: a tunnel by the proxy's own `CONNECT`, a plain request
 //! in absolute form. The target is still checked here first, and the proxy itself is never
-//! a target.
-//!
-//! Not yet here (issue #53): choosing the tier and climbing to the next on a block, and the
-//! host's politeness for the document's request.
+//! a target. When the proxy gives no connection, refuses a tunnel or asks for credentials,
+//! [`Counts::proxy_failed`] says so: the renderer then blames the proxy, not the site, as
+//! the plain fetch does. Which tier a render goes through is the fetcher's choice.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -57,6 +56,19 @@ pub struct Counts {
     pub bytes: AtomicU64,
     /// Requests refused or bytes cut for the render's bounds: the page asked for too much.
     pub over: AtomicU64,
+    /// The upstream proxy's first failure to give a connection, if it failed.
+    pub proxy_failed: OnceLock<ProxyFailure>,
+}
+
+/// How the upstream proxy failed a request of the browser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyFailure {
+    /// No connection to the proxy.
+    NoConnection,
+    /// The proxy answered a `CONNECT` with an error.
+    TunnelRefused,
+    /// The proxy asked for credentials (`407`).
+    AuthRequired,
 }
 
 /// The most one render may ask for through the browser proxy.
@@ -188,8 +200,16 @@ async fn handle(
         let why = format!("the render's {} requests are used up", bounds.requests);
         return Ok(over(&counts, why));
     }
-    let Ok(site) = open(&rules, &req, &target, addr).await else {
-        return Ok(answer(StatusCode::BAD_GATEWAY, "the site did not answer"));
+    let site = match open(&rules, &req, &target, addr).await {
+        Ok(site) => site,
+        Err(Opening::Site) => return Ok(answer(StatusCode::BAD_GATEWAY, "no connection")),
+        Err(Opening::Proxy(failure)) => {
+            let _ = counts.proxy_failed.set(failure);
+            return Ok(answer(
+                StatusCode::BAD_GATEWAY,
+                "the proxy gave no connection",
+            ));
+        }
     };
     if req.method() == Method::CONNECT {
         tunnel(req, site, counts, rules.bounds.bytes);
@@ -197,6 +217,21 @@ async fn handle(
     }
     forward(req, site, &rules.via, counts, rules.bounds.bytes).await
 }
+
+/// Why a request got no connection: the site's address did not answer, or the upstream
+/// proxy failed.
+enum Opening {
+    Site,
+    Proxy(ProxyFailure),
+}
+
+/// No connection to the upstream proxy, whatever the error was.
+fn no_connection<E>(_: E) -> Opening {
+    Opening::Proxy(ProxyFailure::NoConnection)
+}
+
+/// The tunnel's error type, as hyper-util names it through its `Service` impl.
+type TunnelError = <Tunnel<HttpConnector> as Service<Uri>>::Error;
 
 /// The connection a request goes on by: to the site's checked address; through the
 /// upstream proxy, a tunnel it opened to the target (a `CONNECT`) or a connection to it (a
@@ -206,29 +241,34 @@ async fn open(
     req: &Request<Incoming>,
     target: &Url,
     addr: SocketAddr,
-) -> io::Result<TcpStream> {
+) -> Result<TcpStream, Opening> {
     let Some(upstream) = &rules.via else {
-        return TcpStream::connect(addr).await;
+        return TcpStream::connect(addr).await.map_err(|_| Opening::Site);
     };
     if req.method() != Method::CONNECT {
-        return TcpStream::connect(upstream.proxy).await;
+        return TcpStream::connect(upstream.proxy)
+            .await
+            .map_err(no_connection);
     }
+    // An http proxy's address, and a target's host and port, always make a URI.
     let proxy: Uri = format!("http://{}", upstream.proxy)
         .parse()
-        .map_err(io::Error::other)?;
+        .map_err(no_connection)?;
     let mut tunnel = Tunnel::new(proxy, HttpConnector::new());
     if let Some(authorization) = &upstream.authorization {
         tunnel = tunnel.with_auth(authorization.clone());
     }
     let authority = target.host_str().zip(target.port_or_known_default());
-    let (host, port) = authority.ok_or_else(|| io::Error::other("no host"))?;
+    let (host, port) = authority.ok_or(Opening::Site)?;
     let dst: Uri = format!("https://{host}:{port}")
         .parse()
-        .map_err(io::Error::other)?;
-    let opened = Service::call(&mut tunnel, dst)
-        .await
-        .map_err(io::Error::other)?;
-    Ok(opened.into_inner())
+        .map_err(|_| Opening::Site)?;
+    match Service::call(&mut tunnel, dst).await {
+        Ok(opened) => Ok(opened.into_inner()),
+        Err(TunnelError::ProxyAuthRequired) => Err(Opening::Proxy(ProxyFailure::AuthRequired)),
+        Err(TunnelError::ConnectFailed(_)) => Err(Opening::Proxy(ProxyFailure::NoConnection)),
+        Err(_) => Err(Opening::Proxy(ProxyFailure::TunnelRefused)),
+    }
 }
 
 /// The URL a request names: `https://host:port/` for a `CONNECT`, else its absolute URI.

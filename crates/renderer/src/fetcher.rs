@@ -2,26 +2,38 @@
 //! rendered in Chromium; robots.txt, and every check made before a request, go to the plain
 //! fetcher, as in the worker. One browser serves the sandbox's pages, each in a context of its
 //! own. It is retired after `pages_per_browser` pages, past `max_resident_bytes`, or when it
-//! fails, and the next page starts a new one.
+//! fails, and the next page starts a new one. With proxy tiers, a page's requests go through
+//! the proxy its host sticks to, and a block climbs to the next tier, as a plain fetch does
+//! (`scraper::climb`); the paid tier's hold bounds the render's bytes.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use conveyor_worker::domain::bounds::{ContentType, UrlText};
 use conveyor_worker::domain::model::Page;
+use conveyor_worker::domain::proxy::{ProxyAddr, ProxySecret, Tiers, sticky};
 use conveyor_worker::domain::refresh::Validators;
 use conveyor_worker::domain::render::Rendering;
+use conveyor_worker::domain::spend::TierSpend;
+use conveyor_worker::scraper::climb::climb;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
-use conveyor_worker::scraper::{Ask, FetchError, Fetched, Fetcher, HttpFetcher, OwnMeasure};
+use conveyor_worker::scraper::{
+    Ask, FetchError, FetchSettings, Fetched, Fetcher, HttpFetcher, OwnMeasure,
+};
+use conveyor_worker::wiring::config::ConfigError;
+use hyper::header::HeaderValue;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use url::Url;
 
-use crate::browser_proxy::{Bounds, BrowserProxy, Rules};
+use crate::browser_proxy::{Bounds, BrowserProxy, ProxyFailure, Rules, Upstream};
 use crate::chromium::{Chromium, Launch, LaunchError};
-use crate::render::{RenderAsk, RenderError, Rendered, render};
+use crate::render::{RenderAsk, RenderError, Rendered, Used, render};
 
 /// The renderer's settings, from its configuration (`settings.rs`).
 #[derive(Debug, Clone)]
@@ -66,6 +78,8 @@ pub struct BrowserFetcher {
     policy: Arc<AddressPolicy>,
     lookup: Arc<dyn Lookup>,
     settings: RenderSettings,
+    /// The proxy tiers (none: pages go direct), their credentials and session length.
+    proxies: (Tiers, ProxySecret, Duration),
     slot: Mutex<Slot>,
     pub tally: Arc<Tally>,
 }
@@ -89,6 +103,7 @@ impl BrowserFetcher {
             policy: Arc::new(policy),
             lookup,
             settings,
+            proxies: (Tiers::default(), ProxySecret::default(), Duration::ZERO),
             slot: Mutex::new(Slot {
                 chromium: None,
                 pages: 0,
@@ -96,6 +111,24 @@ impl BrowserFetcher {
             }),
             tally: Arc::default(),
         }
+    }
+
+    /// Sends every page through the settings' proxy tiers, with the secret's credentials. The
+    /// browser proxy speaks plain HTTP to a proxy: an `https://` proxy is refused here, at the
+    /// cold start.
+    pub fn with_proxies(
+        mut self,
+        fetch: &FetchSettings,
+        secret: &ProxySecret,
+    ) -> Result<Self, ConfigError> {
+        let mut tiers = fetch.proxies.iter();
+        if let Some((tier, _)) = tiers.find(|(_, p)| p.iter().any(|p| p.url().scheme() != "http")) {
+            let why =
+                format!("tier {tier} has an https proxy; the renderer reaches http ones only");
+            return Err(ConfigError::Proxies(why));
+        }
+        self.proxies = (fetch.proxies.clone(), secret.clone(), fetch.proxy_session);
+        Ok(self)
     }
 
     /// The sandbox's browser, started (or replaced) when there is none fit to use.
@@ -160,6 +193,40 @@ impl BrowserFetcher {
         }
     }
 
+    /// The proxy of `tier` that `host` sticks to now, as the plain fetch picks it.
+    fn proxy_of(&self, tier: usize, host: &str) -> Option<(usize, &ProxyAddr)> {
+        let (tiers, _, session) = &self.proxies;
+        let (_, proxies) = tiers.iter().nth(tier.checked_sub(1)?)?;
+        let picked = sticky(host, proxies, SystemTime::now(), *session);
+        Some((tier, proxies.get(picked)?))
+    }
+
+    /// Where the browser proxy sends a page's requests through `proxy`, with its credentials.
+    /// A proxy's name is resolved here; it is configuration, not a page's.
+    async fn upstream(&self, (tier, proxy): (usize, &ProxyAddr)) -> Result<Upstream, FetchError> {
+        let url = proxy.url();
+        let port = url.port_or_known_default().unwrap_or(80);
+        let host = url.host_str().unwrap_or_default().trim_matches(['[', ']']);
+        let found = tokio::net::lookup_host((host, port)).await.ok();
+        let Some(addr) = found.and_then(|mut addrs| addrs.next()) else {
+            let down = FetchError::ours(format!("proxy {}: does not resolve", proxy.label()));
+            return Err(FetchError {
+                blocked: true,
+                ..down
+            });
+        };
+        let credentials = self.proxies.1.for_proxy(tier, proxy);
+        let authorization = credentials.map(|c| {
+            let token = BASE64.encode(format!("{}:{}", c.username, c.password));
+            // Base64 is printable ASCII, always a valid header value.
+            HeaderValue::from_str(&format!("Basic {token}")).expect("base64 is a header value")
+        });
+        Ok(Upstream {
+            proxy: addr,
+            authorization,
+        })
+    }
+
     fn refusing(&self) -> Rules {
         let bounds = Bounds {
             requests: 0,
@@ -171,15 +238,42 @@ impl BrowserFetcher {
         }
     }
 
-    async fn rendered(&self, url: &Url, ask: Ask<'_>) -> Result<Page, FetchError> {
-        let chromium = self
-            .browser()
-            .await
-            .map_err(|e| FetchError::ours(e.to_string()))?;
+    /// Renders `url` through `via` (none: direct), and says what went through the browser
+    /// proxy. The paid tier's hold bounds the render's bytes.
+    async fn rendered(
+        &self,
+        url: &Url,
+        ask: Ask<'_>,
+        via: Option<Upstream>,
+    ) -> (Result<Page, FetchError>, Used) {
+        let chromium = match self.browser().await {
+            Ok(chromium) => chromium,
+            Err(e) => return (Err(FetchError::ours(e.to_string())), Used::default()),
+        };
+        let mut rules = Rules {
+            via,
+            ..self.rules()
+        };
+        rules.bounds.bytes = rules.bounds.bytes.min(ask.wire_most.unwrap_or(u64::MAX));
+        let (rendered, used) = render(&chromium, rules, &self.render_ask(url, &ask)).await;
+        if let Err(RenderError::Browser(_)) = &rendered {
+            self.retire(&chromium).await;
+        }
+        self.tally.count(&used, rendered.is_ok());
+        let page = match rendered {
+            Ok(rendered) => page_of(url, rendered, (&ask, &used)),
+            Err(err) => Err(failure(err)),
+        };
+        (page.map_err(|err| blamed(err, &used)), used)
+    }
+
+    /// What the render of `url` may use: the job's options within the fetch's time, and the
+    /// settings' bounds.
+    fn render_ask<'a>(&self, url: &'a Url, ask: &Ask<'a>) -> RenderAsk<'a> {
         let options = ask.render;
         // The job's own time for a render, within what the fetch may take.
         let job_time = options.and_then(|o| o.timeout).unwrap_or(ask.time);
-        let render_ask = RenderAsk {
+        RenderAsk {
             url: url.as_str(),
             time: ask.time.min(job_time),
             wait_for: options
@@ -189,23 +283,46 @@ impl BrowserFetcher {
             max_elements: self.settings.max_elements,
             max_html_bytes: self.settings.max_html_bytes,
             load_media: self.settings.load_media,
-        };
-        let rendered = render(&chromium, self.rules(), &render_ask).await;
-        if let Err(RenderError::Browser(_)) = &rendered {
-            self.retire(&chromium).await;
         }
-        let rendered = rendered.map_err(failure)?;
-        self.tally.renders.fetch_add(1, Ordering::Relaxed);
-        self.tally
-            .requests
-            .fetch_add(rendered.requests, Ordering::Relaxed);
-        self.tally
-            .refused
-            .fetch_add(rendered.refused, Ordering::Relaxed);
-        self.tally
-            .bytes
-            .fetch_add(rendered.bytes, Ordering::Relaxed);
-        page_of(url, rendered, ask)
+    }
+
+    /// A render through each proxy tier in turn while the page is a block, as `climb` does
+    /// for a plain fetch.
+    async fn through_tiers(&self, url: &Url, ask: Ask<'_>) -> Fetched {
+        let (host, started) = (url.host_str().unwrap_or_default(), Instant::now());
+        climb(self.proxies.0.len(), &ask, |tier| {
+            let proxy = self.proxy_of(tier, host)?;
+            Some(async move {
+                let time = ask.time.saturating_sub(started.elapsed());
+                let upstream = match self.upstream(proxy).await {
+                    Ok(upstream) => upstream,
+                    Err(err) => return (Err(err), TierSpend::default()),
+                };
+                let (page, used) = self
+                    .rendered(url, Ask { time, ..ask }, Some(upstream))
+                    .await;
+                let page = page.map_err(forbidden_is_blocked);
+                let spent = TierSpend {
+                    requests: used.requests,
+                    bytes: used.bytes,
+                    wire_bytes: used.bytes,
+                    blocks: 0,
+                };
+                (page, spent)
+            })
+        })
+        .await
+    }
+}
+
+impl Tally {
+    /// Counts one render's use of its browser proxy, and the render if it gave a page.
+    fn count(&self, used: &Used, rendered: bool) {
+        self.renders
+            .fetch_add(u64::from(rendered), Ordering::Relaxed);
+        self.requests.fetch_add(used.requests, Ordering::Relaxed);
+        self.refused.fetch_add(used.refused, Ordering::Relaxed);
+        self.bytes.fetch_add(used.bytes, Ordering::Relaxed);
     }
 }
 
@@ -219,7 +336,14 @@ impl Fetcher for BrowserFetcher {
             Err(e) => return Fetched::unspent(Err(FetchError::permanent(e.to_string()))),
         };
         // Boxed: a render's future is deep, and one allocation is nothing beside a browser.
-        Fetched::unspent(Box::pin(self.rendered(&url, ask)).await)
+        if !self.proxies.0.is_empty() {
+            return Box::pin(self.through_tiers(&url, ask)).await;
+        }
+        let (page, _) = Box::pin(self.rendered(&url, ask, None)).await;
+        let blocked = page.as_ref().is_err_and(|e| e.block.is_some());
+        let mut fetched = Fetched::unspent(page);
+        fetched.spend.add_direct_blocks(u64::from(blocked));
+        fetched
     }
 
     fn refuses(&self, url: &str) -> Option<FetchError> {
@@ -252,7 +376,11 @@ pub const RENDERED_TYPE: &str = "text/html; charset=utf-8";
 
 /// The page a render gave, or why it is not one (its status, a block page), as the plain
 /// fetch tells them.
-fn page_of(url: &Url, rendered: Rendered, ask: Ask<'_>) -> Result<Page, FetchError> {
+fn page_of(
+    url: &Url,
+    rendered: Rendered,
+    (ask, used): (&Ask<'_>, &Used),
+) -> Result<Page, FetchError> {
     // A browser that does not say the document's status got a page.
     let status = match rendered.status {
         0 => 200,
@@ -274,8 +402,8 @@ fn page_of(url: &Url, rendered: Rendered, ask: Ask<'_>) -> Result<Page, FetchErr
         content_type: ContentType::new(RENDERED_TYPE),
         validators: Validators::default(),
         rendered: Some(Rendering {
-            requests: u32::try_from(rendered.requests).unwrap_or(u32::MAX),
-            bytes: rendered.bytes,
+            requests: u32::try_from(used.requests).unwrap_or(u32::MAX),
+            bytes: used.bytes,
         }),
         body: Bytes::from(rendered.html),
     })
@@ -294,5 +422,37 @@ fn failure(error: RenderError) -> FetchError {
         RenderError::Navigation(_) | RenderError::Browser(_) | RenderError::Proxy(_) => {
             FetchError::transient(reason)
         }
+    }
+}
+
+/// A render that gave no page while the upstream proxy failed a request is blamed on the
+/// proxy, as a plain fetch's is (`scraper::answers`): our failure, never the task's. A proxy
+/// down or refusing a tunnel lets the next tier try; one asking for credentials does not.
+fn blamed(error: FetchError, used: &Used) -> FetchError {
+    let Some(failure) = used.proxy_failed else {
+        return error;
+    };
+    let reason = |why: &str| format!("the render's proxy {why} ({})", error.reason);
+    match failure {
+        ProxyFailure::AuthRequired => FetchError {
+            http_status: Some(407),
+            ..FetchError::ours(reason("asked for credentials (HTTP 407)"))
+        },
+        ProxyFailure::NoConnection | ProxyFailure::TunnelRefused => FetchError {
+            blocked: true,
+            ..FetchError::ours(reason("gave no connection"))
+        },
+    }
+}
+
+/// Through a proxy, a document answered `403` is a block the next tier may get past, as a
+/// plain fetch reads it. A `429` is not: a render does not see its `Retry-After`.
+fn forbidden_is_blocked(error: FetchError) -> FetchError {
+    match error.http_status {
+        Some(403) => FetchError {
+            blocked: true,
+            ..error
+        },
+        _ => error,
     }
 }

@@ -38,7 +38,8 @@ async fn main() -> Result<(), Error> {
 }
 
 /// The browser, with the plain fetcher for robots.txt and the URL checks, under the
-/// worker's address policy. The browser itself starts at the first page.
+/// worker's address policy and through its proxy tiers. The browser itself starts at the
+/// first page.
 async fn browser_fetcher(
     config: &Config,
     sdk: &SharedSdk,
@@ -48,14 +49,15 @@ async fn browser_fetcher(
         Ok(secret) => secret,
         Err(err) => return Err(fail_init("ProxySecretError", err).await),
     };
-    let plain = match HttpFetcher::new(&FetchSettings::from(config), &secret) {
+    let fetch = FetchSettings::from(config);
+    let plain = match HttpFetcher::new(&fetch, &secret) {
         Ok(plain) => plain,
         Err(err) => return Err(fail_init("BuildError", err).await),
     };
     let policy = AddressPolicy::new(config.allow_private_networks, config.allowed_ports.clone());
-    Ok(BrowserFetcher::new(
-        plain,
-        (policy, Arc::new(SystemLookup)),
-        settings,
-    ))
+    let browser = BrowserFetcher::new(plain, (policy, Arc::new(SystemLookup)), settings);
+    match browser.with_proxies(&fetch, &secret) {
+        Ok(browser) => Ok(browser),
+        Err(err) => Err(fail_init("ConfigError", err).await),
+    }
 }

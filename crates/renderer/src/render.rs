@@ -17,6 +17,7 @@
 //! | the browser stopped answering or crashed | [`RenderError::Browser`]: the caller retires it |
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chromiumoxide::Page;
@@ -30,7 +31,7 @@ use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::browser_proxy::{BrowserProxy, Rules};
+use crate::browser_proxy::{BrowserProxy, ProxyFailure, Rules};
 use crate::chromium::Chromium;
 
 /// What one render may use.
@@ -70,10 +71,17 @@ pub struct Rendered {
     pub status: u16,
     pub final_url: String,
     pub ended: Ended,
-    /// What went through the browser proxy: requests allowed and refused, and bytes.
+}
+
+/// What one render sent through its browser proxy, whether or not it gave a page.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Used {
+    /// Requests allowed and refused, and the bytes carried.
     pub requests: u64,
     pub refused: u64,
     pub bytes: u64,
+    /// The upstream proxy's failure, if it failed a request.
+    pub proxy_failed: Option<ProxyFailure>,
 }
 
 /// A render that gave no page.
@@ -94,16 +102,37 @@ pub enum RenderError {
 }
 
 /// Renders `ask.url` in a fresh context of `chromium`, every request through a browser proxy of
-/// `rules`. The context is disposed of before this returns, whatever the result.
+/// `rules`, and says what went through it. The context is disposed of before this returns,
+/// whatever the result.
 pub async fn render(
     chromium: &Chromium,
     rules: Rules,
     ask: &RenderAsk<'_>,
+) -> (Result<Rendered, RenderError>, Used) {
+    let proxy = match BrowserProxy::start(rules).await {
+        Ok(proxy) => proxy,
+        Err(err) => return (Err(err.into()), Used::default()),
+    };
+    let rendered = in_context(chromium, &proxy, ask).await;
+    let counts = proxy.counts();
+    let used = Used {
+        requests: counts.allowed.load(Ordering::Relaxed),
+        refused: counts.refused.load(Ordering::Relaxed),
+        bytes: counts.bytes.load(Ordering::Relaxed),
+        proxy_failed: counts.proxy_failed.get().copied(),
+    };
+    (rendered, used)
+}
+
+/// The page in a context of its own, closed before this returns.
+async fn in_context(
+    chromium: &Chromium,
+    proxy: &BrowserProxy,
+    ask: &RenderAsk<'_>,
 ) -> Result<Rendered, RenderError> {
     let start = Instant::now();
-    let proxy = BrowserProxy::start(rules).await?;
     let tab = chromium.tab(proxy.addr()).await?;
-    let rendered = timeout(ask.time, on_page(&tab.page, &proxy, ask, start)).await;
+    let rendered = timeout(ask.time, on_page(&tab.page, proxy, ask, start)).await;
     // A browser that does not close a page in a second has hung: the caller retires it.
     if timeout(Duration::from_secs(1), chromium.close(tab))
         .await
@@ -111,12 +140,7 @@ pub async fn render(
     {
         return Err(RenderError::Browser(CdpError::Timeout));
     }
-    let mut rendered = rendered.map_err(|_| RenderError::TimedOut(ask.time))??;
-    let counts = proxy.counts();
-    rendered.requests = counts.allowed.load(std::sync::atomic::Ordering::Relaxed);
-    rendered.refused = counts.refused.load(std::sync::atomic::Ordering::Relaxed);
-    rendered.bytes = counts.bytes.load(std::sync::atomic::Ordering::Relaxed);
-    Ok(rendered)
+    rendered.map_err(|_| RenderError::TimedOut(ask.time))?
 }
 
 /// Navigates, waits, and serializes, within what is left of `ask.time` since `start`.
@@ -238,12 +262,7 @@ impl InFlight {
         const TICK: Duration = Duration::from_millis(50);
         let mut quiet_since = Instant::now();
         loop {
-            if proxy
-                .counts()
-                .over
-                .load(std::sync::atomic::Ordering::Relaxed)
-                > 0
-            {
+            if proxy.counts().over.load(Ordering::Relaxed) > 0 {
                 return Ok(Ended::OverBounds);
             }
             let shown = match ask.wait_for {
@@ -342,9 +361,6 @@ async fn serialize(
         status: out.status,
         final_url: out.url,
         ended,
-        requests: 0,
-        refused: 0,
-        bytes: 0,
     })
 }
 

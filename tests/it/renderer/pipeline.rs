@@ -10,10 +10,12 @@ use std::sync::Arc;
 
 use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE};
 use conveyor_testkit::app_site::rendered_text;
+use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
 use conveyor_worker::Config;
 use conveyor_worker::batch;
+use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::scraper::HttpFetcher;
@@ -23,6 +25,7 @@ use conveyor_worker::store::s3::S3ResultStore;
 use conveyor_worker::store::sqs::SqsVisibility;
 use conveyor_worker::worker::Worker;
 
+use crate::proxies::{DATACENTER, RESIDENTIAL, credentials, spend};
 use crate::renderer::browser::settings;
 
 type Renderer = Worker<DynamoTaskStore, S3ResultStore, BrowserFetcher, SqsVisibility>;
@@ -41,10 +44,14 @@ fn renderer(stack: &Stack, tune: impl FnOnce(&mut WorkerTuning)) -> Renderer {
         tuning.politeness = production_politeness();
         tune(tuning);
     };
-    stack.worker_fetching(tune, |_, (fetch, policy, lookup)| {
+    stack.worker_fetching(tune, |tuning, (fetch, policy, lookup)| {
+        let secret = &tuning.proxy_secret;
         let plain = HttpFetcher::with_policy(&fetch, policy.clone(), Arc::clone(&lookup))
+            .and_then(|plain| plain.with_proxies(&fetch, secret))
             .expect("a client");
         BrowserFetcher::new(plain, (policy, lookup), settings())
+            .with_proxies(&fetch, secret)
+            .expect("http proxies")
     })
 }
 
@@ -292,4 +299,120 @@ async fn a_browser_that_cannot_start_is_our_failure_retried_and_never_the_tasks(
     // Assert
     assert_eq!(retried(&reply), vec!["app".to_owned()]);
     assert_ne!(stack.task("app").await.status(), Some("failed"));
+}
+
+/// A renderer whose pages go through the proxy `tiers`, with the test proxies' credentials,
+/// and politeness at its production defaults.
+fn proxied_renderer(stack: &Stack, tiers: &[String]) -> Renderer {
+    let tiers = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
+    let secret = ProxySecret::parse(&credentials()).expect("a proxy secret");
+    renderer(stack, |t| {
+        t.proxies = tiers;
+        t.proxy_secret = secret;
+    })
+}
+
+/// The stored page of task `id`, as text.
+async fn stored_text(stack: &Stack, id: &str) -> String {
+    let task = stack.task(id).await;
+    assert_eq!(task.status(), Some("successful"), "{id}: {task:?}");
+    let key = task.s("result_key").expect("a result key").to_owned();
+    let object = stack.object(&key).await.expect("the stored object");
+    assert!(
+        object.metadata.contains_key("rendered"),
+        "{id}: not marked rendered"
+    );
+    String::from_utf8_lossy(&object.body).into_owned()
+}
+
+#[tokio::test]
+async fn a_rendered_pages_requests_go_through_its_hosts_proxy_with_credentials_and_a_block_climbs_a_tier()
+ {
+    // Arrange: two tiers of tinyproxy asking for credentials. One site blocks the first
+    // tier's egress; the other serves an app page whose text arrives by XHR.
+    let stack = Stack::new().await;
+    let datacenter = ForwardProxy::start(DATACENTER.into(), true).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), true).await;
+    let (blocking, app) = (Site::start().await, Site::start().await);
+    stack.put_active_run().await;
+    let blocked = format!("/blocks/{}/x", datacenter.egress);
+    stack
+        .put_task("blocked", &blocking.url(&blocked), "pending")
+        .await;
+    stack
+        .put_task("app", &app.url("/app/shop"), "pending")
+        .await;
+    let worker = proxied_renderer(&stack, &[datacenter.url(), residential.url()]);
+
+    // Act
+    let reply = run_batch(&worker, vec![delivery("blocked"), delivery("app")]).await;
+
+    // Assert: the blocked page climbed to the residential tier; the app page and its XHR
+    // went through the first tier, never direct; the run's spend counts each tier.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    let through = stored_text(&stack, "blocked").await;
+    assert!(
+        through.contains(&format!("through {}", residential.egress)),
+        "{through}"
+    );
+    assert!(
+        stored_text(&stack, "app")
+            .await
+            .contains(&rendered_text("shop"))
+    );
+    let peers: Vec<(String, std::net::IpAddr)> =
+        blocking.peers().into_iter().chain(app.peers()).collect();
+    let egress = |path: &str| -> Vec<std::net::IpAddr> {
+        peers
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, ip)| *ip)
+            .collect()
+    };
+    assert_eq!(egress(&blocked), [datacenter.egress, residential.egress]);
+    assert_eq!(egress("/app/shop"), [datacenter.egress]);
+    assert_eq!(egress("/api/shop"), [datacenter.egress]);
+    assert_eq!(spend(&stack, 1).await.0, Some(3), "2 documents and 1 XHR");
+    assert_eq!(spend(&stack, 2).await.0, Some(1));
+}
+
+#[tokio::test]
+async fn a_render_whose_proxy_is_down_gives_way_to_the_next_tier_and_the_last_ones_fault_is_ours() {
+    // Arrange: the first tier's proxy is down (nothing listens on port 1); the second is up.
+    let stack = Stack::new().await;
+    let up = ForwardProxy::start(RESIDENTIAL.into(), true).await;
+    let down = "http://127.0.0.1:1".to_owned();
+    let site = Site::start().await;
+    stack.put_active_run().await;
+    stack
+        .put_task("app", &site.url("/app/cart"), "pending")
+        .await;
+    stack
+        .put_task("none", &site.url("/app/none"), "pending")
+        .await;
+
+    // Act: with both tiers; then, on its last attempt, with only the down one.
+    let climbed = run_batch(
+        &proxied_renderer(&stack, &[down.clone(), up.url()]),
+        vec![delivery("app")],
+    )
+    .await;
+    let last = record("none", &body("none"), MAX_ATTEMPTS);
+    let stuck = run_batch(&proxied_renderer(&stack, &[down]), vec![last]).await;
+
+    // Assert: rendered through the second tier; alone, the proxy's failure is ours even on
+    // the last attempt: the record is retried, and the task is not failed.
+    assert!(retried(&climbed).is_empty(), "{climbed:?}");
+    assert!(
+        stored_text(&stack, "app")
+            .await
+            .contains(&rendered_text("cart"))
+    );
+    assert!(site.peers().iter().all(|(_, ip)| *ip == up.egress));
+    assert_eq!(
+        retried(&stuck),
+        ["none"],
+        "the proxy's fault, on the last attempt too"
+    );
+    assert_eq!(stack.task("none").await.status(), Some("processing"));
 }
