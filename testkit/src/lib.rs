@@ -21,6 +21,7 @@ pub mod otlp;
 pub mod pause;
 pub mod polite_site;
 pub mod queue;
+pub mod renderer;
 pub mod runtime_api;
 pub mod scenario;
 pub mod site;
@@ -752,6 +753,20 @@ impl Stack {
                 .metadata("final-url", "http://earlier.example/");
         }
         put.send().await.expect("put an object");
+    }
+
+    /// Sets job `job`'s `render` (`always`, `auto` or `never`), as a producer would.
+    pub async fn set_job_render(&self, job: &str, choice: &str) {
+        self.dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(keys::job_key(&id(job))))
+            .update_expression("SET #r = :r")
+            .expression_attribute_names("#r", "render")
+            .expression_attribute_values(":r", attributes::s(choice))
+            .send()
+            .await
+            .expect("set the job's render");
     }
 
     /// Puts a lease on a task of [`JOB`] / [`RUN`], as a delivery's claim would.

@@ -1,7 +1,8 @@
 //! The matrix: a whole run's configuration drawn from a seed (politeness, proxies, a paid
 //! budget, data contract, queue kind, duplicate policy, an operator's step mid-run, crashes,
-//! the production-like layer, AWS faults, a site mix), drained through the local event
-//! source mapping, and checked against the invariants of the system as one.
+//! the production-like layer, AWS faults, the job's `render`, a site mix), drained through
+//! the local event source mapping (and the renderer's, for pages handed over), and checked
+//! against the invariants of the system as one.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -18,7 +19,7 @@ use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use super::chaos::Faults;
 use super::forward_proxy::{ForwardProxy, PASSWORD, USER};
-use super::scenario::{self, DATACENTER, Mix, POLITE_JOB_RPS, Prepared, Report, Scenario};
+use super::scenario::{self, DATACENTER, Mix, POLITE_JOB_RPS, Prepared, Render, Report, Scenario};
 use super::{JOB, MAX_BODY_BYTES, RUN, Stack, id};
 
 /// The paid tier's egress address.
@@ -103,6 +104,9 @@ pub struct Draw {
     pub production_like: bool,
     pub faults: bool,
     pub mix: Mix,
+    /// What the job says of rendering: unless `never`, a renderer drains the pages the
+    /// worker hands over.
+    pub render: Render,
 }
 
 impl Draw {
@@ -173,10 +177,16 @@ impl Draw {
             production_like: rng.bool(),
             faults: rng.u8(0..3) == 0,
             mix,
+            render: Render::Never,
         };
         // Drawn last, so that the seeds drawn before it keep the rest of their draws.
         draw.fifo = rng.u8(0..4) == 0;
         draw.refresh = rng.u8(0..3) == 0;
+        draw.render = match rng.u8(0..3) {
+            0 => Render::Never,
+            1 => Render::Always,
+            _ => Render::Auto,
+        };
         draw
     }
 
@@ -210,6 +220,7 @@ impl Draw {
             mix: Some(self.mix),
             seed: Some(self.seed),
             tiers: if self.proxy == Proxy::Paid { 2 } else { 1 },
+            render: self.render,
         }
     }
 
@@ -248,9 +259,9 @@ impl fmt::Display for Draw {
         write!(
             f,
             "seed {}: {} tasks, politeness {politeness}, proxy {:?}, {:?}, {queue} queue, \
-             {:?}, operator {:?}, crashes {}, production-like {}, faults {}, refresh {}, mix fine \
-             {fine} flaky {flaky} gone {gone} slow {slow} dead {dead} blocked {blocked} logged \
-             {logged}",
+             {:?}, operator {:?}, crashes {}, production-like {}, faults {}, refresh {}, render \
+             {:?}, mix fine {fine} flaky {flaky} gone {gone} slow {slow} dead {dead} blocked \
+             {blocked} logged {logged}",
             self.seed,
             self.tasks,
             self.proxy,
@@ -261,6 +272,7 @@ impl fmt::Display for Draw {
             self.production_like,
             self.faults,
             self.refresh,
+            self.render,
         )
     }
 }
@@ -296,8 +308,8 @@ impl Figures {
         };
         format!(
             "seed {}: {} tasks, {} messages sent, {} re-sent by the operator, {} successful, \
-             {} failed, {} dead-lettered ({} tasks), {:.2} fetches per task (most {} of {} \
-             allowed), logged host {} starts a second, {} in flight{paid}{fresh}, {:.1} s{}; {}",
+             {} failed, {} dead-lettered ({} tasks), {} rendered, {:.2} fetches per task (most {} \
+             of {} allowed), logged host {} starts a second, {} in flight{paid}{fresh}, {:.1} s{}; {}",
             draw.seed,
             r.total,
             r.sent,
@@ -306,6 +318,7 @@ impl Figures {
             r.failed,
             r.dead_lettered,
             r.dead_tasks.len(),
+            r.rendered,
             r.fetches as f64 / r.total as f64,
             r.most_fetches.0,
             r.most_fetches.1,

@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 use conveyor_ops::local_mapping::{self, Ended, MappingSettings, MappingStats, Progress, Watch};
 use conveyor_worker::Worker;
 use conveyor_worker::batch::BatchLimits;
+use conveyor_worker::batch::ProcessRecord;
 use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::domain::message;
+use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::pushback::backoff::Backoff;
-use conveyor_worker::store::sqs::SqsQueue;
+use conveyor_worker::store::dynamo::DynamoTaskStore;
+use conveyor_worker::store::s3::S3ResultStore;
+use conveyor_worker::store::sqs::{SqsQueue, SqsVisibility};
 use conveyor_worker::wiring::config::DuplicatePolicy;
 
 use super::chaos::{Crashing, Faults};
@@ -65,6 +69,51 @@ pub struct Scenario {
     /// Proxy tiers a fetch may climb (a block on one is tried on the next): the most
     /// requests one attempt makes of a page.
     pub tiers: usize,
+    /// What the job says of rendering. Unless `never`, the worker hands pages over to a
+    /// render queue of its own, which a renderer drains.
+    pub render: Render,
+}
+
+/// The job's `render`: `never` (left unsaid), `always` or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Render {
+    #[default]
+    Never,
+    Always,
+    Auto,
+}
+
+impl Render {
+    /// The word the job item holds; `never` is left unsaid, as jobs before rendering were.
+    pub fn word(self) -> Option<&'static str> {
+        match self {
+            Render::Never => None,
+            Render::Always => Some("always"),
+            Render::Auto => Some("auto"),
+        }
+    }
+}
+
+/// `worker`, its process "dying" right after a share `rate` of its S3 writes.
+fn crashing<F>(
+    worker: Worker<DynamoTaskStore, S3ResultStore, F, SqsVisibility>,
+    rate: f64,
+) -> Worker<DynamoTaskStore, Crashing<S3ResultStore>, F, SqsVisibility> {
+    let results = Crashing {
+        inner: worker.results,
+        crash_rate: rate,
+    };
+    Worker {
+        tasks: worker.tasks,
+        results,
+        fetcher: worker.fetcher,
+        visibility: worker.visibility,
+        settings: worker.settings,
+        parents: worker.parents,
+        gate: worker.gate,
+        paid: worker.paid,
+        pressure: worker.pressure,
+    }
 }
 
 impl Default for Scenario {
@@ -85,6 +134,7 @@ impl Default for Scenario {
             mix: None,
             seed: None,
             tiers: 0,
+            render: Render::Never,
         }
     }
 }
@@ -148,6 +198,8 @@ pub struct Report {
     /// What the production-like layer did to this run's table and bucket, if it was on:
     /// conflicts met (transactions cancelled, writes refused, racing PUTs answered 409).
     pub conflicts: Option<u64>,
+    /// The successful tasks whose stored page was rendered.
+    pub rendered: usize,
 }
 
 /// The local sites a run's pages are on: one, or, for a polite run, many hosts (a site on a
@@ -297,6 +349,9 @@ pub struct Prepared {
     pub hosts: Hosts,
     pub queue: Queue,
     pub dlq: Queue,
+    /// The renderer's queue, when the job may render: it redrives to `dlq` too.
+    pub render_queue: Option<Queue>,
+    render: Render,
     policy: DuplicatePolicy,
     /// Task ids and their page paths, and the site (of `hosts`) each is on.
     tasks: Vec<(String, String)>,
@@ -427,6 +482,8 @@ pub async fn prepare_list(
         hosts,
         queue,
         dlq,
+        render_queue: None,
+        render: Render::Never,
         policy: DuplicatePolicy::Converge,
         copies: vec![1; tasks.len()],
         groups: vec![None; tasks.len()],
@@ -444,15 +501,20 @@ pub async fn prepare_list(
 /// The scenario's queue, redriving to its dead-letter queue after the worker's attempts;
 /// both FIFO if `fifo`.
 async fn queues(stack: &Stack, fifo: bool) -> (Queue, Queue) {
+    let dlq = match fifo {
+        true => Queue::create_fifo(stack, 30, None).await,
+        false => Queue::create(stack, 30).await,
+    };
+    (redriving_to(stack, &dlq, fifo).await, dlq)
+}
+
+/// A queue of the worker's (or the renderer's) that redrives to `dlq` after its attempts.
+async fn redriving_to(stack: &Stack, dlq: &Queue, fifo: bool) -> Queue {
     let visibility = VISIBILITY.as_secs() as u32;
-    if fifo {
-        let dlq = Queue::create_fifo(stack, 30, None).await;
-        let queue = Queue::create_fifo(stack, visibility, Some((&dlq, MAX_ATTEMPTS))).await;
-        return (queue, dlq);
+    match fifo {
+        true => Queue::create_fifo(stack, visibility, Some((dlq, MAX_ATTEMPTS))).await,
+        false => Queue::create_with_dlq(stack, visibility, dlq, MAX_ATTEMPTS).await,
     }
-    let dlq = Queue::create(stack, 30).await;
-    let queue = Queue::create_with_dlq(stack, visibility, &dlq, MAX_ATTEMPTS).await;
-    (queue, dlq)
 }
 
 /// Seeds a job, a counted run of `total` tasks over the site's page kinds, and a queue with
@@ -495,6 +557,10 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         placed.push(host);
     }
     let (queue, dlq) = queues(&stack, scenario.fifo).await;
+    let render_queue = match scenario.render {
+        Render::Never => None,
+        _ => Some(redriving_to(&stack, &dlq, scenario.fifo).await),
+    };
     let groups: Vec<_> = (0..total).map(|i| group_of(&scenario, i)).collect();
     let (sent, copies) = send_all(&stack, &queue, &scenario, &refs, &groups).await;
     Prepared {
@@ -503,6 +569,8 @@ pub async fn prepare_on(stack: Stack, scenario: Scenario) -> Prepared {
         hosts,
         queue,
         dlq,
+        render_queue,
+        render: scenario.render,
         policy: scenario.policy,
         tasks,
         placed,
@@ -549,6 +617,9 @@ async fn seed_run(stack: &Stack, scenario: &Scenario, ids: &[String]) -> Vec<Tas
         // a second, the dead pages' push-backs (up to 64 slowed intervals each) last minutes.
         (true, None) => stack.put_polite_job(JOB, POLITE_JOB_RPS).await,
         (false, _) => stack.put_job(JOB, "active").await,
+    }
+    if let Some(choice) = scenario.render.word() {
+        stack.set_job_render(JOB, choice).await;
     }
     let spread = match (scenario.counters, scenario.spread) {
         ((0, _), _) => {
@@ -614,52 +685,59 @@ impl Prepared {
         self.drain_tuned(scenario, &|_| {}).await
     }
 
-    /// [`Prepared::drain`] with the worker tuned further by `tune` (its proxies, say).
+    /// [`Prepared::drain`] with the worker tuned further by `tune` (its proxies, say). When
+    /// the job may render, the renderer then drains the render queue, tuned the same way.
     pub async fn drain_tuned(
         &self,
         scenario: Scenario,
         tune: &(dyn Fn(&mut WorkerTuning) + Sync),
     ) -> (MappingStats, f64) {
-        let Self {
-            stack,
-            queue,
-            policy,
-            ..
-        } = self;
-        let Scenario {
-            faults,
-            crash_rate,
-            polite,
-            ..
-        } = scenario;
-        let base = stack.worker_with(|t| {
-            if polite {
-                t.politeness = production_politeness();
-            }
-            t.duplicate_policy = *policy;
-            t.scrape_timeout = Duration::from_secs(5);
-            t.backoff = Backoff {
-                base: Duration::from_millis(200),
-                max: Duration::from_secs(2),
-                jitter: fastrand::f64,
-            };
-            t.faults = faults;
+        let render_queue = self.render_queue.as_ref();
+        let handing_over = render_queue.and_then(|queue| QueueRef::from_arn(&queue.arn));
+        let tuned = |t: &mut WorkerTuning| {
+            self.tune(scenario, t);
+            t.render_queue = handing_over.clone();
             tune(t);
-        });
-        let worker = Worker {
-            tasks: base.tasks,
-            results: Crashing {
-                inner: base.results,
-                crash_rate,
-            },
-            fetcher: base.fetcher,
-            visibility: base.visibility,
-            settings: base.settings,
-            parents: base.parents,
-            gate: base.gate,
-            paid: base.paid,
-            pressure: base.pressure,
         };
+        let worker = crashing(self.stack.worker_with(tuned), scenario.crash_rate);
+        let stats = MappingStats::default();
+        let mut seconds = self.drain_queue(&self.queue, &worker, &stats).await;
+        if let Some(queue) = render_queue {
+            let tuned = |t: &mut WorkerTuning| {
+                self.tune(scenario, t);
+                tune(t);
+            };
+            let renderer = crashing(self.stack.renderer_with(tuned), scenario.crash_rate);
+            seconds += self.drain_queue(queue, &renderer, &stats).await;
+        }
+        (stats, seconds)
+    }
+
+    /// The scenario's tuning of a worker (or a renderer): its politeness, duplicate policy,
+    /// scrape timeout, hold-backs and AWS faults.
+    fn tune(&self, scenario: Scenario, t: &mut WorkerTuning) {
+        if scenario.polite {
+            t.politeness = production_politeness();
+        }
+        t.duplicate_policy = self.policy;
+        t.scrape_timeout = Duration::from_secs(5);
+        t.backoff = Backoff {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(2),
+            jitter: fastrand::f64,
+        };
+        t.faults = scenario.faults;
+    }
+
+    /// Drains `queue` into `worker` through the local event source mapping, counting into
+    /// `stats`; how long it took, in seconds.
+    async fn drain_queue<P: ProcessRecord>(
+        &self,
+        queue: &Queue,
+        worker: &P,
+        stats: &MappingStats,
+    ) -> f64 {
+        let (stack, policy) = (&self.stack, self.policy);
         let settings = MappingSettings {
             queue_arn: queue.arn.clone(),
             pollers: 4,
@@ -671,8 +749,6 @@ impl Prepared {
                 deadline_margin: Duration::from_millis(500),
             },
         };
-
-        let stats = MappingStats::default();
         let report = |p: &Progress<'_>| {
             println!(
                 "  {policy:?} at {} s: {} queued; {}",
@@ -690,18 +766,11 @@ impl Prepared {
             report: &report,
         };
         let started = Instant::now();
-        let ended = local_mapping::run_watched(
-            &SqsQueue::new(stack.sqs.clone(), &queue.url),
-            &worker,
-            &settings,
-            &stats,
-            &watch,
-            std::future::pending(),
-        )
-        .await;
-        let seconds = started.elapsed().as_secs_f64();
+        let sqs = SqsQueue::new(stack.sqs.clone(), &queue.url);
+        let never = std::future::pending();
+        let ended = local_mapping::run_watched(&sqs, worker, &settings, stats, &watch, never).await;
         assert_eq!(ended, Ended::Drained, "{policy:?}: the queue never drained");
-        (stats, seconds)
+        started.elapsed().as_secs_f64()
     }
 
     /// Checks every invariant once the queue has drained, panicking on the first broken
@@ -718,11 +787,10 @@ impl Prepared {
             ..
         } = self;
         let total = tasks.len();
-        assert_eq!(
-            queue.depth(stack).await,
-            0,
-            "{policy:?}: nothing left behind"
-        );
+        for queue in std::iter::once(queue).chain(&self.render_queue) {
+            let depth = queue.depth(stack).await;
+            assert_eq!(depth, 0, "{policy:?}: nothing left behind");
+        }
         let denied = stack.denied().await;
         assert!(denied.is_empty(), "{policy:?}: the role refused {denied:?}");
 
@@ -745,7 +813,7 @@ impl Prepared {
         // Every task ended exactly once, or its message waits in the dead-letter queue.
         let stored = stack.tasks_in_run(JOB, RUN).await;
         assert_eq!(stored.len(), total);
-        let (mut successful, mut failed) = (0, 0);
+        let (mut successful, mut failed, mut rendered) = (0, 0, 0);
         for (id, task) in &stored {
             match task.status() {
                 Some("successful") => {
@@ -757,6 +825,7 @@ impl Prepared {
                         Some(object.sha256().as_str()),
                         "{id}"
                     );
+                    rendered += usize::from(self.rendered_as_asked(id, task, &object));
                 }
                 Some("failed") => failed += 1,
                 other => assert!(
@@ -829,7 +898,38 @@ impl Prepared {
             most_fetches,
             seconds,
             esm: esm.to_owned(),
+            rendered,
         }
+    }
+
+    /// Whether task `id`'s stored page was rendered, checked against the job's `render`:
+    /// every page under `always` (no shell stored), none otherwise, since the run's pages
+    /// are no application shells (`auto` finds none by mistake). The task and its object
+    /// agree.
+    fn rendered_as_asked(
+        &self,
+        id: &str,
+        task: &super::TaskItem,
+        object: &super::StoredObject,
+    ) -> bool {
+        let rendered = object.metadata.contains_key("rendered");
+        let said = task
+            .0
+            .get("rendered")
+            .and_then(|v| v.as_bool().ok())
+            .copied();
+        assert_eq!(
+            said.unwrap_or(false),
+            rendered,
+            "{id}: the task and its object disagree"
+        );
+        match self.render {
+            Render::Always => assert!(rendered, "{id}: stored unrendered under render: always"),
+            Render::Never | Render::Auto => {
+                assert!(!rendered, "{id}: rendered, needing no browser")
+            }
+        }
+        rendered
     }
 }
 

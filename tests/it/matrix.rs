@@ -1,6 +1,7 @@
 //! The matrix, tested as one system: configurations drawn from seeds (politeness, proxies,
 //! a paid budget, data contract, queue kind, duplicate policy, an operator's step mid-run,
-//! crashes, the production-like layer, AWS faults, a site mix), each run drained through
+//! crashes, the production-like layer, AWS faults, the job's `render`, a site mix), each
+//! run drained through
 //! the local event source mapping and checked against every invariant
 //! (`conveyor_testkit::matrix`). `MATRIX_SEEDS=1,2,3` runs those seeds, `MATRIX_RANDOM=N` N
 //! random ones (`make chaos SEEDS=N`); a failing seed prints how to replay it.
@@ -9,9 +10,10 @@ use conveyor_testkit::logs::Captured;
 use conveyor_testkit::matrix::{self, Draw};
 use futures_util::FutureExt;
 
-/// The seeds `make test` runs (about 70 s on 2 cores): small runs, between them a proxy tier
+/// The seeds `make test` runs (about 130 s on 2 cores): small runs, between them a proxy tier
 /// and a paid one with its budget, data contracts v1, v2 and v3, both policies and queue
-/// kinds, both operator steps, crashes and the production-like layer.
+/// kinds, both operator steps, crashes, the production-like layer, and `render: always`
+/// (three, the renderer's Chromium behind the proxies and the paid tier) and `auto`.
 const FIXED: &[u64] = &[1, 2, 3, 4];
 
 /// The seeds to run: `MATRIX_SEEDS`, or `MATRIX_RANDOM` random ones, or [`FIXED`].

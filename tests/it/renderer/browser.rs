@@ -5,54 +5,23 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use conveyor_renderer::browser_proxy::{Bounds, BrowserProxy, Rules};
-use conveyor_renderer::chromium::{Chromium, Launch};
+use conveyor_renderer::chromium::Chromium;
 use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE, RenderSettings};
 use conveyor_renderer::procs;
 use conveyor_testkit::app_site::rendered_text;
 use conveyor_testkit::direct_fetch_settings;
+use conveyor_testkit::renderer::{launch, render_settings};
 use conveyor_testkit::site::Site;
 use conveyor_worker::domain::model::Page;
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use conveyor_worker::scraper::{Ask, FetchError, Fetcher, HttpFetcher};
 
 use crate::renderer::sites::{Table, canary, found, ok, raw_site, udp_canary};
-
-/// Debian's headless Chromium, as `make test` installs it, unless `CHROMIUM_PATH` names
-/// another.
-fn launch() -> Launch {
-    let executable = std::env::var_os("CHROMIUM_PATH").map_or_else(
-        || PathBuf::from("/usr/bin/chromium-headless-shell"),
-        PathBuf::from,
-    );
-    Launch {
-        executable,
-        timeout: Duration::from_secs(20),
-        heap_mib: 512,
-    }
-}
-
-/// The renderer's defaults, as `settings.rs` sets them.
-pub fn settings() -> RenderSettings {
-    RenderSettings {
-        launch: launch(),
-        pages_per_browser: 100,
-        max_resident_bytes: 1 << 30,
-        bounds: Bounds {
-            requests: 500,
-            bytes: 16 << 20,
-        },
-        max_elements: 100_000,
-        max_html_bytes: 4 << 20,
-        quiet: Duration::from_millis(300),
-        load_media: false,
-    }
-}
 
 /// The sites' own address is trusted, as tests trust it for the plain fetch.
 fn policy() -> AddressPolicy {
@@ -75,7 +44,7 @@ async fn rendered(fetcher: &BrowserFetcher, url: &str) -> Result<Page, FetchErro
 #[tokio::test]
 async fn a_client_rendered_page_is_taken_with_the_text_its_script_fetched_and_no_images() {
     let site = Site::start().await;
-    let fetcher = fetcher(Arc::new(Table::of(&[])), settings());
+    let fetcher = fetcher(Arc::new(Table::of(&[])), render_settings());
 
     let page = rendered(&fetcher, &site.url("/app/shop?delay=200"))
         .await
@@ -92,7 +61,7 @@ async fn a_client_rendered_page_is_taken_with_the_text_its_script_fetched_and_no
 #[tokio::test]
 async fn a_page_the_site_refuses_is_its_status_and_robots_txt_is_fetched_plain() {
     let site = Site::start().await;
-    let fetcher = fetcher(Arc::new(Table::of(&[])), settings());
+    let fetcher = fetcher(Arc::new(Table::of(&[])), render_settings());
 
     let missing = rendered(&fetcher, &site.url("/status/404")).await;
     let robots = Ask {
@@ -204,7 +173,7 @@ async fn no_way_of_aiming_the_browser_inside_reaches_a_canary_and_the_page_is_st
         answers.insert(format!("/to/{n}"), found(&format!("{t}/r")));
     }
     let site = raw_site(answers).await;
-    let fetcher = fetcher(Arc::new(table), settings());
+    let fetcher = fetcher(Arc::new(table), render_settings());
 
     let page = rendered(&fetcher, &format!("http://site.test:{}/", site.port())).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -281,7 +250,7 @@ async fn a_killed_browser_leaves_no_process_behind() {
 async fn a_page_that_loops_forever_is_stopped_and_the_next_page_still_renders() {
     let looping = scripted("while (true) {}").await;
     let site = Site::start().await;
-    let fetcher = fetcher(Arc::new(Table::of(&[])), settings());
+    let fetcher = fetcher(Arc::new(Table::of(&[])), render_settings());
     let short = Ask::within(Duration::from_secs(3));
 
     let stopped = fetcher.fetch(&looping, short).await.page;
@@ -312,7 +281,7 @@ async fn a_page_asking_for_ten_thousand_requests_is_cut_at_its_bound_and_taken()
         Arc::new(Table::of(&[])),
         RenderSettings {
             bounds,
-            ..settings()
+            ..render_settings()
         },
     );
 
@@ -337,7 +306,7 @@ async fn a_page_whose_dom_grows_without_end_fails_as_too_large() {
     .await;
     let small = RenderSettings {
         max_elements: 5_000,
-        ..settings()
+        ..render_settings()
     };
     let fetcher = fetcher(Arc::new(Table::of(&[])), small);
 

@@ -19,16 +19,10 @@ use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::scraper::HttpFetcher;
-use conveyor_worker::store::dynamo::DynamoTaskStore;
 use conveyor_worker::store::dynamo::{attributes, keys};
-use conveyor_worker::store::s3::S3ResultStore;
-use conveyor_worker::store::sqs::SqsVisibility;
-use conveyor_worker::worker::Worker;
 
 use crate::proxies::{DATACENTER, RESIDENTIAL, credentials, spend};
-use crate::renderer::browser::settings;
-
-type Renderer = Worker<DynamoTaskStore, S3ResultStore, BrowserFetcher, SqsVisibility>;
+use conveyor_testkit::renderer::{TestRenderer, render_settings};
 
 /// Politeness as deployed: the configuration's defaults.
 fn production_politeness() -> Politeness {
@@ -39,19 +33,10 @@ fn production_politeness() -> Politeness {
         .politeness
 }
 
-fn renderer(stack: &Stack, tune: impl FnOnce(&mut WorkerTuning)) -> Renderer {
-    let tune = |tuning: &mut WorkerTuning| {
+fn renderer(stack: &Stack, tune: impl FnOnce(&mut WorkerTuning)) -> TestRenderer {
+    stack.renderer_with(|tuning| {
         tuning.politeness = production_politeness();
         tune(tuning);
-    };
-    stack.worker_fetching(tune, |tuning, (fetch, policy, lookup)| {
-        let secret = &tuning.proxy_secret;
-        let plain = HttpFetcher::with_policy(&fetch, policy.clone(), Arc::clone(&lookup))
-            .and_then(|plain| plain.with_proxies(&fetch, secret))
-            .expect("a client");
-        BrowserFetcher::new(plain, (policy, lookup), settings())
-            .with_proxies(&fetch, secret)
-            .expect("http proxies")
     })
 }
 
@@ -282,7 +267,7 @@ async fn a_browser_that_cannot_start_is_our_failure_retried_and_never_the_tasks(
     stack
         .put_task("app", &site.url("/app/missing"), "pending")
         .await;
-    let mut broken = settings();
+    let mut broken = render_settings();
     broken.launch.executable = "/nonexistent/chromium".into();
     let worker = stack.worker_fetching(
         |t| t.politeness = WorkerTuning::default().politeness,
@@ -303,7 +288,7 @@ async fn a_browser_that_cannot_start_is_our_failure_retried_and_never_the_tasks(
 
 /// A renderer whose pages go through the proxy `tiers`, with the test proxies' credentials,
 /// and politeness at its production defaults.
-fn proxied_renderer(stack: &Stack, tiers: &[String]) -> Renderer {
+fn proxied_renderer(stack: &Stack, tiers: &[String]) -> TestRenderer {
     let tiers = Tiers::parse(&tiers.join(";")).expect("proxy URLs");
     let secret = ProxySecret::parse(&credentials()).expect("a proxy secret");
     renderer(stack, |t| {
