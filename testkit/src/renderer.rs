@@ -54,12 +54,21 @@ impl Stack {
     /// The renderer under test, tuned by `tune`: its pages go through the tuning's proxy
     /// tiers with its secret, and robots.txt through the plain fetcher, as deployed.
     pub fn renderer_with(&self, tune: impl FnOnce(&mut WorkerTuning)) -> TestRenderer {
+        self.renderer_of(render_settings(), tune)
+    }
+
+    /// [`Stack::renderer_with`], the browser as `settings` say.
+    pub fn renderer_of(
+        &self,
+        settings: RenderSettings,
+        tune: impl FnOnce(&mut WorkerTuning),
+    ) -> TestRenderer {
         self.worker_fetching(tune, |tuning, (fetch, policy, lookup)| {
             let secret = &tuning.proxy_secret;
             let plain = HttpFetcher::with_policy(&fetch, policy.clone(), Arc::clone(&lookup))
                 .and_then(|plain| plain.with_proxies(&fetch, secret))
                 .expect("a client");
-            BrowserFetcher::new(plain, (policy, lookup), render_settings())
+            BrowserFetcher::new(plain, (policy, lookup), settings)
                 .with_proxies(&fetch, secret)
                 .expect("http proxies")
         })

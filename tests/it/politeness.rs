@@ -10,7 +10,7 @@ use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::polite_site::{self, Behaviour, PoliteSite};
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::batch::BatchLimits;
+use conveyor_worker::batch::{BatchLimits, ProcessRecord};
 use conveyor_worker::domain::limits::Host;
 use conveyor_worker::domain::proxy::Tiers;
 use conveyor_worker::polite::limits::HostLimits;
@@ -151,11 +151,21 @@ pub(crate) async fn drain_tuned(
     tune: &dyn Fn(&mut WorkerTuning),
     fleet: Fleet,
 ) -> Drained {
-    let backlog = queue.depth(stack).await;
-    let backlog_read = std::sync::OnceLock::new();
     let workers: Vec<_> = (0..fleet.sandboxes)
         .map(|_| stack.worker_with(tune))
         .collect();
+    drain_by(stack, queue, &workers, fleet).await
+}
+
+/// Drains the queue with `workers`, a sandbox each (the renderer's too), as `fleet` says.
+pub(crate) async fn drain_by<P: ProcessRecord>(
+    stack: &Stack,
+    queue: &Queue,
+    workers: &[P],
+    fleet: Fleet,
+) -> Drained {
+    let backlog = queue.depth(stack).await;
+    let backlog_read = std::sync::OnceLock::new();
     let settings = MappingSettings {
         queue_arn: queue.arn.clone(),
         pollers: fleet.pollers,

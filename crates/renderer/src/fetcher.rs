@@ -419,9 +419,10 @@ fn failure(error: RenderError) -> FetchError {
             timed_out: true,
             ..FetchError::transient(reason)
         },
-        RenderError::Navigation(_) | RenderError::Browser(_) | RenderError::Proxy(_) => {
-            FetchError::transient(reason)
-        }
+        RenderError::Navigation(_)
+        | RenderError::Browser(_)
+        | RenderError::Proxy(_)
+        | RenderError::Crashed => FetchError::transient(reason),
     }
 }
 

@@ -14,6 +14,7 @@
 //! | the document did not load in time | [`RenderError::TimedOut`] |
 //! | the document's request failed (the browser proxy refused it, the site did not answer) | [`RenderError::Navigation`] |
 //! | more elements or bytes than the bounds | [`RenderError::TooLarge`] |
+//! | the page's renderer process crashed (out of its script memory) | [`RenderError::Crashed`] |
 //! | the browser stopped answering or crashed | [`RenderError::Browser`]: the caller retires it |
 
 use std::collections::HashMap;
@@ -21,12 +22,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chromiumoxide::Page;
+use chromiumoxide::cdp::browser_protocol::inspector::{self, EventTargetCrashed};
 use chromiumoxide::cdp::browser_protocol::network::{
     BlockPattern, EventLoadingFailed, EventLoadingFinished, EventRequestWillBeSent,
     SetBlockedUrLsParams, SetBypassServiceWorkerParams,
 };
 use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
 use chromiumoxide::error::CdpError;
+use chromiumoxide::listeners::EventStream;
 use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep, timeout};
@@ -99,6 +102,8 @@ pub enum RenderError {
     NotShown(String),
     #[error("the rendered page is too large ({0})")]
     TooLarge(String),
+    #[error("the page's renderer process crashed (out of its script memory, say)")]
+    Crashed,
 }
 
 /// Renders `ask.url` in a fresh context of `chromium`, every request through a browser proxy of
@@ -132,7 +137,14 @@ async fn in_context(
 ) -> Result<Rendered, RenderError> {
     let start = Instant::now();
     let tab = chromium.tab(proxy.addr()).await?;
-    let rendered = timeout(ask.time, on_page(&tab.page, proxy, ask, start)).await;
+    let mut crashes = crashes_of(&tab.page).await?;
+    let rendering = async {
+        tokio::select! {
+            rendered = on_page(&tab.page, proxy, ask, start) => rendered,
+            Some(_) = crashes.next() => Err(RenderError::Crashed),
+        }
+    };
+    let rendered = timeout(ask.time, rendering).await;
     // A browser that does not close a page in a second has hung: the caller retires it.
     if timeout(Duration::from_secs(1), chromium.close(tab))
         .await
@@ -141,6 +153,13 @@ async fn in_context(
         return Err(RenderError::Browser(CdpError::Timeout));
     }
     rendered.map_err(|_| RenderError::TimedOut(ask.time))?
+}
+
+/// The page's crashes, as the browser tells them: its renderer process died (out of
+/// memory, say), and the page will never load. Told at once, not at the render's time.
+async fn crashes_of(page: &Page) -> Result<EventStream<EventTargetCrashed>, CdpError> {
+    page.execute(inspector::EnableParams::default()).await?;
+    page.event_listener::<EventTargetCrashed>().await
 }
 
 /// Navigates, waits, and serializes, within what is left of `ask.time` since `start`.
@@ -261,42 +280,82 @@ impl InFlight {
     ) -> Result<Ended, RenderError> {
         const TICK: Duration = Duration::from_millis(50);
         let mut quiet_since = Instant::now();
+        // The page says when the selector shows; it is asked each tick only if it cannot.
+        let mut appears = ask
+            .wait_for
+            .map(|selector| Box::pin(appears(page, selector)));
+        let mut shown = false;
         loop {
             if proxy.counts().over.load(Ordering::Relaxed) > 0 {
                 return Ok(Ended::OverBounds);
             }
-            let shown = match ask.wait_for {
-                Some(selector) => shows(page, selector).await?,
-                None => true,
-            };
+            if let (Some(selector), false, None) = (ask.wait_for, shown, &appears) {
+                shown = shows(page, selector).await?;
+            }
             // A page the job said what to wait for is taken once it shows; any other once
             // its network has been quiet for `quiet`.
             let quiet = self.in_flight() == 0 && quiet_since.elapsed() >= ask.quiet;
-            if shown && (ask.wait_for.is_some() || quiet) {
+            if (ask.wait_for.is_some() && shown) || (ask.wait_for.is_none() && quiet) {
                 return Ok(Ended::Settled);
             }
             if Instant::now() >= until {
-                let open: Vec<&str> = self.open.values().map(|(_, url)| url.as_str()).collect();
-                tracing::debug!(
-                    in_flight = self.in_flight(),
-                    ?open,
-                    "the render's time ran out"
-                );
-                return match (shown, ask.wait_for) {
-                    (false, Some(selector)) => Err(RenderError::NotShown(selector.to_owned())),
-                    _ => Ok(Ended::TimedOut),
-                };
+                return self.ran_out(shown, ask.wait_for);
             }
             let tick = sleep(TICK.min(until.saturating_duration_since(Instant::now())));
+            let watched = async {
+                match appears.as_mut() {
+                    Some(watch) => watch.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 Some(event) = self.events.next() => {
                     self.note(event);
                     quiet_since = Instant::now();
                 }
+                seen = watched => {
+                    appears = None;
+                    shown = seen.unwrap_or(false);
+                }
                 () = tick => {}
             }
         }
     }
+
+    /// How a wait that ran out of time ends: without the selector the job waits for, the
+    /// render fails; otherwise the page is taken as it stands.
+    fn ran_out(&self, shown: bool, wait_for: Option<&str>) -> Result<Ended, RenderError> {
+        let open: Vec<&str> = self.open.values().map(|(_, url)| url.as_str()).collect();
+        tracing::debug!(
+            in_flight = self.in_flight(),
+            ?open,
+            "the render's time ran out"
+        );
+        match (shown, wait_for) {
+            (false, Some(selector)) => Err(RenderError::NotShown(selector.to_owned())),
+            _ => Ok(Ended::TimedOut),
+        }
+    }
+}
+
+/// Resolves once the page shows an element `selector` matches, as the page's own
+/// `MutationObserver` sees it: no polling. `false` if the selector does not parse or the
+/// document went away, and then the caller asks.
+async fn appears(page: &Page, selector: &str) -> Result<bool, CdpError> {
+    let quoted = serde_json::to_string(selector).map_err(CdpError::from)?;
+    let expression = format!(
+        "new Promise(resolve => {{
+          const found = () => {{ try {{ return document.querySelector({quoted}) !== null; }}
+                                 catch (e) {{ return null; }} }};
+          const now = found();
+          if (now !== false) {{ resolve(now === true); return; }}
+          const watch = new MutationObserver(() => {{
+            if (found()) {{ watch.disconnect(); resolve(true); }}
+          }});
+          watch.observe(document, {{ childList: true, subtree: true, attributes: true }});
+        }})"
+    );
+    evaluate::<bool>(page, expression).await
 }
 
 /// Whether the page shows an element `selector` matches.
@@ -371,6 +430,7 @@ async fn evaluate<T: serde::de::DeserializeOwned>(
 ) -> Result<T, CdpError> {
     let params = EvaluateParams::builder()
         .expression(expression)
+        .await_promise(true)
         .return_by_value(true)
         .build()
         .map_err(CdpError::msg)?;

@@ -18,6 +18,7 @@ use conveyor_testkit::direct_fetch_settings;
 use conveyor_testkit::renderer::{launch, render_settings};
 use conveyor_testkit::site::Site;
 use conveyor_worker::domain::model::Page;
+use conveyor_worker::domain::render::{Render, RenderOptions, Selector};
 use conveyor_worker::scraper::policy::{AddressPolicy, Lookup};
 use conveyor_worker::scraper::{Ask, FetchError, Fetcher, HttpFetcher};
 
@@ -81,6 +82,49 @@ async fn a_page_the_site_refuses_is_its_status_and_robots_txt_is_fetched_plain()
         1,
         "the 404 alone"
     );
+}
+
+/// What a job that waits for `selector` asks of one render.
+fn waiting_for(selector: &str) -> RenderOptions {
+    RenderOptions {
+        render: Render::Always,
+        wait_for: Some(Selector::parse(selector).expect("a selector")),
+        timeout: Some(Duration::from_secs(3)),
+        screenshot: false,
+    }
+}
+
+#[tokio::test]
+async fn a_page_is_taken_once_its_selector_shows_and_one_never_showing_it_fails_for_it() {
+    // Arrange: an app page whose text comes after 200 ms, and one whose text comes long
+    // after the render's 3 s.
+    let site = Site::start().await;
+    let fetcher = fetcher(Arc::new(Table::of(&[])), render_settings());
+    let (loaded, invalid) = (waiting_for("p.loaded"), waiting_for("p["));
+    let ask = |options| Ask {
+        render: Some(options),
+        ..Ask::within(Duration::from_secs(20))
+    };
+
+    // Act
+    let shown = fetcher
+        .fetch(&site.url("/app/soon?delay=200"), ask(&loaded))
+        .await;
+    let never = fetcher
+        .fetch(&site.url("/app/late?delay=60000"), ask(&loaded))
+        .await;
+    let unparsed = fetcher
+        .fetch(&site.url("/app/bad?delay=0"), ask(&invalid))
+        .await;
+
+    // Assert: the first has its text; the others fail for the selector, to be tried again.
+    let page = shown.page.expect("the page");
+    assert!(String::from_utf8_lossy(&page.body).contains(&rendered_text("soon")));
+    for (fetched, selector) in [(never, "p.loaded"), (unparsed, "p[")] {
+        let error = fetched.page.expect_err("no page");
+        assert!(error.reason.contains(selector), "{error:?}");
+        assert!(error.timed_out, "{error:?}");
+    }
 }
 
 /// The page of every vector, each aimed at every target.

@@ -6,9 +6,10 @@
 //! our failure. The plain worker hands a task over (`render: always`, or `auto` and a
 //! shell) and the renderer finishes it, once.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::time::Duration;
 
-use conveyor_renderer::fetcher::{BrowserFetcher, RENDERED_TYPE};
+use conveyor_renderer::fetcher::{RENDERED_TYPE, RenderSettings};
 use conveyor_testkit::app_site::rendered_text;
 use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::queue::Queue;
@@ -18,11 +19,13 @@ use conveyor_worker::batch;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
 use conveyor_worker::polite::Politeness;
 use conveyor_worker::ports::queue::QueueRef;
-use conveyor_worker::scraper::HttpFetcher;
 use conveyor_worker::store::dynamo::{attributes, keys};
 
 use crate::proxies::{DATACENTER, RESIDENTIAL, credentials, spend};
 use conveyor_testkit::renderer::{TestRenderer, render_settings};
+
+use crate::politeness::{Fleet, drain_by, tasks_at};
+use crate::renderer::sites::{ok, raw_site};
 
 /// Politeness as deployed: the configuration's defaults.
 fn production_politeness() -> Politeness {
@@ -267,16 +270,9 @@ async fn a_browser_that_cannot_start_is_our_failure_retried_and_never_the_tasks(
     stack
         .put_task("app", &site.url("/app/missing"), "pending")
         .await;
-    let mut broken = render_settings();
-    broken.launch.executable = "/nonexistent/chromium".into();
-    let worker = stack.worker_fetching(
-        |t| t.politeness = WorkerTuning::default().politeness,
-        |_, (fetch, policy, lookup)| {
-            let plain = HttpFetcher::with_policy(&fetch, policy.clone(), Arc::clone(&lookup))
-                .expect("a client");
-            BrowserFetcher::new(plain, (policy, lookup), broken)
-        },
-    );
+    let worker = stack.renderer_of(broken_browser(), |t| {
+        t.politeness = WorkerTuning::default().politeness;
+    });
 
     // Act
     let reply = run_batch(&worker, vec![record("app", &body("app"), 5)]).await;
@@ -400,4 +396,86 @@ async fn a_render_whose_proxy_is_down_gives_way_to_the_next_tier_and_the_last_on
         "the proxy's fault, on the last attempt too"
     );
     assert_eq!(stack.task("none").await.status(), Some("processing"));
+}
+
+/// The renderer's settings with a browser that cannot start.
+fn broken_browser() -> RenderSettings {
+    let mut broken = render_settings();
+    broken.launch.executable = "/nonexistent/chromium".into();
+    broken
+}
+
+/// A page of `script` alone, on a site of its own.
+async fn scripted(script: &str) -> String {
+    let page =
+        format!("<!doctype html><html><body><p>start</p><script>{script}</script></body></html>");
+    let site = raw_site(HashMap::from([("/".to_owned(), ok("text/html", &page))])).await;
+    format!("http://{site}/")
+}
+
+/// One sandbox of two pollers, invocations of 10 s.
+const ONE_SANDBOX: Fleet = Fleet {
+    sandboxes: 1,
+    pollers: 2,
+    timeout: Duration::from_secs(10),
+    limit: Duration::from_secs(120),
+};
+
+/// The renderer as deployed but quicker to retry: 3 s a render, hold-backs up to 0.5 s.
+fn quick(t: &mut WorkerTuning) {
+    t.politeness = production_politeness();
+    t.scrape_timeout = Duration::from_secs(3);
+    t.backoff.base = Duration::from_millis(100);
+    t.backoff.max = Duration::from_millis(500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_sqs_a_page_that_hangs_or_runs_out_of_memory_fails_after_its_tries_and_a_browser_that_cannot_start_is_dead_lettered()
+ {
+    // Arrange: an app page, a page whose script never yields, and one that allocates
+    // without end past a 64 MiB script heap, each on a host of its own; on another stack, a
+    // renderer whose browser cannot start.
+    let (stack, site) = (Stack::new().await, Site::start().await);
+    stack.put_job(JOB, "active").await;
+    let hang = scripted("while (true) {}").await;
+    let oom = scripted("const kept = []; while (true) kept.push(new Array(1e6).fill(1));").await;
+    let (queue, dlq) = tasks_at(&stack, &[site.url("/app/fine"), hang, oom]).await;
+    let small_heap = {
+        let mut settings = render_settings();
+        settings.launch.heap_mib = 64;
+        settings
+    };
+    let renderer = stack.renderer_of(small_heap, quick);
+    let other = Stack::new().await;
+    other.put_job(JOB, "active").await;
+    let (lost, lost_dlq) = tasks_at(&other, &[site.url("/app/never")]).await;
+    let broken = other.renderer_of(broken_browser(), quick);
+
+    // Act
+    drain_by(&stack, &queue, &[renderer], ONE_SANDBOX).await;
+    drain_by(&other, &lost, &[broken], ONE_SANDBOX).await;
+
+    // Assert: the page rendered; the hung and the out-of-memory pages failed once their tries
+    // were spent, counted once, nothing dead-lettered; the launch failure is ours, its
+    // task left open and its message in the dead-letter queue.
+    assert!(
+        stored_text(&stack, "t000")
+            .await
+            .contains(&rendered_text("fine"))
+    );
+    for (id, why) in [("t001", "did not load"), ("t002", "crashed")] {
+        let task = stack.task(id).await;
+        assert_eq!(task.status(), Some("failed"), "{id}: {task:?}");
+        assert_eq!(task.n("attempts"), Some(u64::from(MAX_ATTEMPTS)), "{id}");
+        assert!(
+            task.s("error").is_some_and(|e| e.contains(why)),
+            "{id}: {task:?}"
+        );
+    }
+    assert_eq!(stack.run_counters(JOB, RUN).await, (1, 2, 0));
+    assert!(dlq.drain(&stack).await.is_empty());
+    assert_eq!(lost_dlq.drain(&other).await.len(), 1);
+    let open = other.task("t000").await;
+    assert_eq!(open.status(), Some("processing"), "{open:?}");
+    assert_eq!(other.run_counters(JOB, RUN).await, (0, 0, 1));
 }

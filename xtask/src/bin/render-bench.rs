@@ -2,10 +2,12 @@
 //! (each an application shell whose text arrives by XHR 100-300 ms after the first paint,
 //! testkit's `/app/{name}`) rendered by this project's renderer and by Crawlee's
 //! PuppeteerCrawler (`benches/crawlee/`), both driving Debian's headless Chromium with
-//! images, media and fonts blocked, at the same concurrency, in one run. Each side runs in a
-//! process of its own, so its CPU time and memory are its own: this binary with
-//! `--ours` renders, and its parent measures. Writes the section of BENCHMARKS.md between
-//! its markers.
+//! images, media and fonts blocked, at the same concurrency, in one run, [`ROUNDS`] times in
+//! turn (the median round of each is reported). Beside them, the plain worker's fetch of
+//! the same pages, once: what `render: never` stores (the shell) and costs. Each side runs
+//! in a process of its own, so its CPU time and memory are its own: this binary with
+//! `--ours` renders, with `--plain` fetches, and its parent measures. Writes the section of
+//! BENCHMARKS.md between its markers.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -33,25 +35,35 @@ const CONCURRENCY: usize = 2;
 const PRICE_GB_S: f64 = 0.000_013_333_4;
 /// The renderer's memory as deployed (template.yaml, `RendererMemorySize`), in GB.
 const RENDERER_GB: f64 = 2.0;
+/// The plain worker's memory as deployed (template.yaml, `MemorySize`), in GB.
+const WORKER_GB: f64 = 0.25;
+/// Rounds of the two renderers, in turn: the machine's noise between runs is about 10%.
+const ROUNDS: usize = 3;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let started = Instant::now();
     let args: Vec<String> = std::env::args().collect();
-    if let [_, flag, list] = args.as_slice()
-        && flag == "--ours"
-    {
-        let report = ours(&urls_in(list)?, started).await?;
+    if let [_, flag, list] = args.as_slice() {
+        let report = match flag.as_str() {
+            "--ours" => ours(&urls_in(list)?, started).await?,
+            "--plain" => plain(&urls_in(list)?, started).await?,
+            other => return Err(format!("{other}: --ours or --plain").into()),
+        };
         println!("{report}");
         return Ok(());
     }
     let site = Site::start().await;
     let list = std::env::temp_dir().join("render-bench-urls.txt");
     std::fs::write(&list, urls(&site).join("\n") + "\n")?;
-    let ours = measured(ours_command(&list)?, None).await?;
-    let (peer, out) = crawlee_command(&list)?;
-    let peer = measured(peer, Some(&out)).await?;
-    let section = section(&ours, &peer);
+    let (mut ours, mut peers) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ours.push(measured(own_command("--ours", &list)?, None).await?);
+        let (peer, out) = crawlee_command(&list)?;
+        peers.push(measured(peer, Some(&out)).await?);
+    }
+    let plain = measured(own_command("--plain", &list)?, None).await?;
+    let section = section(&median(ours), &median(peers), &plain);
     let old = std::fs::read_to_string("BENCHMARKS.md").unwrap_or_default();
     std::fs::write("BENCHMARKS.md", xtask::splice(&old, BEGIN, END, &section))?;
     println!("{section}");
@@ -110,19 +122,69 @@ async fn ours(urls: &[String], started: Instant) -> Result<Value> {
     )
 }
 
-fn fetcher() -> Result<BrowserFetcher> {
-    let policy = AddressPolicy::new(false, None).trusting(["127.0.0.1".parse()?]);
-    let plain = conveyor_testkit::direct_fetch_settings();
-    let lookup = Arc::new(SystemLookup);
-    let plain = HttpFetcher::with_policy(&plain, policy.clone(), lookup.clone())?;
-    let settings = RenderSettings::from_env(10 << 20)?;
-    Ok(BrowserFetcher::new(plain, (policy, lookup), settings))
+/// The plain worker's side, in its own process: every page fetched by the worker's HTTP
+/// fetcher, as `render: never` stores it. A page "has its text" only if the fetch got it.
+async fn plain(urls: &[String], started: Instant) -> Result<Value> {
+    let fetcher = plain_fetcher()?;
+    let want = rendered_text("");
+    let want = want.trim_start_matches("rendered text of ").to_owned();
+    let first = std::sync::OnceLock::new();
+    let pages = futures_util::stream::iter(urls).map(|url| {
+        let (fetcher, first, want) = (&fetcher, &first, &want);
+        async move {
+            let page = fetcher
+                .fetch(url, Ask::within(Duration::from_secs(30)))
+                .await;
+            let _ = first.set(started.elapsed());
+            let page = page.page.map_err(|e| e.to_string())?;
+            Ok::<bool, String>(String::from_utf8_lossy(&page.body).contains(want.as_str()))
+        }
+    });
+    let fetched: Vec<_> = pages.buffer_unordered(CONCURRENCY).collect().await;
+    let wall = started.elapsed().as_secs_f64();
+    let failed = fetched.iter().filter(|f| f.is_err()).count();
+    let good = fetched.iter().filter(|f| matches!(f, Ok(true))).count();
+    let first = first.get().map_or(0.0, Duration::as_secs_f64);
+    Ok(json!({"pages": fetched.len(), "ok": good, "failed": failed,
+              "wall_s": wall, "first_page_s": first}))
 }
 
-/// This binary with `--ours`.
-fn ours_command(list: &Path) -> Result<Vec<OsString>> {
+/// The worker's HTTP fetcher, direct, trusting the local site's address.
+fn plain_fetcher() -> Result<HttpFetcher> {
+    let policy = AddressPolicy::new(false, None).trusting(["127.0.0.1".parse()?]);
+    let settings = conveyor_testkit::direct_fetch_settings();
+    Ok(HttpFetcher::with_policy(
+        &settings,
+        policy,
+        Arc::new(SystemLookup),
+    )?)
+}
+
+fn fetcher() -> Result<BrowserFetcher> {
+    let policy = AddressPolicy::new(false, None).trusting(["127.0.0.1".parse()?]);
+    let lookup = Arc::new(SystemLookup);
+    let settings = RenderSettings::from_env(10 << 20)?;
+    Ok(BrowserFetcher::new(
+        plain_fetcher()?,
+        (policy, lookup),
+        settings,
+    ))
+}
+
+/// This binary with `flag` (`--ours` or `--plain`).
+fn own_command(flag: &str, list: &Path) -> Result<Vec<OsString>> {
     let exe = std::env::current_exe()?.into_os_string();
-    Ok(vec![exe, "--ours".into(), list.into()])
+    Ok(vec![exe, flag.into(), list.into()])
+}
+
+/// The round whose pages per second are the median of `rounds`.
+fn median(mut rounds: Vec<Value>) -> Value {
+    let rate = |r: &Value| {
+        let pages = r["pages"].as_f64().unwrap_or(0.0);
+        pages / r["wall_s"].as_f64().unwrap_or(f64::MAX).max(1e-9)
+    };
+    rounds.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    rounds.swap_remove(rounds.len() / 2)
 }
 
 /// Crawlee's side (`benches/crawlee/render.mjs`), its packages installed from the lock file
@@ -197,16 +259,17 @@ async fn measured(command: Vec<OsString>, out: Option<&Path>) -> Result<Value> {
 const BEGIN: &str = xtask::RENDER_SECTION.0;
 const END: &str = xtask::RENDER_SECTION.1;
 
-/// The section of BENCHMARKS.md: both sides, and what a million pages cost on Lambda.
-fn section(ours: &Value, peer: &Value) -> String {
-    let row = |name: &str, r: &Value| {
+/// The section of BENCHMARKS.md: both renderers and the plain fetch, and what a million
+/// pages cost on Lambda.
+fn section(ours: &Value, peer: &Value, plain: &Value) -> String {
+    let row = |name: &str, r: &Value, gb: f64| {
         let pages = r["pages"].as_f64().unwrap_or(0.0).max(1.0);
         let wall = r["wall_s"].as_f64().unwrap_or(0.0);
         let cpu = r["cpu_s"].as_f64().unwrap_or(0.0);
         let per_s = pages / wall.max(1e-9);
-        let dollars = 1e6 / per_s * RENDERER_GB * PRICE_GB_S;
+        let dollars = 1e6 / per_s * gb * PRICE_GB_S;
         format!(
-            "| {name} | {:.0}/{:.0} | {per_s:.2} | {:.3} | {:.0} | {:.2} | ${dollars:.0} |",
+            "| {name} | {:.0}/{:.0} | {per_s:.2} | {:.3} | {:.0} | {:.2} | {gb} GB | ${dollars:.2} |",
             r["ok"].as_f64().unwrap_or(0.0),
             pages,
             cpu / pages,
@@ -218,16 +281,21 @@ fn section(ours: &Value, peer: &Value) -> String {
         "{BEGIN}\n## Rendering beside a peer\n\n\
          {PAGES} client-rendered pages of a local site (each an application shell whose text \
          arrives by XHR 100-300 ms after its first paint), {CONCURRENCY} at a time on this \
-         {CONCURRENCY}-CPU machine, by each side in one run, both driving Debian's \
+         {CONCURRENCY}-CPU machine, by each side in turn, {ROUNDS} rounds (the median round \
+         of each is shown), both driving Debian's \
          `chromium-headless-shell` with images, media and fonts blocked, each page taken once \
          `p.loaded` shows. CPU is every process each side started, counted by \
          `benches/reap.py` as their subreaper; memory is their summed resident peak, sampled \
-         every 50 ms. The cost is a million pages \
-         at this rate on one {RENDERER_GB} GB arm64 sandbox at Lambda's ${PRICE_GB_S} per \
-         GB-second (`make bench-render`; docs/performance.md has the method).\n\n\
-         | side | pages with their text | pages/s | CPU s/page | peak RSS MB | cold start to first page, s | per million pages |\n\
-         |---|---|---|---|---|---|---|\n{}\n{}\n{END}\n",
-        row("conveyor-renderer", ours),
-        row("Crawlee PuppeteerCrawler", peer),
+         every 50 ms. The plain worker's fetch of the same pages (what `render: never` \
+         stores: the shell, without the text) is shown beside them. The cost is a million \
+         pages at this rate on one arm64 sandbox of the memory shown (the template's \
+         defaults) at Lambda's ${PRICE_GB_S} per GB-second; the local site answers at once, \
+         so the plain fetch here waits on no network, where on the web both wait on the \
+         site (`make bench-render`; docs/performance.md has the method).\n\n\
+         | side | pages with their text | pages/s | CPU s/page | peak RSS MB | cold start to first page, s | memory | per million pages |\n\
+         |---|---|---|---|---|---|---|---|\n{}\n{}\n{}\n{END}\n",
+        row("conveyor-renderer", ours, RENDERER_GB),
+        row("Crawlee PuppeteerCrawler", peer, RENDERER_GB),
+        row("conveyor-worker, plain fetch", plain, WORKER_GB),
     )
 }
