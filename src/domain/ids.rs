@@ -143,6 +143,12 @@ impl ResultKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Where the rendered page's PNG is kept: beside it, as `<key>~screenshot.png`. No id
+    /// holds a `~`, so it is no task's result key.
+    pub fn screenshot(&self) -> ResultKey {
+        Self(format!("{}~screenshot.png", self.0))
+    }
 }
 
 /// A v3 result's first key segment: the first byte of the SHA-256 of

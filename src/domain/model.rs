@@ -214,6 +214,9 @@ pub struct Page {
     pub validators: Validators,
     /// The page was rendered in a browser (the renderer's), with what it asked for.
     pub rendered: Option<crate::domain::render::Rendering>,
+    /// A PNG of the rendered page, when its job asked for one (`render_screenshot`): stored
+    /// beside it, at [`ResultKey::screenshot`](crate::domain::ids::ResultKey::screenshot).
+    pub screenshot: Option<Bytes>,
 }
 
 /// The status of a response that says the earlier result still stands.

@@ -159,6 +159,7 @@ mod tests {
             body: body.as_bytes().to_vec().into(),
             validators: Default::default(),
             rendered: None,
+            screenshot: None,
         })
     }
 

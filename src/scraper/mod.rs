@@ -246,6 +246,7 @@ impl HttpFetcher {
             body,
             validators,
             rendered: None,
+            screenshot: None,
         })
     }
 

@@ -40,6 +40,8 @@ pub mod meta {
     pub const SHELL: &str = "shell";
     /// On a page rendered in a browser: what it asked for (`requests=N bytes=M`).
     pub const RENDERED: &str = "rendered";
+    /// On a rendered page with a PNG beside it (`render_screenshot`): `png`.
+    pub const SCREENSHOT: &str = "screenshot";
 }
 
 /// [`ResultStore`] on one S3 bucket.
@@ -61,6 +63,7 @@ impl S3ResultStore {
 impl ResultStore for S3ResultStore {
     #[tracing::instrument(skip_all, fields(key = %new.key, size = new.page.body.len()))]
     async fn put_if_absent(&self, new: NewResult<'_>) -> Result<Put, StoreError> {
+        self.put_screenshot(&new).await?;
         let result = self.put(new).if_none_match("*").send().await;
         match result {
             Ok(_) => Ok(Put::Stored),
@@ -73,6 +76,7 @@ impl ResultStore for S3ResultStore {
     async fn replace(&self, new: NewResult<'_>, etag: &str) -> Result<Put, StoreError> {
         // The SDK's futures are boxed, here and in `opening`. They are large in a debug
         // build, and these rare calls sit inside every delivery's converge stage.
+        Box::pin(self.put_screenshot(&new)).await?;
         let result = Box::pin(self.put(new).if_match(etag).send()).await;
         match result {
             Ok(_) => Ok(Put::Stored),
@@ -234,6 +238,29 @@ impl S3ResultStore {
 }
 
 impl S3ResultStore {
+    /// The rendered page's PNG, if it has one, put before the page: a stored page that says
+    /// it has one has it. The first one put stays, so the page that wins a race of
+    /// duplicate deliveries keeps its own (it put its PNG before its page).
+    async fn put_screenshot(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
+        let Some(png) = &new.page.screenshot else {
+            return Ok(());
+        };
+        let key = new.key.screenshot();
+        let request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key.as_str())
+            .body(ByteStream::from(png.clone()))
+            .content_type("image/png")
+            .metadata(meta::SOURCE_URL, MetadataUrl::new(&new.page.url).as_str());
+        match request.if_none_match("*").send().await {
+            Ok(_) => Ok(()),
+            Err(err) if service_code(&err) == Some("PreconditionFailed") => Ok(()),
+            Err(err) => Err(StoreError::from_sdk("PutObject(screenshot)", err)),
+        }
+    }
+
     /// A carried-forward result's `CopyObject`: conditional on the earlier object's version,
     /// with every header except the condition on the key.
     fn copy(
@@ -291,7 +318,10 @@ impl S3ResultStore {
             .metadata(meta::HTTP_STATUS, new.page.http_status.to_string())
             .metadata(meta::SHA256, new.sha256)
             .metadata(meta::FETCHED_AT, rfc3339(new.fetched_at));
-        let request = marked(request, new.shell, new.page.rendered);
+        let mut request = marked(request, new.shell, new.page.rendered);
+        if new.page.screenshot.is_some() {
+            request = request.metadata(meta::SCREENSHOT, "png");
+        }
         with_validators(request, &new.page.validators)
     }
 }

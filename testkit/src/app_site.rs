@@ -1,6 +1,7 @@
 //! The local site's client-rendered pages, as a React or Vue build serves them: `/app/{name}`
 //! is an application shell whose script fetches `/api/{name}` after `?delay=` milliseconds
-//! (150 by default) and writes the page's text into its mount node. `/media/{file}` is an
+//! (150 by default) and writes the page's text into its mount node; with `?ttfb=`, the
+//! shell itself comes that many milliseconds late, as a distant site's first byte does. `/media/{file}` is an
 //! image the shell shows, for the renderer's resource blocking.
 
 use std::collections::HashMap;
@@ -24,10 +25,9 @@ pub(crate) async fn app(
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> impl IntoResponse {
-    let delay: u64 = query
-        .get("delay")
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(150);
+    let ms = |name: &str| query.get(name).and_then(|d| d.parse::<u64>().ok());
+    let delay = ms("delay").unwrap_or(150);
+    tokio::time::sleep(Duration::from_millis(ms("ttfb").unwrap_or(0))).await;
     let body = format!(
         r#"<!doctype html><html><head><title>{name}</title></head><body>
 <div id="root"></div><img src="/media/{name}.png" alt="">

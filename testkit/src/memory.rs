@@ -663,6 +663,7 @@ impl Fetcher for MemoryPages {
             body: self.body.clone(),
             validators: Validators::default(),
             rendered: None,
+            screenshot: None,
         }))
     }
 }

@@ -316,6 +316,7 @@ fn page(body: &'static [u8]) -> conveyor_worker::domain::model::Page {
         body: body.into(),
         validators: Default::default(),
         rendered: None,
+        screenshot: None,
     }
 }
 

@@ -348,6 +348,7 @@ async fn s3_slow_down_is_throttling_a_bare_503_a_failure_and_access_denied_a_ref
         body: "hello".into(),
         validators: Default::default(),
         rendered: None,
+        screenshot: None,
     };
     let new = NewResult {
         key: &key,
@@ -379,6 +380,7 @@ fn page() -> Page {
         body: "hello".into(),
         validators: Default::default(),
         rendered: None,
+        screenshot: None,
     }
 }
 

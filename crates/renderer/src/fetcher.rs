@@ -283,6 +283,7 @@ impl BrowserFetcher {
             max_elements: self.settings.max_elements,
             max_html_bytes: self.settings.max_html_bytes,
             load_media: self.settings.load_media,
+            screenshot: options.is_some_and(|o| o.screenshot),
         }
     }
 
@@ -406,6 +407,7 @@ fn page_of(
             bytes: used.bytes,
         }),
         body: Bytes::from(rendered.html),
+        screenshot: rendered.screenshot.map(Bytes::from),
     })
 }
 

@@ -27,9 +27,11 @@ use chromiumoxide::cdp::browser_protocol::network::{
     BlockPattern, EventLoadingFailed, EventLoadingFinished, EventRequestWillBeSent,
     SetBlockedUrLsParams, SetBypassServiceWorkerParams,
 };
+use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
 use chromiumoxide::error::CdpError;
 use chromiumoxide::listeners::EventStream;
+use chromiumoxide::page::ScreenshotParams;
 use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep, timeout};
@@ -52,6 +54,8 @@ pub struct RenderAsk<'a> {
     pub max_html_bytes: usize,
     /// Load images, media and fonts (off unless the settings say so).
     pub load_media: bool,
+    /// Take a PNG of the page's viewport (the job's `render_screenshot`).
+    pub screenshot: bool,
 }
 
 /// How the wait for the page ended.
@@ -74,6 +78,8 @@ pub struct Rendered {
     pub status: u16,
     pub final_url: String,
     pub ended: Ended,
+    /// The viewport's PNG, if it was asked for and is within the HTML's bound.
+    pub screenshot: Option<Vec<u8>>,
 }
 
 /// What one render sent through its browser proxy, whether or not it gave a page.
@@ -181,7 +187,28 @@ async fn on_page(
     let reserve = (ask.time / 10).min(Duration::from_secs(1));
     let until = start + ask.time.saturating_sub(reserve);
     let ended = network.settle(page, proxy, ask, until).await?;
-    serialize(page, ask, ended).await
+    let mut rendered = serialize(page, ask, ended).await?;
+    if ask.screenshot {
+        rendered.screenshot = screenshot(page, ask.max_html_bytes).await?;
+    }
+    Ok(rendered)
+}
+
+/// A PNG of the page's viewport (800 x 600), or none if it is over `most` bytes.
+async fn screenshot(page: &Page, most: usize) -> Result<Option<Vec<u8>>, CdpError> {
+    let params = ScreenshotParams::builder()
+        .format(CaptureScreenshotFormat::Png)
+        .build();
+    let png = page.screenshot(params).await?;
+    if png.len() > most {
+        tracing::warn!(
+            bytes = png.len(),
+            most,
+            "the screenshot is too large to keep"
+        );
+        return Ok(None);
+    }
+    Ok(Some(png))
 }
 
 /// Closes what a page could use to get around the browser proxy or leave something behind, and
@@ -420,6 +447,7 @@ async fn serialize(
         status: out.status,
         final_url: out.url,
         ended,
+        screenshot: None,
     })
 }
 

@@ -479,3 +479,44 @@ async fn through_sqs_a_page_that_hangs_or_runs_out_of_memory_fails_after_its_tri
     assert_eq!(open.status(), Some("processing"), "{open:?}");
     assert_eq!(other.run_counters(JOB, RUN).await, (0, 0, 1));
 }
+
+#[tokio::test]
+async fn a_job_asking_for_screenshots_gets_a_png_beside_its_rendered_page_once() {
+    // Arrange: a job that renders always, with screenshots; its task delivered twice.
+    let stack = Stack::new().await;
+    let mut job = keys::job_key(&id(JOB));
+    job.insert("status".into(), attributes::s("active"));
+    job.insert("render".into(), attributes::s("always"));
+    let yes = aws_sdk_dynamodb::types::AttributeValue::Bool(true);
+    job.insert("render_screenshot".into(), yes);
+    stack.put_item(job).await;
+    stack.put_counted_run(JOB, RUN, 1).await;
+    let site = Site::start().await;
+    stack
+        .put_task("shot", &site.url("/app/shot"), "pending")
+        .await;
+
+    // Act
+    let records = vec![delivery("shot"), delivery("shot")];
+    let reply = run_batch(&renderer(&stack, |_| {}), records).await;
+
+    // Assert: the page, marked as having a PNG, and the PNG at its documented key.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    assert!(
+        stored_text(&stack, "shot")
+            .await
+            .contains(&rendered_text("shot"))
+    );
+    let task = stack.task("shot").await;
+    let key = task.s("result_key").expect("a result key");
+    let page = stack.object(key).await.expect("the page");
+    assert_eq!(
+        page.metadata.get("screenshot").map(String::as_str),
+        Some("png")
+    );
+    let png = stack.object(&format!("{key}~screenshot.png")).await;
+    let png = png.expect("the PNG beside the page");
+    assert_eq!(png.content_type, "image/png");
+    assert!(png.body.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 0));
+}

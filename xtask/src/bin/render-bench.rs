@@ -31,6 +31,10 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 const PAGES: usize = 200;
 /// Pages in flight at once, on each side: one per CPU of this machine.
 const CONCURRENCY: usize = 2;
+/// Records the plain worker fetches at once, as deployed (template.yaml, `RecordConcurrency`).
+const PLAIN_CONCURRENCY: usize = 16;
+/// How late every page's first byte comes, as from a site across the internet.
+const TTFB_MS: usize = 100;
 /// Lambda's price of arm64 time, per GB-second (us-east-1, 2026).
 const PRICE_GB_S: f64 = 0.000_013_333_4;
 /// The renderer's memory as deployed (template.yaml, `RendererMemorySize`), in GB.
@@ -70,10 +74,14 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// The site's pages, their XHR delays spread evenly over 100 to 300 ms.
+/// The site's pages, their first bytes [`TTFB_MS`] late, their XHR delays spread evenly
+/// over 100 to 300 ms.
 fn urls(site: &Site) -> Vec<String> {
     (0..PAGES)
-        .map(|i| site.url(&format!("/app/p{i}?delay={}", 100 + (i * 7) % 201)))
+        .map(|i| {
+            let delay = 100 + (i * 7) % 201;
+            site.url(&format!("/app/p{i}?delay={delay}&ttfb={TTFB_MS}"))
+        })
         .collect()
 }
 
@@ -123,7 +131,8 @@ async fn ours(urls: &[String], started: Instant) -> Result<Value> {
 }
 
 /// The plain worker's side, in its own process: every page fetched by the worker's HTTP
-/// fetcher, as `render: never` stores it. A page "has its text" only if the fetch got it.
+/// fetcher, as `render: never` stores it, [`PLAIN_CONCURRENCY`] at a time as deployed. A
+/// page "has its text" only if the fetch got it.
 async fn plain(urls: &[String], started: Instant) -> Result<Value> {
     let fetcher = plain_fetcher()?;
     let want = rendered_text("");
@@ -140,7 +149,7 @@ async fn plain(urls: &[String], started: Instant) -> Result<Value> {
             Ok::<bool, String>(String::from_utf8_lossy(&page.body).contains(want.as_str()))
         }
     });
-    let fetched: Vec<_> = pages.buffer_unordered(CONCURRENCY).collect().await;
+    let fetched: Vec<_> = pages.buffer_unordered(PLAIN_CONCURRENCY).collect().await;
     let wall = started.elapsed().as_secs_f64();
     let failed = fetched.iter().filter(|f| f.is_err()).count();
     let good = fetched.iter().filter(|f| matches!(f, Ok(true))).count();
@@ -269,7 +278,7 @@ fn section(ours: &Value, peer: &Value, plain: &Value) -> String {
         let per_s = pages / wall.max(1e-9);
         let dollars = 1e6 / per_s * gb * PRICE_GB_S;
         format!(
-            "| {name} | {:.0}/{:.0} | {per_s:.2} | {:.3} | {:.0} | {:.2} | {gb} GB | ${dollars:.2} |",
+            "| {name} | {:.0}/{:.0} | {per_s:.2} | {:.4} | {:.0} | {:.2} | {gb} GB | ${dollars:.2} |",
             r["ok"].as_f64().unwrap_or(0.0),
             pages,
             cpu / pages,
@@ -279,7 +288,8 @@ fn section(ours: &Value, peer: &Value, plain: &Value) -> String {
     };
     format!(
         "{BEGIN}\n## Rendering beside a peer\n\n\
-         {PAGES} client-rendered pages of a local site (each an application shell whose text \
+         {PAGES} client-rendered pages of a local site (each an application shell, its first \
+         byte {TTFB_MS} ms late, whose text \
          arrives by XHR 100-300 ms after its first paint), {CONCURRENCY} at a time on this \
          {CONCURRENCY}-CPU machine, by each side in turn, {ROUNDS} rounds (the median round \
          of each is shown), both driving Debian's \
@@ -287,11 +297,11 @@ fn section(ours: &Value, peer: &Value, plain: &Value) -> String {
          `p.loaded` shows. CPU is every process each side started, counted by \
          `benches/reap.py` as their subreaper; memory is their summed resident peak, sampled \
          every 50 ms. The plain worker's fetch of the same pages (what `render: never` \
-         stores: the shell, without the text) is shown beside them. The cost is a million \
+         stores: the shell, without the text), {PLAIN_CONCURRENCY} at a time as deployed, is \
+         shown beside them. The cost is a million \
          pages at this rate on one arm64 sandbox of the memory shown (the template's \
-         defaults) at Lambda's ${PRICE_GB_S} per GB-second; the local site answers at once, \
-         so the plain fetch here waits on no network, where on the web both wait on the \
-         site (`make bench-render`; docs/performance.md has the method).\n\n\
+         defaults) at Lambda's ${PRICE_GB_S} per GB-second \
+         (`make bench-render`; docs/performance.md has the method).\n\n\
          | side | pages with their text | pages/s | CPU s/page | peak RSS MB | cold start to first page, s | memory | per million pages |\n\
          |---|---|---|---|---|---|---|---|\n{}\n{}\n{}\n{END}\n",
         row("conveyor-renderer", ours, RENDERER_GB),
