@@ -12,6 +12,7 @@ use conveyor_worker::batch::BatchLimits;
 use conveyor_worker::batch::ProcessRecord;
 use conveyor_worker::domain::ids::TaskRef;
 use conveyor_worker::domain::message;
+pub use conveyor_worker::domain::render::Render;
 use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::pushback::backoff::Backoff;
 use conveyor_worker::store::dynamo::DynamoTaskStore;
@@ -72,26 +73,6 @@ pub struct Scenario {
     /// What the job says of rendering. Unless `never`, the worker hands pages over to a
     /// render queue of its own, which a renderer drains.
     pub render: Render,
-}
-
-/// The job's `render`: `never` (left unsaid), `always` or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Render {
-    #[default]
-    Never,
-    Always,
-    Auto,
-}
-
-impl Render {
-    /// The word the job item holds; `never` is left unsaid, as jobs before rendering were.
-    pub fn word(self) -> Option<&'static str> {
-        match self {
-            Render::Never => None,
-            Render::Always => Some("always"),
-            Render::Auto => Some("auto"),
-        }
-    }
 }
 
 /// `worker`, its process "dying" right after a share `rate` of its S3 writes.
@@ -618,8 +599,9 @@ async fn seed_run(stack: &Stack, scenario: &Scenario, ids: &[String]) -> Vec<Tas
         (true, None) => stack.put_polite_job(JOB, POLITE_JOB_RPS).await,
         (false, _) => stack.put_job(JOB, "active").await,
     }
-    if let Some(choice) = scenario.render.word() {
-        stack.set_job_render(JOB, choice).await;
+    // `never` is left unsaid, as jobs before rendering were.
+    if scenario.render != Render::Never {
+        stack.set_job_render(JOB, scenario.render.as_str()).await;
     }
     let spread = match (scenario.counters, scenario.spread) {
         ((0, _), _) => {
