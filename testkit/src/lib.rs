@@ -5,6 +5,7 @@
 
 pub mod app_site;
 pub mod block_pages;
+pub mod canary;
 pub mod chaos;
 pub mod demo;
 pub mod fixtures;

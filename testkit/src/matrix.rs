@@ -411,9 +411,15 @@ pub async fn run(draw: &Draw) -> Figures {
     }
     let (tiers, paid) = (proxies.tiers.clone(), draw.proxy == Proxy::Paid);
     let secret = proxies.secret.clone();
+    let (canary, reached) = aimed(draw, &prepared).await;
     let tune = move |t: &mut super::WorkerTuning| {
         t.proxies = tiers.clone();
         t.proxy_secret = secret.clone();
+        if canary.is_some() {
+            // As deployed: private addresses refused, but for the sites' own.
+            t.allow_private_networks = false;
+            t.trusted = vec![SITES];
+        }
         if paid {
             t.backoff = PAID_BACKOFF;
             // A record waits while the run's budget is held; a reservation a cut give-back
@@ -439,6 +445,8 @@ pub async fn run(draw: &Draw) -> Figures {
         esm = format!("{esm}; then {}", second.summary());
     }
     let report = prepared.check(Some(&acked), seconds, &esm).await;
+    let reached = reached.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reached, 0, "connections that reached the canary");
     let paid = match draw.proxy {
         Proxy::Paid => Some((paid_spend(&prepared.stack).await, budget + POLLERS * cap)),
         _ => None,
@@ -454,6 +462,29 @@ pub async fn run(draw: &Draw) -> Figures {
     };
     check_draw(draw, &prepared, &figures, &errors);
     figures
+}
+
+/// The sites' address: loopback, trusted as public when the draw renders.
+const SITES: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// When the draw renders: a canary on another loopback address, which the sites' pages
+/// aim a browser at every way a page can ([`Site::aim_pages_at`](super::Site)), and what
+/// reaches it. A draw without a browser gets neither.
+async fn aimed(
+    draw: &Draw,
+    prepared: &Prepared,
+) -> (
+    Option<std::net::SocketAddr>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    if draw.render == Render::Never {
+        return (None, Default::default());
+    }
+    let (canary, reached) = super::canary::canary("127.0.0.9").await;
+    for site in &prepared.hosts.sites {
+        site.aim_pages_at(canary);
+    }
+    (Some(canary), reached)
 }
 
 /// The operator's step: every failed task re-queued, or the dead-letter queue redriven;

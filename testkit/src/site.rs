@@ -50,7 +50,13 @@ pub struct Site {
     pub addr: SocketAddr,
     hits: Hits,
     served: Served,
+    aim: Aim,
 }
+
+/// Where the site's `/page/{name}` pages aim a browser besides their own text, if anywhere
+/// ([`Site::aim_pages_at`]).
+#[derive(Clone, Default)]
+struct Aim(Arc<Mutex<Option<SocketAddr>>>);
 
 impl Site {
     /// A site on 127.0.0.1.
@@ -61,7 +67,7 @@ impl Site {
     /// A site on another loopback address (127.0.0.0/8 all routes to this machine), which a
     /// test can trust as "public" while 127.0.0.1 stays private.
     pub async fn start_on(ip: IpAddr) -> Self {
-        let (hits, served) = (Hits::default(), Served::default());
+        let (hits, served, aim) = (Hits::default(), Served::default(), Aim::default());
         let app = Router::new()
             .route("/page/{name}", get(page))
             .route("/status/{code}", get(status))
@@ -91,6 +97,7 @@ impl Site {
             .route("/challenged/{ip}/{answer}/{name}", get(challenged))
             .route("/forged-relay", get(forged_relay))
             .route("/down-saying-proxy/{name}", get(down_saying_proxy))
+            .layer(axum::Extension(aim.clone()))
             .layer(middleware::from_fn_with_state(hits.clone(), count_hits))
             .layer(middleware::from_fn_with_state(served.clone(), serve_count))
             .with_state(hits.clone());
@@ -102,7 +109,19 @@ impl Site {
             .expect("a bound listener has an address");
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { addr, hits, served }
+        Self {
+            addr,
+            hits,
+            served,
+            aim,
+        }
+    }
+
+    /// From now on, every `/page/{name}` page also aims a browser at `canary` every way a
+    /// page can: an image, a script, a frame, a redirect in a frame, `fetch()` and a
+    /// WebSocket. Its own text stays the same; a plain fetch sees only markup.
+    pub fn aim_pages_at(&self, canary: SocketAddr) {
+        *self.aim.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(canary);
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -237,11 +256,17 @@ async fn count_hits(State(hits): State<Hits>, request: Request, next: Next) -> R
     next.run(request).await
 }
 
-async fn page(Path(name): Path<String>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        format!("<html><body>page {name}</body></html>"),
-    )
+async fn page(Path(name): Path<String>, axum::Extension(aim): axum::Extension<Aim>) -> Response {
+    let canary = *aim.0.lock().unwrap_or_else(|p| p.into_inner());
+    let aimed = canary.map_or_else(String::new, |at| {
+        format!(
+            r#"<img src="http://{at}/i.png"><script src="http://{at}/s.js"></script>
+<iframe src="http://{at}/f"></iframe><iframe src="/redirect-to?url=http://{at}/r"></iframe>
+<script>fetch("http://{at}/x").catch(() => {{}}); new WebSocket("ws://{at}/w");</script>"#
+        )
+    });
+    let body = format!("<html><body>page {name}{aimed}</body></html>");
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
 async fn status(Path(code): Path<u16>) -> impl IntoResponse {

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
+use conveyor_worker::domain::blocks::{Block, Detection};
 use conveyor_worker::domain::bounds::{ContentType, UrlText};
 use conveyor_worker::domain::model::Page;
 use conveyor_worker::domain::proxy::{ProxyAddr, ProxySecret, Tiers, sticky};
@@ -387,10 +388,7 @@ fn page_of(
         0 => 200,
         status => status,
     };
-    if let Some(block) = ask
-        .detection
-        .by_body(Some(RENDERED_TYPE), rendered.html.as_bytes())
-    {
+    if let Some(block) = blocked(ask.detection, &rendered) {
         return Err(FetchError::blocked_by(block, status));
     }
     if let Some(refusal) = FetchError::of_status(status) {
@@ -458,4 +456,14 @@ fn forbidden_is_blocked(error: FetchError) -> FetchError {
         },
         _ => error,
     }
+}
+
+/// The block page a render met, if it did: as the site served the document (its headers,
+/// then its markup), or as the page's scripts left it (a challenge drawn on the client).
+fn blocked(detection: &Detection, rendered: &Rendered) -> Option<Block> {
+    let served = rendered.served.as_ref();
+    let by_headers = served.and_then(|s| detection.by_headers(|name| s.header(name)));
+    let by_served = || served.and_then(|s| detection.by_body(s.content_type.as_deref(), &s.body));
+    let by_dom = || detection.by_body(Some(RENDERED_TYPE), rendered.html.as_bytes());
+    by_headers.or_else(by_served).or_else(by_dom)
 }

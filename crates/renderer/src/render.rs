@@ -25,7 +25,7 @@ use chromiumoxide::Page;
 use chromiumoxide::cdp::browser_protocol::inspector::{self, EventTargetCrashed};
 use chromiumoxide::cdp::browser_protocol::network::{
     BlockPattern, EventLoadingFailed, EventLoadingFinished, EventRequestWillBeSent,
-    SetBlockedUrLsParams, SetBypassServiceWorkerParams,
+    EventResponseReceived, SetBlockedUrLsParams, SetBypassServiceWorkerParams,
 };
 use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
 use chromiumoxide::cdp::js_protocol::runtime::EvaluateParams;
@@ -38,6 +38,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::browser_proxy::{BrowserProxy, ProxyFailure, Rules};
 use crate::chromium::Chromium;
+use crate::served::{self, Served};
 
 /// What one render may use.
 #[derive(Debug, Clone)]
@@ -80,6 +81,8 @@ pub struct Rendered {
     pub ended: Ended,
     /// The viewport's PNG, if it was asked for and is within the HTML's bound.
     pub screenshot: Option<Vec<u8>>,
+    /// The document as the site served it, for block detection, if the browser told of it.
+    pub served: Option<Served>,
 }
 
 /// What one render sent through its browser proxy, whether or not it gave a page.
@@ -177,6 +180,7 @@ async fn on_page(
 ) -> Result<Rendered, RenderError> {
     prepare(page, ask.load_media).await?;
     let mut network = InFlight::listen(page).await?;
+    let mut responses = page.event_listener::<EventResponseReceived>().await?;
     if let Err(err) = page.goto(ask.url).await {
         return Err(match err {
             CdpError::ChromeMessage(text) => RenderError::Navigation(text),
@@ -187,7 +191,9 @@ async fn on_page(
     let reserve = (ask.time / 10).min(Duration::from_secs(1));
     let until = start + ask.time.saturating_sub(reserve);
     let ended = network.settle(page, proxy, ask, until).await?;
+    let served = served::read(page, &mut responses, ask.max_html_bytes).await;
     let mut rendered = serialize(page, ask, ended).await?;
+    rendered.served = served;
     if ask.screenshot {
         rendered.screenshot = screenshot(page, ask.max_html_bytes).await?;
     }
@@ -448,6 +454,7 @@ async fn serialize(
         final_url: out.url,
         ended,
         screenshot: None,
+        served: None,
     })
 }
 

@@ -520,3 +520,48 @@ async fn a_job_asking_for_screenshots_gets_a_png_beside_its_rendered_page_once()
     assert!(png.body.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
     assert_eq!(stack.run_counters(JOB, RUN).await, (1, 0, 0));
 }
+
+#[tokio::test]
+async fn a_rendered_block_page_climbs_to_the_next_tier_slows_its_host_and_the_page_is_stored() {
+    // Arrange: each site answers the datacenter pool with a block page, a 200 challenge
+    // known by its body and Akamai's 403; the residential pool, the paid tier of a run with
+    // a budget, gets the page. Politeness at its production defaults.
+    let stack = Stack::new().await;
+    let datacenter = ForwardProxy::start(DATACENTER.into(), true).await;
+    let residential = ForwardProxy::start(RESIDENTIAL.into(), true).await;
+    stack.put_active_run().await;
+    stack.set_paid_budget(10_000_000).await;
+    let cases = ["cloudflare-interstitial-200", "akamai-access-denied"];
+    let mut sites = Vec::new();
+    for case in cases {
+        let site = Site::start().await;
+        let path = format!("/challenged/{}/{case}/{case}", datacenter.egress);
+        stack.put_task(case, &site.url(&path), "pending").await;
+        sites.push((site, path));
+    }
+    let worker = proxied_renderer(&stack, &[datacenter.url(), residential.url()]);
+
+    // Act
+    let reply = run_batch(&worker, cases.map(delivery).to_vec()).await;
+
+    // Assert: each rendered through both tiers, the page stored, a block on tier 1 each,
+    // and its host slowed down all the same.
+    assert!(retried(&reply).is_empty(), "{reply:?}");
+    for (case, (site, path)) in cases.iter().zip(&sites) {
+        let stored = stored_text(&stack, case).await;
+        assert!(
+            stored.contains(&format!("<body>page {case}</body>")),
+            "{case}: {stored}"
+        );
+        let asked: Vec<_> = (site.peers().into_iter())
+            .filter(|(p, _)| p == path)
+            .map(|(_, ip)| ip)
+            .collect();
+        assert_eq!(asked, [datacenter.egress, residential.egress], "{case}");
+        let seen = stack.host_item(&site.addr.to_string(), "HOST").await;
+        assert!(seen.n("slowdown").is_some(), "{case}: {seen:?}");
+    }
+    let run = stack.run_item(JOB, RUN).await;
+    assert_eq!((run.n("blocks_t1"), run.n("blocks_t2")), (Some(2), None));
+    assert!(run.n("paid_tier_reserved_bytes").is_some(), "{run:?}");
+}

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub use conveyor_testkit::canary::{canary, udp_canary};
 use conveyor_worker::scraper::policy::Lookup;
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream};
 
 /// Names as a test's DNS would answer them.
 pub struct Table(pub HashMap<String, Vec<IpAddr>>);
@@ -30,36 +30,6 @@ impl Lookup for Table {
         let found = self.0.get(&host).cloned();
         Box::pin(async move { found.ok_or_else(|| io::ErrorKind::NotFound.into()) })
     }
-}
-
-/// A listener that counts the connections it accepts, and answers none.
-pub async fn canary(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind((ip, 0)).await.expect("a canary");
-    let (addr, hits) = (
-        listener.local_addr().unwrap(),
-        Arc::new(AtomicUsize::new(0)),
-    );
-    let counted = Arc::clone(&hits);
-    tokio::spawn(async move {
-        while listener.accept().await.is_ok() {
-            counted.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    (addr, hits)
-}
-
-/// A UDP socket that counts the datagrams it receives (STUN, QUIC).
-pub async fn udp_canary(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
-    let socket = UdpSocket::bind((ip, 0)).await.expect("a UDP canary");
-    let (addr, hits) = (socket.local_addr().unwrap(), Arc::new(AtomicUsize::new(0)));
-    let counted = Arc::clone(&hits);
-    tokio::spawn(async move {
-        let mut datagram = [0; 2048];
-        while socket.recv_from(&mut datagram).await.is_ok() {
-            counted.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    (addr, hits)
 }
 
 /// A request's head, read whole: a proxy may send it in several writes, and an answer
