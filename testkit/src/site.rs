@@ -128,6 +128,15 @@ impl Site {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The addresses that asked for `path`, in the order they asked: which proxy tier's
+    /// egress reached the site.
+    pub fn peers_of(&self, path: &str) -> Vec<IpAddr> {
+        (self.peers().into_iter())
+            .filter(|(p, _)| p == path)
+            .map(|(_, ip)| ip)
+            .collect()
+    }
+
     /// How often `path` was requested.
     pub fn hits(&self, path: &str) -> usize {
         self.hits.get(path)

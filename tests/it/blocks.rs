@@ -47,6 +47,25 @@ async fn stored(stack: &Stack, task: &str) -> Option<Vec<u8>> {
     Some(stack.object(&key).await?.body)
 }
 
+/// A pending task per corpus answer in `cases`, named after it, each on a site of its own
+/// that answers requests from `blocked` (a proxy tier's egress) with it and any other with
+/// the page ([`challenged_page`](conveyor_testkit::site::challenged_page)). The sites, with
+/// the path each task asks for.
+pub(crate) async fn challenged_tasks(
+    stack: &Stack,
+    blocked: IpAddr,
+    cases: &[&str],
+) -> Vec<(Site, String)> {
+    let mut sites = Vec::new();
+    for case in cases {
+        let site = Site::start().await;
+        let path = format!("/challenged/{blocked}/{case}/{case}");
+        stack.put_task(case, &site.url(&path), "pending").await;
+        sites.push((site, path));
+    }
+    sites
+}
+
 /// `name:port` of a site, as the worker keys its host.
 fn host(site: &Site) -> String {
     site.addr.to_string()
@@ -157,13 +176,7 @@ async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_sto
         "cloudflare-challenge-header",
         "akamai-access-denied",
     ];
-    let mut sites = Vec::new();
-    for case in cases {
-        let site = Site::start().await;
-        let path = format!("/challenged/{}/{case}/{case}", datacenter.egress);
-        stack.put_task(case, &site.url(&path), "pending").await;
-        sites.push((site, path));
-    }
+    let sites = challenged_tasks(&stack, datacenter.egress, &cases).await;
     let tiers = [datacenter.url(), residential.url()];
 
     // Act
@@ -184,10 +197,7 @@ async fn a_block_on_the_first_tier_climbs_at_once_and_the_next_tiers_page_is_sto
             Some(page.into_bytes()),
             "{case}"
         );
-        let asked: Vec<IpAddr> = (site.peers().into_iter())
-            .filter(|(p, _)| p == path)
-            .map(|(_, ip)| ip)
-            .collect();
+        let asked = site.peers_of(path);
         assert_eq!(asked, [datacenter.egress, residential.egress], "{case}");
         let seen = stack.host_item(&host(site), "HOST").await;
         assert!(seen.n("slowdown").is_some(), "{case}: {seen:?}");

@@ -220,12 +220,7 @@ async fn a_block_on_the_first_tier_is_tried_again_on_the_next_at_once() {
     // come back is waited for, not escalated.
     assert_eq!(retried(&reply), ["t2"]);
     assert_eq!(stack.task("t1").await.status(), Some("successful"));
-    let climbed: Vec<IpAddr> = site
-        .peers()
-        .into_iter()
-        .filter(|(path, _)| *path == blocked)
-        .map(|(_, ip)| ip)
-        .collect();
+    let climbed = site.peers_of(&blocked);
     assert_eq!(climbed, [datacenter.egress, residential.egress]);
     assert_eq!(residential.requests().len(), 1, "t2 never reached tier 2");
     assert_eq!(spend(&stack, 1).await.0, Some(2));

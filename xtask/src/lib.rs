@@ -1,9 +1,7 @@
-//! conveyor-worker's tooling as a library: the run progress simulation (`make bench`), the
-//! process trees the renderer's benchmark measures, and the sections the benchmarks write
-//! into BENCHMARKS.md.
+//! conveyor-worker's tooling as a library: the run progress simulation (`make bench`), and
+//! the sections the benchmarks write into BENCHMARKS.md.
 
 pub mod simulation;
-pub mod trees;
 
 /// The markers of the renderer's section of BENCHMARKS.md (`render-bench`), which `bench`
 /// keeps when it writes the rest.

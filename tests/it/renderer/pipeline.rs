@@ -14,27 +14,18 @@ use conveyor_testkit::app_site::rendered_text;
 use conveyor_testkit::forward_proxy::ForwardProxy;
 use conveyor_testkit::queue::Queue;
 use conveyor_testkit::*;
-use conveyor_worker::Config;
 use conveyor_worker::batch;
 use conveyor_worker::domain::proxy::{ProxySecret, Tiers};
-use conveyor_worker::polite::Politeness;
 use conveyor_worker::ports::queue::QueueRef;
 use conveyor_worker::store::dynamo::{attributes, keys};
 
 use crate::proxies::{DATACENTER, RESIDENTIAL, credentials, spend};
 use conveyor_testkit::renderer::{TestRenderer, render_settings};
+use conveyor_testkit::scenario::production_politeness;
 
+use crate::blocks::challenged_tasks;
 use crate::politeness::{Fleet, drain_by, tasks_at};
 use crate::renderer::sites::{ok, raw_site};
-
-/// Politeness as deployed: the configuration's defaults.
-fn production_politeness() -> Politeness {
-    let required =
-        |name: &str| matches!(name, "TABLE_NAME" | "RESULTS_BUCKET").then(|| "required".into());
-    Config::from_lookup(required)
-        .expect("the defaults")
-        .politeness
-}
 
 fn renderer(stack: &Stack, tune: impl FnOnce(&mut WorkerTuning)) -> TestRenderer {
     stack.renderer_with(|tuning| {
@@ -341,18 +332,10 @@ async fn a_rendered_pages_requests_go_through_its_hosts_proxy_with_credentials_a
             .await
             .contains(&rendered_text("shop"))
     );
-    let peers: Vec<(String, std::net::IpAddr)> =
-        blocking.peers().into_iter().chain(app.peers()).collect();
-    let egress = |path: &str| -> Vec<std::net::IpAddr> {
-        peers
-            .iter()
-            .filter(|(p, _)| p == path)
-            .map(|(_, ip)| *ip)
-            .collect()
-    };
-    assert_eq!(egress(&blocked), [datacenter.egress, residential.egress]);
-    assert_eq!(egress("/app/shop"), [datacenter.egress]);
-    assert_eq!(egress("/api/shop"), [datacenter.egress]);
+    let climbed = blocking.peers_of(&blocked);
+    assert_eq!(climbed, [datacenter.egress, residential.egress]);
+    assert_eq!(app.peers_of("/app/shop"), [datacenter.egress]);
+    assert_eq!(app.peers_of("/api/shop"), [datacenter.egress]);
     assert_eq!(spend(&stack, 1).await.0, Some(3), "2 documents and 1 XHR");
     assert_eq!(spend(&stack, 2).await.0, Some(1));
 }
@@ -532,13 +515,7 @@ async fn a_rendered_block_page_climbs_to_the_next_tier_slows_its_host_and_the_pa
     stack.put_active_run().await;
     stack.set_paid_budget(10_000_000).await;
     let cases = ["cloudflare-interstitial-200", "akamai-access-denied"];
-    let mut sites = Vec::new();
-    for case in cases {
-        let site = Site::start().await;
-        let path = format!("/challenged/{}/{case}/{case}", datacenter.egress);
-        stack.put_task(case, &site.url(&path), "pending").await;
-        sites.push((site, path));
-    }
+    let sites = challenged_tasks(&stack, datacenter.egress, &cases).await;
     let worker = proxied_renderer(&stack, &[datacenter.url(), residential.url()]);
 
     // Act
@@ -553,10 +530,7 @@ async fn a_rendered_block_page_climbs_to_the_next_tier_slows_its_host_and_the_pa
             stored.contains(&format!("<body>page {case}</body>")),
             "{case}: {stored}"
         );
-        let asked: Vec<_> = (site.peers().into_iter())
-            .filter(|(p, _)| p == path)
-            .map(|(_, ip)| ip)
-            .collect();
+        let asked = site.peers_of(path);
         assert_eq!(asked, [datacenter.egress, residential.egress], "{case}");
         let seen = stack.host_item(&site.addr.to_string(), "HOST").await;
         assert!(seen.n("slowdown").is_some(), "{case}: {seen:?}");

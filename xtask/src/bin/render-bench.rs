@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conveyor_renderer::fetcher::{BrowserFetcher, RenderSettings};
+use conveyor_renderer::procs;
 use conveyor_testkit::Site;
 use conveyor_testkit::app_site::rendered_text;
 use conveyor_worker::domain::render::{RenderOptions, Selector};
@@ -23,7 +24,6 @@ use conveyor_worker::scraper::policy::{AddressPolicy, SystemLookup};
 use conveyor_worker::scraper::{Ask, Fetcher, HttpFetcher};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use xtask::trees;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -238,7 +238,9 @@ async fn measured(command: Vec<OsString>, out: Option<&Path>) -> Result<Value> {
     let pid = child.id().ok_or("no pid")?;
     let mut peak = 0_u64;
     while child.try_wait()?.is_none() {
-        peak = peak.max(trees::resident_bytes(pid));
+        // A process id fits an i32 on Linux (pid_max is at most 2^22).
+        let root = i32::try_from(pid).unwrap_or(i32::MAX);
+        peak = peak.max(procs::descendants_resident_bytes(root));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let output = child.wait_with_output().await?;
