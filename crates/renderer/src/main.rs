@@ -1,5 +1,5 @@
 //! The renderer's Lambda entry point: the worker's cold start and event loop, with the
-//! browser as its fetcher. Its records run the worker's pipeline (proxy, claim, converge,
+//! browser as its fetcher. Its records run the worker's pipeline (guard, claim, converge,
 //! the ack contract); only the fetch is a render.
 
 use std::sync::Arc;

@@ -1,10 +1,14 @@
-//! The renderer as its Lambda function runs it: the worker's pipeline (proxy, claim,
+//! The renderer as its Lambda function runs it: the worker's pipeline (guard, claim,
 //! converge, the ack contract) against the emulator, with politeness at its production
 //! defaults and the browser as the fetcher. A client-rendered page is stored with the text
 //! its script fetched, counted once under a duplicate delivery; a page the site fails is
 //! retried, and fails with its status on its last attempt; a browser that cannot start is
 //! our failure. The plain worker hands a task over (`render: always`, or `auto` and a
-//! shell) and the renderer finishes it, once.
+//! shell) and the renderer finishes it, once. Through proxy tiers (real tinyproxy), a
+//! page's requests carry the tier's credentials, a block climbs a tier and a proxy that is
+//! down is ours; a job's screenshot lands beside its page; and, through SQS with a
+//! dead-letter queue, a hung or out-of-memory page fails after its tries while a browser
+//! that cannot start is dead-lettered with its task open.
 
 use std::collections::HashMap;
 use std::time::Duration;
